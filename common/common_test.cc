@@ -1,0 +1,98 @@
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "common/clock.h"
+#include "common/flags.h"
+#include "common/log.h"
+#include "common/status.h"
+
+namespace lk {
+namespace {
+
+Result<int> Half(int x) {
+  if (x % 2 != 0) return InvalidArgument("{} is odd", x);
+  return x / 2;
+}
+
+Status Quarter(int x, int* out) {
+  LK_ASSIGN_OR_RETURN(int h, Half(x));
+  LK_ASSIGN_OR_RETURN(int q, Half(h));
+  *out = q;
+  return Status::Ok();
+}
+
+TEST_CASE("Result carries a value or an error with context") {
+  int q = 0;
+  CHECK(Quarter(8, &q).ok());
+  CHECK(q == 2);
+  Status st = Quarter(6, &q);
+  CHECK(st.code() == Code::kInvalidArgument);
+  CHECK(st.message() == "3 is odd");
+  CHECK(st.WithContext("quarter").ToString() == "invalid_argument: quarter: 3 is odd");
+}
+
+TEST_CASE("ManualClock moves only when told") {
+  ManualClock clock;
+  auto t0 = clock.Now();
+  CHECK(clock.Now() == t0);
+  clock.Advance(Millis(250));
+  CHECK(ToMillis(clock.Now() - t0) == 250);
+}
+
+TEST_CASE("Q quotes values that would break key=value parsing") {
+  CHECK(Q("plain") == "plain");
+  CHECK(Q("two words") == "\"two words\"");
+  CHECK(Q("a\"b") == "\"a\\\"b\"");
+  CHECK(Q("") == "\"\"");
+}
+
+TEST_CASE("Flags: command line beats environment beats default; errors name the flag") {
+  std::string bind = "0.0.0.0:29510";
+  uint32_t min_replicas = 1;
+  bool verbose = false;
+  Flags flags("prog", "test");
+  flags.Add("bind", &bind, "address");
+  flags.Add("min-replicas", &min_replicas, "minimum");
+  flags.Add("verbose", &verbose, "more output");
+  setenv("LK_MIN_REPLICAS", "3", 1);
+  setenv("LK_BIND", "1.2.3.4:5", 1);
+  const char* argv[] = {"prog", "--bind", "127.0.0.1:0", "--verbose", "pos", "--", "--x"};
+  REQUIRE(flags.Parse(7, argv).ok());
+  CHECK(bind == "127.0.0.1:0");
+  CHECK(min_replicas == 3);
+  CHECK(verbose);
+  CHECK(flags.positional() == std::vector<std::string>{"pos", "--x"});
+  CHECK(flags.Effective().find("min_replicas=3") != std::string::npos);
+  CHECK(flags.Help().find("$LK_MIN_REPLICAS") != std::string::npos);
+  unsetenv("LK_MIN_REPLICAS");
+  unsetenv("LK_BIND");
+
+  Flags bad("prog", "test");
+  uint32_t n = 7;
+  bad.Add("n", &n, "a number");
+  const char* argv2[] = {"prog", "--n", "-4"};
+  Status st = bad.Parse(3, argv2);
+  CHECK(st.code() == Code::kInvalidArgument);
+  CHECK(st.message().find("--n") == std::string::npos);
+  CHECK(st.message().find("n: cannot parse value '-4'") != std::string::npos);
+  CHECK(n == 7);
+  const char* argv3[] = {"prog", "--nope"};
+  CHECK(bad.Parse(2, argv3).message().find("unknown flag --nope") != std::string::npos);
+}
+
+TEST_CASE("ReadTokenFile trims whitespace and rejects empty or missing files") {
+  std::string path = "/tmp/lk_token_test_" + std::to_string(getpid());
+  std::ofstream(path) << "  s3cret \n";
+  auto t = ReadTokenFile(path);
+  REQUIRE(t.ok());
+  CHECK(*t == "s3cret");
+  std::ofstream(path) << "\n";
+  CHECK(ReadTokenFile(path).status().code() == Code::kInvalidArgument);
+  std::remove(path.c_str());
+  CHECK(ReadTokenFile(path).status().code() == Code::kNotFound);
+}
+
+}  // namespace
+}  // namespace lk

@@ -1,0 +1,256 @@
+#include "common/http/client.h"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+
+#include <optional>
+
+#include "common/http/codec.h"
+#include "common/proto/lightkeeper.pb.h"
+
+namespace lk::http {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = beast::http;
+using tcp = asio::ip::tcp;
+using unix_proto = asio::local::stream_protocol;
+using UnixStream = beast::basic_stream<unix_proto, asio::any_io_executor, beast::unlimited_rate_policy>;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+
+constexpr uint64_t kResponseBodyBytesMax = uint64_t{8} << 30;
+
+Status FromEc(const beast::error_code& ec, std::string_view what, const std::string& url) {
+  if (ec == beast::error::timeout) {
+    return Error(Code::kDeadlineExceeded, "{} {}: deadline exceeded", what, url);
+  }
+  return Error(Code::kUnavailable, "{} {}: {}", what, url, ec.message());
+}
+
+template <class Stream>
+class ClientImpl final : public Client {
+ public:
+  ClientImpl(std::string url, ClientOptions options, std::string host, std::string port,
+             std::string unix_path)
+      : options_(std::move(options)),
+        host_(std::move(host)),
+        port_(std::move(port)),
+        unix_path_(std::move(unix_path)) {
+    url_ = std::move(url);
+  }
+
+  Status InitTls() {
+    ssl_.emplace(asio::ssl::context::tls_client);
+    beast::error_code ec;
+    if (options_.ca_file.empty()) ssl_->set_default_verify_paths(ec);
+    else ssl_->load_verify_file(options_.ca_file, ec);
+    if (ec) return InvalidArgument("TLS CA {}: {}", options_.ca_file, ec.message());
+    ssl_->set_verify_mode(options_.tls_verify ? asio::ssl::verify_peer : asio::ssl::verify_none);
+    return Status::Ok();
+  }
+
+  Result<Response> Do(std::string_view method, std::string_view target, std::string body,
+                      std::string_view content_type, Millis timeout,
+                      std::string_view extra_name, std::string_view extra_value) override {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      bool fresh = !stream_.has_value();
+      if (fresh) LK_RETURN_IF_ERROR(Connect(deadline));
+      auto r = RoundTrip(method, target, body, content_type, extra_name, extra_value, deadline);
+      if (r.ok()) return r;
+      Close();
+      // A reused keep-alive connection may have been closed by the server while idle: retry
+      // once on a fresh one. A fresh connection that fails, or a deadline, is final.
+      if (fresh || r.status().code() == Code::kDeadlineExceeded) return r;
+    }
+    return Error(Code::kUnavailable, "request to {} failed", url_);
+  }
+
+  void Close() override {
+    if (!stream_) return;
+    beast::error_code ec;
+    beast::get_lowest_layer(*stream_).socket().shutdown(asio::socket_base::shutdown_both, ec);
+    beast::get_lowest_layer(*stream_).socket().close(ec);
+    stream_.reset();
+    buffer_.clear();
+  }
+
+ private:
+  // Runs the async operations started by `start` until they finish; the stream's own expiry
+  // (set by the caller) turns a stalled peer into beast::error::timeout.
+  template <class Start>
+  beast::error_code Run(Start start) {
+    beast::error_code result;
+    bool done = false;
+    start([&](beast::error_code ec, auto&&...) {
+      result = ec;
+      done = true;
+    });
+    ioc_.restart();
+    ioc_.run();
+    if (!done) result = asio::error::operation_aborted;
+    return result;
+  }
+
+  Status Connect(std::chrono::steady_clock::time_point deadline) {
+    if constexpr (std::is_same_v<Stream, UnixStream>) {
+      stream_.emplace(ioc_);
+      stream_->expires_at(deadline);
+      auto ec = Run([&](auto h) { stream_->async_connect(unix_proto::endpoint(unix_path_), h); });
+      if (ec) {
+        stream_.reset();
+        return FromEc(ec, "connect", url_);
+      }
+    } else {
+      tcp::resolver resolver(ioc_);
+      beast::error_code ec;
+      auto results = resolver.resolve(host_, port_, ec);
+      if (ec) return Error(Code::kUnavailable, "resolve {}: {}", url_, ec.message());
+      if constexpr (std::is_same_v<Stream, TlsStream>) {
+        stream_.emplace(ioc_, *ssl_);
+        if (!SSL_set_tlsext_host_name(stream_->native_handle(), host_.c_str())) {
+          stream_.reset();
+          return Error(Code::kUnavailable, "TLS SNI for {} failed", url_);
+        }
+      } else {
+        stream_.emplace(ioc_);
+      }
+      auto& low = beast::get_lowest_layer(*stream_);
+      low.expires_at(deadline);
+      ec = Run([&](auto h) { low.async_connect(results, h); });
+      if (ec) {
+        stream_.reset();
+        return FromEc(ec, "connect", url_);
+      }
+      low.socket().set_option(tcp::no_delay(true), ec);
+      if constexpr (std::is_same_v<Stream, TlsStream>) {
+        ec = Run([&](auto h) { stream_->async_handshake(asio::ssl::stream_base::client, h); });
+        if (ec) {
+          stream_.reset();
+          return FromEc(ec, "TLS handshake", url_);
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  Result<Response> RoundTrip(std::string_view method, std::string_view target, std::string& body,
+                             std::string_view content_type, std::string_view extra_name,
+                             std::string_view extra_value,
+                             std::chrono::steady_clock::time_point deadline) {
+    bhttp::request<bhttp::string_body> req;
+    req.method_string(beast::string_view(method.data(), method.size()));
+    req.target(beast::string_view(target.data(), target.size()));
+    req.version(11);
+    req.set(bhttp::field::host, host_.empty() ? "localhost" : host_);
+    req.set(bhttp::field::user_agent, "lightkeeper");
+    req.keep_alive(true);
+    if (!options_.token.empty()) req.set(bhttp::field::authorization, "Bearer " + options_.token);
+    if (!content_type.empty()) {
+      req.set(bhttp::field::content_type, beast::string_view(content_type.data(), content_type.size()));
+      req.set(bhttp::field::accept, beast::string_view(content_type.data(), content_type.size()));
+    }
+    if (!extra_name.empty()) {
+      req.set(beast::string_view(extra_name.data(), extra_name.size()),
+              beast::string_view(extra_value.data(), extra_value.size()));
+    }
+    req.body() = body;
+    req.prepare_payload();
+    auto& low = beast::get_lowest_layer(*stream_);
+    low.expires_at(deadline);
+    auto ec = Run([&](auto h) { bhttp::async_write(*stream_, req, h); });
+    if (ec) return FromEc(ec, "send to", url_);
+    bhttp::response_parser<bhttp::string_body> parser;
+    parser.body_limit(kResponseBodyBytesMax);
+    ec = Run([&](auto h) { bhttp::async_read(*stream_, buffer_, parser, h); });
+    if (ec) return FromEc(ec, "read from", url_);
+    auto& msg = parser.get();
+    Response r;
+    r.status = static_cast<int>(msg.result_int());
+    r.content_type = std::string(msg[bhttp::field::content_type]);
+    for (auto& f : msg) {
+      r.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
+    }
+    r.body = std::move(msg.body());
+    if (!msg.keep_alive()) Close();
+    return r;
+  }
+
+  ClientOptions options_;
+  std::string host_;
+  std::string port_;
+  std::string unix_path_;
+  asio::io_context ioc_;
+  std::optional<asio::ssl::context> ssl_;
+  std::optional<Stream> stream_;
+  beast::flat_buffer buffer_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Client>> Client::Create(const std::string& url, ClientOptions options) {
+  if (url.rfind("unix:", 0) == 0) {
+    std::string path = url.substr(5);
+    if (path.rfind("//", 0) == 0) path = path.substr(2);
+    if (path.empty()) return InvalidArgument("URL '{}' has no socket path", url);
+    return std::unique_ptr<Client>(
+        std::make_unique<ClientImpl<UnixStream>>(url, std::move(options), "localhost", "", path));
+  }
+  bool tls = false;
+  std::string rest;
+  if (url.rfind("http://", 0) == 0) {
+    rest = url.substr(7);
+  } else if (url.rfind("https://", 0) == 0) {
+    rest = url.substr(8);
+    tls = true;
+  } else if (url.find("://") == std::string::npos && url.find(':') != std::string::npos) {
+    rest = url;  // bare HOST:PORT means http
+  } else {
+    return InvalidArgument("URL '{}' must start with http://, https:// or unix:", url);
+  }
+  if (auto slash = rest.find('/'); slash != std::string::npos) rest = rest.substr(0, slash);
+  auto colon = rest.rfind(':');
+  std::string host = colon == std::string::npos ? rest : rest.substr(0, colon);
+  std::string port = colon == std::string::npos ? (tls ? "443" : "80") : rest.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host.empty()) return InvalidArgument("URL '{}' has no host", url);
+  if (tls) {
+    auto c = std::make_unique<ClientImpl<TlsStream>>(url, std::move(options), host, port, "");
+    LK_RETURN_IF_ERROR(c->InitTls());
+    return std::unique_ptr<Client>(std::move(c));
+  }
+  return std::unique_ptr<Client>(
+      std::make_unique<ClientImpl<beast::tcp_stream>>(url, std::move(options), host, port, ""));
+}
+
+Status StatusFromResponse(const Response& r) {
+  if (r.status >= 200 && r.status < 300) return Status::Ok();
+  lightkeeper::v1::ErrorResponse e;
+  std::string reason;
+  if (Decode(r.body, BodyFormat(r.content_type), &e).ok() && !e.reason().empty()) {
+    reason = e.reason();
+  } else {
+    reason = r.body.substr(0, 200);
+  }
+  return Status(CodeForHttpStatus(r.status), fmt::format("HTTP {}: {}", r.status, reason));
+}
+
+Status Client::Call(std::string_view method, std::string_view target,
+                    const google::protobuf::Message& req, google::protobuf::Message* resp,
+                    Millis timeout) {
+  LK_ASSIGN_OR_RETURN(Response r, Do(method, target, req.SerializeAsString(), kProtoType, timeout));
+  LK_RETURN_IF_ERROR(StatusFromResponse(r));
+  if (resp != nullptr) LK_RETURN_IF_ERROR(Decode(r.body, BodyFormat(r.content_type), resp));
+  return Status::Ok();
+}
+
+}  // namespace lk::http

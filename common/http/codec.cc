@@ -1,0 +1,113 @@
+#include "common/http/codec.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include "common/proto/lightkeeper.pb.h"
+
+namespace lk::http {
+
+Format BodyFormat(std::string_view content_type) {
+  return content_type.find("protobuf") != std::string_view::npos ? Format::kProto : Format::kJson;
+}
+
+Format ReplyFormat(const Request& req) {
+  if (req.accept.find("protobuf") != std::string::npos) return Format::kProto;
+  if (req.accept.find("json") != std::string::npos) return Format::kJson;
+  return BodyFormat(req.content_type);
+}
+
+Status Decode(std::string_view body, Format format, google::protobuf::Message* msg) {
+  msg->Clear();
+  if (body.empty()) return Status::Ok();
+  if (format == Format::kProto) {
+    if (!msg->ParseFromArray(body.data(), static_cast<int>(body.size()))) {
+      return InvalidArgument("body is not a valid {} protobuf", msg->GetDescriptor()->name());
+    }
+    return Status::Ok();
+  }
+  google::protobuf::util::JsonParseOptions opts;
+  opts.ignore_unknown_fields = true;
+  auto st = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(body.data(), body.size()), msg, opts);
+  if (!st.ok()) {
+    msg->Clear();
+    return InvalidArgument("body is not valid JSON for {}: {}", msg->GetDescriptor()->name(),
+                           std::string(st.message()));
+  }
+  return Status::Ok();
+}
+
+std::string ToJson(const google::protobuf::Message& msg, bool pretty) {
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.preserve_proto_field_names = true;
+  opts.always_print_primitive_fields = true;
+  opts.add_whitespace = pretty;
+  std::string out;
+  (void)google::protobuf::util::MessageToJsonString(msg, &out, opts);
+  return out;
+}
+
+std::string Encode(const google::protobuf::Message& msg, Format format) {
+  if (format == Format::kProto) return msg.SerializeAsString();
+  return ToJson(msg);
+}
+
+Response Reply(const google::protobuf::Message& msg, Format format, int status) {
+  Response r;
+  r.status = status;
+  r.content_type = format == Format::kProto ? kProtoType : kJsonType;
+  r.body = Encode(msg, format);
+  return r;
+}
+
+Response ErrorReply(const Status& status, Format format) {
+  lightkeeper::v1::ErrorResponse e;
+  e.set_error(std::string(CodeName(status.code())));
+  e.set_reason(status.message());
+  return Reply(e, format, HttpStatusFor(status.code()));
+}
+
+Response TextReply(int status, std::string content_type, std::string body) {
+  Response r;
+  r.status = status;
+  r.content_type = std::move(content_type);
+  r.body = std::move(body);
+  return r;
+}
+
+int HttpStatusFor(Code code) {
+  switch (code) {
+    case Code::kOk: return 200;
+    case Code::kInvalidArgument: return 400;
+    case Code::kUnauthenticated: return 401;
+    case Code::kPermissionDenied: return 403;
+    case Code::kNotFound: return 404;
+    case Code::kConflict: return 409;
+    case Code::kTooLarge: return 413;
+    case Code::kDeadlineExceeded: return 504;
+    case Code::kUnavailable: return 503;
+    case Code::kAborted: return 409;
+    case Code::kDataLoss: return 500;
+    case Code::kResourceExhausted: return 429;
+    case Code::kInternal: return 500;
+  }
+  return 500;
+}
+
+Code CodeForHttpStatus(int status) {
+  switch (status) {
+    case 200: case 201: case 204: case 206: return Code::kOk;
+    case 400: case 405: case 416: return Code::kInvalidArgument;
+    case 401: return Code::kUnauthenticated;
+    case 403: return Code::kPermissionDenied;
+    case 404: return Code::kNotFound;
+    case 409: return Code::kConflict;
+    case 413: return Code::kTooLarge;
+    case 429: return Code::kResourceExhausted;
+    case 503: return Code::kUnavailable;
+    case 504: return Code::kDeadlineExceeded;
+    default: return status >= 500 ? Code::kInternal : Code::kInvalidArgument;
+  }
+}
+
+}  // namespace lk::http

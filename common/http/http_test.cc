@@ -1,0 +1,211 @@
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <thread>
+
+#include "common/http/auth.h"
+#include "common/http/client.h"
+#include "common/http/codec.h"
+#include "common/http/server.h"
+#include "common/proto/lightkeeper.pb.h"
+
+namespace lk::http {
+namespace {
+
+namespace pb = lightkeeper::v1;
+
+// Runs a Server on its own thread; answers /echo with the HeartbeatRequest it got (step + 1),
+// /later after 50 ms from another thread, and anything else with 404.
+struct TestServer {
+  boost::asio::io_context ioc;
+  std::unique_ptr<Server> server;
+  std::thread thread;
+
+  explicit TestServer(ServerOptions opts = {}, std::string address = "127.0.0.1:0") {
+    server = std::make_unique<Server>(ioc, opts, [](Request&& req, Responder respond) {
+      if (req.path == "/echo") {
+        pb::HeartbeatRequest hb;
+        Format f = BodyFormat(req.content_type);
+        if (Status st = Decode(req.body, f, &hb); !st.ok()) return respond(ErrorReply(st, f));
+        hb.set_step(hb.step() + 1);
+        return respond(Reply(hb, ReplyFormat(req)));
+      }
+      if (req.path == "/later") {
+        std::thread([respond] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          respond(TextReply(200, "text/plain", "late"));
+        }).detach();
+        return;
+      }
+      respond(ErrorReply(Error(Code::kNotFound, "no route {}", req.path), Format::kJson));
+    });
+    REQUIRE(server->Listen(address).ok());
+    thread = std::thread([this] { ioc.run(); });
+  }
+  ~TestServer() {
+    boost::asio::post(ioc, [this] { server->Stop(); });
+    thread.join();
+  }
+  std::string Url() const {
+    auto a = server->LocalAddress();
+    return a.rfind("unix:", 0) == 0 ? a : "http://" + a;
+  }
+};
+
+int RawConnect(const std::string& hostport) {
+  auto colon = hostport.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(hostport.substr(colon + 1))));
+  inet_pton(AF_INET, hostport.substr(0, colon).c_str(), &addr.sin_addr);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  return fd;
+}
+
+TEST_CASE("protobuf and JSON bodies round-trip over one keep-alive connection") {
+  TestServer ts;
+  auto c = Client::Create(ts.Url());
+  REQUIRE(c.ok());
+  pb::HeartbeatRequest req, resp;
+  req.set_job("j");
+  req.set_step(41);
+  REQUIRE((*c)->Call("POST", "/echo", req, &resp).ok());
+  CHECK(resp.step() == 42);
+  CHECK(resp.job() == "j");
+
+  auto r = (*c)->Do("POST", "/echo", R"({"job":"k","group_id":"g","step":7,"extra":1})",
+                    kJsonType);
+  REQUIRE(r.ok());
+  CHECK(r->status == 200);
+  CHECK(r->body.find("\"step\":8") != std::string::npos);
+  CHECK(r->body.find("\"group_id\":\"g\"") != std::string::npos);
+  CHECK(ts.server->connections() == 1);
+}
+
+TEST_CASE("malformed JSON and wrong field types get 400 with a reason") {
+  TestServer ts;
+  auto c = Client::Create(ts.Url());
+  REQUIRE(c.ok());
+  auto r = (*c)->Do("POST", "/echo", "{not json", kJsonType);
+  REQUIRE(r.ok());
+  CHECK(r->status == 400);
+  CHECK(r->body.find("invalid_argument") != std::string::npos);
+  r = (*c)->Do("POST", "/echo", R"({"step":"many"})", kJsonType);
+  REQUIRE(r.ok());
+  CHECK(r->status == 400);
+  r = (*c)->Do("POST", "/echo", "\xff\xff\xff garbage", kProtoType);
+  REQUIRE(r.ok());
+  CHECK(r->status == 400);
+  CHECK(StatusFromResponse(*r).code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("a body over the limit gets 413 and the connection closes") {
+  ServerOptions opts;
+  opts.body_bytes_max = 1024;
+  TestServer ts(opts);
+  auto c = Client::Create(ts.Url());
+  REQUIRE(c.ok());
+  auto r = (*c)->Do("POST", "/echo", std::string(4096, 'x'), kJsonType);
+  REQUIRE(r.ok());
+  CHECK(r->status == 413);
+}
+
+TEST_CASE("a client that stalls mid-request is cut off by the request timeout") {
+  ServerOptions opts;
+  opts.request_timeout = Millis(200);
+  TestServer ts(opts);
+  int fd = RawConnect(ts.server->LocalAddress());
+  std::string partial = "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{";
+  REQUIRE(write(fd, partial.data(), partial.size()) == static_cast<ssize_t>(partial.size()));
+  timeval tv{5, 0};  // bounds the test if the server never closes
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char buf[64];
+  ssize_t n = read(fd, buf, sizeof(buf));
+  CHECK(n == 0);  // closed by the server, not our 5 s bound
+  close(fd);
+}
+
+TEST_CASE("garbage instead of HTTP gets 400") {
+  TestServer ts;
+  int fd = RawConnect(ts.server->LocalAddress());
+  std::string junk = "\x01\x02 hello there\r\n\r\n";
+  REQUIRE(write(fd, junk.data(), junk.size()) > 0);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char buf[256] = {};
+  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  REQUIRE(n > 0);
+  CHECK(std::string(buf).find("400") != std::string::npos);
+  close(fd);
+}
+
+TEST_CASE("a handler may answer later from another thread; client deadlines hold") {
+  TestServer ts;
+  auto c = Client::Create(ts.Url());
+  REQUIRE(c.ok());
+  auto r = (*c)->Do("GET", "/later");
+  REQUIRE(r.ok());
+  CHECK(r->body == "late");
+  auto slow = (*c)->Do("GET", "/later", "", "", Millis(5));
+  CHECK(slow.status().code() == Code::kDeadlineExceeded);
+  r = (*c)->Do("GET", "/later");  // the client reconnects after a deadline
+  REQUIRE(r.ok());
+  CHECK(r->body == "late");
+}
+
+TEST_CASE("Unix-domain sockets serve the same protocol") {
+  std::string path = "/tmp/lk_http_test_" + std::to_string(getpid()) + ".sock";
+  TestServer ts({}, "unix:" + path);
+  auto c = Client::Create("unix:" + path);
+  REQUIRE(c.ok());
+  pb::HeartbeatRequest req, resp;
+  req.set_step(1);
+  REQUIRE((*c)->Call("POST", "/echo", req, &resp).ok());
+  CHECK(resp.step() == 2);
+  unlink(path.c_str());
+}
+
+TEST_CASE("a refused connection is an Unavailable error, not a hang") {
+  auto c = Client::Create("http://127.0.0.1:1");
+  REQUIRE(c.ok());
+  auto r = (*c)->Do("GET", "/healthz", "", "", Millis(2000));
+  CHECK(r.status().code() == Code::kUnavailable);
+  CHECK(Client::Create("ftp://x").status().code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("Stop closes idle keep-alive connections so run() returns") {
+  auto ts = std::make_unique<TestServer>();
+  auto c = Client::Create(ts->Url());
+  REQUIRE(c.ok());
+  REQUIRE((*c)->Do("GET", "/nothing").ok());
+  ts.reset();  // joins the io_context thread: would hang if the idle connection stayed open
+  CHECK(true);
+}
+
+TEST_CASE("bearer tokens compare in constant time and parse strictly") {
+  CHECK(ConstantTimeEquals("abc", "abc"));
+  CHECK_FALSE(ConstantTimeEquals("abc", "abd"));
+  CHECK_FALSE(ConstantTimeEquals("abc", "abcd"));
+  CHECK_FALSE(ConstantTimeEquals("", ""));
+  CHECK(BearerToken("Bearer xyz") == "xyz");
+  CHECK(BearerToken("Basic xyz").empty());
+  CHECK(BearerToken("Bearer ").empty());
+}
+
+TEST_CASE("query strings are percent-decoded") {
+  auto q = ParseQuery("job=a%20b&timeout_ms=5&flag");
+  CHECK(q["job"] == "a b");
+  CHECK(q["timeout_ms"] == "5");
+  CHECK(q.count("flag") == 1);
+  CHECK(PercentDecode(PercentEncode("x/y z")) == "x/y z");
+}
+
+}  // namespace
+}  // namespace lk::http

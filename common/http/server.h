@@ -1,0 +1,60 @@
+// An HTTP/1.1 server on Boost.Beast for every Lightkeeper process: keep-alive, a bound on the
+// body size, a timeout while idle and another once a request has started (so a client that stalls
+// mid-request is cut off), a limit on connections, Nagle off, optional TLS, and TCP or Unix-domain
+// listeners. Handlers answer through a Responder, possibly later (long-polls).
+// Thread-safety: create, Listen and Stop on the io_context's thread (or before it runs); the
+// io_context may be run by several threads, each connection keeps to its own strand.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/clock.h"
+#include "common/http/http.h"
+#include "common/status.h"
+
+namespace lk::http {
+
+struct ServerOptions {
+  // Largest request body accepted; bigger ones get 413 and the connection is closed.
+  uint64_t body_bytes_max = 4 << 20;
+  // How long a keep-alive connection may sit without a new request before it is closed.
+  Millis idle_timeout{60'000};
+  // How long a request may take to arrive in full once its first byte came.
+  Millis request_timeout{10'000};
+  // How long writing a response may take.
+  Millis write_timeout{10'000};
+  // Connections beyond this are closed at once after accept.
+  uint32_t connections_max = 20'000;
+  // TLS for TCP listeners when both are set (PEM files).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+};
+
+class Server {
+ public:
+  Server(boost::asio::io_context& ioc, ServerOptions options, Handler handler);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Listens on "HOST:PORT" (port 0 picks a free one) or "unix:/path" (an existing socket file is
+  // replaced). May be called several times for several listeners.
+  Status Listen(const std::string& address);
+  // The bound address of the first listener, "HOST:PORT" or "unix:/path".
+  std::string LocalAddress() const;
+  // Closes the listeners and every idle connection; connections with a request in flight close
+  // after their response. Waiters must be answered by the owner (the handler's state).
+  void Stop();
+  uint64_t connections() const;
+
+  struct Impl;  // public so that the connection classes in server.cc can name it
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace lk::http

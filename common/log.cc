@@ -1,0 +1,90 @@
+#include "common/log.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <ctime>
+#include <mutex>
+
+namespace lk {
+namespace {
+
+std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
+std::mutex g_prefix_mu;
+std::string g_prefix;
+
+char LevelChar(LogLevel level) {
+  switch (level) {
+    case LogLevel::kDebug: return 'D';
+    case LogLevel::kInfo: return 'I';
+    case LogLevel::kWarn: return 'W';
+    case LogLevel::kError: return 'E';
+  }
+  return '?';
+}
+
+}  // namespace
+
+void SetLogLevel(LogLevel level) { g_level = static_cast<int>(level); }
+LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load()); }
+
+bool ParseLogLevel(std::string_view name, LogLevel* out) {
+  if (name == "debug") *out = LogLevel::kDebug;
+  else if (name == "info") *out = LogLevel::kInfo;
+  else if (name == "warn") *out = LogLevel::kWarn;
+  else if (name == "error") *out = LogLevel::kError;
+  else return false;
+  return true;
+}
+
+void SetLogPrefix(std::string prefix) {
+  std::lock_guard<std::mutex> lock(g_prefix_mu);
+  g_prefix = std::move(prefix);
+}
+
+void WriteLogLine(LogLevel level, std::string_view line) {
+  auto now = std::chrono::system_clock::now();
+  auto secs = std::chrono::system_clock::to_time_t(now);
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() %
+            1000;
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  std::string prefix;
+  {
+    std::lock_guard<std::mutex> lock(g_prefix_mu);
+    prefix = g_prefix;
+  }
+  std::string out = fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z {} {}{}{}\n",
+                                tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+                                tm.tm_min, tm.tm_sec, ms, LevelChar(level), prefix,
+                                prefix.empty() ? "" : " ", line);
+  // One write per line keeps lines whole when several threads or processes share stderr.
+  size_t off = 0;
+  while (off < out.size()) {
+    ssize_t n = ::write(STDERR_FILENO, out.data() + off, out.size() - off);
+    if (n <= 0) break;
+    off += static_cast<size_t>(n);
+  }
+}
+
+std::string Q(std::string_view value) {
+  bool plain = !value.empty();
+  for (char c : value) {
+    if (c == ' ' || c == '"' || c == '=' || c == '\n' || c == '\t' || c == '\\') plain = false;
+  }
+  if (plain) return std::string(value);
+  std::string out = "\"";
+  for (char c : value) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  out += '"';
+  return out;
+}
+
+}  // namespace lk

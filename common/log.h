@@ -1,0 +1,37 @@
+// One event per line: `TIME LEVEL event key=value key=value`. Only shells log; pure cores return
+// reasons that shells put into events. Values with spaces or quotes are quoted by Q().
+// Thread-safety: every line is written with one write(2), so lines from threads never interleave.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <string>
+#include <string_view>
+
+namespace lk {
+
+enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
+
+void SetLogLevel(LogLevel level);
+LogLevel GetLogLevel();
+// Parses "debug", "info", "warn", "error"; false when the name is unknown.
+bool ParseLogLevel(std::string_view name, LogLevel* out);
+// Adds `name=value` to every line this process writes (e.g. the process role).
+void SetLogPrefix(std::string prefix);
+void WriteLogLine(LogLevel level, std::string_view line);
+
+// Quotes a value for a key=value field when it needs it.
+std::string Q(std::string_view value);
+
+template <typename... Args>
+void Log(LogLevel level, fmt::format_string<Args...> f, Args&&... args) {
+  if (level < GetLogLevel()) return;
+  WriteLogLine(level, fmt::format(f, std::forward<Args>(args)...));
+}
+
+}  // namespace lk
+
+#define LK_LOG_DEBUG(...) ::lk::Log(::lk::LogLevel::kDebug, __VA_ARGS__)
+#define LK_LOG_INFO(...) ::lk::Log(::lk::LogLevel::kInfo, __VA_ARGS__)
+#define LK_LOG_WARN(...) ::lk::Log(::lk::LogLevel::kWarn, __VA_ARGS__)
+#define LK_LOG_ERROR(...) ::lk::Log(::lk::LogLevel::kError, __VA_ARGS__)
