@@ -1,0 +1,223 @@
+// The lighthouse core: a pure state machine over every job's membership. It implements the
+// quorum rules of ARCHITECTURE.md (1-8) and returns, for every input, the effects the shell must
+// apply in order: first persist (synced), then answer waiters and wake watchers. It reads no
+// clock (every input carries `now`), does no I/O and starts no threads, so tests drive it with a
+// manual clock and a seeded simulation.
+// Thread-safety: none; the shell calls it from one strand.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace lk::lighthouse {
+
+struct CoreOptions {
+  // Fewest groups a quorum may have (rule 4 and 5).
+  uint32_t min_replicas = 1;
+  // After the first group asks, how long to wait for the other healthy groups (rule 5).
+  Millis join_timeout{2'000};
+  // A group whose agents have not all heartbeated within this is unhealthy (rule 1).
+  Millis heartbeat_timeout{3'000};
+  // A quorum member whose step does not advance for this long, while it is not waiting in a
+  // quorum round, is failed (rule 8). Zero disables the rule.
+  Millis progress_timeout{0};
+  // Retired incarnations remembered per group, so that a stale agent gets a clear 409.
+  uint32_t retired_incarnations_max = 16;
+  // Checkpoints remembered per job in the registry (newest kept).
+  uint32_t checkpoints_per_job_max = 64;
+};
+
+// One member of a quorum, as persisted and as answered.
+struct MemberData {
+  std::string group_id;
+  std::string incarnation;
+  uint32_t step = 0;
+  std::vector<std::string> addresses;  // index node_rank; shard server of each agent
+  bool heal = false;
+  bool has_state = true;
+};
+
+struct CheckpointData {
+  std::string job;
+  uint32_t step = 0;
+  std::string location;
+  std::string manifest_digest;
+  std::string group_id;
+  uint32_t created_unix_s = 0;
+};
+
+// What the shell persists per job (RocksDB value); enough to resume after kill -9.
+struct JobRecordData {
+  std::string job;
+  uint32_t quorum_id = 0;          // the last issued quorum id (never reused)
+  std::vector<MemberData> members; // the last quorum, sorted by group_id
+  uint32_t committed_step = 0;
+  uint32_t quorum_changes = 0;
+};
+
+struct HeartbeatInput {
+  std::string job, group_id, incarnation;
+  uint32_t node_rank = 0, nodes = 1, step = 0;
+  std::string phase, address;
+};
+
+struct JoinInput {
+  std::string job, group_id, incarnation;
+  uint32_t node_rank = 0, nodes = 1, step = 0;
+  bool shrink_only = false;
+  bool has_state = true;
+  std::string address;
+};
+
+struct CommitInput {
+  std::string job, group_id, incarnation;
+  uint32_t node_rank = 0, quorum_id = 0, step = 0;
+  bool ok = true;
+  std::string state_hash;
+};
+
+struct FailureNoticeData {
+  uint32_t quorum_id = 0;
+  std::string group_id, incarnation, reason;
+};
+
+// A quorum as answered to one member.
+struct QuorumAnswer {
+  uint32_t quorum_id = 0;
+  std::vector<MemberData> members;  // sorted by group_id; index = replica_rank
+  uint32_t replica_rank = 0;
+  uint32_t max_step = 0;
+  bool heal = false;
+  std::vector<uint32_t> source_ranks;            // live donors for this member when it heals
+  std::optional<CheckpointData> restore_checkpoint;  // no live state anywhere: restore this
+  bool initial = false;                          // first start: take replica_rank 0's weights
+  std::string reason;
+};
+
+// Identifies one waiting agent (a pending POST /v1/quorum).
+struct AgentKey {
+  std::string job, group_id, incarnation;
+  uint32_t node_rank = 0;
+  auto operator<=>(const AgentKey&) const = default;
+};
+
+struct Effects {
+  // Persist these (synced) before anything below reaches anyone.
+  std::vector<JobRecordData> persist_jobs;
+  std::vector<CheckpointData> persist_checkpoints;
+  std::vector<std::string> forget_jobs;  // delete all persisted state of these jobs
+  // Answer these waiting agents.
+  std::vector<std::pair<AgentKey, QuorumAnswer>> answers;
+  // Waiting agents to answer with an error (their incarnation was replaced, they left, ...).
+  std::vector<std::pair<AgentKey, Status>> rejections;
+  // Jobs whose current quorum lost a member or was replaced: wake their watchers.
+  std::set<std::string> watch_wakeups;
+  // One line per decision or state change, "event key=value ..." with a reason.
+  std::vector<std::string> events;
+  // Quorums issued by this input (for metrics): job, quorum_id, whether membership changed.
+  struct Issued {
+    std::string job;
+    uint32_t quorum_id;
+    bool changed;
+    uint32_t members;
+  };
+  std::vector<Issued> issued;
+};
+
+struct HeartbeatResult {
+  uint32_t quorum_id = 0;
+  bool drain = false;
+  std::vector<FailureNoticeData> notices;
+  uint32_t committed_step = 0;
+};
+
+struct GroupView {
+  std::string group_id, incarnation, phase, state, reason;
+  uint32_t nodes = 1, step = 0;
+  bool healthy = false, participant = false, in_quorum = false, draining = false, diverged = false;
+  Millis heartbeat_age{0};  // oldest agent's
+};
+
+struct JobView {
+  std::string job;
+  uint32_t quorum_id = 0;
+  std::vector<MemberData> members;
+  uint32_t committed_step = 0;
+  uint32_t quorum_changes = 0;
+  std::vector<GroupView> groups;  // sorted by group_id
+  std::vector<CheckpointData> checkpoints;  // newest first
+  std::string last_decision;
+};
+
+struct WatchResult {
+  uint32_t quorum_id = 0;
+  bool lost = false;  // the asked quorum lost a member, or a newer quorum exists
+  std::vector<FailureNoticeData> notices;
+};
+
+class LighthouseCore {
+ public:
+  explicit LighthouseCore(CoreOptions options);
+
+  // Restores persisted state at start. Loaded members count as having heartbeated at `now`, so
+  // that they can rejoin on the fast path before the heartbeat timeout.
+  Status Load(std::vector<JobRecordData> jobs, std::vector<CheckpointData> checkpoints,
+              TimePoint now);
+
+  // Errors: kInvalidArgument (missing job/group/incarnation, node_rank >= nodes, nodes changed
+  // within one incarnation), kConflict (stale incarnation). An error changes nothing.
+  Result<HeartbeatResult> OnHeartbeat(const HeartbeatInput& in, TimePoint now, Effects* fx);
+
+  // Records the ask. When the quorum can be issued now, fx->answers holds an answer for every
+  // waiting agent of every member (including this one); otherwise the caller keeps the agent
+  // waiting. A member re-asking with the step it had in the current quorum (a retry after a
+  // timeout or a lighthouse restart) is answered at once with the current quorum.
+  // Errors: as OnHeartbeat, plus kConflict when the agents of one group ask with different steps
+  // (the reason names both steps).
+  Status OnJoin(const JoinInput& in, TimePoint now, Effects* fx);
+
+  // The waiting agent gave up (its request deadline passed); it stays a participant of the
+  // round until the group leaves or is unhealthy, so a retry rejoins the same round.
+  void OnJoinTimeout(const AgentKey& key);
+
+  Status OnLeave(const std::string& job, const std::string& group_id,
+                 const std::string& incarnation, const std::string& reason, TimePoint now,
+                 Effects* fx);
+
+  // Errors: kConflict for a stale incarnation or a quorum_id that is not the current one.
+  Result<bool /*diverged*/> OnCommit(const CommitInput& in, TimePoint now, Effects* fx);
+
+  Status OnRegisterCheckpoint(const CheckpointData& ckpt, Effects* fx);
+  // Newest first.
+  std::vector<CheckpointData> Checkpoints(const std::string& job) const;
+
+  // Admin: ask a group to leave (heartbeats answer drain=true; it is no longer a candidate).
+  Status Drain(const std::string& job, const std::string& group_id, TimePoint now, Effects* fx);
+  // Admin: drop a job and everything known about it.
+  Status Forget(const std::string& job, Effects* fx);
+
+  // Applies timeouts (heartbeat, join, progress) and issues quorums that became ready.
+  void Tick(TimePoint now, Effects* fx);
+  // The earliest time at which Tick could change anything; nullopt when nothing is pending.
+  std::optional<TimePoint> NextDeadline() const;
+
+  // Answers at once whether quorum `quorum_id` of `job` has lost a member (or is superseded).
+  Result<WatchResult> Watch(const std::string& job, uint32_t quorum_id) const;
+
+  bool HasJob(const std::string& job) const;
+  std::vector<JobView> View(TimePoint now) const;
+  size_t GroupCount() const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace lk::lighthouse
