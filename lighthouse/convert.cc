@@ -1,0 +1,76 @@
+#include "lighthouse/convert.h"
+
+namespace lk::lighthouse {
+
+namespace pb = lightkeeper::v1;
+
+void ToProto(const MemberData& m, pb::Member* out) {
+  out->set_group_id(m.group_id);
+  out->set_incarnation(m.incarnation);
+  out->set_step(m.step);
+  for (const auto& a : m.addresses) out->add_addresses(a);
+  out->set_heal(m.heal);
+}
+
+void ToProto(const CheckpointData& c, pb::CheckpointInfo* out) {
+  out->set_job(c.job);
+  out->set_step(c.step);
+  out->set_location(c.location);
+  out->set_manifest_digest(c.manifest_digest);
+  out->set_group_id(c.group_id);
+  out->set_created_unix_s(c.created_unix_s);
+}
+
+CheckpointData FromProto(const pb::CheckpointInfo& c) {
+  return CheckpointData{c.job(), c.step(), c.location(), c.manifest_digest(), c.group_id(),
+                        c.created_unix_s()};
+}
+
+void ToProto(const QuorumAnswer& a, pb::QuorumResponse* out) {
+  out->set_quorum_id(a.quorum_id);
+  for (const auto& m : a.members) ToProto(m, out->add_members());
+  out->set_replica_rank(a.replica_rank);
+  out->set_replica_world_size(static_cast<uint32_t>(a.members.size()));
+  out->set_max_step(a.max_step);
+  out->set_heal(a.heal);
+  auto* plan = out->mutable_recovery();
+  for (uint32_t r : a.source_ranks) plan->add_source_ranks(r);
+  if (a.restore_checkpoint) ToProto(*a.restore_checkpoint, plan->mutable_restore_checkpoint());
+  plan->set_initial(a.initial);
+  out->set_reason(a.reason);
+}
+
+void ToProto(const FailureNoticeData& n, pb::FailureNotice* out) {
+  out->set_quorum_id(n.quorum_id);
+  out->set_group_id(n.group_id);
+  out->set_incarnation(n.incarnation);
+  out->set_reason(n.reason);
+}
+
+void ToProto(const JobView& v, pb::JobStatus* out) {
+  out->set_job(v.job);
+  out->set_quorum_id(v.quorum_id);
+  for (const auto& m : v.members) ToProto(m, out->add_members());
+  out->set_committed_step(v.committed_step);
+  out->set_quorum_changes(v.quorum_changes);
+  out->set_last_decision(v.last_decision);
+  for (const auto& g : v.groups) {
+    auto* gs = out->add_groups();
+    gs->set_group_id(g.group_id);
+    gs->set_incarnation(g.incarnation);
+    gs->set_nodes(g.nodes);
+    gs->set_step(g.step);
+    gs->set_healthy(g.healthy);
+    gs->set_participant(g.participant);
+    gs->set_in_quorum(g.in_quorum);
+    gs->set_heartbeat_age_ms(static_cast<double>(g.heartbeat_age.count()));
+    gs->set_phase(g.phase);
+    gs->set_draining(g.draining);
+    gs->set_diverged(g.diverged);
+    gs->set_state(g.state);
+    gs->set_reason(g.reason);
+  }
+  for (const auto& c : v.checkpoints) ToProto(c, out->add_checkpoints());
+}
+
+}  // namespace lk::lighthouse

@@ -1,0 +1,404 @@
+// Private to the lighthouse service: the state behind Service, shared by service.cc (lifecycle,
+// effects, waiters) and service_routes.cc (request handlers).
+// Thread-safety: everything here runs on the service's one io_context thread.
+#pragma once
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <map>
+#include <optional>
+#include <sstream>
+
+#include "common/flags.h"
+#include "common/http/auth.h"
+#include "common/http/codec.h"
+#include "common/log.h"
+#include "lighthouse/convert.h"
+#include "lighthouse/dashboard.h"
+#include "lighthouse/metrics.h"
+#include "lighthouse/service.h"
+
+namespace lk::lighthouse {
+
+namespace asio = boost::asio;
+namespace pb = lightkeeper::v1;
+using http::Format;
+using http::Request;
+using http::Responder;
+using http::Response;
+
+namespace service_internal {
+
+constexpr size_t kNameBytesMax = 128;
+constexpr size_t kKvKeyBytesMax = 256;
+
+// Job, group and incarnation names go into RocksDB keys, logs and metric labels: keep them to a
+// safe alphabet, and never '/', which separates key parts.
+inline Status ValidName(std::string_view what, std::string_view v, size_t max = kNameBytesMax) {
+  if (v.empty()) return InvalidArgument("{} is missing", what);
+  if (v.size() > max) return InvalidArgument("{} is longer than {} bytes", what, max);
+  for (char c : v) {
+    bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ||
+              c == ':' || c == '@' || c == '+';
+    if (!ok) return InvalidArgument("{} '{}' has a character outside [A-Za-z0-9-_.:@+]", what, v);
+  }
+  return Status::Ok();
+}
+
+inline Status ValidAgent(std::string_view job, std::string_view group, std::string_view inc) {
+  LK_RETURN_IF_ERROR(ValidName("job", job));
+  LK_RETURN_IF_ERROR(ValidName("group_id", group));
+  return ValidName("incarnation", inc);
+}
+
+inline Result<uint32_t> ParseU32(const std::map<std::string, std::string>& q, const std::string& key,
+                          uint32_t def) {
+  auto it = q.find(key);
+  if (it == q.end() || it->second.empty()) return def;
+  char* end = nullptr;
+  unsigned long v = std::strtoul(it->second.c_str(), &end, 10);
+  if (*end != '\0' || it->second[0] == '-' || v > UINT32_MAX) {
+    return InvalidArgument("query parameter {}='{}' is not a non-negative integer", key, it->second);
+  }
+  return static_cast<uint32_t>(v);
+}
+
+enum class Access { kNone, kJob, kAdmin };
+
+struct Tokens {
+  bool enabled = false;
+  std::vector<std::string> any_job;
+  std::map<std::string, std::vector<std::string>> per_job;
+  std::string admin;
+};
+
+inline Result<Tokens> LoadTokens(const std::string& token_file, const std::string& admin_file) {
+  Tokens t;
+  if (!admin_file.empty()) {
+    LK_ASSIGN_OR_RETURN(t.admin, ReadTokenFile(admin_file));
+    t.enabled = true;
+  }
+  if (token_file.empty()) return t;
+  LK_ASSIGN_OR_RETURN(std::string text, ReadTokenFile(token_file));
+  std::istringstream in(text);
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    std::istringstream fields(line);
+    std::string a, b, extra;
+    fields >> a >> b >> extra;
+    if (a.empty() || a[0] == '#') continue;
+    if (!extra.empty()) return InvalidArgument("token file {} line {}: more than two fields", token_file, n);
+    if (b.empty()) t.any_job.push_back(a);
+    else t.per_job[a].push_back(b);
+  }
+  t.enabled = true;
+  return t;
+}
+
+}  // namespace service_internal
+
+using namespace service_internal;  // NOLINT
+
+struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
+  struct QuorumWaiter {
+    uint64_t id;
+    Responder respond;
+    Format format;
+    TimePoint since;
+    std::unique_ptr<asio::steady_timer> timer;
+  };
+  struct Watcher {
+    uint64_t id;
+    std::string job;
+    uint32_t quorum_id;
+    Responder respond;
+    Format format;
+    std::unique_ptr<asio::steady_timer> timer;
+  };
+  struct KvWaiter {
+    uint64_t id;
+    std::string job, key;
+    uint32_t quorum_id;
+    Responder respond;
+    std::unique_ptr<asio::steady_timer> timer;
+  };
+
+  asio::io_context& ioc;
+  ServiceOptions options;
+  std::unique_ptr<StateStore> store;
+  LighthouseCore core;
+  Tokens tokens;
+  std::unique_ptr<http::Server> server;
+  asio::steady_timer tick_timer;
+  std::optional<TimePoint> tick_armed;
+  Metrics metrics;
+  TimePoint started = SystemClock::Get().Now();
+  bool stopping = false;
+  uint64_t next_id = 1;
+  std::map<std::string, uint32_t> synced_quorum_id;
+  std::map<AgentKey, QuorumWaiter> quorum_waiters;
+  std::map<uint64_t, Watcher> watchers;
+  std::map<uint64_t, KvWaiter> kv_waiters;
+  // job -> quorum_id -> key -> value
+  std::map<std::string, std::map<uint32_t, std::map<std::string, std::string>>> kv;
+
+  Impl(asio::io_context& c, ServiceOptions o, std::unique_ptr<StateStore> s)
+      : ioc(c), options(std::move(o)), store(std::move(s)), core(options.core), tick_timer(c) {}
+
+  TimePoint Now() const { return SystemClock::Get().Now(); }
+
+  // ---- auth ----
+
+  Access AccessFor(const Request& req, const std::string& job) const {
+    if (!tokens.enabled) return Access::kAdmin;
+    std::string_view tok = http::BearerToken(req.authorization);
+    if (tok.empty()) return Access::kNone;
+    if (!tokens.admin.empty() && http::ConstantTimeEquals(tok, tokens.admin)) return Access::kAdmin;
+    bool ok = false;
+    // Every candidate is compared, so the time taken does not depend on which one matched.
+    for (const auto& t : tokens.any_job) ok |= http::ConstantTimeEquals(tok, t);
+    if (!job.empty()) {
+      if (auto it = tokens.per_job.find(job); it != tokens.per_job.end()) {
+        for (const auto& t : it->second) ok |= http::ConstantTimeEquals(tok, t);
+      }
+    }
+    return ok ? Access::kJob : Access::kNone;
+  }
+
+  // Whether a job token (not admin) may see `job`; for filtering /status.
+  bool TokenSeesJob(const Request& req, const std::string& job) const {
+    return AccessFor(req, job) != Access::kNone;
+  }
+
+  Status RequireJob(const Request& req, const std::string& job) const {
+    if (AccessFor(req, job) != Access::kNone) return Status::Ok();
+    if (http::BearerToken(req.authorization).empty()) {
+      return Status(Code::kUnauthenticated, "missing Authorization: Bearer token");
+    }
+    return Status(Code::kUnauthenticated, fmt::format("token not valid for job {}", job));
+  }
+
+  Status RequireAdmin(const Request& req) const {
+    if (AccessFor(req, "") == Access::kAdmin) return Status::Ok();
+    if (tokens.admin.empty()) {
+      return Status(Code::kPermissionDenied, "admin calls need --admin-token-file on the lighthouse");
+    }
+    return Status(Code::kUnauthenticated, "admin token required");
+  }
+
+  // ---- effects ----
+
+  void ApplyEffects(Effects& fx) {
+    Persist(fx);
+    TimePoint now = Now();
+    std::map<std::string, TimePoint> round_start;
+    for (auto& [key, answer] : fx.answers) {
+      auto it = quorum_waiters.find(key);
+      if (it == quorum_waiters.end()) continue;
+      auto [rs, inserted] = round_start.emplace(key.job, it->second.since);
+      if (!inserted && it->second.since < rs->second) rs->second = it->second.since;
+      pb::QuorumResponse resp;
+      ToProto(answer, &resp);
+      AnswerQuorumWaiter(it, http::Reply(resp, it->second.format));
+    }
+    for (auto& [key, status] : fx.rejections) {
+      auto it = quorum_waiters.find(key);
+      if (it == quorum_waiters.end()) continue;
+      AnswerQuorumWaiter(it, http::ErrorReply(status, it->second.format));
+    }
+    for (const auto& issued : fx.issued) {
+      metrics.CountQuorum(issued.job, issued.changed);
+      if (auto rs = round_start.find(issued.job); rs != round_start.end()) {
+        metrics.ObserveFormation(now - rs->second);
+      }
+      if (issued.changed) {
+        GcKv(issued.job, issued.quorum_id);
+        fx.watch_wakeups.insert(issued.job);
+      }
+    }
+    for (const auto& job : fx.watch_wakeups) WakeWatchers(job);
+    for (const auto& e : fx.events) LK_LOG_INFO("{}", e);
+    ArmTick();
+  }
+
+  void Persist(Effects& fx) {
+    if (fx.persist_jobs.empty() && fx.persist_checkpoints.empty() && fx.forget_jobs.empty()) return;
+    // Only a new quorum_id (and checkpoint registrations, and forgetting a job) must reach the
+    // disk before anyone hears of it; step updates ride along unsynced, which survives a
+    // process kill, and are written synced with the next quorum change.
+    bool sync = !fx.persist_checkpoints.empty() || !fx.forget_jobs.empty();
+    for (const auto& j : fx.persist_jobs) {
+      auto it = synced_quorum_id.find(j.job);
+      if (it == synced_quorum_id.end() || it->second != j.quorum_id) sync = true;
+    }
+    Status st = store->Apply(fx.persist_jobs, fx.persist_checkpoints, fx.forget_jobs, sync);
+    // A lighthouse that cannot persist must not answer: it stops, and a restart resumes from
+    // what was synced. Answering would hand out a quorum_id that a restart could reissue.
+    LK_CHECK(st.ok()) << "persist failed: " << st.ToString();
+    for (const auto& j : fx.persist_jobs) synced_quorum_id[j.job] = j.quorum_id;
+    for (const auto& job : fx.forget_jobs) {
+      synced_quorum_id.erase(job);
+      kv.erase(job);
+    }
+  }
+
+  void AnswerQuorumWaiter(std::map<AgentKey, QuorumWaiter>::iterator it, Response r) {
+    it->second.timer->cancel();
+    Responder respond = std::move(it->second.respond);
+    quorum_waiters.erase(it);
+    respond(std::move(r));
+  }
+
+  void WakeWatchers(const std::string& job) {
+    for (auto it = watchers.begin(); it != watchers.end();) {
+      if (it->second.job != job) {
+        ++it;
+        continue;
+      }
+      auto r = core.Watch(job, it->second.quorum_id);
+      if (r.ok() && !r->lost) {
+        ++it;
+        continue;
+      }
+      Response resp = r.ok() ? WatchReply(*r, it->second.format)
+                             : http::ErrorReply(r.status(), it->second.format);
+      it->second.timer->cancel();
+      Responder respond = std::move(it->second.respond);
+      it = watchers.erase(it);
+      respond(std::move(resp));
+    }
+  }
+
+  static Response WatchReply(const WatchResult& w, Format f) {
+    pb::WatchResponse resp;
+    resp.set_quorum_id(w.quorum_id);
+    resp.set_lost(w.lost);
+    for (const auto& n : w.notices) ToProto(n, resp.add_notices());
+    return http::Reply(resp, f);
+  }
+
+  // One timer for every timeout in the core, armed at the core's next deadline; a timer that
+  // fires early just re-arms, so requests never need to cancel it.
+  void ArmTick() {
+    if (stopping) return;
+    auto next = core.NextDeadline();
+    if (!next) return;
+    if (tick_armed && *tick_armed <= *next) return;
+    tick_armed = *next;
+    tick_timer.expires_at(*next);
+    tick_timer.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (ec) return;
+      self->tick_armed.reset();
+      Effects fx;
+      self->core.Tick(self->Now(), &fx);
+      self->ApplyEffects(fx);
+    });
+  }
+
+  // ---- rendezvous KV ----
+
+  void GcKv(const std::string& job, uint32_t quorum_id) {
+    uint32_t keep_from = quorum_id > options.kv_epochs_kept ? quorum_id - options.kv_epochs_kept : 0;
+    auto jit = kv.find(job);
+    if (jit != kv.end()) {
+      jit->second.erase(jit->second.begin(), jit->second.lower_bound(keep_from));
+    }
+    Status st = store->DeleteKvBelow(job, keep_from);
+    if (!st.ok()) LK_LOG_WARN("kv_gc_failed job={} error={}", job, Q(st.ToString()));
+    // Waiters on collected epochs will never see their key: answer them now.
+    for (auto it = kv_waiters.begin(); it != kv_waiters.end();) {
+      if (it->second.job == job && it->second.quorum_id < keep_from) {
+        it->second.timer->cancel();
+        Responder respond = std::move(it->second.respond);
+        uint32_t qid = it->second.quorum_id;
+        it = kv_waiters.erase(it);
+        respond(http::ErrorReply(
+            Error(Code::kConflict, "quorum {} of job {} is superseded", qid, job), Format::kJson));
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // Checks that `quorum_id` is a live rendezvous epoch of `job`.
+  Status CheckEpoch(const std::string& job, uint32_t quorum_id) const {
+    auto w = core.Watch(job, quorum_id);
+    if (!w.ok()) return w.status();
+    uint32_t current = w->quorum_id;
+    if (quorum_id > current) {
+      return Error(Code::kConflict, "quorum {} of job {} does not exist yet (current {})",
+                   quorum_id, job, current);
+    }
+    if (current - quorum_id > options.kv_epochs_kept) {
+      return Error(Code::kConflict, "quorum {} of job {} is superseded (current {})", quorum_id,
+                   job, current);
+    }
+    return Status::Ok();
+  }
+
+  // ---- lifecycle ----
+
+  Status Start() {
+    auto t = LoadTokens(options.token_file, options.admin_token_file);
+    if (!t.ok()) return t.status();
+    tokens = std::move(*t);
+    auto t0 = Now();
+    LK_ASSIGN_OR_RETURN(auto jobs, store->LoadJobs());
+    LK_ASSIGN_OR_RETURN(auto ckpts, store->LoadCheckpoints());
+    LK_ASSIGN_OR_RETURN(auto kvs, store->LoadKv());
+    for (const auto& j : jobs) synced_quorum_id[j.job] = j.quorum_id;
+    size_t njobs = jobs.size(), nckpts = ckpts.size();
+    LK_RETURN_IF_ERROR(core.Load(std::move(jobs), std::move(ckpts), Now()));
+    for (auto& e : kvs) kv[e.job][e.quorum_id][e.key] = std::move(e.value);
+    LK_LOG_INFO("state_loaded jobs={} checkpoints={} kv_entries={} load_ms={}", njobs, nckpts,
+                kvs.size(), ToMillis(Now() - t0));
+    server = std::make_unique<http::Server>(
+        ioc, options.http, [self = shared_from_this()](Request&& req, Responder respond) {
+          self->Route(std::move(req), std::move(respond));
+        });
+    LK_RETURN_IF_ERROR(server->Listen(options.bind));
+    LK_LOG_INFO("listening address={}", server->LocalAddress());
+    ArmTick();
+    return Status::Ok();
+  }
+
+  void Shutdown() {
+    if (stopping) return;
+    stopping = true;
+    tick_timer.cancel();
+    if (server) server->Stop();
+    Status st(Code::kUnavailable, "lighthouse shutting down");
+    size_t n = quorum_waiters.size() + watchers.size() + kv_waiters.size();
+    while (!quorum_waiters.empty()) {
+      AnswerQuorumWaiter(quorum_waiters.begin(),
+                         http::ErrorReply(st, quorum_waiters.begin()->second.format));
+    }
+    for (auto& [id, w] : watchers) {
+      w.timer->cancel();
+      w.respond(http::ErrorReply(st, w.format));
+    }
+    watchers.clear();
+    for (auto& [id, w] : kv_waiters) {
+      w.timer->cancel();
+      w.respond(http::ErrorReply(st, Format::kJson));
+    }
+    kv_waiters.clear();
+    LK_LOG_INFO("shutdown waiters_answered={}", n);
+  }
+
+  void Route(Request&& req, Responder respond);
+  void HandleHeartbeat(const Request& req, Responder respond);
+  void HandleQuorum(const Request& req, Responder respond);
+  void HandleLeave(const Request& req, Responder respond);
+  void HandleCommit(const Request& req, Responder respond);
+  void HandleWatch(const Request& req, Responder respond);
+  void HandleKv(const Request& req, Responder respond);
+  void HandleCheckpoints(const Request& req, Responder respond);
+  void HandleStatus(const Request& req, Responder respond);
+  void HandleAdmin(const Request& req, Responder respond);
+};
+
+}  // namespace lk::lighthouse

@@ -1,0 +1,374 @@
+// The lighthouse's HTTP routes: each decodes and checks its input at the edge, calls the core,
+// and hands the effects to ApplyEffects. Bad input is answered with a 4xx and a reason, logged
+// once, and never reaches the core.
+#include "lighthouse/service_impl.h"
+
+namespace lk::lighthouse {
+
+namespace {
+
+// Wraps a Responder so that every answer is counted by endpoint and code, and every 4xx/5xx is
+// logged once with its reason.
+Responder Counted(Metrics* metrics, std::string endpoint, std::string peer, Responder respond) {
+  return [metrics, endpoint = std::move(endpoint), peer = std::move(peer),
+          respond = std::move(respond)](Response r) {
+    metrics->CountRequest(endpoint, r.status);
+    if (r.status >= 400 && r.status != 504) {
+      LK_LOG_WARN("request_rejected endpoint={} peer={} status={} body={}", endpoint, peer,
+                  r.status, Q(r.body.substr(0, 300)));
+    }
+    respond(std::move(r));
+  };
+}
+
+template <class Msg>
+Status DecodeAs(const Request& req, Msg* msg) {
+  return http::Decode(req.body, http::BodyFormat(req.content_type), msg);
+}
+
+}  // namespace
+
+void Service::Impl::Route(Request&& req, Responder respond) {
+  const std::string& p = req.path;
+  std::string endpoint = p.rfind("/v1/kv/", 0) == 0 ? "/v1/kv" : p;
+  static const std::set<std::string> kKnown = {
+      "/v1/heartbeat", "/v1/quorum", "/v1/leave", "/v1/commit", "/v1/watch", "/v1/kv",
+      "/v1/checkpoints", "/status", "/metrics", "/healthz", "/", "/v1/admin/drain",
+      "/v1/admin/forget"};
+  if (!kKnown.count(endpoint)) endpoint = "other";
+  respond = Counted(&metrics, endpoint, req.peer, std::move(respond));
+  Format f = http::ReplyFormat(req);
+  if (stopping) return respond(http::ErrorReply(Status(Code::kUnavailable, "shutting down"), f));
+  auto method_is = [&](std::string_view m) { return req.method == m; };
+  auto wrong_method = [&] {
+    respond(http::ErrorReply(InvalidArgument("{} does not accept {}", p, req.method), f));
+  };
+  if (p == "/healthz") return respond(http::TextReply(200, "text/plain", "ok\n"));
+  if (p == "/") {
+    return respond(http::TextReply(200, "text/html; charset=utf-8", std::string(DashboardHtml())));
+  }
+  if (p == "/status") return method_is("GET") ? HandleStatus(req, respond) : wrong_method();
+  if (p == "/metrics") {
+    if (!method_is("GET")) return wrong_method();
+    if (Status st = RequireAdmin(req); !st.ok()) return respond(http::ErrorReply(st, f));
+    return respond(http::TextReply(200, "text/plain; version=0.0.4",
+                                   metrics.Render(core.View(Now()),
+                                                  std::chrono::duration<double>(Now() - started).count(),
+                                                  server->connections())));
+  }
+  if (p == "/v1/watch") return method_is("GET") ? HandleWatch(req, respond) : wrong_method();
+  if (endpoint == "/v1/kv") {
+    return method_is("GET") || method_is("PUT") ? HandleKv(req, respond) : wrong_method();
+  }
+  if (p == "/v1/checkpoints") {
+    return method_is("GET") || method_is("POST") ? HandleCheckpoints(req, respond) : wrong_method();
+  }
+  if (!method_is("POST")) {
+    if (endpoint == "other") {
+      return respond(http::ErrorReply(Error(Code::kNotFound, "no endpoint {}", p), f));
+    }
+    return wrong_method();
+  }
+  if (p == "/v1/heartbeat") return HandleHeartbeat(req, respond);
+  if (p == "/v1/quorum") return HandleQuorum(req, respond);
+  if (p == "/v1/leave") return HandleLeave(req, respond);
+  if (p == "/v1/commit") return HandleCommit(req, respond);
+  if (p == "/v1/admin/drain" || p == "/v1/admin/forget") return HandleAdmin(req, respond);
+  respond(http::ErrorReply(Error(Code::kNotFound, "no endpoint {}", p), f));
+}
+
+void Service::Impl::HandleHeartbeat(const Request& req, Responder respond) {
+  Format f = http::ReplyFormat(req);
+  pb::HeartbeatRequest in;
+  Status st = DecodeAs(req, &in);
+  if (st.ok()) st = ValidAgent(in.job(), in.group_id(), in.incarnation());
+  if (st.ok()) st = RequireJob(req, in.job());
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  HeartbeatInput hb{in.job(), in.group_id(), in.incarnation(), in.node_rank(), in.nodes(),
+                    in.step(), in.phase(), in.address()};
+  Effects fx;
+  auto r = core.OnHeartbeat(hb, Now(), &fx);
+  if (!r.ok()) return respond(http::ErrorReply(r.status(), f));
+  pb::HeartbeatResponse out;
+  out.set_quorum_id(r->quorum_id);
+  out.set_drain(r->drain);
+  out.set_committed_step(r->committed_step);
+  for (const auto& n : r->notices) ToProto(n, out.add_notices());
+  ApplyEffects(fx);
+  respond(http::Reply(out, f));
+}
+
+void Service::Impl::HandleQuorum(const Request& req, Responder respond) {
+  Format f = http::ReplyFormat(req);
+  pb::QuorumRequest in;
+  Status st = DecodeAs(req, &in);
+  if (st.ok()) st = ValidAgent(in.job(), in.group_id(), in.incarnation());
+  if (st.ok()) st = RequireJob(req, in.job());
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  AgentKey key{in.job(), in.group_id(), in.incarnation(), in.node_rank()};
+  if (auto old = quorum_waiters.find(key); old != quorum_waiters.end()) {
+    AnswerQuorumWaiter(old, http::ErrorReply(Status(Code::kConflict,
+                                                    "superseded by a newer request of this agent"),
+                                             old->second.format));
+  }
+  Millis wait = in.timeout_ms() == 0 ? options.quorum_wait_default : Millis(in.timeout_ms());
+  wait = std::min(wait, options.long_poll_max);
+  uint64_t id = next_id++;
+  auto timer = std::make_unique<asio::steady_timer>(ioc, wait);
+  timer->async_wait([self = shared_from_this(), key, id](const boost::system::error_code& ec) {
+    if (ec) return;
+    auto it = self->quorum_waiters.find(key);
+    if (it == self->quorum_waiters.end() || it->second.id != id) return;
+    self->core.OnJoinTimeout(key);
+    self->AnswerQuorumWaiter(
+        it, http::ErrorReply(Status(Code::kDeadlineExceeded,
+                                    "quorum not ready before timeout_ms; ask again"),
+                             it->second.format));
+  });
+  quorum_waiters.emplace(key, QuorumWaiter{id, std::move(respond), f, Now(), std::move(timer)});
+  JoinInput join{in.job(), in.group_id(), in.incarnation(), in.node_rank(), in.nodes(), in.step(),
+                 in.shrink_only(), !in.fresh(), in.address()};
+  Effects fx;
+  st = core.OnJoin(join, Now(), &fx);
+  if (!st.ok()) {
+    auto it = quorum_waiters.find(key);
+    if (it != quorum_waiters.end() && it->second.id == id) {
+      AnswerQuorumWaiter(it, http::ErrorReply(st, f));
+    }
+    return;
+  }
+  ApplyEffects(fx);
+}
+
+void Service::Impl::HandleLeave(const Request& req, Responder respond) {
+  Format f = http::ReplyFormat(req);
+  pb::LeaveRequest in;
+  Status st = DecodeAs(req, &in);
+  if (st.ok()) st = ValidAgent(in.job(), in.group_id(), in.incarnation());
+  if (st.ok()) st = RequireJob(req, in.job());
+  if (st.ok() && in.reason().size() > 256) st = InvalidArgument("reason is longer than 256 bytes");
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  Effects fx;
+  st = core.OnLeave(in.job(), in.group_id(), in.incarnation(),
+                    in.reason().empty() ? "unspecified" : in.reason(), Now(), &fx);
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  ApplyEffects(fx);
+  pb::LeaveResponse out;
+  if (auto w = core.Watch(in.job(), 0); w.ok()) out.set_quorum_id(w->quorum_id);
+  respond(http::Reply(out, f));
+}
+
+void Service::Impl::HandleCommit(const Request& req, Responder respond) {
+  Format f = http::ReplyFormat(req);
+  pb::CommitRequest in;
+  Status st = DecodeAs(req, &in);
+  if (st.ok()) st = ValidAgent(in.job(), in.group_id(), in.incarnation());
+  if (st.ok()) st = RequireJob(req, in.job());
+  if (st.ok() && in.state_hash().size() > 128) st = InvalidArgument("state_hash longer than 128");
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  CommitInput c{in.job(), in.group_id(), in.incarnation(), in.node_rank(), in.quorum_id(),
+                in.step(), !in.failed(), in.state_hash()};
+  Effects fx;
+  auto r = core.OnCommit(c, Now(), &fx);
+  if (!r.ok()) return respond(http::ErrorReply(r.status(), f));
+  if (*r) metrics.CountDivergence(in.job());
+  ApplyEffects(fx);
+  pb::CommitResponse out;
+  out.set_diverged(*r);
+  for (const auto& v : core.View(Now())) {
+    if (v.job == in.job()) out.set_committed_step(v.committed_step);
+  }
+  respond(http::Reply(out, f));
+}
+
+void Service::Impl::HandleWatch(const Request& req, Responder respond) {
+  Format f = http::ReplyFormat(req);
+  auto job_it = req.query.find("job");
+  std::string job = job_it == req.query.end() ? "" : job_it->second;
+  Status st = ValidName("job", job);
+  if (st.ok()) st = RequireJob(req, job);
+  auto qid = ParseU32(req.query, "quorum_id", 0);
+  auto timeout = ParseU32(req.query, "timeout_ms", 30'000);
+  if (st.ok() && !qid.ok()) st = qid.status();
+  if (st.ok() && !timeout.ok()) st = timeout.status();
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  auto w = core.Watch(job, *qid);
+  if (!w.ok()) return respond(http::ErrorReply(w.status(), f));
+  if (w->lost || *timeout == 0) return respond(WatchReply(*w, f));
+  uint64_t id = next_id++;
+  auto timer = std::make_unique<asio::steady_timer>(
+      ioc, std::min(Millis(*timeout), options.long_poll_max));
+  timer->async_wait([self = shared_from_this(), id](const boost::system::error_code& ec) {
+    if (ec) return;
+    auto it = self->watchers.find(id);
+    if (it == self->watchers.end()) return;
+    auto r = self->core.Watch(it->second.job, it->second.quorum_id);
+    Response resp = r.ok() ? WatchReply(*r, it->second.format)
+                           : http::ErrorReply(r.status(), it->second.format);
+    Responder respond = std::move(it->second.respond);
+    self->watchers.erase(it);
+    respond(std::move(resp));
+  });
+  watchers.emplace(id, Watcher{id, job, *qid, std::move(respond), f, std::move(timer)});
+}
+
+void Service::Impl::HandleKv(const Request& req, Responder respond) {
+  Format f = Format::kJson;
+  // /v1/kv/JOB/QUORUM_ID/KEY, the key may contain '/'.
+  std::string rest = req.path.substr(7);
+  auto s1 = rest.find('/');
+  auto s2 = s1 == std::string::npos ? std::string::npos : rest.find('/', s1 + 1);
+  if (s2 == std::string::npos) {
+    return respond(http::ErrorReply(InvalidArgument("KV path is /v1/kv/JOB/QUORUM_ID/KEY"), f));
+  }
+  std::string job = rest.substr(0, s1);
+  std::string qid_text = rest.substr(s1 + 1, s2 - s1 - 1);
+  std::string key = rest.substr(s2 + 1);
+  Status st = ValidName("job", job);
+  if (st.ok()) st = RequireJob(req, job);
+  auto qid = ParseU32({{"quorum_id", qid_text}}, "quorum_id", 0);
+  if (st.ok() && (!qid.ok() || qid_text.empty())) st = InvalidArgument("bad quorum_id '{}'", qid_text);
+  if (st.ok() && (key.empty() || key.size() > kKvKeyBytesMax)) {
+    st = InvalidArgument("KV key must be 1..{} bytes", kKvKeyBytesMax);
+  }
+  if (st.ok()) st = CheckEpoch(job, *qid);
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  auto& epoch = kv[job][*qid];
+  if (req.method == "PUT") {
+    if (req.body.size() > options.kv_value_bytes_max) {
+      return respond(http::ErrorReply(
+          Error(Code::kTooLarge, "KV value over {} bytes", options.kv_value_bytes_max), f));
+    }
+    size_t keys = 0;
+    for (const auto& [q, m] : kv[job]) keys += m.size();
+    if (!epoch.count(key) && keys >= options.kv_keys_per_job_max) {
+      return respond(http::ErrorReply(
+          Error(Code::kResourceExhausted, "job {} has {} KV keys (the limit)", job, keys), f));
+    }
+    if (Status ps = store->PutKv({job, *qid, key, req.body}); !ps.ok()) {
+      return respond(http::ErrorReply(ps, f));
+    }
+    epoch[key] = req.body;
+    for (auto it = kv_waiters.begin(); it != kv_waiters.end();) {
+      if (it->second.job == job && it->second.quorum_id == *qid && it->second.key == key) {
+        it->second.timer->cancel();
+        Responder r = std::move(it->second.respond);
+        it = kv_waiters.erase(it);
+        r(http::TextReply(200, "application/octet-stream", req.body));
+      } else {
+        ++it;
+      }
+    }
+    return respond(http::TextReply(204, "text/plain", ""));
+  }
+  if (auto it = epoch.find(key); it != epoch.end()) {
+    return respond(http::TextReply(200, "application/octet-stream", it->second));
+  }
+  auto timeout = ParseU32(req.query, "timeout_ms", 30'000);
+  if (!timeout.ok()) return respond(http::ErrorReply(timeout.status(), f));
+  if (*timeout == 0) {
+    return respond(http::ErrorReply(Error(Code::kNotFound, "no key {} in quorum {}", key, *qid), f));
+  }
+  uint64_t id = next_id++;
+  auto timer = std::make_unique<asio::steady_timer>(
+      ioc, std::min(Millis(*timeout), options.long_poll_max));
+  timer->async_wait([self = shared_from_this(), id](const boost::system::error_code& ec) {
+    if (ec) return;
+    auto it = self->kv_waiters.find(id);
+    if (it == self->kv_waiters.end()) return;
+    Responder r = std::move(it->second.respond);
+    std::string k = it->second.key;
+    self->kv_waiters.erase(it);
+    r(http::ErrorReply(Error(Code::kDeadlineExceeded, "key {} not put before timeout_ms", k),
+                       Format::kJson));
+  });
+  kv_waiters.emplace(id, KvWaiter{id, job, key, *qid, std::move(respond), std::move(timer)});
+}
+
+void Service::Impl::HandleCheckpoints(const Request& req, Responder respond) {
+  Format f = http::ReplyFormat(req);
+  if (req.method == "GET") {
+    auto it = req.query.find("job");
+    std::string job = it == req.query.end() ? "" : it->second;
+    Status st = ValidName("job", job);
+    if (st.ok()) st = RequireJob(req, job);
+    if (st.ok() && !core.HasJob(job)) st = Error(Code::kNotFound, "unknown job {}", job);
+    if (!st.ok()) return respond(http::ErrorReply(st, f));
+    pb::CheckpointList out;
+    for (const auto& c : core.Checkpoints(job)) ToProto(c, out.add_checkpoints());
+    return respond(http::Reply(out, f));
+  }
+  pb::CheckpointInfo in;
+  Status st = DecodeAs(req, &in);
+  if (st.ok()) st = ValidName("job", in.job());
+  if (st.ok()) st = RequireJob(req, in.job());
+  if (st.ok() && in.location().empty()) st = InvalidArgument("location is missing");
+  if (st.ok() && in.location().size() > 4096) st = InvalidArgument("location over 4096 bytes");
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  CheckpointData c = FromProto(in);
+  if (c.created_unix_s == 0) {
+    c.created_unix_s = static_cast<uint32_t>(
+        std::chrono::duration_cast<std::chrono::seconds>(
+            std::chrono::system_clock::now().time_since_epoch()).count());
+  }
+  Effects fx;
+  st = core.OnRegisterCheckpoint(c, &fx);
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  ApplyEffects(fx);
+  pb::CheckpointInfo out;
+  ToProto(c, &out);
+  respond(http::Reply(out, f));
+}
+
+void Service::Impl::HandleStatus(const Request& req, Responder respond) {
+  Format f = req.accept.find("protobuf") != std::string::npos ? Format::kProto : Format::kJson;
+  if (tokens.enabled && AccessFor(req, "") == Access::kNone && req.authorization.empty()) {
+    return respond(http::ErrorReply(Status(Code::kUnauthenticated, "missing bearer token"), f));
+  }
+  auto want = req.query.find("job");
+  pb::StatusResponse out;
+  out.set_uptime_s(std::chrono::duration<double>(Now() - started).count());
+  for (const auto& v : core.View(Now())) {
+    if (want != req.query.end() && want->second != v.job) continue;
+    // A job token sees its own jobs only; jobs never see each other.
+    if (!TokenSeesJob(req, v.job)) continue;
+    ToProto(v, out.add_jobs());
+  }
+  respond(http::Reply(out, f));
+}
+
+void Service::Impl::HandleAdmin(const Request& req, Responder respond) {
+  Format f = http::ReplyFormat(req);
+  if (Status st = RequireAdmin(req); !st.ok()) return respond(http::ErrorReply(st, f));
+  Effects fx;
+  Status st;
+  if (req.path == "/v1/admin/drain") {
+    pb::DrainRequest in;
+    st = DecodeAs(req, &in);
+    if (st.ok()) st = ValidName("job", in.job());
+    if (st.ok()) st = ValidName("group_id", in.group_id());
+    if (st.ok()) st = core.Drain(in.job(), in.group_id(), Now(), &fx);
+  } else {
+    pb::ForgetRequest in;
+    st = DecodeAs(req, &in);
+    if (st.ok()) st = ValidName("job", in.job());
+    if (st.ok()) st = core.Forget(in.job(), &fx);
+    if (st.ok()) {
+      // Waiters of a forgotten job would otherwise wait for nothing.
+      for (auto it = quorum_waiters.begin(); it != quorum_waiters.end();) {
+        auto next = std::next(it);
+        if (it->first.job == in.job()) {
+          AnswerQuorumWaiter(it, http::ErrorReply(Error(Code::kNotFound, "job {} was forgotten",
+                                                        in.job()), it->second.format));
+        }
+        it = next;
+      }
+      fx.watch_wakeups.insert(in.job());
+    }
+  }
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  ApplyEffects(fx);
+  respond(http::Reply(pb::Empty(), f));
+}
+
+}  // namespace lk::lighthouse

@@ -1,0 +1,199 @@
+#include "lighthouse/state_store.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include "common/proto/lightkeeper.pb.h"
+
+namespace lk::lighthouse {
+namespace {
+
+namespace pb = lightkeeper::v1;
+
+// Key layout. Numbers are zero-padded so that RocksDB's byte order is numeric order.
+//   job/<job>                      -> JobRecord
+//   ckpt/<job>/<step:010>          -> CheckpointInfo
+//   kv/<job>/<quorum_id:010>/<key> -> raw bytes
+// Job names cannot contain '/', which the service checks at the edge.
+std::string JobKey(const std::string& job) { return "job/" + job; }
+std::string CkptPrefix(const std::string& job) { return "ckpt/" + job + "/"; }
+std::string CkptKey(const std::string& job, uint32_t step) {
+  return fmt::format("ckpt/{}/{:010}", job, step);
+}
+std::string KvPrefix(const std::string& job) { return "kv/" + job + "/"; }
+std::string KvKey(const std::string& job, uint32_t qid, const std::string& key) {
+  return fmt::format("kv/{}/{:010}/{}", job, qid, key);
+}
+
+Status FromRocks(const rocksdb::Status& st, std::string_view what) {
+  if (st.ok()) return Status::Ok();
+  Code code = st.IsNoSpace() ? Code::kResourceExhausted
+              : st.IsCorruption() ? Code::kDataLoss : Code::kUnavailable;
+  return Status(code, fmt::format("rocksdb {}: {}", what, st.ToString()));
+}
+
+void ToProto(const MemberData& m, pb::Member* out) {
+  out->set_group_id(m.group_id);
+  out->set_incarnation(m.incarnation);
+  out->set_step(m.step);
+  for (const auto& a : m.addresses) out->add_addresses(a);
+  out->set_heal(m.heal);
+}
+
+MemberData FromProto(const pb::Member& m) {
+  MemberData out;
+  out.group_id = m.group_id();
+  out.incarnation = m.incarnation();
+  out.step = m.step();
+  out.addresses.assign(m.addresses().begin(), m.addresses().end());
+  out.heal = m.heal();
+  return out;
+}
+
+class RocksDbStore final : public StateStore {
+ public:
+  explicit RocksDbStore(std::unique_ptr<rocksdb::DB> db) : db_(std::move(db)) {}
+
+  Status Apply(const std::vector<JobRecordData>& jobs,
+               const std::vector<CheckpointData>& checkpoints,
+               const std::vector<std::string>& forget_jobs, bool sync) override {
+    rocksdb::WriteBatch batch;
+    for (const auto& job : forget_jobs) {
+      batch.Delete(JobKey(job));
+      LK_RETURN_IF_ERROR(DeletePrefix(CkptPrefix(job), &batch));
+      LK_RETURN_IF_ERROR(DeletePrefix(KvPrefix(job), &batch));
+    }
+    for (const auto& j : jobs) {
+      pb::JobRecord rec;
+      rec.set_job(j.job);
+      rec.set_quorum_id(j.quorum_id);
+      rec.set_committed_step(j.committed_step);
+      rec.set_quorum_changes(j.quorum_changes);
+      for (const auto& m : j.members) ToProto(m, rec.add_members());
+      batch.Put(JobKey(j.job), rec.SerializeAsString());
+    }
+    for (const auto& c : checkpoints) {
+      pb::CheckpointInfo info;
+      info.set_job(c.job);
+      info.set_step(c.step);
+      info.set_location(c.location);
+      info.set_manifest_digest(c.manifest_digest);
+      info.set_group_id(c.group_id);
+      info.set_created_unix_s(c.created_unix_s);
+      batch.Put(CkptKey(c.job, c.step), info.SerializeAsString());
+    }
+    rocksdb::WriteOptions wo;
+    wo.sync = sync;
+    return FromRocks(db_->Write(wo, &batch), "write");
+  }
+
+  Result<std::vector<JobRecordData>> LoadJobs() override {
+    std::vector<JobRecordData> out;
+    Status st = Scan("job/", [&](const rocksdb::Slice& key, const rocksdb::Slice& value) {
+      pb::JobRecord rec;
+      if (!rec.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
+        return Error(Code::kDataLoss, "corrupt job record {}", key.ToString());
+      }
+      JobRecordData j;
+      j.job = rec.job();
+      j.quorum_id = rec.quorum_id();
+      j.committed_step = rec.committed_step();
+      j.quorum_changes = rec.quorum_changes();
+      for (const auto& m : rec.members()) j.members.push_back(FromProto(m));
+      out.push_back(std::move(j));
+      return Status::Ok();
+    });
+    if (!st.ok()) return st;
+    return out;
+  }
+
+  Result<std::vector<CheckpointData>> LoadCheckpoints() override {
+    std::vector<CheckpointData> out;
+    Status st = Scan("ckpt/", [&](const rocksdb::Slice& key, const rocksdb::Slice& value) {
+      pb::CheckpointInfo info;
+      if (!info.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
+        return Error(Code::kDataLoss, "corrupt checkpoint record {}", key.ToString());
+      }
+      out.push_back(CheckpointData{info.job(), info.step(), info.location(),
+                                   info.manifest_digest(), info.group_id(),
+                                   info.created_unix_s()});
+      return Status::Ok();
+    });
+    if (!st.ok()) return st;
+    return out;
+  }
+
+  Status PutKv(const KvEntry& e) override {
+    return FromRocks(db_->Put(rocksdb::WriteOptions(), KvKey(e.job, e.quorum_id, e.key), e.value),
+                     "put kv");
+  }
+
+  Result<std::vector<KvEntry>> LoadKv() override {
+    std::vector<KvEntry> out;
+    Status st = Scan("kv/", [&](const rocksdb::Slice& key, const rocksdb::Slice& value) {
+      // kv/<job>/<qid>/<key>: the job has no '/', the qid is 10 digits, the key is the rest.
+      std::string k = key.ToString().substr(3);
+      auto slash = k.find('/');
+      if (slash == std::string::npos || k.size() < slash + 12) {
+        return Error(Code::kDataLoss, "corrupt kv key {}", key.ToString());
+      }
+      KvEntry e;
+      e.job = k.substr(0, slash);
+      e.quorum_id = static_cast<uint32_t>(std::stoul(k.substr(slash + 1, 10)));
+      e.key = k.substr(slash + 12);
+      e.value = value.ToString();
+      out.push_back(std::move(e));
+      return Status::Ok();
+    });
+    if (!st.ok()) return st;
+    return out;
+  }
+
+  Status DeleteKvBelow(const std::string& job, uint32_t keep_from) override {
+    if (keep_from == 0) return Status::Ok();
+    rocksdb::WriteBatch batch;
+    batch.DeleteRange(KvPrefix(job), fmt::format("kv/{}/{:010}", job, keep_from));
+    return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "delete kv");
+  }
+
+  Status DeleteCheckpoint(const std::string& job, uint32_t step) override {
+    return FromRocks(db_->Delete(rocksdb::WriteOptions(), CkptKey(job, step)), "delete checkpoint");
+  }
+
+ private:
+  template <class F>
+  Status Scan(const std::string& prefix, F f) {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      LK_RETURN_IF_ERROR(f(it->key(), it->value()));
+    }
+    return FromRocks(it->status(), "scan " + prefix);
+  }
+
+  Status DeletePrefix(const std::string& prefix, rocksdb::WriteBatch* batch) {
+    std::string end = prefix;
+    end.back() = static_cast<char>(end.back() + 1);
+    batch->DeleteRange(prefix, end);
+    return Status::Ok();
+  }
+
+  std::unique_ptr<rocksdb::DB> db_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<StateStore>> OpenRocksDbStore(const std::string& dir) {
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  // The state is small (a few KiB per job); keep RocksDB's own footprint and start-up small.
+  options.max_open_files = 64;
+  options.keep_log_file_num = 4;
+  options.IncreaseParallelism(1);
+  rocksdb::DB* raw = nullptr;
+  auto st = rocksdb::DB::Open(options, dir, &raw);
+  if (!st.ok()) return FromRocks(st, "open " + dir);
+  return std::unique_ptr<StateStore>(std::make_unique<RocksDbStore>(std::unique_ptr<rocksdb::DB>(raw)));
+}
+
+}  // namespace lk::lighthouse

@@ -1,0 +1,366 @@
+// The lighthouse as users run it: the real binary on 127.0.0.1:0, driven over HTTP with JSON
+// and protobuf, killed with -9, restarted, sent SIGTERM, and fed bad input.
+#include <doctest/doctest.h>
+#include <signal.h>
+
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "common/http/client.h"
+#include "common/http/codec.h"
+#include "common/proto/lightkeeper.pb.h"
+#include "tests/support/process.h"
+
+namespace lk::test {
+namespace {
+
+namespace pb = lightkeeper::v1;
+using namespace std::chrono_literals;
+
+std::unique_ptr<http::Client> Connect(const std::string& url, const std::string& token = "") {
+  auto c = http::Client::Create(url, {token});
+  REQUIRE(c.ok());
+  return std::move(*c);
+}
+
+pb::QuorumRequest Ask(const std::string& job, const std::string& group, const std::string& inc,
+                      uint32_t step, uint32_t timeout_ms = 10'000) {
+  pb::QuorumRequest q;
+  q.set_job(job);
+  q.set_group_id(group);
+  q.set_incarnation(inc);
+  q.set_nodes(1);
+  q.set_step(step);
+  q.set_timeout_ms(timeout_ms);
+  return q;
+}
+
+// Asks for the quorum on its own connection, in the background.
+std::future<Result<pb::QuorumResponse>> AskAsync(const std::string& url, pb::QuorumRequest q,
+                                                 const std::string& token = "") {
+  return std::async(std::launch::async, [url, q, token]() -> Result<pb::QuorumResponse> {
+    auto c = http::Client::Create(url, {token});
+    if (!c.ok()) return c.status();
+    pb::QuorumResponse resp;
+    Status st = (*c)->Call("POST", "/v1/quorum", q, &resp, Millis(q.timeout_ms() + 5000));
+    if (!st.ok()) return st;
+    return resp;
+  });
+}
+
+Status Heartbeat(http::Client& c, const std::string& job, const std::string& group,
+                 const std::string& inc, uint32_t step, pb::HeartbeatResponse* out = nullptr) {
+  pb::HeartbeatRequest hb;
+  hb.set_job(job);
+  hb.set_group_id(group);
+  hb.set_incarnation(inc);
+  hb.set_nodes(1);
+  hb.set_step(step);
+  pb::HeartbeatResponse resp;
+  return c.Call("POST", "/v1/heartbeat", hb, out ? out : &resp);
+}
+
+std::string StatusJson(http::Client& c) {
+  auto r = c.Do("GET", "/status");
+  REQUIRE(r.ok());
+  REQUIRE(r->status == 200);
+  // uptime_s changes between calls; drop it so that two snapshots compare equal.
+  pb::StatusResponse st;
+  REQUIRE(http::Decode(r->body, http::Format::kJson, &st).ok());
+  st.clear_uptime_s();
+  for (auto& j : *st.mutable_jobs()) {
+    for (auto& g : *j.mutable_groups()) g.clear_heartbeat_age_ms();
+  }
+  return http::ToJson(st);
+}
+
+std::vector<std::string> MemberIds(const pb::QuorumResponse& q) {
+  std::vector<std::string> out;
+  for (const auto& m : q.members()) out.push_back(m.group_id());
+  return out;
+}
+
+TEST_CASE("groups join, one leaves, one times out; quorum ids only go up") {
+  auto dir = TempDir("lh-join");
+  auto lh = StartLighthouse(dir + "/data", {"--heartbeat-timeout-ms", "800", "--join-timeout-ms",
+                                            "300", "--min-replicas", "1"},
+                            dir + "/lh.log");
+  auto c = Connect(lh.url());
+  for (auto g : {"a", "b", "c"}) REQUIRE(Heartbeat(*c, "j", g, std::string(g) + "1", 0).ok());
+  auto fa = AskAsync(lh.url(), Ask("j", "a", "a1", 0));
+  auto fb = AskAsync(lh.url(), Ask("j", "b", "b1", 0));
+  auto fc = AskAsync(lh.url(), Ask("j", "c", "c1", 0));
+  auto qa = fa.get(), qb = fb.get(), qc = fc.get();
+  REQUIRE(qa.ok());
+  REQUIRE(qb.ok());
+  REQUIRE(qc.ok());
+  CHECK(qa->quorum_id() == qb->quorum_id());
+  CHECK(qa->quorum_id() == qc->quorum_id());
+  CHECK(MemberIds(*qa) == std::vector<std::string>{"a", "b", "c"});
+  CHECK(qa->replica_rank() == 0);
+  CHECK(qc->replica_rank() == 2);
+  CHECK(qa->replica_world_size() == 3);
+  uint32_t q1 = qa->quorum_id();
+
+  // A watcher of q1 returns as soon as c leaves, long before its 10 s timeout.
+  auto watch = std::async(std::launch::async, [&] {
+    auto wc = Connect(lh.url());
+    return wc->Do("GET", "/v1/watch?job=j&quorum_id=" + std::to_string(q1) + "&timeout_ms=10000");
+  });
+  std::this_thread::sleep_for(100ms);
+  pb::LeaveRequest leave;
+  leave.set_job("j");
+  leave.set_group_id("c");
+  leave.set_incarnation("c1");
+  leave.set_reason("cancelled");
+  REQUIRE(c->Call("POST", "/v1/leave", leave, nullptr).ok());
+  REQUIRE(watch.wait_for(5s) == std::future_status::ready);
+  auto w = watch.get();
+  REQUIRE(w.ok());
+  CHECK(w->body.find("\"lost\":true") != std::string::npos);
+
+  fa = AskAsync(lh.url(), Ask("j", "a", "a1", 1));
+  fb = AskAsync(lh.url(), Ask("j", "b", "b1", 1));
+  qa = fa.get();
+  qb = fb.get();
+  REQUIRE(qa.ok());
+  REQUIRE(qb.ok());
+  CHECK(MemberIds(*qa) == std::vector<std::string>{"a", "b"});
+  CHECK(qa->quorum_id() > q1);
+  uint32_t q2 = qa->quorum_id();
+
+  // b stops heartbeating: after the heartbeat timeout a's quorum forms without it.
+  fa = AskAsync(lh.url(), Ask("j", "a", "a1", 2));
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (fa.wait_for(100ms) != std::future_status::ready) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    REQUIRE(Heartbeat(*c, "j", "a", "a1", 2).ok());
+  }
+  qa = fa.get();
+  REQUIRE(qa.ok());
+  CHECK(MemberIds(*qa) == std::vector<std::string>{"a"});
+  CHECK(qa->quorum_id() > q2);
+  CHECK(lh.process->Log().find("quorum") != std::string::npos);
+}
+
+TEST_CASE("kill -9 and restart: ids continue upward and the previous quorum is kept") {
+  auto dir = TempDir("lh-restart");
+  std::vector<std::string> flags = {"--heartbeat-timeout-ms", "3000", "--join-timeout-ms", "5000"};
+  auto lh = StartLighthouse(dir + "/data", flags, dir + "/lh.log");
+  auto fa = AskAsync(lh.url(), Ask("j", "a", "a1", 3));
+  auto fb = AskAsync(lh.url(), Ask("j", "b", "b1", 3));
+  auto qa = fa.get();
+  REQUIRE(qa.ok());
+  REQUIRE(fb.get().ok());
+  uint32_t q1 = qa->quorum_id();
+
+  lh.process->Signal(SIGKILL);
+  REQUIRE(lh.process->Wait(10s).has_value());
+  auto lh2 = StartLighthouse(dir + "/data", flags, dir + "/lh.log", lh.address);
+  // Both members rejoin at once on the fast path (no join timeout), same membership, same id.
+  auto t0 = std::chrono::steady_clock::now();
+  fa = AskAsync(lh2.url(), Ask("j", "a", "a1", 4));
+  fb = AskAsync(lh2.url(), Ask("j", "b", "b1", 4));
+  qa = fa.get();
+  REQUIRE(qa.ok());
+  REQUIRE(fb.get().ok());
+  CHECK(std::chrono::steady_clock::now() - t0 < 4s);  // bounds a hang, not a speed
+  CHECK(qa->quorum_id() == q1);
+  CHECK(MemberIds(*qa) == std::vector<std::string>{"a", "b"});
+
+  // A membership change after the restart gets a higher id than any before it.
+  auto fc = AskAsync(lh2.url(), Ask("j", "c", "c1", 0));
+  fa = AskAsync(lh2.url(), Ask("j", "a", "a1", 5));
+  fb = AskAsync(lh2.url(), Ask("j", "b", "b1", 5));
+  auto qc = fc.get();
+  REQUIRE(qc.ok());
+  CHECK(qc->quorum_id() > q1);
+  CHECK(qc->heal());
+  REQUIRE(fa.get().ok());
+  REQUIRE(fb.get().ok());
+}
+
+TEST_CASE("SIGTERM answers every waiter and exits 0") {
+  auto dir = TempDir("lh-term");
+  auto lh = StartLighthouse(dir + "/data", {"--min-replicas", "2"}, dir + "/lh.log");
+  auto fa = AskAsync(lh.url(), Ask("j", "a", "a1", 0, 60'000));
+  std::this_thread::sleep_for(200ms);
+  lh.process->Signal(SIGTERM);
+  REQUIRE(fa.wait_for(10s) == std::future_status::ready);
+  auto qa = fa.get();
+  CHECK(qa.status().code() == Code::kUnavailable);
+  auto code = lh.process->Wait(10s);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+}
+
+TEST_CASE("a quorum not ready by its deadline is 504; the retry joins the same round") {
+  auto dir = TempDir("lh-504");
+  auto lh = StartLighthouse(dir + "/data", {"--min-replicas", "2"}, dir + "/lh.log");
+  auto c = Connect(lh.url());
+  auto r = c->Do("POST", "/v1/quorum",
+                 R"({"job":"j","group_id":"a","incarnation":"a1","nodes":1,"step":0,"timeout_ms":200})",
+                 http::kJsonType);
+  REQUIRE(r.ok());
+  CHECK(r->status == 504);
+  auto fa = AskAsync(lh.url(), Ask("j", "a", "a1", 0));
+  auto fb = AskAsync(lh.url(), Ask("j", "b", "b1", 0));
+  REQUIRE(fa.get().ok());
+  REQUIRE(fb.get().ok());
+}
+
+TEST_CASE("rendezvous KV: GET waits for the PUT; old epochs are collected") {
+  auto dir = TempDir("lh-kv");
+  auto lh = StartLighthouse(dir + "/data", {}, dir + "/lh.log");
+  auto qa = AskAsync(lh.url(), Ask("j", "a", "a1", 0)).get();
+  REQUIRE(qa.ok());
+  std::string base = "/v1/kv/j/" + std::to_string(qa->quorum_id()) + "/nccl/slot0";
+  auto getter = std::async(std::launch::async, [&] {
+    return Connect(lh.url())->Do("GET", base + "?timeout_ms=5000");
+  });
+  std::this_thread::sleep_for(100ms);
+  auto c = Connect(lh.url());
+  auto put = c->Do("PUT", base, "unique-id-bytes", "application/octet-stream");
+  REQUIRE(put.ok());
+  CHECK(put->status == 204);
+  auto got = getter.get();
+  REQUIRE(got.ok());
+  CHECK(got->status == 200);
+  CHECK(got->body == "unique-id-bytes");
+  CHECK(c->Do("GET", base + "?timeout_ms=50")->body == "unique-id-bytes");
+  // A future epoch is refused, nothing stored.
+  auto future = c->Do("PUT", "/v1/kv/j/999/x", "v", "application/octet-stream");
+  CHECK(future->status == 409);
+  // Two membership changes later, the first epoch is gone.
+  auto fb = AskAsync(lh.url(), Ask("j", "b", "b1", 0));
+  auto fa = AskAsync(lh.url(), Ask("j", "a", "a1", 1));
+  REQUIRE(fb.get().ok());
+  REQUIRE(fa.get().ok());
+  auto fc = AskAsync(lh.url(), Ask("j", "c", "c1", 0));
+  fa = AskAsync(lh.url(), Ask("j", "a", "a1", 2));
+  fb = AskAsync(lh.url(), Ask("j", "b", "b1", 2));
+  REQUIRE(fc.get().ok());
+  REQUIRE(fa.get().ok());
+  REQUIRE(fb.get().ok());
+  auto old = c->Do("GET", base + "?timeout_ms=50");
+  CHECK(old->status == 409);
+}
+
+TEST_CASE("bad input gets a clear 4xx and changes nothing") {
+  auto dir = TempDir("lh-bad");
+  std::string tokens = dir + "/tokens", admin = dir + "/admin";
+  { std::ofstream(tokens) << "j secret-j\nk secret-k\n"; }
+  { std::ofstream(admin) << "root-token\n"; }
+  auto lh = StartLighthouse(dir + "/data",
+                            {"--token-file", tokens, "--admin-token-file", admin,
+                             "--body-bytes-max", "4096", "--request-timeout-ms", "300",
+                             "--connections-max", "40"},
+                            dir + "/lh.log");
+  auto good = Connect(lh.url(), "secret-j");
+  auto admin_c = Connect(lh.url(), "root-token");
+  REQUIRE(Heartbeat(*good, "j", "a", "a1", 0).ok());
+  auto qa = AskAsync(lh.url(), Ask("j", "a", "a1", 0), "secret-j").get();
+  REQUIRE(qa.ok());
+  std::string before = StatusJson(*admin_c);
+
+  auto expect = [&](http::Client& c, std::string method, std::string target, std::string body,
+                    int status, std::string reason_part) {
+    auto r = c.Do(method, target, body, http::kJsonType);
+    REQUIRE(r.ok());
+    INFO(target << " " << body << " -> " << r->body);
+    CHECK(r->status == status);
+    CHECK(r->body.find(reason_part) != std::string::npos);
+  };
+  auto anon = Connect(lh.url());
+  auto wrong = Connect(lh.url(), "secret-k");
+  std::string hb = R"({"job":"j","group_id":"a","incarnation":"a1","nodes":1,"step":9})";
+  expect(*anon, "POST", "/v1/heartbeat", hb, 401, "Bearer");
+  expect(*wrong, "POST", "/v1/heartbeat", hb, 401, "not valid for job j");
+  expect(*good, "POST", "/v1/heartbeat", "{not json", 400, "not valid JSON");
+  expect(*good, "POST", "/v1/heartbeat", R"({"job":"j","step":"nine"})", 400, "invalid_argument");
+  expect(*good, "POST", "/v1/heartbeat", R"({"job":"j","group_id":"a"})", 400, "incarnation");
+  expect(*good, "POST", "/v1/heartbeat", R"({"job":"j/x","group_id":"a","incarnation":"a1"})",
+         400, "character");
+  expect(*good, "POST", "/v1/heartbeat",
+         R"({"job":"j","group_id":"a","incarnation":"a1","node_rank":3,"nodes":2})", 400,
+         "node_rank");
+  expect(*good, "POST", "/v1/heartbeat", std::string(8000, ' '), 413, "too_large");
+  auto garbage = good->Do("POST", "/v1/quorum", "\x08\x96\x01\xff\xff", http::kProtoType);
+  REQUIRE(garbage.ok());
+  CHECK(garbage->status == 400);
+  expect(*good, "GET", "/v1/watch?job=nojob&quorum_id=1", "", 404, "nojob");
+  expect(*admin_c, "GET", "/v1/watch?job=j&quorum_id=x", "", 400, "quorum_id");
+  expect(*good, "POST", "/v1/admin/drain", R"({"job":"j","group_id":"a"})", 401, "admin");
+  expect(*good, "GET", "/v1/nothing", "", 404, "no endpoint");
+  expect(*good, "DELETE", "/v1/heartbeat", "", 400, "does not accept");
+  // A new incarnation replaces a1; a1 is then stale and refused.
+  REQUIRE(Heartbeat(*good, "j", "a", "a2", 0).ok());
+  expect(*good, "POST", "/v1/heartbeat", hb, 409, "stale");
+  CHECK(Connect(lh.url())->Do("GET", "/healthz")->status == 200);
+
+  // A client that stalls mid-request is cut off; a flood of connections beyond the limit is
+  // refused, and the lighthouse still answers afterwards.
+  auto stalled = std::async(std::launch::async, [&] {
+    auto s = Connect(lh.url());
+    return s->Do("POST", "/v1/heartbeat", "", http::kJsonType, Millis(100));
+  });
+  stalled.get();
+  std::vector<std::unique_ptr<http::Client>> flood;
+  for (int i = 0; i < 60; ++i) {
+    flood.push_back(Connect(lh.url()));
+    (void)flood.back()->Do("GET", "/healthz", "", "", Millis(500));
+  }
+  flood.clear();
+  std::this_thread::sleep_for(200ms);
+  CHECK(Connect(lh.url())->Do("GET", "/healthz")->status == 200);
+
+  // Everything above left the state of job j as it was, except a's new incarnation.
+  std::string after = StatusJson(*admin_c);
+  CHECK(after.find("\"incarnation\":\"a2\"") != std::string::npos);
+  CHECK(lh.process->Log().find("request_rejected") != std::string::npos);
+  // Jobs never see each other: k's token sees no job j.
+  auto k_status = wrong->Do("GET", "/status");
+  CHECK(k_status->body.find("\"job\":\"j\"") == std::string::npos);
+  (void)before;
+}
+
+TEST_CASE("status, metrics, healthz, dashboard and lkctl") {
+  auto dir = TempDir("lh-obs");
+  auto lh = StartLighthouse(dir + "/data", {}, dir + "/lh.log");
+  auto fa = AskAsync(lh.url(), Ask("demo", "a", "a1", 0));
+  auto fb = AskAsync(lh.url(), Ask("demo", "b", "b1", 0));
+  REQUIRE(fa.get().ok());
+  REQUIRE(fb.get().ok());
+  auto c = Connect(lh.url());
+  auto st = c->Do("GET", "/status");
+  REQUIRE(st.ok());
+  CHECK(st->body.find("\"jobs\":[{\"job\":\"demo\"") != std::string::npos);
+  CHECK(st->body.find("\"members\":[{\"group_id\":\"a\"") != std::string::npos);
+  auto m = c->Do("GET", "/metrics");
+  REQUIRE(m.ok());
+  CHECK(m->body.find("lk_quorum_formation_seconds_bucket") != std::string::npos);
+  CHECK(m->body.find("lk_quorum_members{job=\"demo\"} 2") != std::string::npos);
+  CHECK(m->body.find("lk_requests_total{endpoint=\"/v1/quorum\",code=\"200\"} 2") !=
+        std::string::npos);
+  CHECK(m->body.find("lk_heartbeat_age_seconds{job=\"demo\",group=\"a\"}") != std::string::npos);
+  auto page = c->Do("GET", "/");
+  CHECK(page->body.find("<!doctype html>") == 0);
+  CHECK(page->body.find("http://") == std::string::npos);  // self-contained: no CDN
+  CHECK(page->body.find("https://") == std::string::npos);
+
+  Process status({BinDir() + "/lkctl", "--lighthouse", lh.url(), "status"}, dir + "/lkctl.log");
+  REQUIRE(status.Wait(10s) == 0);
+  CHECK(status.Log().find("demo") != std::string::npos);
+  Process drain({BinDir() + "/lkctl", "--lighthouse", lh.url(), "drain", "demo", "b"},
+                dir + "/drain.log");
+  REQUIRE(drain.Wait(10s) == 0);
+  pb::HeartbeatResponse hb;
+  REQUIRE(Heartbeat(*c, "demo", "b", "b1", 0, &hb).ok());
+  CHECK(hb.drain());
+  Process bad({BinDir() + "/lkctl", "--lighthouse", lh.url(), "drain", "demo"}, dir + "/bad.log");
+  CHECK(bad.Wait(10s) == 2);
+}
+
+}  // namespace
+}  // namespace lk::test
