@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -32,6 +33,13 @@ struct CoreOptions {
   uint32_t retired_incarnations_max = 16;
   // Checkpoints remembered per job in the registry (newest kept).
   uint32_t checkpoints_per_job_max = 64;
+  // Bounds on what one request can make the core hold (kInvalidArgument / kResourceExhausted).
+  uint32_t groups_per_job_max = 4096;
+  uint32_t nodes_max = 1024;        // agents per group
+  uint32_t text_bytes_max = 256;    // ids, addresses, phases, reasons, hashes, locations
+
+  // kInvalidArgument when an option is out of range (min_replicas 0, a timeout <= 0, ...).
+  Status Validate() const;
 };
 
 // One member of a quorum, as persisted and as answered.
@@ -112,6 +120,8 @@ struct Effects {
   // Persist these (synced) before anything below reaches anyone.
   std::vector<JobRecordData> persist_jobs;
   std::vector<CheckpointData> persist_checkpoints;
+  // Checkpoints pushed out of the bounded registry: delete them from the store.
+  std::vector<CheckpointData> drop_checkpoints;
   std::vector<std::string> forget_jobs;  // delete all persisted state of these jobs
   // Answer these waiting agents.
   std::vector<std::pair<AgentKey, QuorumAnswer>> answers;

@@ -1,0 +1,17 @@
+# The pure lighthouse core: decisions and the state machine. It links lk_base only (no Asio,
+# RocksDB or protobuf), so the build enforces the core/shell split.
+add_library(lk_lighthouse_core STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/quorum.cc
+  ${CMAKE_CURRENT_LIST_DIR}/lighthouse_core.cc
+  ${CMAKE_CURRENT_LIST_DIR}/lighthouse_core_admin.cc
+  ${CMAKE_CURRENT_LIST_DIR}/lighthouse_core_issue.cc
+  ${CMAKE_CURRENT_LIST_DIR}/lighthouse_core_state.cc)
+lk_target(lk_lighthouse_core)
+target_link_libraries(lk_lighthouse_core PUBLIC lk_base)
+
+foreach(test quorum_test lighthouse_core_test simulation_test)
+  if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/${test}.cc)
+    lk_test(${test} ${CMAKE_CURRENT_LIST_DIR}/${test}.cc)
+    target_link_libraries(${test} PRIVATE lk_lighthouse_core)
+  endif()
+endforeach()

@@ -1,0 +1,231 @@
+// LighthouseCore: the public inputs (heartbeat, join, leave, commit, timeouts). Admin inputs,
+// Load and View are in lighthouse_core_admin.cc; state helpers in lighthouse_core_state.cc.
+//
+// Every input first applies the timeouts due at `now` (so fx can hold their effects even when
+// the input itself fails), then checks the input without changing anything, then applies it.
+#include "lighthouse/lighthouse_core.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "lighthouse/lighthouse_core_state.h"
+
+namespace lk::lighthouse {
+
+LighthouseCore::LighthouseCore(CoreOptions options)
+    : impl_(std::make_shared<Impl>(std::move(options))) {
+  Status st = impl_->options.Validate();
+  LK_CHECK(st.ok()) << st.ToString();
+}
+
+Result<HeartbeatResult> LighthouseCore::OnHeartbeat(const HeartbeatInput& in, TimePoint now,
+                                                    Effects* fx) {
+  Impl& s = *impl_;
+  LK_RETURN_IF_ERROR(
+      s.CheckAgent(in.job, in.group_id, in.incarnation, in.node_rank, in.nodes, in.address,
+                   in.phase));
+  s.ApplyTimeouts(now, fx);
+  LK_RETURN_IF_ERROR(s.CheckIncarnation(in.job, in.group_id, in.incarnation, in.nodes));
+  const size_t events_before = fx->events.size();
+  Impl::Group& g = s.Admit(in.job, in.group_id, in.incarnation, in.nodes, fx);
+  s.Touch(g, in.node_rank, in.step, in.address, in.phase, now, fx);
+  Impl::Job& job = *g.job;
+  // A plain heartbeat (no event: nothing but freshness changed) cannot make a quorum ready.
+  if (fx->events.size() != events_before) s.Evaluate(job, now, fx);
+  HeartbeatResult r;
+  r.quorum_id = job.quorum_id;
+  r.drain = g.status.mode == GroupMode::kDraining;
+  r.notices = job.notices;
+  r.committed_step = job.committed_step;
+  return r;
+}
+
+Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx) {
+  Impl& s = *impl_;
+  LK_RETURN_IF_ERROR(
+      s.CheckAgent(in.job, in.group_id, in.incarnation, in.node_rank, in.nodes, in.address, ""));
+  s.ApplyTimeouts(now, fx);
+  LK_RETURN_IF_ERROR(s.CheckIncarnation(in.job, in.group_id, in.incarnation, in.nodes));
+  const AgentKey key{in.job, in.group_id, in.incarnation, in.node_rank};
+
+  Impl::Group* existing = nullptr;
+  if (auto j = s.jobs.find(in.job); j != s.jobs.end()) {
+    auto it = j->second.groups.find(in.group_id);
+    if (it != j->second.groups.end() && it->second.status.incarnation == in.incarnation) {
+      existing = &it->second;
+    }
+  }
+  if (existing != nullptr) {
+    Impl::Group& g = *existing;
+    Impl::Job& job = *g.job;
+    // A retry (after a 504 or a lighthouse restart): answer at once with the current quorum,
+    // unless that quorum was used (a commit), failed, or lost a member.
+    if (g.in_quorum && !g.lost && !job.force_new && !g.committed) {
+      const auto& members = job.plan.members;
+      auto m = std::lower_bound(
+          members.begin(), members.end(), in.group_id,
+          [](const MemberData& d, const std::string& id) { return d.group_id < id; });
+      LK_CHECK(m != members.end() && m->group_id == in.group_id) << "member not in plan";
+      if (m->step == in.step) {
+        s.Touch(g, in.node_rank, in.step, in.address, "", now, fx);
+        const uint32_t rank = static_cast<uint32_t>(m - members.begin());
+        fx->answers.push_back({key, AnswerFor(job.plan, job.quorum_id, rank,
+                                              "retry: current quorum " +
+                                                  std::to_string(job.quorum_id))});
+        fx->events.push_back(fmt::format(
+            "quorum_retry job={} quorum_id={} group={} incarnation={} node={} step={}",
+            Q(in.job), job.quorum_id, Q(in.group_id), Q(in.incarnation), in.node_rank, in.step));
+        return Status::Ok();
+      }
+    }
+    if (g.status.mode == GroupMode::kDraining) {
+      return Error(Code::kConflict, "group {} is draining: leave instead of asking",
+                   in.group_id);
+    }
+    for (uint32_t r = 0; r < g.status.agents.size(); ++r) {
+      const AgentStatus& other = g.status.agents[r];
+      if (r != in.node_rank && other.asked && other.ask_step != in.step) {
+        return Error(Code::kConflict,
+                     "agents of group {} disagree on the step: node {} asked with step {}, "
+                     "node {} with step {}",
+                     in.group_id, r, other.ask_step, in.node_rank, in.step);
+      }
+    }
+  }
+
+  Impl::Group& g = s.Admit(in.job, in.group_id, in.incarnation, in.nodes, fx);
+  Impl::Job& job = *g.job;
+  s.Touch(g, in.node_rank, in.step, in.address, "", now, fx);
+  if (g.status.mode == GroupMode::kEvicted) {
+    g.status.mode = GroupMode::kActive;
+    g.reason.clear();
+    fx->events.push_back(fmt::format("group_rejoin job={} group={} incarnation={} step={}",
+                                     Q(in.job), Q(in.group_id), Q(in.incarnation), in.step));
+  }
+  AgentStatus& a = g.status.agents[in.node_rank];
+  if (!a.asked) {
+    a.asked = true;
+    ++g.status.asked;
+    if (!g.status.first_ask) g.status.first_ask = now;
+  }
+  a.ask_step = in.step;
+  a.ask_has_state = in.has_state;
+  a.ask_shrink_only = in.shrink_only;
+  a.waiting = true;
+  s.RearmProgress(g);
+  fx->events.push_back(fmt::format(
+      "quorum_ask job={} group={} incarnation={} node={} step={} has_state={} shrink_only={} "
+      "asked={}/{}",
+      Q(in.job), Q(in.group_id), Q(in.incarnation), in.node_rank, in.step, in.has_state,
+      in.shrink_only, g.status.asked, g.status.agents.size()));
+  s.Evaluate(job, now, fx);
+  return Status::Ok();
+}
+
+void LighthouseCore::OnJoinTimeout(const AgentKey& key) {
+  auto j = impl_->jobs.find(key.job);
+  if (j == impl_->jobs.end()) return;
+  auto it = j->second.groups.find(key.group_id);
+  if (it == j->second.groups.end()) return;
+  GroupStatus& g = it->second.status;
+  if (g.incarnation != key.incarnation || key.node_rank >= g.agents.size()) return;
+  g.agents[key.node_rank].waiting = false;
+}
+
+Status LighthouseCore::OnLeave(const std::string& job, const std::string& group_id,
+                               const std::string& incarnation, const std::string& reason,
+                               TimePoint now, Effects* fx) {
+  Impl& s = *impl_;
+  LK_RETURN_IF_ERROR(s.CheckIds(job, group_id, incarnation));
+  if (reason.size() > s.options.text_bytes_max) {
+    return InvalidArgument("reason longer than {} bytes", s.options.text_bytes_max);
+  }
+  s.ApplyTimeouts(now, fx);
+  LK_ASSIGN_OR_RETURN(Impl::Group * g, s.FindCurrent(job, group_id, incarnation));
+  if (g->status.mode == GroupMode::kLeft) return Status::Ok();  // a repeated leave
+  const std::string why = reason.empty() ? "unspecified" : reason;
+  g->status.mode = GroupMode::kLeft;
+  g->reason = why;
+  g->alive = false;
+  fx->events.push_back(fmt::format("group_left job={} group={} incarnation={} reason={}", Q(job),
+                                   Q(group_id), Q(incarnation), Q(why)));
+  s.LoseMember(*g, "left: " + why, fx);
+  s.ClearAsks(*g, Error(Code::kConflict, "group {} left: {}", group_id, why), fx);
+  s.DropDeadlines(*g);
+  s.Evaluate(*g->job, now, fx);
+  return Status::Ok();
+}
+
+Result<bool> LighthouseCore::OnCommit(const CommitInput& in, TimePoint now, Effects* fx) {
+  Impl& s = *impl_;
+  LK_RETURN_IF_ERROR(s.CheckIds(in.job, in.group_id, in.incarnation));
+  if (in.state_hash.size() > s.options.text_bytes_max) {
+    return InvalidArgument("state_hash longer than {} bytes", s.options.text_bytes_max);
+  }
+  s.ApplyTimeouts(now, fx);
+  LK_ASSIGN_OR_RETURN(Impl::Group * g, s.FindCurrent(in.job, in.group_id, in.incarnation));
+  Impl::Job& job = *g->job;
+  if (g->status.mode == GroupMode::kLeft) {
+    return Error(Code::kConflict, "incarnation {} of group {} left", in.incarnation, in.group_id);
+  }
+  if (in.node_rank >= g->status.agents.size()) {
+    return InvalidArgument("node_rank={} >= nodes={}", in.node_rank, g->status.agents.size());
+  }
+  if (in.quorum_id != job.quorum_id) {
+    return Error(Code::kConflict, "commit for quorum {} but the current quorum is {}",
+                 in.quorum_id, job.quorum_id);
+  }
+  if (!g->in_quorum) {
+    return Error(Code::kConflict, "group {} is not a member of quorum {}", in.group_id,
+                 job.quorum_id);
+  }
+  g->committed = true;
+  s.Touch(*g, in.node_rank, in.ok ? std::max(in.step, g->status.step) : g->status.step, "", "",
+          now, fx);
+  if (in.ok) {
+    job.committed_step = std::max(job.committed_step, in.step);
+  } else {
+    job.force_new = true;
+  }
+  fx->events.push_back(fmt::format(
+      "commit job={} quorum_id={} group={} incarnation={} node={} step={} ok={} committed_step={}",
+      Q(in.job), job.quorum_id, Q(in.group_id), Q(in.incarnation), in.node_rank, in.step, in.ok,
+      job.committed_step));
+  if (in.ok && !in.state_hash.empty()) {
+    g->hash_step = in.step;
+    g->state_hash = in.state_hash;
+    s.CheckDivergence(job, in.step, fx);
+  }
+  fx->persist_jobs.push_back(s.Record(job));
+  return g->status.diverged;
+}
+
+void LighthouseCore::Tick(TimePoint now, Effects* fx) { impl_->ApplyTimeouts(now, fx); }
+
+std::optional<TimePoint> LighthouseCore::NextDeadline() const {
+  if (impl_->deadlines.empty()) return std::nullopt;
+  return std::get<0>(*impl_->deadlines.begin());
+}
+
+Result<WatchResult> LighthouseCore::Watch(const std::string& job, uint32_t quorum_id) const {
+  auto j = impl_->jobs.find(job);
+  if (j == impl_->jobs.end()) return Error(Code::kNotFound, "unknown job {}", job);
+  const Impl::Job& state = j->second;
+  if (quorum_id > state.quorum_id) {
+    return InvalidArgument("quorum {} of job {} was never issued (current {})", quorum_id, job,
+                           state.quorum_id);
+  }
+  WatchResult r;
+  r.quorum_id = state.quorum_id;
+  r.lost = quorum_id < state.quorum_id || state.lost;
+  if (quorum_id == state.quorum_id) r.notices = state.notices;
+  return r;
+}
+
+bool LighthouseCore::HasJob(const std::string& job) const { return impl_->jobs.count(job) > 0; }
+
+size_t LighthouseCore::GroupCount() const { return impl_->group_count; }
+
+}  // namespace lk::lighthouse

@@ -1,0 +1,154 @@
+// LighthouseCore::Impl: running the decision for a job, issuing a quorum (rule 6 ids, rule 7
+// plan, answers to every waiting agent of every member), divergence, persisted records.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "lighthouse/lighthouse_core_state.h"
+
+namespace lk::lighthouse {
+
+using internal::DeadlineKind;
+
+void LighthouseCore::Impl::Evaluate(Job& job, TimePoint now, Effects* fx) {
+  // An issue consumes the asks of its members, so a second pass can only issue for groups that
+  // were held back and are now allowed in; the bound is a guard against a broken invariant.
+  for (int pass = 0;; ++pass) {
+    LK_CHECK(pass < 4) << "job " << job.name << " issued " << pass << " quorums for one input";
+    JobMembership m{job.plan.members, job.order};
+    QuorumDecision d = ComputeQuorum(m, options, now);
+    if (d.issue) {
+      Issue(job, d, now, fx);
+      continue;
+    }
+    SetDeadline(job.join_deadline, d.wake_at, DeadlineKind::kJoin, &job);
+    if (pass == 0 && d.reason != job.last_decision) {
+      fx->events.push_back(fmt::format("quorum_wait job={} quorum_id={} reason={}", Q(job.name),
+                                       job.quorum_id, Q(d.reason)));
+      job.last_decision = std::move(d.reason);
+    }
+    return;
+  }
+}
+
+void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint now, Effects* fx) {
+  std::vector<MemberData> members;
+  std::vector<bool> diverged;
+  std::vector<Group*> groups;
+  members.reserve(d.members.size());
+  for (const GroupStatus* s : d.members) {
+    Group& g = job.groups.at(s->group_id);
+    MemberData m;
+    m.group_id = s->group_id;
+    m.incarnation = s->incarnation;
+    m.step = AskStep(*s);
+    m.has_state = AskHasState(*s);
+    m.addresses.reserve(s->agents.size());
+    for (const AgentStatus& a : s->agents) m.addresses.push_back(a.address);
+    members.push_back(std::move(m));
+    diverged.push_back(s->diverged);
+    groups.push_back(&g);
+  }
+
+  // Rule 6: a new id when the member list changed or the last quorum failed or lost a member.
+  const std::vector<MemberData>& old = job.plan.members;
+  bool changed = job.quorum_id == 0 || job.force_new || old.size() != members.size();
+  for (size_t i = 0; !changed && i < members.size(); ++i) {
+    changed = old[i].group_id != members[i].group_id ||
+              old[i].incarnation != members[i].incarnation;
+  }
+  if (changed) {
+    LK_CHECK(job.quorum_id < UINT32_MAX) << "quorum_id overflow in job " << job.name;
+    ++job.quorum_id;
+    ++job.quorum_changes;
+    job.notices.clear();
+    job.lost = false;
+    job.force_new = false;
+    fx->watch_wakeups.insert(job.name);
+  }
+  for (const MemberData& m : old) {
+    auto it = job.groups.find(m.group_id);
+    if (it == job.groups.end() || it->second.status.incarnation != m.incarnation) continue;
+    it->second.in_quorum = it->second.lost = false;
+    RearmProgress(it->second);
+  }
+  job.plan = PlanRecovery(std::move(members), diverged, NewestCheckpoint(job));
+
+  uint32_t healing = 0;
+  for (uint32_t rank = 0; rank < groups.size(); ++rank) {
+    Group& g = *groups[rank];
+    if (job.plan.members[rank].heal) ++healing;
+    g.in_quorum = true;
+    g.lost = false;
+    g.committed = false;
+    g.status.diverged = false;
+    AdvanceStep(g, job.plan.members[rank].step, now);
+    g.progress_mark = now;
+    for (uint32_t node = 0; node < g.status.agents.size(); ++node) {
+      AgentStatus& a = g.status.agents[node];
+      if (a.waiting) {
+        fx->answers.push_back({AgentKey{job.name, g.status.group_id, g.status.incarnation, node},
+                               AnswerFor(job.plan, job.quorum_id, rank, d.reason)});
+      }
+      a.asked = a.waiting = false;
+    }
+    g.status.asked = 0;
+    g.status.first_ask.reset();
+    RearmProgress(g);
+  }
+  fx->persist_jobs.push_back(Record(job));
+  fx->issued.push_back({job.name, job.quorum_id, changed, static_cast<uint32_t>(groups.size())});
+  fx->events.push_back(fmt::format(
+      "quorum_issued job={} quorum_id={} changed={} members={} healing={} max_step={}{}{} "
+      "reason={}",
+      Q(job.name), job.quorum_id, changed, groups.size(), healing, job.plan.max_step,
+      job.plan.restore ? " restore_step=" + std::to_string(job.plan.restore->step) : "",
+      job.plan.initial ? " initial=true" : "", Q(d.reason)));
+  job.last_decision = d.reason;
+}
+
+void LighthouseCore::Impl::CheckDivergence(Job& job, uint32_t step, Effects* fx) {
+  std::vector<Group*> reporters;
+  std::map<std::string, size_t> counts;
+  for (const MemberData& m : job.plan.members) {
+    auto it = job.groups.find(m.group_id);
+    if (it == job.groups.end()) continue;
+    Group& g = it->second;
+    if (g.status.incarnation != m.incarnation || g.hash_step != step || g.state_hash.empty()) {
+      continue;
+    }
+    reporters.push_back(&g);
+    ++counts[g.state_hash];
+  }
+  const std::string* majority = nullptr;
+  for (const auto& [hash, count] : counts) {
+    if (count * 2 > reporters.size()) majority = &hash;
+  }
+  if (majority == nullptr) return;  // a tie: nobody can be called diverged yet
+  for (Group* g : reporters) {
+    if (g->state_hash == *majority || g->status.diverged) continue;
+    g->status.diverged = true;
+    fx->events.push_back(fmt::format(
+        "diverged job={} quorum_id={} group={} incarnation={} step={} hash={} majority={}",
+        Q(job.name), job.quorum_id, Q(g->status.group_id), Q(g->status.incarnation), step,
+        Q(g->state_hash), Q(*majority)));
+  }
+}
+
+JobRecordData LighthouseCore::Impl::Record(const Job& job) const {
+  JobRecordData r;
+  r.job = job.name;
+  r.quorum_id = job.quorum_id;
+  r.members = job.plan.members;
+  r.committed_step = job.committed_step;
+  r.quorum_changes = job.quorum_changes;
+  return r;
+}
+
+std::optional<CheckpointData> LighthouseCore::Impl::NewestCheckpoint(const Job& job) const {
+  if (job.checkpoints.empty()) return std::nullopt;
+  return job.checkpoints.front();
+}
+
+}  // namespace lk::lighthouse

@@ -1,0 +1,325 @@
+// LighthouseCore::Impl helpers: admission of incarnations, contact, losses, timeouts, deadlines.
+// The decision and issue path live in lighthouse_core_issue.cc; the public methods in
+// lighthouse_core.cc.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "lighthouse/lighthouse_core_state.h"
+
+namespace lk::lighthouse {
+
+using internal::DeadlineKind;
+
+Status CoreOptions::Validate() const {
+  if (min_replicas == 0) return InvalidArgument("min_replicas must be at least 1");
+  if (join_timeout.count() < 0) return InvalidArgument("join_timeout must not be negative");
+  if (heartbeat_timeout.count() <= 0) return InvalidArgument("heartbeat_timeout must be positive");
+  if (progress_timeout.count() < 0) return InvalidArgument("progress_timeout must not be negative");
+  if (checkpoints_per_job_max == 0) return InvalidArgument("checkpoints_per_job_max must be >= 1");
+  if (groups_per_job_max == 0 || nodes_max == 0 || text_bytes_max == 0) {
+    return InvalidArgument("groups_per_job_max, nodes_max and text_bytes_max must be >= 1");
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+Status CheckText(const char* what, const std::string& value, uint32_t max, bool required) {
+  if (required && value.empty()) return InvalidArgument("missing {}", what);
+  if (value.size() > max) return InvalidArgument("{} longer than {} bytes", what, max);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status LighthouseCore::Impl::CheckIds(const std::string& job, const std::string& group_id,
+                                      const std::string& incarnation) const {
+  LK_RETURN_IF_ERROR(CheckText("job", job, options.text_bytes_max, true));
+  LK_RETURN_IF_ERROR(CheckText("group_id", group_id, options.text_bytes_max, true));
+  return CheckText("incarnation", incarnation, options.text_bytes_max, true);
+}
+
+Status LighthouseCore::Impl::CheckAgent(const std::string& job, const std::string& group_id,
+                                        const std::string& incarnation, uint32_t node_rank,
+                                        uint32_t nodes, const std::string& address,
+                                        const std::string& phase) const {
+  LK_RETURN_IF_ERROR(CheckIds(job, group_id, incarnation));
+  LK_RETURN_IF_ERROR(CheckText("address", address, options.text_bytes_max, false));
+  LK_RETURN_IF_ERROR(CheckText("phase", phase, options.text_bytes_max, false));
+  if (nodes == 0 || nodes > options.nodes_max) {
+    return InvalidArgument("nodes={} out of range 1..{}", nodes, options.nodes_max);
+  }
+  if (node_rank >= nodes) return InvalidArgument("node_rank={} >= nodes={}", node_rank, nodes);
+  return Status::Ok();
+}
+
+Status LighthouseCore::Impl::CheckIncarnation(const std::string& job, const std::string& group_id,
+                                              const std::string& incarnation,
+                                              uint32_t nodes) const {
+  auto j = jobs.find(job);
+  if (j == jobs.end()) return Status::Ok();
+  auto it = j->second.groups.find(group_id);
+  if (it == j->second.groups.end()) {
+    if (j->second.groups.size() >= options.groups_per_job_max) {
+      return Error(Code::kResourceExhausted, "job {} already tracks {} groups", job,
+                   j->second.groups.size());
+    }
+    return Status::Ok();
+  }
+  const Group& g = it->second;
+  if (g.status.incarnation == incarnation) {
+    if (g.status.mode == GroupMode::kLeft) {
+      return Error(Code::kConflict, "incarnation {} of group {} left ({})", incarnation, group_id,
+                   g.reason);
+    }
+    if (g.status.agents.size() != nodes) {
+      return InvalidArgument("nodes changed within incarnation {} of group {}: {} -> {}",
+                             incarnation, group_id, g.status.agents.size(), nodes);
+    }
+    return Status::Ok();
+  }
+  if (std::find(g.retired.begin(), g.retired.end(), incarnation) != g.retired.end()) {
+    return Error(Code::kConflict, "stale incarnation {} of group {} (current {})", incarnation,
+                 group_id, g.status.incarnation);
+  }
+  return Status::Ok();  // a new incarnation: it replaces the current one
+}
+
+Result<LighthouseCore::Impl::Group*> LighthouseCore::Impl::FindCurrent(
+    const std::string& job, const std::string& group_id, const std::string& incarnation) {
+  auto j = jobs.find(job);
+  if (j == jobs.end()) return Error(Code::kNotFound, "unknown job {}", job);
+  auto it = j->second.groups.find(group_id);
+  if (it == j->second.groups.end()) {
+    return Error(Code::kNotFound, "unknown group {} in job {}", group_id, job);
+  }
+  Group& g = it->second;
+  if (g.status.incarnation != incarnation) {
+    bool retired = std::find(g.retired.begin(), g.retired.end(), incarnation) != g.retired.end();
+    return Error(Code::kConflict, "{} incarnation {} of group {} (current {})",
+                 retired ? "stale" : "unknown", incarnation, group_id, g.status.incarnation);
+  }
+  return &g;
+}
+
+void LighthouseCore::Impl::AddGroupOrder(Job& job, const Group& g) {
+  auto pos = std::lower_bound(
+      job.order.begin(), job.order.end(), g.status.group_id,
+      [](const GroupStatus* s, const std::string& id) { return s->group_id < id; });
+  job.order.insert(pos, &g.status);
+}
+
+LighthouseCore::Impl::Group& LighthouseCore::Impl::Admit(const std::string& job_name,
+                                                         const std::string& group_id,
+                                                         const std::string& incarnation,
+                                                         uint32_t nodes, Effects* fx) {
+  auto [j, job_new] = jobs.try_emplace(job_name);
+  Job& job = j->second;
+  if (job_new) job.name = job_name;
+  auto [it, group_new] = job.groups.try_emplace(group_id);
+  Group& g = it->second;
+  if (group_new) {
+    g.job = &job;
+    g.status.group_id = group_id;
+    g.status.incarnation = incarnation;
+    g.status.agents.resize(nodes);
+    AddGroupOrder(job, g);
+    ++group_count;
+    fx->events.push_back(fmt::format("group_new job={} group={} incarnation={} nodes={}",
+                                     Q(job_name), Q(group_id), Q(incarnation), nodes));
+  } else if (g.status.incarnation != incarnation) {
+    ReplaceIncarnation(g, incarnation, nodes, fx);
+  }
+  return g;
+}
+
+void LighthouseCore::Impl::ReplaceIncarnation(Group& g, const std::string& incarnation,
+                                              uint32_t nodes, Effects* fx) {
+  const std::string old = g.status.incarnation;
+  fx->events.push_back(fmt::format("incarnation_replaced job={} group={} old={} new={}",
+                                   Q(g.job->name), Q(g.status.group_id), Q(old),
+                                   Q(incarnation)));
+  LoseMember(g, "incarnation_replaced", fx);
+  ClearAsks(g, Error(Code::kConflict, "incarnation {} of group {} replaced by {}", old,
+                     g.status.group_id, incarnation),
+            fx);
+  DropDeadlines(g);
+  g.retired.push_back(old);
+  while (g.retired.size() > std::max<uint32_t>(1, options.retired_incarnations_max)) {
+    g.retired.erase(g.retired.begin());
+  }
+  GroupStatus fresh;
+  fresh.group_id = g.status.group_id;
+  fresh.incarnation = incarnation;
+  fresh.agents.resize(nodes);
+  g.status = std::move(fresh);
+  g.reason.clear();
+  g.alive = g.in_quorum = g.lost = g.committed = false;
+  g.hash_step = 0;
+  g.state_hash.clear();
+}
+
+bool LighthouseCore::Impl::Touch(Group& g, uint32_t node_rank, uint32_t step,
+                                 const std::string& address, const std::string& phase,
+                                 TimePoint now, Effects* fx) {
+  AgentStatus& a = g.status.agents[node_rank];
+  a.last_seen = now;
+  a.seen = true;
+  a.step = step;
+  if (!address.empty() && a.address != address) a.address = address;
+  if (!phase.empty() && a.phase != phase) a.phase = phase;
+  AdvanceStep(g, step, now);
+  RearmHeartbeat(g);
+  if (g.alive || !IsAlive(g.status, options.heartbeat_timeout, now)) return false;
+  g.alive = true;
+  if (g.status.mode != GroupMode::kLeft) g.reason.clear();
+  fx->events.push_back(fmt::format("group_healthy job={} group={} incarnation={}",
+                                   Q(g.job->name), Q(g.status.group_id),
+                                   Q(g.status.incarnation)));
+  return true;
+}
+
+void LighthouseCore::Impl::AdvanceStep(Group& g, uint32_t step, TimePoint now) {
+  if (step <= g.status.step) return;
+  g.status.step = step;
+  g.progress_mark = now;
+  RearmProgress(g);
+}
+
+void LighthouseCore::Impl::LoseMember(Group& g, const std::string& reason, Effects* fx) {
+  if (!g.in_quorum || g.lost) return;
+  Job& job = *g.job;
+  g.lost = true;
+  job.lost = true;
+  job.force_new = true;
+  job.notices.push_back({job.quorum_id, g.status.group_id, g.status.incarnation, reason});
+  fx->watch_wakeups.insert(job.name);
+  fx->events.push_back(fmt::format("member_lost job={} quorum_id={} group={} incarnation={} "
+                                   "reason={}",
+                                   Q(job.name), job.quorum_id, Q(g.status.group_id),
+                                   Q(g.status.incarnation), Q(reason)));
+  RearmProgress(g);
+}
+
+void LighthouseCore::Impl::ClearAsks(Group& g, const Status& why, Effects* fx) {
+  for (uint32_t rank = 0; rank < g.status.agents.size(); ++rank) {
+    AgentStatus& a = g.status.agents[rank];
+    if (a.waiting) {
+      fx->rejections.push_back(
+          {AgentKey{g.job->name, g.status.group_id, g.status.incarnation, rank}, why});
+    }
+    a.asked = a.waiting = false;
+  }
+  g.status.asked = 0;
+  g.status.first_ask.reset();
+  RearmProgress(g);
+}
+
+void LighthouseCore::Impl::ApplyTimeouts(TimePoint now, Effects* fx) {
+  if (deadlines.empty() || std::get<0>(*deadlines.begin()) > now) return;
+  struct Due {
+    std::string job, group;
+    DeadlineKind kind;
+    void* who;
+    auto Key() const { return std::tie(job, group, kind); }
+  };
+  std::vector<Due> due;
+  while (!deadlines.empty() && std::get<0>(*deadlines.begin()) <= now) {
+    auto [at, kind, who] = *deadlines.begin();
+    deadlines.erase(deadlines.begin());
+    if (kind == DeadlineKind::kJoin) {
+      Job* job = static_cast<Job*>(who);
+      job->join_deadline.reset();
+      due.push_back({job->name, "", kind, who});
+    } else {
+      Group* g = static_cast<Group*>(who);
+      (kind == DeadlineKind::kHeartbeat ? g->heartbeat_deadline : g->progress_deadline).reset();
+      due.push_back({g->job->name, g->status.group_id, kind, who});
+    }
+  }
+  // Deterministic order whatever the pointers: by job, group, kind.
+  std::sort(due.begin(), due.end(), [](const Due& a, const Due& b) { return a.Key() < b.Key(); });
+  std::map<std::string, Job*> touched;
+  for (const Due& d : due) {
+    if (d.kind == DeadlineKind::kJoin) {
+      touched[d.job] = static_cast<Job*>(d.who);
+      continue;
+    }
+    Group* g = static_cast<Group*>(d.who);
+    touched[d.job] = g->job;
+    if (d.kind == DeadlineKind::kHeartbeat) {
+      Expire(*g, now, fx);
+    } else {
+      Evict(*g, now, fx);
+    }
+  }
+  for (auto& [name, job] : touched) Evaluate(*job, now, fx);
+}
+
+void LighthouseCore::Impl::Expire(Group& g, TimePoint now, Effects* fx) {
+  if (IsAlive(g.status, options.heartbeat_timeout, now)) {  // cannot happen: deadlines are exact
+    RearmHeartbeat(g);
+    return;
+  }
+  uint32_t node = 0;
+  for (uint32_t r = 1; r < g.status.agents.size(); ++r) {
+    if (g.status.agents[r].last_seen < g.status.agents[node].last_seen) node = r;
+  }
+  g.alive = false;
+  g.reason = fmt::format("heartbeat_timeout node={} age={}ms", node,
+                         ToMillis(now - g.status.agents[node].last_seen));
+  fx->events.push_back(fmt::format("group_unhealthy job={} group={} incarnation={} reason={}",
+                                   Q(g.job->name), Q(g.status.group_id),
+                                   Q(g.status.incarnation), Q(g.reason)));
+  LoseMember(g, "heartbeat_timeout", fx);
+  ClearAsks(g,
+            Error(Code::kUnavailable, "group {} unhealthy: {}", g.status.group_id, g.reason), fx);
+}
+
+void LighthouseCore::Impl::Evict(Group& g, TimePoint now, Effects* fx) {
+  RearmProgress(g);  // recomputes from the state; still due means still stalled
+  if (!g.progress_deadline || *g.progress_deadline > now) return;
+  SetDeadline(g.progress_deadline, std::nullopt, DeadlineKind::kProgress, &g);
+  g.status.mode = GroupMode::kEvicted;
+  g.reason = "progress_stalled";
+  fx->events.push_back(fmt::format(
+      "group_evicted job={} group={} incarnation={} step={} stalled_ms={} reason=progress_stalled",
+      Q(g.job->name), Q(g.status.group_id), Q(g.status.incarnation), g.status.step,
+      ToMillis(now - g.progress_mark)));
+  LoseMember(g, "progress_stalled", fx);
+  ClearAsks(g, Error(Code::kAborted, "group {} evicted: progress_stalled", g.status.group_id),
+            fx);
+}
+
+void LighthouseCore::Impl::SetDeadline(std::optional<TimePoint>& slot,
+                                       std::optional<TimePoint> at, DeadlineKind kind,
+                                       void* who) {
+  if (slot == at) return;
+  if (slot) deadlines.erase({*slot, kind, who});
+  slot = at;
+  if (at) deadlines.insert({*at, kind, who});
+}
+
+void LighthouseCore::Impl::RearmHeartbeat(Group& g) {
+  std::optional<TimePoint> at;
+  if (g.status.mode != GroupMode::kLeft) at = AliveUntil(g.status, options.heartbeat_timeout);
+  SetDeadline(g.heartbeat_deadline, at, DeadlineKind::kHeartbeat, &g);
+}
+
+void LighthouseCore::Impl::RearmProgress(Group& g) {
+  std::optional<TimePoint> at;
+  if (options.progress_timeout.count() > 0 && g.in_quorum && !g.lost &&
+      g.status.mode == GroupMode::kActive && !IsParticipant(g.status)) {
+    at = g.progress_mark + options.progress_timeout;
+  }
+  SetDeadline(g.progress_deadline, at, DeadlineKind::kProgress, &g);
+}
+
+void LighthouseCore::Impl::DropDeadlines(Group& g) {
+  SetDeadline(g.heartbeat_deadline, std::nullopt, DeadlineKind::kHeartbeat, &g);
+  SetDeadline(g.progress_deadline, std::nullopt, DeadlineKind::kProgress, &g);
+}
+
+}  // namespace lk::lighthouse

@@ -1,0 +1,117 @@
+// Internal state of LighthouseCore (jobs, groups, deadlines) and the helpers that change it. Only
+// lighthouse_core*.cc include this; the public interface is lighthouse_core.h.
+// Thread-safety: none; owned by one LighthouseCore, which the shell calls from one strand.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "lighthouse/lighthouse_core.h"
+#include "lighthouse/quorum.h"
+
+namespace lk::lighthouse::internal {
+
+enum class DeadlineKind : uint8_t { kHeartbeat, kProgress, kJoin };
+
+struct Job;
+
+// One group_id and its current incarnation. Kept small: the goal is < 2 KiB per tracked group.
+struct Group {
+  GroupStatus status;
+  Job* job = nullptr;
+  std::vector<std::string> retired;  // earlier incarnations, oldest first (bounded)
+  std::string reason;                // why it left, was evicted, or is unhealthy
+  bool alive = false;      // cached IsAlive, moved only by inputs and timeouts (for events)
+  bool in_quorum = false;  // this incarnation is a member of the job's current quorum
+  bool lost = false;       // ... and has been lost from it (notice given)
+  bool committed = false;  // reported a commit (ok or not) in the current quorum
+  TimePoint progress_mark{};  // when its step last advanced (or it joined the quorum)
+  uint32_t hash_step = 0;     // step of the last state_hash it reported
+  std::string state_hash;
+  std::optional<TimePoint> heartbeat_deadline, progress_deadline;
+};
+
+struct Job {
+  std::string name;
+  uint32_t quorum_id = 0;
+  uint32_t committed_step = 0;
+  uint32_t quorum_changes = 0;
+  RecoveryPlan plan;      // the current quorum; plan.members is what gets persisted
+  bool force_new = false; // a member was lost or reported a failed commit since the last issue
+  bool lost = false;      // the current quorum lost a member
+  std::vector<FailureNoticeData> notices;  // for the current quorum_id
+  std::map<std::string, Group> groups;
+  std::vector<const GroupStatus*> order;    // &groups[*].status, sorted by group_id
+  std::vector<CheckpointData> checkpoints;  // newest first
+  std::string last_decision;
+  std::optional<TimePoint> join_deadline;
+};
+
+using Deadline = std::tuple<TimePoint, DeadlineKind, void*>;
+
+}  // namespace lk::lighthouse::internal
+
+namespace lk::lighthouse {
+
+struct LighthouseCore::Impl {
+  using Group = internal::Group;
+  using Job = internal::Job;
+
+  explicit Impl(CoreOptions o) : options(o) {}
+
+  CoreOptions options;
+  std::map<std::string, Job> jobs;
+  std::set<internal::Deadline> deadlines;
+  size_t group_count = 0;
+
+  // Input checks that need no state: ids present and bounded, node_rank < nodes.
+  Status CheckIds(const std::string& job, const std::string& group_id,
+                  const std::string& incarnation) const;
+  Status CheckAgent(const std::string& job, const std::string& group_id,
+                    const std::string& incarnation, uint32_t node_rank, uint32_t nodes,
+                    const std::string& address, const std::string& phase) const;
+  // Stateful checks of a heartbeat or ask; changes nothing.
+  Status CheckIncarnation(const std::string& job, const std::string& group_id,
+                          const std::string& incarnation, uint32_t nodes) const;
+  // Looks up a group whose current incarnation is `incarnation` (commit, leave).
+  Result<Group*> FindCurrent(const std::string& job, const std::string& group_id,
+                             const std::string& incarnation);
+
+  // Creates the job and group as needed and replaces an older incarnation.
+  Group& Admit(const std::string& job, const std::string& group_id,
+               const std::string& incarnation, uint32_t nodes, Effects* fx);
+  void ReplaceIncarnation(Group& g, const std::string& incarnation, uint32_t nodes, Effects* fx);
+  // Records contact from one agent; returns true when the group came alive.
+  bool Touch(Group& g, uint32_t node_rank, uint32_t step, const std::string& address,
+             const std::string& phase, TimePoint now, Effects* fx);
+  void AdvanceStep(Group& g, uint32_t step, TimePoint now);
+
+  // Loss of a member of the current quorum: notice, watch wakeup, next quorum gets a new id.
+  void LoseMember(Group& g, const std::string& reason, Effects* fx);
+  // Forgets the group's asks; waiting agents get `why`.
+  void ClearAsks(Group& g, const Status& why, Effects* fx);
+
+  void ApplyTimeouts(TimePoint now, Effects* fx);
+  void Expire(Group& g, TimePoint now, Effects* fx);
+  void Evict(Group& g, TimePoint now, Effects* fx);
+
+  // Runs the decision for a job and issues when it says so.
+  void Evaluate(Job& job, TimePoint now, Effects* fx);
+  void Issue(Job& job, const QuorumDecision& d, TimePoint now, Effects* fx);
+  void CheckDivergence(Job& job, uint32_t step, Effects* fx);
+  JobRecordData Record(const Job& job) const;
+  std::optional<CheckpointData> NewestCheckpoint(const Job& job) const;
+
+  void SetDeadline(std::optional<TimePoint>& slot, std::optional<TimePoint> at,
+                   internal::DeadlineKind kind, void* who);
+  void RearmHeartbeat(Group& g);
+  void RearmProgress(Group& g);
+  void DropDeadlines(Group& g);
+  void AddGroupOrder(Job& job, const Group& g);
+};
+
+}  // namespace lk::lighthouse

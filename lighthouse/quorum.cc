@@ -1,0 +1,240 @@
+#include "lighthouse/quorum.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace lk::lighthouse {
+
+std::optional<TimePoint> AliveUntil(const GroupStatus& group, Millis heartbeat_timeout) {
+  if (group.agents.empty()) return std::nullopt;
+  TimePoint oldest = TimePoint::max();
+  for (const AgentStatus& a : group.agents) {
+    if (!a.seen) return std::nullopt;
+    oldest = std::min(oldest, a.last_seen);
+  }
+  return oldest + heartbeat_timeout;
+}
+
+bool IsAlive(const GroupStatus& group, Millis heartbeat_timeout, TimePoint now) {
+  std::optional<TimePoint> until = AliveUntil(group, heartbeat_timeout);
+  return until && now < *until;
+}
+
+bool IsHealthy(const GroupStatus& group, const CoreOptions& options, TimePoint now) {
+  return group.mode == GroupMode::kActive && IsAlive(group, options.heartbeat_timeout, now);
+}
+
+bool IsParticipant(const GroupStatus& group) {
+  return group.mode == GroupMode::kActive && !group.agents.empty() &&
+         group.asked == group.agents.size();
+}
+
+uint32_t AskStep(const GroupStatus& group) {
+  return group.agents.empty() ? 0 : group.agents.front().ask_step;
+}
+
+bool AskHasState(const GroupStatus& group) {
+  for (const AgentStatus& a : group.agents) {
+    if (a.asked && !a.ask_has_state) return false;
+  }
+  return true;
+}
+
+bool AskShrinkOnly(const GroupStatus& group) {
+  for (const AgentStatus& a : group.agents) {
+    if (a.asked && a.ask_shrink_only) return true;
+  }
+  return false;
+}
+
+std::string Plural(size_t n, const char* word) {
+  return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s");
+}
+
+namespace {
+
+QuorumDecision Wait(std::string reason, std::optional<TimePoint> wake_at = std::nullopt) {
+  QuorumDecision d;
+  d.reason = std::move(reason);
+  d.wake_at = wake_at;
+  return d;
+}
+
+std::string HeldBackSuffix(uint32_t held_back) {
+  if (held_back == 0) return "";
+  return fmt::format("; shrink_only: {} held back", Plural(held_back, "joiner"));
+}
+
+}  // namespace
+
+QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options, TimePoint now) {
+  // One merge walk over the (sorted) groups and previous members.
+  size_t healthy = 0, prev_healthy = 0, prev_participants = 0;
+  std::optional<TimePoint> clock_all, clock_prev;
+  std::vector<const GroupStatus*> candidates;
+  std::vector<bool> candidate_is_prev;
+  bool any_shrink = false;
+  size_t pi = 0;
+  for (const GroupStatus* g : m.groups) {
+    while (pi < m.previous.size() && m.previous[pi].group_id < g->group_id) ++pi;
+    bool is_prev = pi < m.previous.size() && m.previous[pi].group_id == g->group_id &&
+                   m.previous[pi].incarnation == g->incarnation;
+    if (!IsHealthy(*g, options, now)) continue;
+    ++healthy;
+    if (is_prev) ++prev_healthy;
+    if (g->first_ask) {
+      if (!clock_all || *g->first_ask < *clock_all) clock_all = g->first_ask;
+      if (is_prev && (!clock_prev || *g->first_ask < *clock_prev)) clock_prev = g->first_ask;
+    }
+    if (!IsParticipant(*g)) continue;
+    candidates.push_back(g);
+    candidate_is_prev.push_back(is_prev);
+    if (is_prev) ++prev_participants;
+    any_shrink = any_shrink || AskShrinkOnly(*g);
+  }
+
+  // Rule 3: with shrink_only, groups outside the previous quorum wait.
+  QuorumDecision d;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (any_shrink && !candidate_is_prev[i]) {
+      ++d.held_back;
+    } else {
+      d.members.push_back(candidates[i]);
+    }
+  }
+  const size_t n = d.members.size();
+  const size_t joiners = n - prev_participants;
+  const std::string min_reason =
+      fmt::format("wait: min_replicas={} but {}", options.min_replicas, Plural(n, "candidate"));
+
+  // Rule 4: every previous member is back as a healthy participant.
+  if (!m.previous.empty() && prev_participants == m.previous.size()) {
+    if (n < options.min_replicas) return Wait(min_reason + HeldBackSuffix(d.held_back));
+    d.issue = true;
+    d.fast_path = true;
+    d.reason = fmt::format("fast_path: all {} previous members rejoined", m.previous.size());
+    if (joiners > 0) d.reason += fmt::format(", {} came in", Plural(joiners, "joiner"));
+    d.reason += HeldBackSuffix(d.held_back);
+    return d;
+  }
+
+  // Rule 5.
+  if (candidates.empty()) {
+    return Wait(fmt::format("wait: no healthy participants among {}",
+                            Plural(healthy, "healthy group")));
+  }
+  if (n == 0) {
+    return Wait(fmt::format("wait: shrink_only holds back all {}", Plural(d.held_back, "joiner")));
+  }
+  if (n < options.min_replicas) return Wait(min_reason + HeldBackSuffix(d.held_back));
+  if (n * 2 <= healthy) {
+    return Wait(fmt::format("wait: {} of {} healthy groups asked, a majority needs {}", n, healthy,
+                            healthy / 2 + 1));
+  }
+  if (prev_healthy > 0 && prev_participants * 2 <= prev_healthy) {
+    return Wait(fmt::format(
+        "wait: {} of {} live previous members asked, joiners wait for the quorum's next step",
+        prev_participants, prev_healthy));
+  }
+  if (candidates.size() == healthy) {
+    d.issue = true;
+    d.reason = fmt::format("all {} healthy groups asked", healthy) + HeldBackSuffix(d.held_back);
+    return d;
+  }
+  std::optional<TimePoint> clock = prev_healthy > 0 ? clock_prev : clock_all;
+  LK_CHECK(clock.has_value()) << "a candidate without a first ask";
+  TimePoint deadline = *clock + options.join_timeout;
+  if (now >= deadline) {
+    d.issue = true;
+    d.reason = fmt::format("join_timeout: {} of {} healthy groups asked within {}ms",
+                           candidates.size(), healthy, options.join_timeout.count()) +
+               HeldBackSuffix(d.held_back);
+    return d;
+  }
+  return Wait(fmt::format("wait: {} of {} healthy groups asked, join_timeout in {}ms",
+                          candidates.size(), healthy,
+                          std::chrono::ceil<Millis>(deadline - now).count()),
+              deadline);
+}
+
+RecoveryPlan PlanRecovery(std::vector<MemberData> members, const std::vector<bool>& diverged,
+                          const std::optional<CheckpointData>& newest_checkpoint) {
+  RecoveryPlan plan;
+  auto live = [&](size_t i) {
+    return members[i].has_state && !(i < diverged.size() && diverged[i]);
+  };
+  bool any_live = false;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (!live(i)) continue;
+    plan.max_step = any_live ? std::max(plan.max_step, members[i].step) : members[i].step;
+    any_live = true;
+  }
+  if (any_live) {
+    for (size_t i = 0; i < members.size(); ++i) {
+      members[i].heal = !(live(i) && members[i].step == plan.max_step);
+    }
+  } else if (newest_checkpoint) {
+    plan.restore = newest_checkpoint;
+    plan.max_step = newest_checkpoint->step;
+    for (MemberData& member : members) member.heal = true;
+  } else {
+    plan.initial = true;
+    for (size_t i = 0; i < members.size(); ++i) {
+      members[i].heal = i != 0;
+      plan.max_step = std::max(plan.max_step, members[i].step);
+    }
+  }
+  plan.members = std::move(members);
+  return plan;
+}
+
+RecoveryPlan PlanFromIssued(std::vector<MemberData> members,
+                            const std::optional<CheckpointData>& newest_checkpoint) {
+  RecoveryPlan plan;
+  bool any_live = false, any_donor = false;
+  for (const MemberData& member : members) {
+    if (member.heal) continue;
+    any_donor = true;
+    any_live = any_live || member.has_state;
+    plan.max_step = std::max(plan.max_step, member.step);
+  }
+  if (!any_live && any_donor) {
+    plan.initial = true;
+  } else if (!any_donor && newest_checkpoint) {
+    plan.restore = newest_checkpoint;
+    plan.max_step = newest_checkpoint->step;
+  }
+  plan.members = std::move(members);
+  return plan;
+}
+
+QuorumAnswer AnswerFor(const RecoveryPlan& plan, uint32_t quorum_id, uint32_t replica_rank,
+                       std::string reason) {
+  LK_CHECK(replica_rank < plan.members.size()) << "rank " << replica_rank;
+  QuorumAnswer a;
+  a.quorum_id = quorum_id;
+  a.members = plan.members;
+  a.replica_rank = replica_rank;
+  a.max_step = plan.max_step;
+  a.heal = plan.members[replica_rank].heal;
+  a.initial = plan.initial;
+  a.reason = std::move(reason);
+  if (!a.heal) return a;
+  if (plan.restore) a.restore_checkpoint = plan.restore;
+  std::vector<uint32_t> donors;
+  size_t healer_index = 0;
+  for (uint32_t i = 0; i < plan.members.size(); ++i) {
+    if (!plan.members[i].heal) {
+      donors.push_back(i);
+    } else if (i < replica_rank) {
+      ++healer_index;
+    }
+  }
+  for (size_t k = 0; k < donors.size(); ++k) {
+    a.source_ranks.push_back(donors[(k + healer_index) % donors.size()]);
+  }
+  return a;
+}
+
+}  // namespace lk::lighthouse

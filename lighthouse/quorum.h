@@ -1,0 +1,120 @@
+// The quorum decision: a pure function of (one job's membership, options, now) that says whether a
+// quorum can be issued now, which groups it holds, and why (ARCHITECTURE.md rules 1-5), plus the
+// recovery plan of rule 7. The lighthouse core keeps its per-group state in these structs and
+// hands them here by pointer, so a decision copies nothing; tests build them by hand.
+// Thread-safety: pure functions over const data; safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "lighthouse/lighthouse_core.h"
+
+namespace lk::lighthouse {
+
+// What a group is doing apart from heartbeat freshness. Only kActive groups can be healthy.
+enum class GroupMode : uint8_t {
+  kActive,
+  kDraining,  // an admin asked it to leave; not a candidate any more
+  kLeft,      // it left (its incarnation is retired)
+  kEvicted,   // its progress stalled (rule 8); it comes back by asking again
+};
+
+// One node agent of a group's current incarnation.
+struct AgentStatus {
+  TimePoint last_seen{};  // last heartbeat, ask or commit
+  uint32_t step = 0;      // last step it reported
+  uint32_t ask_step = 0;  // the step of its ask in the pending round (when asked)
+  bool seen = false;      // heard from at least once in this incarnation
+  bool asked = false;     // asked to join the pending round
+  bool waiting = false;   // its ask is still held by the shell (not yet answered or timed out)
+  bool ask_has_state = true;
+  bool ask_shrink_only = false;
+  std::string address;  // its shard server
+  std::string phase;    // free text from heartbeats ("train", "heal", ...)
+};
+
+// One replica group's current incarnation, as the decision sees it.
+struct GroupStatus {
+  std::string group_id;
+  std::string incarnation;
+  std::vector<AgentStatus> agents;  // index node_rank; size = nodes
+  GroupMode mode = GroupMode::kActive;
+  uint32_t asked = 0;                  // agents with asked == true
+  std::optional<TimePoint> first_ask;  // earliest ask of this group in the pending round
+  uint32_t step = 0;                   // highest step this incarnation reported (progress)
+  bool diverged = false;               // its state hash disagreed with the majority (rule 7)
+};
+
+// Rule 1, freshness only: every agent heard within heartbeat_timeout. The instant
+// last_seen + heartbeat_timeout is already too late.
+bool IsAlive(const GroupStatus& group, Millis heartbeat_timeout, TimePoint now);
+// When IsAlive turns false, or nullopt when some agent was never heard.
+std::optional<TimePoint> AliveUntil(const GroupStatus& group, Millis heartbeat_timeout);
+// Rule 1: alive and active (not left, evicted or draining).
+bool IsHealthy(const GroupStatus& group, const CoreOptions& options, TimePoint now);
+// Every agent asked (the core rejects asks whose steps disagree, so they share one step).
+bool IsParticipant(const GroupStatus& group);
+// For a participant: the step, whether every agent has state, whether any asked shrink_only.
+uint32_t AskStep(const GroupStatus& group);
+bool AskHasState(const GroupStatus& group);
+bool AskShrinkOnly(const GroupStatus& group);
+
+struct JobMembership {
+  std::span<const MemberData> previous;        // last issued quorum, sorted by group_id
+  std::span<const GroupStatus* const> groups;  // every tracked group, sorted by group_id
+};
+
+struct QuorumDecision {
+  bool issue = false;
+  bool fast_path = false;                   // rule 4
+  std::vector<const GroupStatus*> members;  // when issue: sorted by group_id
+  uint32_t held_back = 0;                   // joiners held back by shrink_only (rule 3)
+  // When waiting on join_timeout: the instant the decision changes unless an input comes first.
+  std::optional<TimePoint> wake_at;
+  std::string reason;
+};
+
+// Rules 2-5. Candidates are healthy participants. Fast path (rule 4): a previous quorum exists
+// and every member of it (same incarnation) is a healthy participant. Otherwise (rule 5): at least
+// min_replicas candidates, more than half of the healthy groups, and every healthy group asked or
+// join_timeout passed since the first ask of the round. Two refinements, both about joiners:
+//  - while previous members are still healthy, more than half of them must be candidates (joiners
+//    asking between two outer steps cannot outvote a live quorum; they wait for its next ask);
+//  - the join_timeout clock then starts at the first ask of a previous member, not of a joiner.
+QuorumDecision ComputeQuorum(const JobMembership& membership, const CoreOptions& options,
+                             TimePoint now);
+
+// Rule 7, decided once per issue. members[i].heal is set here; sources are the members that do
+// not heal.
+struct RecoveryPlan {
+  std::vector<MemberData> members;  // sorted by group_id; index = replica_rank
+  uint32_t max_step = 0;
+  std::optional<CheckpointData> restore;  // no live state: every member restores this
+  bool initial = false;                   // no state, no checkpoint: take rank 0's weights
+};
+
+// Live state = members with has_state and not diverged. With live state: max_step is their
+// highest step; a member heals unless it is live at max_step. Without: every member restores the
+// newest checkpoint; without one either, rank 0 keeps its initial weights and the others heal
+// from it. `diverged` is parallel to `members` (empty means none diverged).
+RecoveryPlan PlanRecovery(std::vector<MemberData> members, const std::vector<bool>& diverged,
+                          const std::optional<CheckpointData>& newest_checkpoint);
+
+// Rebuilds a plan from members whose heal flags were already decided (after Load).
+RecoveryPlan PlanFromIssued(std::vector<MemberData> members,
+                            const std::optional<CheckpointData>& newest_checkpoint);
+
+// The answer for one member. source_ranks lists every donor (non-healing member), rotated by the
+// healer's index among the healers, so that each healer starts with a different donor.
+QuorumAnswer AnswerFor(const RecoveryPlan& plan, uint32_t quorum_id, uint32_t replica_rank,
+                       std::string reason);
+
+// "1 joiner", "2 joiners".
+std::string Plural(size_t n, const char* word);
+
+}  // namespace lk::lighthouse
