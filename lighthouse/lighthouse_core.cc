@@ -1,8 +1,11 @@
 // LighthouseCore: the public inputs (heartbeat, join, leave, commit, timeouts). Admin inputs,
 // Load and View are in lighthouse_core_admin.cc; state helpers in lighthouse_core_state.cc.
 //
-// Every input first applies the timeouts due at `now` (so fx can hold their effects even when
-// the input itself fails), then checks the input without changing anything, then applies it.
+// Every input first checks itself against the state without changing anything (an input that
+// fails leaves the state and fx untouched), then applies the timeouts due at `now`, then itself.
+// The checks cannot turn false through timeouts: those never retire incarnations, change node
+// counts or drain groups; they only clear asks (fewer step conflicts) and issue quorums (which
+// OnCommit checks again).
 #include "lighthouse/lighthouse_core.h"
 
 #include <fmt/format.h>
@@ -26,8 +29,8 @@ Result<HeartbeatResult> LighthouseCore::OnHeartbeat(const HeartbeatInput& in, Ti
   LK_RETURN_IF_ERROR(
       s.CheckAgent(in.job, in.group_id, in.incarnation, in.node_rank, in.nodes, in.address,
                    in.phase));
-  s.ApplyTimeouts(now, fx);
   LK_RETURN_IF_ERROR(s.CheckIncarnation(in.job, in.group_id, in.incarnation, in.nodes));
+  s.ApplyTimeouts(now, fx);
   const size_t events_before = fx->events.size();
   Impl::Group& g = s.Admit(in.job, in.group_id, in.incarnation, in.nodes, fx);
   s.Touch(g, in.node_rank, in.step, in.address, in.phase, now, fx);
@@ -46,10 +49,7 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx) {
   Impl& s = *impl_;
   LK_RETURN_IF_ERROR(
       s.CheckAgent(in.job, in.group_id, in.incarnation, in.node_rank, in.nodes, in.address, ""));
-  s.ApplyTimeouts(now, fx);
   LK_RETURN_IF_ERROR(s.CheckIncarnation(in.job, in.group_id, in.incarnation, in.nodes));
-  const AgentKey key{in.job, in.group_id, in.incarnation, in.node_rank};
-
   Impl::Group* existing = nullptr;
   if (auto j = s.jobs.find(in.job); j != s.jobs.end()) {
     auto it = j->second.groups.find(in.group_id);
@@ -58,40 +58,45 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx) {
     }
   }
   if (existing != nullptr) {
-    Impl::Group& g = *existing;
-    Impl::Job& job = *g.job;
-    // A retry (after a 504 or a lighthouse restart): answer at once with the current quorum,
-    // unless that quorum was used (a commit), failed, or lost a member.
-    if (g.in_quorum && !g.lost && !job.force_new && !g.committed) {
-      const auto& members = job.plan.members;
-      auto m = std::lower_bound(
-          members.begin(), members.end(), in.group_id,
-          [](const MemberData& d, const std::string& id) { return d.group_id < id; });
-      LK_CHECK(m != members.end() && m->group_id == in.group_id) << "member not in plan";
-      if (m->step == in.step) {
-        s.Touch(g, in.node_rank, in.step, in.address, "", now, fx);
-        const uint32_t rank = static_cast<uint32_t>(m - members.begin());
-        fx->answers.push_back({key, AnswerFor(job.plan, job.quorum_id, rank,
-                                              "retry: current quorum " +
-                                                  std::to_string(job.quorum_id))});
-        fx->events.push_back(fmt::format(
-            "quorum_retry job={} quorum_id={} group={} incarnation={} node={} step={}",
-            Q(in.job), job.quorum_id, Q(in.group_id), Q(in.incarnation), in.node_rank, in.step));
-        return Status::Ok();
-      }
-    }
-    if (g.status.mode == GroupMode::kDraining) {
+    const GroupStatus& g = existing->status;
+    if (g.mode == GroupMode::kDraining) {
       return Error(Code::kConflict, "group {} is draining: leave instead of asking",
                    in.group_id);
     }
-    for (uint32_t r = 0; r < g.status.agents.size(); ++r) {
-      const AgentStatus& other = g.status.agents[r];
+    for (uint32_t r = 0; r < g.agents.size(); ++r) {
+      const AgentStatus& other = g.agents[r];
       if (r != in.node_rank && other.asked && other.ask_step != in.step) {
         return Error(Code::kConflict,
                      "agents of group {} disagree on the step: node {} asked with step {}, "
                      "node {} with step {}",
                      in.group_id, r, other.ask_step, in.node_rank, in.step);
       }
+    }
+  }
+  s.ApplyTimeouts(now, fx);
+  const AgentKey key{in.job, in.group_id, in.incarnation, in.node_rank};
+
+  // A retry (after a 504 or a lighthouse restart): answer at once with the current quorum,
+  // unless that quorum was used (a commit), failed, or lost a member.
+  if (existing != nullptr && existing->in_quorum && !existing->lost &&
+      !existing->job->force_new && !existing->committed) {
+    Impl::Group& g = *existing;
+    Impl::Job& job = *g.job;
+    const auto& members = job.plan.members;
+    auto m = std::lower_bound(
+        members.begin(), members.end(), in.group_id,
+        [](const MemberData& d, const std::string& id) { return d.group_id < id; });
+    LK_CHECK(m != members.end() && m->group_id == in.group_id) << "member not in plan";
+    if (m->step == in.step) {
+      s.Touch(g, in.node_rank, in.step, in.address, "", now, fx);
+      const uint32_t rank = static_cast<uint32_t>(m - members.begin());
+      fx->answers.push_back({key, AnswerFor(job.plan, job.quorum_id, rank,
+                                            "retry: current quorum " +
+                                                std::to_string(job.quorum_id))});
+      fx->events.push_back(fmt::format(
+          "quorum_retry job={} quorum_id={} group={} incarnation={} node={} step={}", Q(in.job),
+          job.quorum_id, Q(in.group_id), Q(in.incarnation), in.node_rank, in.step));
+      return Status::Ok();
     }
   }
 
@@ -142,9 +147,9 @@ Status LighthouseCore::OnLeave(const std::string& job, const std::string& group_
   if (reason.size() > s.options.text_bytes_max) {
     return InvalidArgument("reason longer than {} bytes", s.options.text_bytes_max);
   }
-  s.ApplyTimeouts(now, fx);
   LK_ASSIGN_OR_RETURN(Impl::Group * g, s.FindCurrent(job, group_id, incarnation));
   if (g->status.mode == GroupMode::kLeft) return Status::Ok();  // a repeated leave
+  s.ApplyTimeouts(now, fx);
   const std::string why = reason.empty() ? "unspecified" : reason;
   g->status.mode = GroupMode::kLeft;
   g->reason = why;
@@ -164,7 +169,6 @@ Result<bool> LighthouseCore::OnCommit(const CommitInput& in, TimePoint now, Effe
   if (in.state_hash.size() > s.options.text_bytes_max) {
     return InvalidArgument("state_hash longer than {} bytes", s.options.text_bytes_max);
   }
-  s.ApplyTimeouts(now, fx);
   LK_ASSIGN_OR_RETURN(Impl::Group * g, s.FindCurrent(in.job, in.group_id, in.incarnation));
   Impl::Job& job = *g->job;
   if (g->status.mode == GroupMode::kLeft) {
@@ -181,19 +185,22 @@ Result<bool> LighthouseCore::OnCommit(const CommitInput& in, TimePoint now, Effe
     return Error(Code::kConflict, "group {} is not a member of quorum {}", in.group_id,
                  job.quorum_id);
   }
-  g->committed = true;
+  s.ApplyTimeouts(now, fx);
+  // A timeout due at `now` may have issued a newer quorum: the commit then only moves steps.
+  const bool current = in.quorum_id == job.quorum_id && g->in_quorum;
+  g->committed = g->committed || current;
   s.Touch(*g, in.node_rank, in.ok ? std::max(in.step, g->status.step) : g->status.step, "", "",
           now, fx);
   if (in.ok) {
     job.committed_step = std::max(job.committed_step, in.step);
-  } else {
+  } else if (current) {
     job.force_new = true;
   }
   fx->events.push_back(fmt::format(
       "commit job={} quorum_id={} group={} incarnation={} node={} step={} ok={} committed_step={}",
       Q(in.job), job.quorum_id, Q(in.group_id), Q(in.incarnation), in.node_rank, in.step, in.ok,
       job.committed_step));
-  if (in.ok && !in.state_hash.empty()) {
+  if (current && in.ok && !in.state_hash.empty()) {
     g->hash_step = in.step;
     g->state_hash = in.state_hash;
     s.CheckDivergence(job, in.step, fx);

@@ -37,7 +37,6 @@ std::vector<CheckpointData> InsertCheckpoint(std::vector<CheckpointData>& list,
 Status LighthouseCore::Drain(const std::string& job, const std::string& group_id, TimePoint now,
                              Effects* fx) {
   Impl& s = *impl_;
-  s.ApplyTimeouts(now, fx);
   auto j = s.jobs.find(job);
   if (j == s.jobs.end()) return Error(Code::kNotFound, "unknown job {}", job);
   auto it = j->second.groups.find(group_id);
@@ -49,6 +48,7 @@ Status LighthouseCore::Drain(const std::string& job, const std::string& group_id
     return Error(Code::kConflict, "group {} already left ({})", group_id, g.reason);
   }
   if (g.status.mode == GroupMode::kDraining) return Status::Ok();
+  s.ApplyTimeouts(now, fx);
   g.status.mode = GroupMode::kDraining;
   g.reason = "drained by admin";
   fx->events.push_back(fmt::format("group_drain job={} group={} incarnation={} in_quorum={}",

@@ -139,7 +139,8 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
   }
   if (candidates.size() == healthy) {
     d.issue = true;
-    d.reason = fmt::format("all {} healthy groups asked", healthy) + HeldBackSuffix(d.held_back);
+    d.reason = fmt::format("all {} asked", Plural(healthy, "healthy group")) +
+               HeldBackSuffix(d.held_back);
     return d;
   }
   std::optional<TimePoint> clock = prev_healthy > 0 ? clock_prev : clock_all;
