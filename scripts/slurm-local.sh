@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# A real one-node Slurm (munged + slurmctld + slurmd) on localhost for tests and local trials.
+#
+#   scripts/slurm-local.sh up       start what is not running yet (idempotent), print SLURM_CONF
+#   scripts/slurm-local.sh down     cancel every job and stop the daemons (idempotent)
+#   scripts/slurm-local.sh status   exit 0 when sinfo answers
+#
+# All state lives under $SLURM_BASE (default /tmp/lk-slurm). Every client command (sbatch, srun,
+# squeue, scontrol, scancel, sinfo) needs `export SLURM_CONF=$SLURM_BASE/slurm.conf`; `up` prints
+# that line last so `eval "$(scripts/slurm-local.sh up | tail -1)"` works.
+#
+# Runs as root, with no systemd and no cgroups (Debian 12, Slurm 22.05). Partitions:
+#   debug  default, never preempted
+#   low    PriorityTier=1, preempted by `high` with REQUEUE after GraceTime=10 s
+#   high   PriorityTier=10, never preempted
+# preempt_send_user_signal makes Slurm send a job's --signal warning at preemption too.
+set -euo pipefail
+
+BASE=${SLURM_BASE:-/tmp/lk-slurm}
+CONF="$BASE/slurm.conf"
+export SLURM_CONF="$CONF"
+
+alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+node_state() { timeout 5 sinfo -h -N -o '%t' 2>/dev/null | head -1 || true; }
+
+write_conf() {
+  local cpus=${SLURM_CPUS:-$(nproc)}
+  local tmp="$CONF.tmp.$$"
+  cat > "$tmp" <<CONF
+ClusterName=lk
+SlurmctldHost=localhost
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$BASE/munge/munge.socket.2,cred_expire=${SLURM_CRED_EXPIRE:-10}
+CredType=cred/munge
+SlurmctldPort=6817
+SlurmdPort=6818
+StateSaveLocation=$BASE/state
+SlurmdSpoolDir=$BASE/spool
+SlurmctldPidFile=$BASE/slurmctld.pid
+SlurmdPidFile=$BASE/slurmd.pid
+SlurmctldLogFile=$BASE/log/slurmctld.log
+SlurmdLogFile=$BASE/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+SwitchType=switch/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1,sched_interval=2
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+SlurmctldParameters=preempt_send_user_signal
+ReturnToService=2
+JobRequeue=1
+MailProg=/bin/true
+InactiveLimit=0
+KillWait=5
+MinJobAge=300
+Waittime=0
+SlurmctldTimeout=30
+SlurmdTimeout=30
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF
+PartitionName=low Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=10
+PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
+CONF
+  mv "$tmp" "$CONF"
+}
+
+up() {
+  local t0 st
+  t0=$(date +%s%N)
+  for tool in munged slurmctld slurmd sinfo; do
+    command -v "$tool" >/dev/null || [ -x "/usr/sbin/$tool" ] ||
+      { echo "slurm-local: $tool not found; run scripts/install-deps.sh" >&2; exit 1; }
+  done
+  mkdir -p "$BASE"/{munge,state,spool,log}
+  chmod 755 "$BASE"
+  if ! alive "$BASE/munge/munged.pid"; then
+    [ -s "$BASE/munge/munge.key" ] ||
+      dd if=/dev/urandom of="$BASE/munge/munge.key" bs=1024 count=1 status=none
+    chown -R munge:munge "$BASE/munge"
+    chmod 600 "$BASE/munge/munge.key"
+    chmod 711 "$BASE/munge"  # munged refuses group/world-writable dirs; clients need the socket
+    rm -f "$BASE/munge/munge.socket.2"*
+    runuser -u munge -- /usr/sbin/munged \
+      --socket="$BASE/munge/munge.socket.2" --key-file="$BASE/munge/munge.key" \
+      --pid-file="$BASE/munge/munged.pid" --log-file="$BASE/munge/munged.log" \
+      --seed-file="$BASE/munge/munged.seed" </dev/null >/dev/null 2>&1
+  fi
+  # The config is rewritten only while slurmctld is down, so a running cluster never sees a
+  # config that differs from the one it started with.
+  if ! alive "$BASE/slurmctld.pid"; then
+    write_conf
+    slurmctld -f "$CONF" -c </dev/null >/dev/null 2>&1  # daemonizes; -c: drop old job state
+  fi
+  if ! alive "$BASE/slurmd.pid"; then
+    # -N: the hostname of these machines is not 'localhost'.
+    slurmd -f "$CONF" -N localhost </dev/null >/dev/null 2>&1
+  fi
+  for _ in $(seq 1 120); do
+    st=$(node_state)
+    [ "$st" = "idle" ] || [ "$st" = "mix" ] || [ "$st" = "alloc" ] && break
+    sleep 0.25
+  done
+  echo "slurm-local: node state=${st:-none} after $(( ($(date +%s%N) - t0) / 1000000 )) ms" >&2
+  case "$st" in
+    idle|mix|alloc) ;;
+    *) echo "slurm-local: node did not become idle; see $BASE/log/" >&2; exit 1 ;;
+  esac
+  echo "export SLURM_CONF=$CONF"
+}
+
+down() {
+  if alive "$BASE/slurmctld.pid"; then
+    timeout 10 scancel --state=PENDING,RUNNING,SUSPENDED 2>/dev/null || true
+  fi
+  local pf pid
+  for pf in "$BASE/slurmd.pid" "$BASE/slurmctld.pid" "$BASE/munge/munged.pid"; do
+    alive "$pf" || continue
+    pid=$(cat "$pf")
+    kill -TERM "$pid" 2>/dev/null || continue
+    for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+    rm -f "$pf"
+  done
+  echo "slurm-local: down" >&2
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) [ -n "$(node_state)" ] ;;
+  *) echo "usage: $0 up|down|status   (state under \$SLURM_BASE, default /tmp/lk-slurm)" >&2; exit 2 ;;
+esac

@@ -1,0 +1,46 @@
+// Running Slurm's client commands (squeue, scontrol, sbatch) as child processes, behind an
+// interface so that the code deciding what to run and how to read the answer is tested with a
+// fake runner and fixed outputs.
+// Thread-safety: SubprocessRunner keeps no state; Run() may be called from several threads. It
+// waits for its own child with waitpid(pid), so it needs SIGCHLD not set to SIG_IGN.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace lk::slurm {
+
+struct CommandResult {
+  int exit_code = 0;  // 128 + signal when the child was killed by a signal
+  std::string out;
+  std::string err;
+};
+
+struct Command {
+  std::vector<std::string> argv;           // argv[0] is looked up in PATH
+  std::map<std::string, std::string> env;  // set on top of this process's environment
+  std::string stdin_text;                  // written to the child's stdin, then closed
+  std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+};
+
+class CommandRunner {
+ public:
+  virtual ~CommandRunner() = default;
+  // Runs the command to completion. A child that exits non-zero is a CommandResult, not an error;
+  // errors are: kNotFound when argv[0] is not in PATH, kDeadlineExceeded when the timeout passed
+  // (the child is killed), kInternal when the process could not be started.
+  virtual Result<CommandResult> Run(const Command& command) = 0;
+};
+
+// Runs commands with posix_spawnp. The child gets default dispositions and an empty signal mask,
+// so a parent that blocks SIGTERM/SIGUSR2 for its own signal handling does not pass that on.
+class SubprocessRunner : public CommandRunner {
+ public:
+  Result<CommandResult> Run(const Command& command) override;
+};
+
+}  // namespace lk::slurm

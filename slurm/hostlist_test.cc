@@ -1,0 +1,81 @@
+#include "slurm/hostlist.h"
+
+#include <doctest/doctest.h>
+
+namespace lk::slurm {
+namespace {
+
+using Hosts = std::vector<std::string>;
+
+TEST_CASE("hostlist: expands like scontrol show hostnames") {
+  // Every expected row was checked with `scontrol show hostnames` on Slurm 22.05.
+  struct Row {
+    std::string list;
+    Hosts hosts;
+  };
+  const std::vector<Row> rows = {
+      {"localhost", {"localhost"}},
+      {"gpu[001-004,010],login1", {"gpu001", "gpu002", "gpu003", "gpu004", "gpu010", "login1"}},
+      {"b[01-2]", {"b01", "b02"}},                 // width of the lower bound
+      {"b[1-010]", {"b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8", "b9", "b10"}},
+      {"a[01,2]", {"a01", "a2"}},                  // width per range
+      {"a[0-0]", {"a0"}},
+      {"a[1-2][3-4]", {"a13", "a14", "a23", "a24"}},  // leftmost group varies slowest
+      {"a[1-2]-[3-4]", {"a1-3", "a1-4", "a2-3", "a2-4"}},
+      {"a[1-2,5]b[1-2]", {"a1b1", "a1b2", "a2b1", "a2b2", "a5b1", "a5b2"}},
+      {"r[1-2]-n[08-10]", {"r1-n08", "r1-n09", "r1-n10", "r2-n08", "r2-n09", "r2-n10"}},
+      {"[1-2]", {"1", "2"}},
+      {"a,,b", {"a", "b"}},                        // empty items are skipped
+      {"a,", {"a"}},
+      {"a b", {"a", "b"}},                         // whitespace separates too
+      {"n1,n1", {"n1", "n1"}},                     // duplicates are kept
+      {"n[9-11]-ib", {"n9-ib", "n10-ib", "n11-ib"}},  // Slurm 22.05 refuses this; we expand
+  };
+  for (const auto& row : rows) {
+    CAPTURE(row.list);
+    auto hosts = ExpandHostlist(row.list);
+    REQUIRE_MESSAGE(hosts.ok(), hosts.status().ToString());
+    CHECK(*hosts == row.hosts);
+  }
+}
+
+TEST_CASE("hostlist: unparsable lists are errors that say why") {
+  struct Row {
+    std::string list;
+    std::string reason;
+  };
+  const std::vector<Row> rows = {
+      {"b[5-3]", "goes backwards"},
+      {"a[]", "is not N or N-M"},
+      {"a[x]", "is not N or N-M"},
+      {"a[1-]", "is not N or N-M"},        // Slurm reads this as a1; too easy to be a typo
+      {"a[-2]", "is not N or N-M"},
+      {"a[1,,2]", "is not N or N-M"},
+      {"a[1-2", "'[' without ']'"},         // Slurm silently makes this "a]"
+      {"a]", "']' without '['"},
+      {"a[1-2]]", "']' without '['"},
+      {"a[[1-2]]", "nested '['"},
+      {"a[1, 2]", "'[' without ']'"},
+      {"a[1234567890]", "too large"},
+      {"n[1-999999999]", "more than 1000000 hosts"},
+      {"", "names no host"},
+      {" , ", "names no host"},
+  };
+  for (const auto& row : rows) {
+    CAPTURE(row.list);
+    auto hosts = ExpandHostlist(row.list);
+    REQUIRE_FALSE(hosts.ok());
+    CHECK(hosts.status().code() == Code::kInvalidArgument);
+    CHECK_MESSAGE(hosts.status().message().find(row.reason) != std::string::npos,
+                  hosts.status().message());
+  }
+}
+
+TEST_CASE("hostlist: a product of groups over the bound is refused before it is built") {
+  auto hosts = ExpandHostlist("a[1-1000][1-1000][1-1000]");
+  REQUIRE_FALSE(hosts.ok());
+  CHECK(hosts.status().message().find("more than") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace lk::slurm
