@@ -1,0 +1,144 @@
+#include "checkpoint/shard_server.h"
+
+#include <charconv>
+
+#include "checkpoint/format.h"
+#include "checkpoint/manifest_proto.h"
+#include "checkpoint/store.h"
+
+namespace lk::ckpt {
+namespace {
+
+constexpr char kRootSelf[] = "_";
+
+http::Response Text(int status, std::string body) {
+  http::Response r;
+  r.status = status;
+  r.content_type = "text/plain";
+  r.body = std::move(body);
+  return r;
+}
+
+bool PlainName(std::string_view s) {
+  return !s.empty() && s[0] != '.' && s.find('/') == std::string_view::npos;
+}
+
+bool ParseU64(std::string_view s, uint64_t* v) {
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *v);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+}  // namespace
+
+Status ParseRange(std::string_view header, uint64_t size, uint64_t* begin, uint64_t* end) {
+  constexpr std::string_view kUnit = "bytes=";
+  if (header.substr(0, kUnit.size()) != kUnit) return InvalidArgument("range unit is not bytes");
+  std::string_view spec = header.substr(kUnit.size());
+  if (spec.find(',') != std::string_view::npos) return InvalidArgument("multiple ranges");
+  auto dash = spec.find('-');
+  if (dash == std::string_view::npos) return InvalidArgument("range without '-'");
+  std::string_view a = spec.substr(0, dash), b = spec.substr(dash + 1);
+  uint64_t x = 0, y = 0;
+  if (a.empty()) {  // suffix: the last N bytes
+    if (!ParseU64(b, &y) || y == 0 || size == 0) return InvalidArgument("bad suffix range");
+    *begin = size - std::min(y, size);
+    *end = size;
+    return Status::Ok();
+  }
+  if (!ParseU64(a, &x) || x >= size) return InvalidArgument("range starts outside the file");
+  if (b.empty()) {
+    y = size - 1;
+  } else if (!ParseU64(b, &y) || y < x) {
+    return InvalidArgument("bad range end");
+  }
+  *begin = x;
+  *end = std::min(y + 1, size);
+  return Status::Ok();
+}
+
+ShardServer::ShardServer(ShardServerOptions options)
+    : options_(std::move(options)), env_(options_.env ? options_.env : Env::Default()) {}
+
+http::Handler ShardServer::AsHandler() {
+  return [this](http::Request&& req, http::Responder respond) { Handle(std::move(req), std::move(respond)); };
+}
+
+void ShardServer::Handle(http::Request&& req, http::Responder respond) {
+  ++requests_;
+  respond(Serve(req));
+}
+
+http::Response ShardServer::Serve(const http::Request& req) {
+  std::string_view path = req.path;
+  if (path.substr(0, options_.prefix.size()) != options_.prefix) return Text(404, "not found\n");
+  std::string_view rest = path.substr(options_.prefix.size());
+  if (req.method != "GET") return Text(405, "only GET\n");
+  if (rest == "/checkpoints") return ListCheckpoints();
+  constexpr std::string_view kFiles = "/files/";
+  if (rest.substr(0, kFiles.size()) == kFiles) return ServeFile(req, rest.substr(kFiles.size()));
+  return Text(404, "not found\n");
+}
+
+http::Response ShardServer::ListCheckpoints() {
+  pb::ServedCheckpoints out;
+  auto add_root = [&](const std::string& root_name, const std::string& dir) {
+    auto ref = FindLatest(env_, dir);
+    if (!ref.ok()) return;
+    auto m = LoadManifest(env_, ref->dir);
+    if (!m.ok()) return;
+    auto* c = out.add_checkpoints();
+    c->set_root(root_name);
+    c->set_dir(ref->name);
+    ToProto(*m, c->mutable_manifest());
+  };
+  auto names = env_->ListDir(options_.base_dir);
+  if (!names.ok()) return Text(503, names.status().ToString() + "\n");
+  add_root(kRootSelf, options_.base_dir);
+  for (const auto& n : *names) {
+    if (!PlainName(n) || ParseStepDirName(n) >= 0) continue;
+    std::string dir = JoinPath(options_.base_dir, n);
+    if (env_->IsDir(dir)) add_root(n, dir);
+  }
+  http::Response r;
+  r.content_type = "application/x-protobuf";
+  out.SerializeToString(&r.body);
+  return r;
+}
+
+http::Response ShardServer::ServeFile(const http::Request& req, std::string_view rest) {
+  // ROOT/DIR/FILE, each a plain name, DIR a committed step directory.
+  auto s1 = rest.find('/');
+  auto s2 = s1 == std::string_view::npos ? s1 : rest.find('/', s1 + 1);
+  if (s2 == std::string_view::npos) return Text(404, "want ROOT/DIR/FILE\n");
+  std::string root(rest.substr(0, s1)), dir(rest.substr(s1 + 1, s2 - s1 - 1)),
+      file(rest.substr(s2 + 1));
+  if (!PlainName(root) || ParseStepDirName(dir) < 0 || !PlainName(file)) {
+    return Text(404, "not a served file\n");
+  }
+  std::string base = root == kRootSelf ? options_.base_dir : JoinPath(options_.base_dir, root);
+  std::string path = JoinPath(JoinPath(base, dir), file);
+  auto f = env_->NewRandomAccessFile(path);
+  if (!f.ok()) return Text(f.status().code() == Code::kNotFound ? 404 : 503, f.status().ToString() + "\n");
+  uint64_t size = (*f)->size(), begin = 0, end = size;
+  bool ranged = !req.range.empty();
+  if (ranged && !ParseRange(req.range, size, &begin, &end).ok()) {
+    http::Response r = Text(416, "range not satisfiable\n");
+    r.headers.emplace_back("Content-Range", fmt::format("bytes */{}", size));
+    return r;
+  }
+  if (end - begin > options_.range_bytes_max) {
+    return Text(413, fmt::format("ask for at most {} bytes per request\n", options_.range_bytes_max));
+  }
+  http::Response r;
+  r.status = ranged ? 206 : 200;
+  r.content_type = "application/octet-stream";
+  r.body.resize(end - begin);
+  Status st = (*f)->Read(begin, end - begin, reinterpret_cast<uint8_t*>(r.body.data()));
+  if (!st.ok()) return Text(503, st.ToString() + "\n");
+  if (ranged) r.headers.emplace_back("Content-Range", fmt::format("bytes {}-{}/{}", begin, end - 1, size));
+  bytes_served_ += end - begin;
+  return r;
+}
+
+}  // namespace lk::ckpt

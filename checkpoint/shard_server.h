@@ -1,0 +1,61 @@
+// ShardServer: serves checkpoints over HTTP so that peers can restore from them with Range
+// requests. It is an http::Handler, meant to be mounted by the replica agent under a prefix
+// (default /v1/shards) next to its other routes; `checkpoint serve` runs it alone.
+//
+// It serves `base_dir` (a durable checkpoint root, or a node-local live-state directory such as
+// /dev/shm/lk-live/JOB). A "root" is base_dir itself (named "_") when it holds step-*
+// checkpoints, and each subdirectory that does (live state: one root per rank, rank-00003).
+//   GET PREFIX/checkpoints                -> ServedCheckpoints (protobuf): the newest committed
+//                                            checkpoint of every root with its manifest
+//   GET PREFIX/files/ROOT/DIR/FILE        -> the file; with "Range: bytes=A-B" (one range,
+//                                            "A-", "-N" allowed) 206 + Content-Range; a range
+//                                            outside the file is 416 with "bytes */SIZE"
+// Only committed step-* directories are reachable: no temp dirs, no "..", no other files.
+//
+// Thread-safety: Handle may run on several io threads at once. It reads the file synchronously
+// on the calling thread (page cache or /dev/shm in the live case), so run the io_context with a
+// few threads when serving several peers.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "checkpoint/env.h"
+#include "common/http/http.h"
+
+namespace lk::ckpt {
+
+struct ShardServerOptions {
+  std::string base_dir;
+  std::string prefix = "/v1/shards";
+  // Largest body one request may ask for (also a request without Range): bounds server memory.
+  uint64_t range_bytes_max = uint64_t{256} << 20;
+  Env* env = nullptr;  // nullptr: Env::Default()
+};
+
+class ShardServer {
+ public:
+  explicit ShardServer(ShardServerOptions options);
+  void Handle(http::Request&& req, http::Responder respond);
+  // A handler that forwards to this server; the server must outlive it.
+  http::Handler AsHandler();
+  uint64_t bytes_served() const { return bytes_served_.load(); }
+  uint64_t requests() const { return requests_.load(); }
+
+ private:
+  http::Response Serve(const http::Request& req);
+  http::Response ListCheckpoints();
+  http::Response ServeFile(const http::Request& req, std::string_view rest);
+
+  ShardServerOptions options_;
+  Env* env_;
+  std::atomic<uint64_t> bytes_served_{0};
+  std::atomic<uint64_t> requests_{0};
+};
+
+// Parses a single-range "bytes=A-B" / "bytes=A-" / "bytes=-N" against a file of `size` bytes into
+// [begin, end). Fails (the caller answers 416) when it is malformed, multi-range or outside.
+Status ParseRange(std::string_view header, uint64_t size, uint64_t* begin, uint64_t* end);
+
+}  // namespace lk::ckpt
