@@ -1,0 +1,248 @@
+// Tests of the lighthouse core state machine, driven by a manual clock: every rule through the
+// public inputs, with the effects (answers, rejections, persists, events) and reasons checked.
+#include "lighthouse/lighthouse_core.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "common/clock.h"
+#include "lighthouse/lighthouse_core_test_util.h"
+
+namespace lk::lighthouse {
+namespace {
+
+using testing::Harness;
+using testing::Snapshot;
+
+TEST_CASE("rule 5: first quorum when every healthy group asked; answers name rank and plan") {
+  Harness h;
+  REQUIRE(h.Beat("b").ok());
+  REQUIRE(h.Join("a", 0, "i1", 0, 1, /*has_state=*/false).ok());
+  CHECK(h.fx.answers.empty());
+  CHECK(h.core.View(h.clock.Now())[0].last_decision ==
+        "wait: 1 of 2 healthy groups asked, a majority needs 2");
+  REQUIRE(h.Join("b", 0, "i1", 0, 1, /*has_state=*/false).ok());
+  REQUIRE(h.fx.answers.size() == 2);
+  const QuorumAnswer* a = h.Answer("a");
+  const QuorumAnswer* b = h.Answer("b");
+  REQUIRE((a && b));
+  CHECK(a->quorum_id == 1);
+  CHECK(a->replica_rank == 0);
+  CHECK(b->replica_rank == 1);
+  CHECK(a->reason == "all 2 healthy groups asked");
+  CHECK(a->initial);  // no state anywhere, no checkpoint: rank 0's initial weights
+  CHECK(!a->heal);
+  CHECK(b->heal);
+  CHECK(b->source_ranks == std::vector<uint32_t>{0});
+  REQUIRE(h.fx.persist_jobs.size() == 1);
+  CHECK(h.fx.persist_jobs[0].quorum_id == 1);
+  CHECK(h.fx.persist_jobs[0].members.size() == 2);
+  CHECK(h.fx.issued.size() == 1);
+  CHECK(h.fx.issued[0].changed);
+  CHECK(h.HasEvent("quorum_issued job=j quorum_id=1 changed=true members=2"));
+}
+
+TEST_CASE("rule 5: the join timeout fires through Tick exactly at NextDeadline") {
+  Harness h;
+  for (const char* g : {"a", "b", "c"}) REQUIRE(h.Beat(g).ok());
+  h.clock.Advance(Millis(100));
+  REQUIRE(h.Join("a", 0).ok());
+  REQUIRE(h.Join("b", 0).ok());
+  CHECK(h.fx.answers.empty());
+  // c's heartbeat expires at +3000; the join timeout at +100+2000 comes first.
+  const TimePoint deadline = h.clock.Now() + Millis(2000);
+  REQUIRE(h.core.NextDeadline() == deadline);
+  h.clock.Set(deadline - std::chrono::nanoseconds(1));
+  h.Tick();
+  CHECK(h.fx.answers.empty());
+  CHECK(h.fx.events.empty());
+  h.clock.Set(deadline);
+  h.Tick();
+  REQUIRE(h.fx.answers.size() == 2);
+  CHECK(h.Answer("a")->reason == "join_timeout: 2 of 3 healthy groups asked within 2000ms");
+  // Next: c's heartbeat expiry (at +3000 from its beat), and no join deadline any more.
+  CHECK(h.core.NextDeadline() == TimePoint{} + std::chrono::hours(1) + Millis(3000));
+}
+
+TEST_CASE("rule 4 and 6: an unchanged quorum re-issues the same id every step (hot path)") {
+  Harness h;
+  h.Form({"a", "b", "c"});
+  for (uint32_t step = 1; step <= 3; ++step) {
+    for (const char* g : {"a", "b", "c"}) REQUIRE(h.Commit(g, 1, step).ok());
+    REQUIRE(h.Join("a", step).ok());
+    REQUIRE(h.Join("b", step).ok());
+    CHECK(h.fx.answers.empty());
+    REQUIRE(h.Join("c", step).ok());
+    REQUIRE(h.fx.answers.size() == 3);
+    CHECK(h.Answer("c")->quorum_id == 1);
+    CHECK(h.Answer("c")->reason == "fast_path: all 3 previous members rejoined");
+    CHECK(h.Answer("c")->max_step == step);
+    CHECK(!h.Answer("c")->heal);
+    REQUIRE(h.fx.issued.size() == 1);
+    CHECK(!h.fx.issued[0].changed);
+    REQUIRE(h.fx.persist_jobs.size() == 1);  // every issue is persisted, also unchanged ones
+    CHECK(h.fx.persist_jobs[0].members[0].step == step);
+    CHECK(h.fx.watch_wakeups.empty());
+  }
+  CHECK(h.core.View(h.clock.Now())[0].committed_step == 3);
+}
+
+TEST_CASE("rule 6: a failed commit gives the next quorum a new id with the same members") {
+  Harness h;
+  h.Form({"a", "b"});
+  REQUIRE(h.Commit("a", 1, 1).ok());
+  REQUIRE(h.Commit("b", 1, 0, /*ok=*/false).ok());
+  CHECK(h.HasEvent("commit job=j quorum_id=1 group=b incarnation=i1 node=0 step=0 ok=false"));
+  REQUIRE(h.Join("a", 1).ok());
+  REQUIRE(h.Join("b", 0).ok());
+  REQUIRE(h.fx.answers.size() == 2);
+  CHECK(h.Answer("a")->quorum_id == 2);
+  CHECK(h.Answer("b")->heal);  // behind: step 0 < max_step 1
+  CHECK(h.Answer("b")->source_ranks == std::vector<uint32_t>{0});
+  CHECK(h.fx.issued[0].changed);
+}
+
+TEST_CASE("rule 3: shrink_only keeps a joiner out; it comes in at the next plain round") {
+  Harness h;
+  h.Form({"a", "b"});
+  REQUIRE(h.Beat("c").ok());
+  REQUIRE(h.Join("c", 0, "i1", 0, 1, /*has_state=*/false).ok());
+  REQUIRE(h.Join("a", 1, "i1", 0, 1, true, /*shrink=*/true).ok());
+  REQUIRE(h.Join("b", 1).ok());
+  REQUIRE(h.fx.answers.size() == 2);
+  CHECK(h.Answer("c") == nullptr);
+  CHECK(h.Answer("a")->reason ==
+        "fast_path: all 2 previous members rejoined; shrink_only: 1 joiner held back");
+  CHECK(h.Answer("a")->quorum_id == 1);
+  CHECK(h.Group("c")->state == "waiting");
+  REQUIRE(h.Join("a", 2).ok());
+  REQUIRE(h.Join("b", 2).ok());
+  REQUIRE(h.fx.answers.size() == 3);
+  CHECK(h.Answer("c")->quorum_id == 2);
+  CHECK(h.Answer("c")->heal);
+  CHECK(h.Answer("a")->reason == "fast_path: all 2 previous members rejoined, 1 joiner came in");
+}
+
+TEST_CASE("rule 1: a new incarnation replaces the old at once") {
+  Harness h;
+  h.Form({"a", "b"});
+  REQUIRE(h.Join("a", 1).ok());  // a waits for the next round
+  REQUIRE(h.Beat("a", 0, "i2").ok());
+  const Status* st = h.Rejection("a");
+  REQUIRE(st != nullptr);
+  CHECK(st->code() == Code::kConflict);
+  CHECK(st->message() == "incarnation i1 of group a replaced by i2");
+  CHECK(h.fx.watch_wakeups.count("j") == 1);
+  CHECK(h.HasEvent("member_lost job=j quorum_id=1 group=a incarnation=i1 "
+                   "reason=incarnation_replaced"));
+  REQUIRE(h.Beat("b").ok());
+  REQUIRE(h.Beat("b").value().notices.size() == 1);
+  CHECK(h.Beat("b").value().notices[0].reason == "incarnation_replaced");
+  // The retired incarnation gets a clear conflict, and its error changes nothing.
+  std::string before = Snapshot(h.core, h.clock.Now());
+  auto r = h.Beat("a", 0, "i1");
+  CHECK(r.status().code() == Code::kConflict);
+  CHECK(r.status().message() == "stale incarnation i1 of group a (current i2)");
+  CHECK(h.fx.events.empty());
+  CHECK(Snapshot(h.core, h.clock.Now()) == before);
+  // The new incarnation without state heals from b; the quorum id moves on.
+  REQUIRE(h.Join("a", 0, "i2", 0, 1, /*has_state=*/false).ok());
+  REQUIRE(h.Join("b", 1).ok());
+  REQUIRE(h.Answer("a") != nullptr);
+  CHECK(h.Answer("a")->quorum_id == 2);
+  CHECK(h.Answer("a")->heal);
+  CHECK(h.Answer("a")->max_step == 1);
+  CHECK(h.Answer("a")->source_ranks == std::vector<uint32_t>{1});
+}
+
+TEST_CASE("rule 1: a member whose heartbeats stop is lost at its exact expiry") {
+  Harness h;
+  h.Form({"a", "b", "c"});
+  h.clock.Advance(Millis(2000));
+  REQUIRE(h.Beat("a").ok());
+  REQUIRE(h.Beat("b").ok());
+  // c was last heard at +0: it expires at +3000, before a and b (+5000).
+  const TimePoint expiry = h.clock.Now() + Millis(1000);
+  CHECK(h.core.NextDeadline() == expiry);
+  h.clock.Set(expiry);
+  h.Tick();
+  CHECK(h.HasEvent("group_unhealthy job=j group=c incarnation=i1 "
+                   "reason=\"heartbeat_timeout node=0 age=3000ms\""));
+  CHECK(h.fx.watch_wakeups.count("j") == 1);
+  auto w = h.core.Watch("j", 1);
+  REQUIRE(w.ok());
+  CHECK(w->lost);
+  REQUIRE(w->notices.size() == 1);
+  CHECK(w->notices[0].group_id == "c");
+  CHECK(w->notices[0].reason == "heartbeat_timeout");
+  CHECK(!h.Group("c")->healthy);
+  // a and b: all healthy groups asked, a new id without c.
+  REQUIRE(h.Join("a", 1).ok());
+  REQUIRE(h.Join("b", 1).ok());
+  REQUIRE(h.fx.answers.size() == 2);
+  CHECK(h.Answer("a")->quorum_id == 2);
+  CHECK(h.Answer("a")->reason == "all 2 healthy groups asked");
+  CHECK(h.core.Watch("j", 1)->lost);  // superseded
+  CHECK(!h.core.Watch("j", 2)->lost);
+  CHECK(h.core.Watch("nope", 1).status().code() == Code::kNotFound);
+  CHECK(h.core.Watch("j", 3).status().code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("rule 8: a member whose step stalls is evicted and comes back as a joiner") {
+  CoreOptions o;
+  o.progress_timeout = Millis(10'000);
+  o.heartbeat_timeout = Millis(3'000);
+  Harness h(o);
+  h.Form({"a", "b"});
+  // b keeps heartbeating at step 0; a advances.
+  for (int i = 1; i <= 4; ++i) {
+    h.clock.Advance(Millis(2'000));
+    REQUIRE(h.Beat("a", static_cast<uint32_t>(i)).ok());
+    REQUIRE(h.Beat("b", 0).ok());
+  }
+  const TimePoint stall = TimePoint{} + std::chrono::hours(1) + Millis(10'000);
+  CHECK(h.core.NextDeadline() == stall);
+  h.clock.Set(stall);
+  h.Tick();
+  CHECK(h.HasEvent("group_evicted job=j group=b incarnation=i1 step=0 stalled_ms=10000 "
+                   "reason=progress_stalled"));
+  CHECK(h.core.Watch("j", 1)->notices.at(0).reason == "progress_stalled");
+  CHECK(h.Group("b")->state == "evicted");
+  CHECK(!h.Group("b")->healthy);
+  // a alone forms the next quorum at once (b is not healthy).
+  REQUIRE(h.Join("a", 4).ok());
+  CHECK(h.Answer("a")->quorum_id == 2);
+  // b asks again: back as a joiner, healing from a.
+  REQUIRE(h.Join("b", 0).ok());
+  CHECK(h.HasEvent("group_rejoin job=j group=b"));
+  CHECK(h.Group("b")->state == "waiting");
+  REQUIRE(h.Join("a", 5).ok());
+  REQUIRE(h.Answer("b") != nullptr);
+  CHECK(h.Answer("b")->quorum_id == 3);
+  CHECK(h.Answer("b")->heal);
+}
+
+TEST_CASE("rule 8: a member waiting in a round is not evicted") {
+  CoreOptions o;
+  o.progress_timeout = Millis(1'000);
+  Harness h(o);
+  h.Form({"a", "b"});
+  REQUIRE(h.Join("a", 1).ok());  // a waits; b keeps the round open
+  h.clock.Advance(Millis(900));
+  REQUIRE(h.Beat("a", 1).ok());
+  // Only b's progress deadline remains (a is a waiting participant).
+  CHECK(h.core.NextDeadline() == TimePoint{} + std::chrono::hours(1) + Millis(1'000));
+  h.clock.Advance(Millis(100));
+  h.Tick();
+  CHECK(h.HasEvent("group_evicted job=j group=b"));
+  CHECK(!h.HasEvent("group_evicted job=j group=a"));
+  // b's eviction makes a's round ready at once: a is the only healthy group.
+  REQUIRE(h.Answer("a") != nullptr);
+  CHECK(h.Answer("a")->quorum_id == 2);
+}
+
+}  // namespace
+}  // namespace lk::lighthouse
