@@ -92,7 +92,8 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx) {
       const uint32_t rank = static_cast<uint32_t>(m - members.begin());
       fx->answers.push_back({key, AnswerFor(job.plan, job.quorum_id, rank,
                                             "retry: current quorum " +
-                                                std::to_string(job.quorum_id))});
+                                                std::to_string(job.quorum_id),
+                                            s.options.answer_members_inline)});
       fx->events.push_back(fmt::format(
           "quorum_retry job={} quorum_id={} group={} incarnation={} node={} step={}", Q(in.job),
           job.quorum_id, Q(in.group_id), Q(in.incarnation), in.node_rank, in.step));

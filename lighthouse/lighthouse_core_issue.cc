@@ -89,7 +89,8 @@ void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint no
       AgentStatus& a = g.status.agents[node];
       if (a.waiting) {
         fx->answers.push_back({AgentKey{job.name, g.status.group_id, g.status.incarnation, node},
-                               AnswerFor(job.plan, job.quorum_id, rank, d.reason)});
+                               AnswerFor(job.plan, job.quorum_id, rank, d.reason,
+                                         options.answer_members_inline)});
       }
       a.asked = a.waiting = false;
     }

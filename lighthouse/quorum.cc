@@ -187,6 +187,7 @@ RecoveryPlan PlanRecovery(std::vector<MemberData> members, const std::vector<boo
     }
   }
   plan.members = std::move(members);
+  plan.shared = std::make_shared<const std::vector<MemberData>>(plan.members);
   return plan;
 }
 
@@ -207,15 +208,17 @@ RecoveryPlan PlanFromIssued(std::vector<MemberData> members,
     plan.max_step = newest_checkpoint->step;
   }
   plan.members = std::move(members);
+  plan.shared = std::make_shared<const std::vector<MemberData>>(plan.members);
   return plan;
 }
 
 QuorumAnswer AnswerFor(const RecoveryPlan& plan, uint32_t quorum_id, uint32_t replica_rank,
-                       std::string reason) {
+                       std::string reason, bool inline_members) {
   LK_CHECK(replica_rank < plan.members.size()) << "rank " << replica_rank;
   QuorumAnswer a;
   a.quorum_id = quorum_id;
-  a.members = plan.members;
+  a.members_shared = plan.shared;
+  if (inline_members) a.members = plan.members;
   a.replica_rank = replica_rank;
   a.max_step = plan.max_step;
   a.heal = plan.members[replica_rank].heal;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -93,6 +94,7 @@ QuorumDecision ComputeQuorum(const JobMembership& membership, const CoreOptions&
 // not heal.
 struct RecoveryPlan {
   std::vector<MemberData> members;  // sorted by group_id; index = replica_rank
+  std::shared_ptr<const std::vector<MemberData>> shared;  // a copy of members for answers
   uint32_t max_step = 0;
   std::optional<CheckpointData> restore;  // no live state: every member restores this
   bool initial = false;                   // no state, no checkpoint: take rank 0's weights
@@ -111,8 +113,9 @@ RecoveryPlan PlanFromIssued(std::vector<MemberData> members,
 
 // The answer for one member. source_ranks lists every donor (non-healing member), rotated by the
 // healer's index among the healers, so that each healer starts with a different donor.
+// members_shared is always set; members only with inline_members.
 QuorumAnswer AnswerFor(const RecoveryPlan& plan, uint32_t quorum_id, uint32_t replica_rank,
-                       std::string reason);
+                       std::string reason, bool inline_members = true);
 
 // "1 joiner", "2 joiners".
 std::string Plural(size_t n, const char* word);

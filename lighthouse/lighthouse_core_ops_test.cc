@@ -1,0 +1,376 @@
+// Tests of the lighthouse core around the rules: multi-node groups, bad input, retries, Load,
+// divergence, drain, forget, leave, the checkpoint registry, views, and the hot path's cost.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "lighthouse/lighthouse_core.h"
+#include "lighthouse/lighthouse_core_test_util.h"
+
+namespace lk::lighthouse {
+namespace {
+
+using testing::Harness;
+using testing::Snapshot;
+
+JoinInput J(const std::string& job, const std::string& group, const std::string& inc,
+            uint32_t node = 0, uint32_t nodes = 1) {
+  JoinInput in;
+  in.job = job;
+  in.group_id = group;
+  in.incarnation = inc;
+  in.node_rank = node;
+  in.nodes = nodes;
+  return in;
+}
+
+HeartbeatInput B(const std::string& group, uint32_t nodes) {
+  HeartbeatInput in;
+  in.job = "j";
+  in.group_id = group;
+  in.incarnation = "i1";
+  in.nodes = nodes;
+  return in;
+}
+
+CommitInput C(const std::string& group, uint32_t quorum_id) {
+  CommitInput in;
+  in.job = "j";
+  in.group_id = group;
+  in.incarnation = "i1";
+  in.quorum_id = quorum_id;
+  in.step = 1;
+  return in;
+}
+
+TEST_CASE("multi-node group: a participant once all agents asked the same step") {
+  Harness h;
+  REQUIRE(h.Beat("a", 5, "i1", 0, 2).ok());
+  REQUIRE(h.Beat("a", 5, "i1", 1, 2).ok());
+  REQUIRE(h.Join("a", 5, "i1", 0, 2).ok());
+  CHECK(h.fx.answers.empty());
+  CHECK(!h.Group("a")->participant);
+  const std::string before = Snapshot(h.core, h.clock.Now());
+  Status st = h.Join("a", 6, "i1", 1, 2);
+  CHECK(st.code() == Code::kConflict);
+  CHECK(st.message() ==
+        "agents of group a disagree on the step: node 0 asked with step 5, node 1 with step 6");
+  CHECK(h.fx.events.empty());
+  CHECK(Snapshot(h.core, h.clock.Now()) == before);
+  REQUIRE(h.Join("a", 5, "i1", 1, 2).ok());
+  REQUIRE(h.fx.answers.size() == 2);
+  CHECK(h.Answer("a", 0)->quorum_id == 1);
+  CHECK(h.Answer("a", 1)->quorum_id == 1);
+  CHECK(h.Answer("a", 1)->members.at(0).addresses == std::vector<std::string>{"addr-a", "addr-a"});
+}
+
+TEST_CASE("multi-node group: unhealthy until every agent was heard") {
+  Harness h;
+  REQUIRE(h.Join("a", 0, "i1", 0, 2).ok());  // node 1 never heard: a is not healthy
+  REQUIRE(h.Join("b", 0).ok());
+  REQUIRE(h.fx.answers.size() == 1);
+  CHECK(h.Answer("b")->reason == "all 1 healthy group asked");
+  CHECK(!h.Group("a")->healthy);
+}
+
+TEST_CASE("bad input gets a reason and changes nothing") {
+  Harness h;
+  h.Form({"a", "b"});
+  REQUIRE(h.Beat("c").ok());
+  REQUIRE(h.Beat("a", 0, "i2").ok());  // i1 of a is now retired
+  struct Row {
+    const char* name;
+    std::function<Status()> call;
+    Code code;
+    const char* message;
+  };
+  LighthouseCore& core = h.core;
+  auto now = [&] { return h.clock.Now(); };
+  Effects fx;
+  const std::vector<Row> rows = {
+      {"missing job", [&] { return core.OnJoin(J("", "x", "i1"), now(), &fx); },
+       Code::kInvalidArgument, "missing job"},
+      {"node_rank >= nodes",
+       [&] { return core.OnJoin(J("j", "x", "i1", 2, 2), now(), &fx); },
+       Code::kInvalidArgument, "node_rank=2 >= nodes=2"},
+      {"nodes changed",
+       [&] { return core.OnHeartbeat(B("b", 2), now(), &fx).status(); },
+       Code::kInvalidArgument, "nodes changed within incarnation i1 of group b: 1 -> 2"},
+      {"stale incarnation", [&] { return core.OnJoin(J("j", "a", "i1"), now(), &fx); },
+       Code::kConflict, "stale incarnation i1 of group a (current i2)"},
+      {"commit for an old quorum",
+       [&] { return core.OnCommit(C("b", 7), now(), &fx).status(); },
+       Code::kConflict, "commit for quorum 7 but the current quorum is 1"},
+      {"commit by a non-member",
+       [&] { return core.OnCommit(C("c", 1), now(), &fx).status(); },
+       Code::kConflict, "group c is not a member of quorum 1"},
+      {"leave of an unknown group",
+       [&] { return core.OnLeave("j", "zz", "i1", "x", now(), &fx); }, Code::kNotFound,
+       "unknown group zz in job j"},
+      {"leave of an unknown job", [&] { return core.OnLeave("k", "a", "i1", "x", now(), &fx); },
+       Code::kNotFound, "unknown job k"},
+      {"id too long",
+       [&] { return core.OnJoin(J("j", std::string(300, 'g'), "i1"), now(), &fx); },
+       Code::kInvalidArgument, "group_id longer than 256 bytes"},
+      {"drain of an unknown group", [&] { return core.Drain("j", "zz", now(), &fx); },
+       Code::kNotFound, "unknown group zz in job j"},
+      {"forget of an unknown job", [&] { return core.Forget("k", &fx); }, Code::kNotFound,
+       "unknown job k"},
+      {"checkpoint without location",
+       [&] { return core.OnRegisterCheckpoint(CheckpointData{"j", 1, "", "", "", 0}, &fx); },
+       Code::kInvalidArgument, "a checkpoint needs a job and a location"},
+  };
+  for (const Row& row : rows) {
+    const std::string name = row.name;
+    CAPTURE(name);
+    const std::string before = Snapshot(core, now());
+    fx = {};
+    Status st = row.call();
+    CHECK(st.code() == row.code);
+    CHECK(st.message() == std::string(row.message));
+    CHECK(fx.events.empty());
+    CHECK(fx.answers.empty());
+    CHECK(fx.persist_jobs.empty());
+    CHECK(Snapshot(core, now()) == before);
+  }
+}
+
+TEST_CASE("retry: a member re-asking with its quorum step is answered at once") {
+  Harness h;
+  h.Form({"a", "b"});
+  REQUIRE(h.Join("a", 0).ok());
+  REQUIRE(h.fx.answers.size() == 1);
+  CHECK(h.Answer("a")->quorum_id == 1);
+  CHECK(h.Answer("a")->reason == "retry: current quorum 1");
+  CHECK(h.fx.persist_jobs.empty());
+  // A round where a's request times out before the quorum forms: its retry gets the answer.
+  REQUIRE(h.Join("a", 1).ok());
+  h.core.OnJoinTimeout({"j", "a", "i1", 0});
+  REQUIRE(h.Join("b", 1).ok());
+  REQUIRE(h.fx.answers.size() == 1);  // only b was still waiting
+  CHECK(h.Answer("b")->quorum_id == 1);
+  REQUIRE(h.Join("a", 1).ok());
+  CHECK(h.Answer("a")->reason == "retry: current quorum 1");
+  // After a commit the same step is a new ask, not a retry.
+  REQUIRE(h.Commit("a", 1, 1, /*ok=*/false).ok());
+  REQUIRE(h.Join("a", 1).ok());
+  CHECK(h.fx.answers.empty());
+}
+
+TEST_CASE("Load: ids continue, loaded members retry and rejoin on the fast path") {
+  Harness first;
+  first.Form({"a", "b"});
+  REQUIRE(first.Join("a", 0, "i2").ok());  // a restarts: quorum 2 needs b's next ask
+  REQUIRE(first.Join("b", 1).ok());
+  REQUIRE(first.fx.persist_jobs.size() == 1);
+  const JobRecordData record = first.fx.persist_jobs[0];
+  CHECK(record.quorum_id == 2);
+
+  Harness h;
+  h.clock.Set(first.clock.Now() + Millis(500));
+  REQUIRE(h.core.Load({record}, {}, h.clock.Now()).ok());
+  CHECK(h.core.Load({record}, {}, h.clock.Now()).code() == Code::kInvalidArgument);
+  CHECK(h.core.GroupCount() == 2);
+  CHECK(h.core.NextDeadline() == h.clock.Now() + Millis(3000));  // loaded = heard now
+  REQUIRE(h.Join("b", 1).ok());
+  CHECK(h.Answer("b")->quorum_id == 2);
+  CHECK(h.Answer("b")->reason == "retry: current quorum 2");
+  REQUIRE(h.Join("a", 0, "i2").ok());
+  CHECK(h.Answer("a")->heal);  // the plan survives the restart
+  CHECK(h.Answer("a")->source_ranks == std::vector<uint32_t>{1});
+  REQUIRE(h.Join("a", 2, "i2").ok());
+  REQUIRE(h.Join("b", 2).ok());
+  CHECK(h.Answer("a")->quorum_id == 2);
+  CHECK(h.Answer("a")->reason == "fast_path: all 2 previous members rejoined");
+  REQUIRE(h.Beat("b", 2, "i9").ok());
+  REQUIRE(h.Join("a", 3, "i2").ok());
+  REQUIRE(h.Join("b", 0, "i9", 0, 1, false).ok());
+  CHECK(h.Answer("b")->quorum_id == 3);  // never reused: continues after the loaded id
+
+  LighthouseCore bad({});
+  JobRecordData unsorted = record;
+  std::swap(unsorted.members[0], unsorted.members[1]);
+  CHECK(bad.Load({unsorted}, {}, h.clock.Now()).code() == Code::kDataLoss);
+  CHECK(!bad.HasJob("j"));
+}
+
+TEST_CASE("divergence: a minority state hash is flagged, heals next, and is no donor") {
+  Harness h;
+  h.Form({"a", "b", "c"});
+  CHECK(!h.Commit("a", 1, 1, true, "h1").value());
+  CHECK(!h.Commit("b", 1, 1, true, "h1").value());
+  CHECK(h.Commit("c", 1, 1, true, "zz").value());
+  CHECK(h.HasEvent("diverged job=j quorum_id=1 group=c incarnation=i1 step=1 hash=zz "
+                   "majority=h1"));
+  CHECK(h.Group("c")->diverged);
+  for (const char* g : {"a", "b", "c"}) REQUIRE(h.Join(g, 1).ok());
+  REQUIRE(h.fx.answers.size() == 3);
+  CHECK(h.Answer("c")->heal);
+  CHECK(h.Answer("c")->source_ranks == std::vector<uint32_t>{0, 1});
+  CHECK(!h.Answer("a")->heal);
+  CHECK(!h.Group("c")->diverged);  // healing at this quorum
+}
+
+TEST_CASE("drain: heartbeats answer drain, the group is no candidate, its waiters are told") {
+  Harness h;
+  h.Form({"a", "b"});
+  REQUIRE(h.Join("b", 1).ok());
+  h.fx = {};
+  REQUIRE(h.core.Drain("j", "b", h.clock.Now(), &h.fx).ok());
+  CHECK(h.HasEvent("group_drain job=j group=b incarnation=i1 in_quorum=true"));
+  REQUIRE(h.Rejection("b") != nullptr);
+  CHECK(h.Rejection("b")->message() == "group b is draining");
+  CHECK(h.Beat("b").value().drain);
+  CHECK(!h.Beat("a").value().drain);
+  CHECK(h.Group("b")->state == "draining");
+  CHECK(h.Join("b", 1).code() == Code::kConflict);
+  REQUIRE(h.Join("a", 1).ok());
+  REQUIRE(h.fx.answers.size() == 1);
+  CHECK(h.Answer("a")->quorum_id == 2);
+  CHECK(h.Answer("a")->members.size() == 1);
+}
+
+TEST_CASE("forget: waiters rejected, state gone, persisted state deleted") {
+  Harness h;
+  h.Form({"a", "b"});
+  REQUIRE(h.Join("a", 1).ok());
+  h.fx = {};
+  REQUIRE(h.core.Forget("j", &h.fx).ok());
+  CHECK(h.fx.forget_jobs == std::vector<std::string>{"j"});
+  REQUIRE(h.Rejection("a") != nullptr);
+  CHECK(h.Rejection("a")->code() == Code::kUnavailable);
+  CHECK(!h.core.HasJob("j"));
+  CHECK(h.core.GroupCount() == 0);
+  CHECK(!h.core.NextDeadline().has_value());
+  CHECK(h.core.Watch("j", 0).status().code() == Code::kNotFound);
+}
+
+TEST_CASE("leave: the remaining groups' quorum forms at once, the leaver is told 409 after") {
+  Harness h;
+  h.Form({"a", "b", "c"});
+  REQUIRE(h.Join("a", 1).ok());
+  REQUIRE(h.Join("b", 1).ok());
+  CHECK(h.fx.answers.empty());
+  REQUIRE(h.Leave("c").ok());
+  REQUIRE(h.fx.answers.size() == 2);
+  CHECK(h.Answer("a")->quorum_id == 2);
+  CHECK(h.Answer("a")->reason == "all 2 healthy groups asked");
+  CHECK(h.HasEvent("group_left job=j group=c incarnation=i1 reason=preempted"));
+  CHECK(h.core.Watch("j", 1)->lost);
+  CHECK(h.Group("c")->state == "left");
+  auto r = h.Beat("c");
+  CHECK(r.status().message() == "incarnation i1 of group c left (preempted)");
+  REQUIRE(h.Leave("c").ok());  // a repeated leave is fine and changes nothing
+  CHECK(h.fx.events.empty());
+}
+
+TEST_CASE("checkpoint registry: newest first, bounded, and restored when no state is live") {
+  CoreOptions o;
+  o.checkpoints_per_job_max = 3;
+  Harness h(o);
+  for (uint32_t step : {3u, 1u, 5u, 2u, 4u}) {
+    h.fx = {};
+    REQUIRE(h.core.OnRegisterCheckpoint({"j", step, "/c/" + std::to_string(step), "d", "a", 0},
+                                        &h.fx)
+                .ok());
+  }
+  std::vector<uint32_t> steps;
+  for (const CheckpointData& c : h.core.Checkpoints("j")) steps.push_back(c.step);
+  CHECK(steps == std::vector<uint32_t>{5, 4, 3});
+  REQUIRE(h.fx.drop_checkpoints.size() == 1);
+  CHECK(h.fx.drop_checkpoints[0].step == 2);
+  REQUIRE(h.Beat("a").ok());
+  REQUIRE(h.Beat("b").ok());
+  REQUIRE(h.Join("a", 0, "i1", 0, 1, false).ok());
+  REQUIRE(h.Join("b", 0, "i1", 0, 1, false).ok());
+  REQUIRE(h.fx.answers.size() == 2);
+  for (const char* g : {"a", "b"}) {
+    CHECK(h.Answer(g)->heal);
+    REQUIRE(h.Answer(g)->restore_checkpoint.has_value());
+    CHECK(h.Answer(g)->restore_checkpoint->step == 5);
+    CHECK(h.Answer(g)->max_step == 5);
+  }
+}
+
+TEST_CASE("view: group states and events quote values with spaces") {
+  Harness h;
+  h.Form({"a", "b"});
+  REQUIRE(h.Beat("c").ok());
+  REQUIRE(h.Join("b", 1).ok());
+  CHECK(h.fx.events.back() ==
+        "quorum_wait job=j quorum_id=1 reason=\"wait: 1 of 3 healthy groups asked, a majority "
+        "needs 2\"");
+  CHECK(h.Group("a")->state == "member");
+  CHECK(h.Group("b")->state == "waiting");
+  CHECK(h.Group("c")->state == "joining");
+  h.clock.Advance(Millis(1200));
+  CHECK(h.Group("c")->heartbeat_age == Millis(1200));
+  CHECK(h.Group("a")->in_quorum);
+  CHECK(!h.Group("c")->in_quorum);
+}
+
+TEST_CASE("NextDeadline: none without state, none after everyone left") {
+  Harness h;
+  CHECK(!h.core.NextDeadline().has_value());
+  h.Form({"a"});
+  CHECK(h.core.NextDeadline().has_value());
+  REQUIRE(h.Leave("a").ok());
+  CHECK(!h.core.NextDeadline().has_value());
+}
+
+TEST_CASE("hot path: an unchanged quorum of 16 groups issues well under 0.3 ms") {
+  Harness h;
+  std::vector<std::string> groups;
+  for (int i = 0; i < 16; ++i) groups.push_back(fmt::format("g{:02}", i));
+  h.Form(groups);
+  std::vector<double> last_ask_us;
+  for (uint32_t step = 1; step <= 200; ++step) {
+    for (size_t i = 0; i + 1 < groups.size(); ++i) REQUIRE(h.Join(groups[i], step).ok());
+    auto t0 = std::chrono::steady_clock::now();
+    REQUIRE(h.Join(groups.back(), step).ok());
+    auto t1 = std::chrono::steady_clock::now();
+    REQUIRE(h.fx.answers.size() == 16);
+    REQUIRE(h.fx.issued.at(0).quorum_id == 1);
+    last_ask_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  std::sort(last_ask_us.begin(), last_ask_us.end());
+  MESSAGE("unchanged quorum of 16, last ask to all answers: p50 " << last_ask_us[100] << " us");
+  CHECK(last_ask_us[100] < 300.0);
+}
+
+TEST_CASE("scale: 10 jobs x 1,000 groups, and one round of 1,024 groups") {
+  CoreOptions o;
+  o.answer_members_inline = false;  // what a shell serving 1,024 groups should use
+  Harness h(o);
+  for (int j = 0; j < 10; ++j) {
+    h.job = fmt::format("job{}", j);
+    for (int g = 0; g < 1000; ++g) REQUIRE(h.Beat(fmt::format("g{:04}", g)).ok());
+  }
+  CHECK(h.core.GroupCount() == 10'000);
+  h.job = "big";
+  std::vector<std::string> groups;
+  for (int g = 0; g < 1024; ++g) groups.push_back(fmt::format("g{:04}", g));
+  for (const std::string& g : groups) REQUIRE(h.Beat(g).ok());
+  auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i + 1 < groups.size(); ++i) REQUIRE(h.Join(groups[i], 0).ok());
+  auto t1 = std::chrono::steady_clock::now();
+  REQUIRE(h.Join(groups.back(), 0).ok());
+  auto t2 = std::chrono::steady_clock::now();
+  REQUIRE(h.fx.answers.size() == 1024);
+  CHECK(h.fx.answers[7].second.members.empty());
+  CHECK(h.fx.answers[7].second.members_shared->size() == 1024);
+  CHECK(h.fx.answers[7].second.members_shared == h.fx.answers[9].second.members_shared);
+  MESSAGE("1,024 groups: 1,023 asks " << std::chrono::duration<double, std::milli>(t1 - t0).count()
+                                      << " ms, last ask to all answers "
+                                      << std::chrono::duration<double, std::milli>(t2 - t1).count()
+                                      << " ms");
+  CHECK(std::chrono::duration<double, std::milli>(t2 - t1).count() < 20.0);
+}
+
+}  // namespace
+}  // namespace lk::lighthouse
