@@ -1,0 +1,95 @@
+// The cross-group communicator of one trainer slot. For each quorum_id, the members of a slot
+// (one trainer per replica group, ranked by replica_rank) rendezvous through the lighthouse KV
+// scoped to that quorum_id and build a communicator; a new quorum_id aborts the old one first.
+// Backends: Gloo over TCP on CPU buffers (always built) and NCCL on device buffers (built when
+// CUDA and NCCL are found). This header pulls in neither Gloo nor CUDA.
+//
+// Thread-safety: Reconfigure and AllReduce are called by one thread at a time (the trainer's);
+// Abort, AbortQuorum and the accessors may be called from any thread at any time, in particular
+// from the failure-notice callback while an AllReduce is blocked. A RendezvousStore must be safe
+// to call from the thread that calls Reconfigure.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace lk::comm {
+
+// Rendezvous scoped to one quorum_id: the lighthouse KV (PUT/GET /v1/kv/JOB/QUORUM_ID/KEY).
+class RendezvousStore {
+ public:
+  virtual ~RendezvousStore() = default;
+  virtual Status Put(uint32_t quorum_id, const std::string& key, const std::string& value) = 0;
+  // Waits up to `timeout` for the key; kDeadlineExceeded when it did not appear, kConflict when
+  // the quorum_id is superseded.
+  virtual Result<std::string> Get(uint32_t quorum_id, const std::string& key, Millis timeout) = 0;
+};
+
+enum class Backend { kGloo, kNccl };
+enum class DType { kFloat32, kBFloat16 };
+enum class ReduceOp { kSum, kAvg };
+
+std::string_view BackendName(Backend backend);
+bool ParseBackend(std::string_view name, Backend* out);
+size_t DTypeBytes(DType dtype);
+// True when this build has the backend (NCCL needs CUDA and NCCL at build time).
+bool BackendBuilt(Backend backend);
+
+struct CommOptions {
+  // The cross-group slot (usually the trainer's group_rank). Every KV key carries it, so the
+  // slots of one quorum rendezvous independently.
+  uint32_t slot = 0;
+  // Gloo: the address this member listens on and publishes to its peers.
+  std::string bind_host = "127.0.0.1";
+  // Reconfigure: the whole rendezvous + connect must finish within this, or the attempt is
+  // aborted with kDeadlineExceeded.
+  Millis init_timeout{30'000};
+  // AllReduce: one collective must finish within this, or it is aborted with kDeadlineExceeded.
+  Millis op_timeout{60'000};
+  // NCCL: the CUDA device of this trainer.
+  int device_index = 0;
+  // Gloo: the ring moves each chunk in segments of this size so that the reduction of one
+  // segment overlaps the transfer of the next.
+  size_t segment_bytes = 1 << 20;
+
+  Status Validate() const;
+};
+
+class CommManager {
+ public:
+  static Result<std::unique_ptr<CommManager>> Create(Backend backend, RendezvousStore* store,
+                                                     CommOptions options);
+  virtual ~CommManager() = default;
+
+  // On a new quorum_id: aborts the old communicator, rendezvous under `quorum_id` (keys carry
+  // the slot) and initialises the new one within init_timeout. Calling it again with the
+  // current quorum_id returns the outcome of the first call without doing anything; a
+  // communicator that failed or was aborted stays failed until a newer quorum_id. A quorum_id
+  // below the current one is kInvalidArgument (ids only go up).
+  virtual Status Reconfigure(uint32_t quorum_id, uint32_t replica_rank, uint32_t world_size) = 0;
+
+  // In-place allreduce of `count` elements at `data` (host memory for Gloo, device memory for
+  // NCCL). bfloat16 is summed in float32 and rounded once at the end (Gloo). Returns kAborted
+  // when Abort is called during it or a peer fails, kDeadlineExceeded past op_timeout; it never
+  // hangs. After an error the buffer's content is unspecified and the communicator is failed.
+  virtual Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op) = 0;
+
+  // Aborts the current communicator (or the one being initialised): a collective in flight
+  // returns kAborted at once, later ones too, until Reconfigure with a newer quorum_id.
+  virtual void Abort(const std::string& reason) = 0;
+  // Like Abort, but only when the communicator belongs to `quorum_id` or an older one, so that a
+  // late failure notice about an old quorum cannot abort its successor.
+  virtual void AbortQuorum(uint32_t quorum_id, const std::string& reason) = 0;
+
+  // The quorum_id of the last Reconfigure (0 before the first).
+  virtual uint32_t quorum_id() const = 0;
+  virtual Backend backend() const = 0;
+};
+
+}  // namespace lk::comm

@@ -1,0 +1,212 @@
+// Unit tests of the communicator's pure parts (bfloat16 rounding, the ring schedule), of the
+// file store, and of the Gloo backend in one process (threads as members) for quick checks.
+// The multi-process tests against the real lighthouse are in comm_test.cc.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <future>
+#include <limits>
+#include <thread>
+
+#include "replica_agent/comm/comm.h"
+#include "replica_agent/comm/reduce.h"
+#include "replica_agent/comm/rendezvous_store.h"
+#include "replica_agent/comm/test_support.h"
+
+namespace lk::comm {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST_CASE("bfloat16 rounds to nearest even and keeps NaN and infinities") {
+  CHECK(FloatToBf16(1.0f) == 0x3f80);
+  CHECK(Bf16ToFloat(0x3f80) == 1.0f);
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
+  CHECK(FloatToBf16(1.0f + std::ldexp(1.0f, -8)) == 0x3f80);
+  // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even): rounds up.
+  CHECK(FloatToBf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3f82);
+  CHECK(FloatToBf16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -12)) == 0x3f81);
+  CHECK(std::isnan(Bf16ToFloat(FloatToBf16(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK(std::isinf(Bf16ToFloat(FloatToBf16(std::numeric_limits<float>::infinity()))));
+  CHECK(Bf16ToFloat(FloatToBf16(-2.5f)) == -2.5f);
+}
+
+TEST_CASE("ring chunks cover every element once, sizes differ by at most one") {
+  for (size_t count : {0, 1, 5, 7, 64, 1001}) {
+    for (size_t parts : {1, 2, 3, 4, 8}) {
+      size_t next = 0, smallest = count, largest = 0;
+      for (size_t i = 0; i < parts; ++i) {
+        Chunk c = RingChunk(count, parts, i);
+        CHECK(c.begin == next);
+        next += c.size;
+        smallest = std::min(smallest, c.size);
+        largest = std::max(largest, c.size);
+      }
+      CHECK(next == count);
+      CHECK(largest - smallest <= 1);
+    }
+  }
+}
+
+// Runs the ring schedule on in-memory members: what each sends at a step is what its right
+// neighbour receives, so the schedule alone must produce the full sum everywhere.
+TEST_CASE("the ring schedule yields the full sum on every member") {
+  for (size_t world : {2, 3, 4, 5, 8}) {
+    const size_t count = 23;
+    std::vector<std::vector<float>> data(world, std::vector<float>(count));
+    for (size_t r = 0; r < world; ++r) {
+      for (size_t i = 0; i < count; ++i) data[r][i] = static_cast<float>((r + 1) * 100 + i);
+    }
+    for (size_t step = 0; step + 1 < world; ++step) {
+      auto before = data;
+      for (size_t r = 0; r < world; ++r) {
+        size_t left = (r + world - 1) % world;
+        size_t c = ReduceScatterRecvChunk(r, world, step);
+        REQUIRE(c == ReduceScatterSendChunk(left, world, step));
+        Chunk ch = RingChunk(count, world, c);
+        AddInto(data[r].data() + ch.begin, before[left].data() + ch.begin, ch.size);
+      }
+    }
+    for (size_t step = 0; step + 1 < world; ++step) {
+      auto before = data;
+      for (size_t r = 0; r < world; ++r) {
+        size_t left = (r + world - 1) % world;
+        size_t c = AllGatherRecvChunk(r, world, step);
+        REQUIRE(c == AllGatherSendChunk(left, world, step));
+        Chunk ch = RingChunk(count, world, c);
+        std::copy_n(before[left].data() + ch.begin, ch.size, data[r].data() + ch.begin);
+      }
+    }
+    for (size_t r = 0; r < world; ++r) {
+      for (size_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (size_t k = 0; k < world; ++k) want += static_cast<float>((k + 1) * 100 + i);
+        REQUIRE(data[r][i] == want);
+      }
+    }
+  }
+}
+
+TEST_CASE("options: bad values are refused with the field named") {
+  CommOptions o;
+  CHECK(o.Validate().ok());
+  o.op_timeout = Millis(0);
+  CHECK(o.Validate().message().find("op_timeout") != std::string::npos);
+  o = CommOptions();
+  o.bind_host = "";
+  CHECK(!o.Validate().ok());
+  FileRendezvousStore store(testing::TempDir("opts"));
+  CHECK(!CommManager::Create(Backend::kGloo, nullptr, CommOptions()).ok());
+  o = CommOptions();
+  o.segment_bytes = 1;
+  CHECK(CommManager::Create(Backend::kGloo, &store, o).status().code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("file store: a Get waits for the Put; a missing key times out") {
+  FileRendezvousStore store(testing::TempDir("filestore"));
+  auto getter = std::async(std::launch::async, [&] { return store.Get(3, "a/b", 5000ms); });
+  std::this_thread::sleep_for(50ms);
+  REQUIRE(store.Put(3, "a/b", std::string("x\0y", 3)).ok());
+  auto got = getter.get();
+  REQUIRE(got.ok());
+  CHECK(*got == std::string("x\0y", 3));
+  CHECK(store.Get(4, "a/b", 20ms).status().code() == Code::kDeadlineExceeded);
+}
+
+// Members as threads of this process, rendezvousing through a file store.
+struct LocalRing {
+  FileRendezvousStore store{testing::TempDir("ring")};
+  std::vector<std::unique_ptr<CommManager>> members;
+  explicit LocalRing(size_t world, Millis op_timeout = Millis(20'000)) {
+    for (size_t r = 0; r < world; ++r) {
+      CommOptions o;
+      o.op_timeout = op_timeout;
+      o.init_timeout = Millis(10'000);
+      auto c = CommManager::Create(Backend::kGloo, &store, o);
+      REQUIRE(c.ok());
+      members.push_back(std::move(*c));
+    }
+  }
+  std::vector<Status> Reconfigure(uint32_t q) {
+    std::vector<std::future<Status>> fs;
+    for (size_t r = 0; r < members.size(); ++r) {
+      fs.push_back(std::async(std::launch::async, [this, q, r] {
+        return members[r]->Reconfigure(q, static_cast<uint32_t>(r),
+                                       static_cast<uint32_t>(members.size()));
+      }));
+    }
+    std::vector<Status> out;
+    for (auto& f : fs) out.push_back(f.get());
+    return out;
+  }
+};
+
+TEST_CASE("gloo in one process: sum and avg of float32 and bfloat16, repeated") {
+  LocalRing ring(3);
+  for (const Status& st : ring.Reconfigure(1)) REQUIRE(st.ok());
+  const size_t count = 1000;
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+    std::vector<std::future<std::vector<float>>> fs;
+    for (size_t r = 0; r < 3; ++r) {
+      fs.push_back(std::async(std::launch::async, [&, r] {
+        std::vector<float> v(count, static_cast<float>(r + 1));
+        std::vector<uint16_t> b(count, FloatToBf16(static_cast<float>(r + 1) * 0.5f));
+        Status st = ring.members[r]->AllReduce(v.data(), count, DType::kFloat32, op);
+        REQUIRE(st.ok());
+        st = ring.members[r]->AllReduce(b.data(), count, DType::kBFloat16, op);
+        REQUIRE(st.ok());
+        v.push_back(Bf16ToFloat(b[count - 1]));
+        return v;
+      }));
+    }
+    for (auto& f : fs) {
+      auto v = f.get();
+      CHECK(v[0] == (op == ReduceOp::kSum ? 6.0f : 2.0f));
+      CHECK(v[count - 1] == (op == ReduceOp::kSum ? 6.0f : 2.0f));
+      CHECK(v[count] == (op == ReduceOp::kSum ? 3.0f : 1.0f));
+    }
+  }
+  CHECK(ring.members[0]->quorum_id() == 1);
+  // Same quorum again: nothing to do, and still usable.
+  for (const Status& st : ring.Reconfigure(1)) CHECK(st.ok());
+}
+
+TEST_CASE("gloo in one process: Abort wakes a blocked allreduce; the peer fails too") {
+  LocalRing ring(2);
+  for (const Status& st : ring.Reconfigure(7)) REQUIRE(st.ok());
+  std::vector<float> v(1 << 16, 1.0f);
+  // Member 1 never joins the collective, so member 0 blocks until the notice.
+  auto start = std::chrono::steady_clock::now();
+  std::thread notice([&] {
+    std::this_thread::sleep_for(200ms);
+    ring.members[0]->Abort("failure notice");
+  });
+  Status st = ring.members[0]->AllReduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum);
+  auto waited = std::chrono::steady_clock::now() - start;
+  notice.join();
+  CHECK(st.code() == Code::kAborted);
+  CHECK(st.message().find("failure notice") != std::string::npos);
+  CHECK(waited < 10s);  // the op timeout is 20 s: only a hang gets here
+  // Later calls answer at once with the same status, until a newer quorum.
+  CHECK(ring.members[0]->AllReduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum).code() ==
+        Code::kAborted);
+  CHECK(ring.members[0]->Reconfigure(7, 0, 2).code() == Code::kAborted);
+  // Member 0 reset its connection, so member 1's collective fails instead of waiting.
+  Status peer = ring.members[1]->AllReduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum);
+  CHECK(peer.code() == Code::kAborted);
+  for (const Status& s : ring.Reconfigure(8)) CHECK(s.ok());
+  CHECK(ring.members[1]->Reconfigure(6, 1, 2).code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("gloo in one process: a collective past op_timeout is DeadlineExceeded") {
+  LocalRing ring(2, Millis(300));
+  for (const Status& st : ring.Reconfigure(1)) REQUIRE(st.ok());
+  std::vector<float> v(16, 1.0f);
+  auto start = std::chrono::steady_clock::now();
+  Status st = ring.members[0]->AllReduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum);
+  CHECK(st.code() == Code::kDeadlineExceeded);
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+}
+
+}  // namespace
+}  // namespace lk::comm

@@ -1,0 +1,419 @@
+// The Gloo backend: a ring allreduce written on Gloo's TCP transport (pairs and unbound buffers),
+// so that this file owns every wait and can cut it short.
+//
+// How a blocked collective ends at once:
+//  - Abort() (any thread) calls abortWaitRecv/abortWaitSend on the unbound buffers in flight,
+//    which wakes the waiting trainer thread, and closes every pair with SO_LINGER 0, so the
+//    kernel resets the connections and the peers' own waits fail at once too.
+//  - A peer that dies (kill -9, socket closed) makes the kernel close its sockets; Gloo's device
+//    loop reads EOF/RST and fails the waits posted on that pair. The member that notices closes
+//    all its pairs, so the failure travels around the ring in one hop per member instead of
+//    waiting for a timeout.
+//  - A watchdog thread fails the communicator the same way when the init or op deadline passes,
+//    so no Gloo-internal wait is ever the last line of defence.
+#include <signal.h>
+
+#include <gloo/transport/context.h>
+#include <gloo/transport/pair.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "common/log.h"
+#include "replica_agent/comm/backends.h"
+#include "replica_agent/comm/reduce.h"
+
+namespace lk::comm {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+using GlooContext = gloo::transport::Context;
+using GlooBuffer = gloo::transport::UnboundBuffer;
+
+std::string AddressKey(uint32_t slot, uint32_t rank) {
+  return fmt::format("gloo/slot{}/rank{}", slot, rank);
+}
+
+// The value a member publishes: for each neighbour, its rank and the address of the pair that
+// waits for it. Layout: repeated {u32 peer_rank, u32 length, bytes}.
+std::string EncodeAddresses(const std::vector<std::pair<uint32_t, std::vector<char>>>& pairs) {
+  std::string out;
+  for (const auto& [peer, bytes] : pairs) {
+    uint32_t header[2] = {peer, static_cast<uint32_t>(bytes.size())};
+    out.append(reinterpret_cast<const char*>(header), sizeof(header));
+    out.append(bytes.data(), bytes.size());
+  }
+  return out;
+}
+
+Result<std::vector<char>> FindAddress(const std::string& value, uint32_t for_rank) {
+  size_t pos = 0;
+  while (pos + 8 <= value.size()) {
+    uint32_t header[2];
+    std::memcpy(header, value.data() + pos, sizeof(header));
+    pos += sizeof(header);
+    if (header[1] > value.size() - pos) break;
+    if (header[0] == for_rank) {
+      return std::vector<char>(value.begin() + pos, value.begin() + pos + header[1]);
+    }
+    pos += header[1];
+  }
+  return Error(Code::kDataLoss, "no address for rank {} in the rendezvous value", for_rank);
+}
+
+// Trainers must not die of SIGPIPE when a peer resets a connection that Gloo then writes to;
+// a handler the application installed itself is left alone.
+void IgnoreSigpipeUnlessHandled() {
+  struct sigaction old {};
+  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+class GlooCommManager final : public CommManager {
+ public:
+  GlooCommManager(RendezvousStore* store, CommOptions options,
+                  std::shared_ptr<gloo::transport::Device> device)
+      : store_(store), options_(std::move(options)), device_(std::move(device)) {
+    watchdog_ = std::thread([this] { WatchdogLoop(); });
+  }
+
+  ~GlooCommManager() override {
+    {
+      std::lock_guard lock(mu_);
+      FailLocked(Error(Code::kAborted, "communicator shut down"));
+      stop_ = true;
+      cv_.notify_all();
+    }
+    watchdog_.join();
+    ctx_.reset();
+    device_.reset();
+  }
+
+  Status Reconfigure(uint32_t quorum_id, uint32_t replica_rank, uint32_t world_size) override;
+  Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op) override;
+
+  void Abort(const std::string& reason) override {
+    std::lock_guard lock(mu_);
+    if (phase_ == Phase::kNone) return;
+    FailLocked(Error(Code::kAborted, "aborted: {}", reason));
+  }
+
+  void AbortQuorum(uint32_t quorum_id, const std::string& reason) override {
+    std::lock_guard lock(mu_);
+    if (phase_ == Phase::kNone || quorum_id_.load() > quorum_id) return;
+    FailLocked(Error(Code::kAborted, "aborted: {}", reason));
+  }
+
+  uint32_t quorum_id() const override { return quorum_id_.load(); }
+  Backend backend() const override { return Backend::kGloo; }
+
+ private:
+  enum class Phase { kNone, kInitializing, kReady, kFailed };
+
+  Status Connect(std::shared_ptr<GlooContext> ctx, uint32_t quorum_id, uint32_t rank,
+                 uint32_t world, TimePoint deadline);
+  Status Ring(GlooContext& ctx, float* data, size_t count, size_t rank, size_t world);
+  Status WaitRecv(GlooBuffer& buf);
+  Status WaitSend(GlooBuffer& buf);
+  Status Interrupted() {
+    std::lock_guard lock(mu_);
+    return phase_ == Phase::kFailed ? status_ : Status::Ok();
+  }
+
+  // First failure wins: wakes every wait in flight and resets every connection.
+  void FailLocked(Status status);
+  void ArmLocked(Millis timeout, const char* what) {
+    deadline_ = SteadyClock::now() + timeout;
+    deadline_what_ = what;
+    deadline_ms_ = timeout.count();
+    armed_ = true;
+    cv_.notify_all();
+  }
+  void WatchdogLoop();
+
+  RendezvousStore* const store_;
+  const CommOptions options_;
+  std::shared_ptr<gloo::transport::Device> device_;  // one TCP event loop for all quorums
+  std::thread watchdog_;
+
+  // Trainer-thread state (Reconfigure and AllReduce are not called concurrently).
+  uint64_t op_seq_ = 0;  // numbers collectives within a quorum so that every one has own slots
+  std::vector<float> scratch_;
+  std::vector<float> widened_;
+
+  std::atomic<uint32_t> quorum_id_{0};
+  mutable std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;
+  Phase phase_ = Phase::kNone;
+  Status status_;  // why the communicator failed, when phase_ == kFailed
+  std::shared_ptr<GlooContext> ctx_;
+  uint32_t rank_ = 0;
+  uint32_t world_ = 0;
+  std::vector<GlooBuffer*> inflight_;  // buffers a collective waits on right now
+  bool armed_ = false;
+  TimePoint deadline_;
+  const char* deadline_what_ = "";
+  int64_t deadline_ms_ = 0;
+  bool stop_ = false;
+};
+
+void GlooCommManager::FailLocked(Status status) {
+  if (phase_ == Phase::kFailed || phase_ == Phase::kNone) return;
+  LK_LOG_WARN("comm_failed backend=gloo slot={} quorum_id={} rank={} world={} code={} reason={}",
+              options_.slot, quorum_id_.load(), rank_, world_, CodeName(status.code()),
+              Q(status.message()));
+  phase_ = Phase::kFailed;
+  status_ = std::move(status);
+  armed_ = false;
+  for (GlooBuffer* b : inflight_) {
+    b->abortWaitRecv();
+    b->abortWaitSend();
+  }
+  if (ctx_) {
+    for (uint32_t i = 0; i < world_; ++i) {
+      if (i == rank_) continue;
+      auto& pair = ctx_->getPair(static_cast<int>(i));
+      if (pair) pair->close();
+    }
+  }
+  cv_.notify_all();
+}
+
+void GlooCommManager::WatchdogLoop() {
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    if (!armed_) {
+      cv_.wait(lock);
+    } else if (SteadyClock::now() >= deadline_) {
+      armed_ = false;
+      FailLocked(Error(Code::kDeadlineExceeded, "{} did not finish within {} ms", deadline_what_,
+                       deadline_ms_));
+    } else {
+      cv_.wait_until(lock, deadline_);
+    }
+  }
+}
+
+Status GlooCommManager::Reconfigure(uint32_t quorum_id, uint32_t replica_rank,
+                                    uint32_t world_size) {
+  if (world_size == 0 || replica_rank >= world_size) {
+    return InvalidArgument("replica_rank {} out of world_size {}", replica_rank, world_size);
+  }
+  auto start = SteadyClock::now();
+  std::shared_ptr<GlooContext> old;
+  {
+    std::lock_guard lock(mu_);
+    uint32_t current = quorum_id_.load();
+    if (phase_ != Phase::kNone && quorum_id == current) {
+      return phase_ == Phase::kFailed ? status_ : Status::Ok();
+    }
+    if (phase_ != Phase::kNone && quorum_id < current) {
+      return InvalidArgument("quorum_id {} is older than the current {}", quorum_id, current);
+    }
+    FailLocked(Error(Code::kAborted, "superseded by quorum {}", quorum_id));
+    old = std::move(ctx_);
+    phase_ = Phase::kInitializing;
+    status_ = Status::Ok();
+    rank_ = replica_rank;
+    world_ = world_size;
+    quorum_id_ = quorum_id;
+    op_seq_ = 0;
+    ArmLocked(options_.init_timeout, "communicator init");
+  }
+  old.reset();  // its pairs are closed; this frees their sockets
+
+  Status st;
+  if (world_size > 1) {
+    try {
+      auto ctx = device_->createContext(static_cast<int>(replica_rank),
+                                        static_cast<int>(world_size));
+      ctx->setTimeout(options_.init_timeout);
+      st = Connect(std::move(ctx), quorum_id, replica_rank, world_size,
+                   start + options_.init_timeout);
+    } catch (const std::exception& e) {
+      st = Error(Code::kUnavailable, "gloo: {}", e.what());
+    }
+  }
+  std::lock_guard lock(mu_);
+  armed_ = false;
+  if (!st.ok()) FailLocked(st);
+  if (phase_ == Phase::kFailed) return status_;
+  phase_ = Phase::kReady;
+  LK_LOG_INFO("comm_ready backend=gloo slot={} quorum_id={} rank={} world={} init_ms={}",
+              options_.slot, quorum_id, replica_rank, world_size,
+              ToMillis(SteadyClock::now() - start));
+  return Status::Ok();
+}
+
+Status GlooCommManager::Connect(std::shared_ptr<GlooContext> ctx, uint32_t quorum_id,
+                                uint32_t rank, uint32_t world, TimePoint deadline) {
+  // The ring only talks to its two neighbours, so only those pairs exist.
+  std::set<uint32_t> peers = {(rank + world - 1) % world, (rank + 1) % world};
+  std::vector<std::pair<uint32_t, std::vector<char>>> mine;
+  {
+    std::lock_guard lock(mu_);
+    if (phase_ == Phase::kFailed) return status_;
+    ctx_ = ctx;  // from here on Abort and the watchdog can close its pairs
+    for (uint32_t p : peers) {
+      auto& pair = ctx->createPair(static_cast<int>(p));
+      mine.emplace_back(p, pair->address().bytes());
+    }
+  }
+  LK_RETURN_IF_ERROR(store_->Put(quorum_id, AddressKey(options_.slot, rank), EncodeAddresses(mine)));
+  // Ascending peer order on every member is consistent with one global order of the edges,
+  // so the blocking connects cannot wait on each other in a cycle.
+  for (uint32_t p : peers) {
+    LK_ASSIGN_OR_RETURN(std::string value,
+                        WaitForKey(store_, quorum_id, AddressKey(options_.slot, p), deadline,
+                                   [this] { return Interrupted(); }));
+    LK_ASSIGN_OR_RETURN(std::vector<char> address, FindAddress(value, rank));
+    LK_RETURN_IF_ERROR(Interrupted());
+    ctx->getPair(static_cast<int>(p))->connect(address);
+  }
+  return Interrupted();
+}
+
+Status GlooCommManager::AllReduce(void* data, size_t count, DType dtype, ReduceOp op) {
+  std::shared_ptr<GlooContext> ctx;
+  size_t rank = 0;
+  size_t world = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (phase_ == Phase::kNone) {
+      return Error(Code::kUnavailable, "no communicator: call Reconfigure first");
+    }
+    if (phase_ == Phase::kFailed) return status_;
+    ctx = ctx_;
+    rank = rank_;
+    world = world_;
+    if (world > 1 && count > 0) ArmLocked(options_.op_timeout, "allreduce");
+  }
+  float* values = static_cast<float*>(data);
+  if (dtype == DType::kBFloat16) {
+    widened_.resize(count);
+    WidenBf16(static_cast<const uint16_t*>(data), widened_.data(), count);
+    values = widened_.data();
+  }
+  Status st;
+  if (world > 1 && count > 0) {
+    try {
+      st = Ring(*ctx, values, count, rank, world);
+    } catch (const std::exception& e) {
+      st = Error(Code::kAborted, "peer failure: {}", e.what());
+    }
+    std::lock_guard lock(mu_);
+    armed_ = false;
+    if (!st.ok()) FailLocked(st);
+    if (phase_ == Phase::kFailed) return status_;
+  }
+  if (op == ReduceOp::kAvg) Divide(values, count, static_cast<float>(world));
+  if (dtype == DType::kBFloat16) NarrowToBf16(values, static_cast<uint16_t*>(data), count);
+  return Status::Ok();
+}
+
+Status GlooCommManager::WaitRecv(GlooBuffer& buf) {
+  // The watchdog aborts the wait at the op deadline; Gloo's own timeout is only a backstop.
+  if (!buf.waitRecv(nullptr, options_.op_timeout + Millis(5'000))) {
+    return Error(Code::kAborted, "recv aborted");
+  }
+  return Status::Ok();
+}
+
+Status GlooCommManager::WaitSend(GlooBuffer& buf) {
+  if (!buf.waitSend(nullptr, options_.op_timeout + Millis(5'000))) {
+    return Error(Code::kAborted, "send aborted");
+  }
+  return Status::Ok();
+}
+
+// Ring allreduce: world-1 reduce-scatter steps, then world-1 allgather steps. Each step sends
+// one chunk to the right neighbour and receives one from the left, in segments, reducing each
+// received segment while the next is still on the wire.
+Status GlooCommManager::Ring(GlooContext& ctx, float* data, size_t count, size_t rank,
+                             size_t world) {
+  const size_t seg = std::max<size_t>(1, options_.segment_bytes / sizeof(float));
+  const size_t max_chunk = RingChunk(count, world, 0).size;
+  if (scratch_.size() < max_chunk) scratch_.resize(max_chunk);
+  const int left = static_cast<int>((rank + world - 1) % world);
+  const int right = static_cast<int>((rank + 1) % world);
+  auto dbuf = ctx.createUnboundBuffer(data, count * sizeof(float));
+  auto sbuf = ctx.createUnboundBuffer(scratch_.data(), max_chunk * sizeof(float));
+  {
+    std::lock_guard lock(mu_);
+    if (phase_ == Phase::kFailed) return status_;
+    inflight_ = {dbuf.get(), sbuf.get()};
+  }
+  // Declared after the buffers, so it runs first: Abort must never touch a freed buffer.
+  struct Unregister {
+    GlooCommManager* self;
+    ~Unregister() {
+      std::lock_guard lock(self->mu_);
+      self->inflight_.clear();
+    }
+  } unregister{this};
+
+  const uint64_t slot_base = (++op_seq_) * 2 * world;
+  auto segments = [seg](size_t n) { return (n + seg - 1) / seg; };
+  auto seg_len = [seg](size_t n, size_t k) { return std::min(seg, n - k * seg); };
+  for (size_t step = 0; step + 1 < world; ++step) {
+    const uint64_t slot = slot_base + step;
+    Chunk out = RingChunk(count, world, ReduceScatterSendChunk(rank, world, step));
+    Chunk in = RingChunk(count, world, ReduceScatterRecvChunk(rank, world, step));
+    for (size_t k = 0; k < segments(in.size); ++k) {
+      sbuf->recv(left, slot, k * seg * sizeof(float), seg_len(in.size, k) * sizeof(float));
+    }
+    for (size_t k = 0; k < segments(out.size); ++k) {
+      dbuf->send(right, slot, (out.begin + k * seg) * sizeof(float),
+                 seg_len(out.size, k) * sizeof(float));
+    }
+    for (size_t k = 0; k < segments(in.size); ++k) {
+      LK_RETURN_IF_ERROR(WaitRecv(*sbuf));
+      AddInto(data + in.begin + k * seg, scratch_.data() + k * seg, seg_len(in.size, k));
+    }
+    for (size_t k = 0; k < segments(out.size); ++k) LK_RETURN_IF_ERROR(WaitSend(*dbuf));
+  }
+  for (size_t step = 0; step + 1 < world; ++step) {
+    const uint64_t slot = slot_base + world + step;
+    Chunk out = RingChunk(count, world, AllGatherSendChunk(rank, world, step));
+    Chunk in = RingChunk(count, world, AllGatherRecvChunk(rank, world, step));
+    for (size_t k = 0; k < segments(in.size); ++k) {
+      dbuf->recv(left, slot, (in.begin + k * seg) * sizeof(float),
+                 seg_len(in.size, k) * sizeof(float));
+    }
+    for (size_t k = 0; k < segments(out.size); ++k) {
+      dbuf->send(right, slot, (out.begin + k * seg) * sizeof(float),
+                 seg_len(out.size, k) * sizeof(float));
+    }
+    for (size_t k = 0; k < segments(in.size); ++k) LK_RETURN_IF_ERROR(WaitRecv(*dbuf));
+    for (size_t k = 0; k < segments(out.size); ++k) LK_RETURN_IF_ERROR(WaitSend(*dbuf));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CommManager>> CreateGlooCommManager(RendezvousStore* store,
+                                                           CommOptions options) {
+  IgnoreSigpipeUnlessHandled();
+  std::shared_ptr<gloo::transport::Device> device;
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.bind_host;
+    device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    return Error(Code::kUnavailable, "gloo device on {}: {}", options.bind_host, e.what());
+  }
+  return std::unique_ptr<CommManager>(
+      std::make_unique<GlooCommManager>(store, std::move(options), std::move(device)));
+}
+
+}  // namespace lk::comm

@@ -1,0 +1,60 @@
+// Pure helpers of the CPU allreduce: bfloat16 <-> float32 conversion, the ring's chunk plan and
+// the element-wise reductions. No I/O, no threads.
+// Thread-safety: pure functions.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+
+namespace lk::comm {
+
+inline float Bf16ToFloat(uint16_t b) { return std::bit_cast<float>(uint32_t{b} << 16); }
+
+// Rounds to nearest, ties to even, as PyTorch does; NaN stays a (quiet) NaN.
+inline uint16_t FloatToBf16(float f) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+void WidenBf16(const uint16_t* in, float* out, size_t count);
+void NarrowToBf16(const float* in, uint16_t* out, size_t count);
+void AddInto(float* acc, const float* in, size_t count);
+// Divides rather than multiplying by the reciprocal, so that an average is exactly sum / n.
+void Divide(float* data, size_t count, float divisor);
+
+// The ring splits `count` elements into `parts` contiguous chunks whose sizes differ by at most
+// one; chunk `index` is [begin, begin + size).
+struct Chunk {
+  size_t begin = 0;
+  size_t size = 0;
+};
+inline Chunk RingChunk(size_t count, size_t parts, size_t index) {
+  size_t base = count / parts;
+  size_t rem = count % parts;
+  size_t begin = index * base + (index < rem ? index : rem);
+  return {begin, base + (index < rem ? 1 : 0)};
+}
+
+// Which chunk a member sends and receives at `step` of the reduce-scatter phase (steps
+// 0..world-2); the allgather phase is the same ring shifted by one.
+inline size_t Mod(int64_t v, size_t n) {
+  int64_t m = v % static_cast<int64_t>(n);
+  return static_cast<size_t>(m < 0 ? m + static_cast<int64_t>(n) : m);
+}
+inline size_t ReduceScatterSendChunk(size_t rank, size_t world, size_t step) {
+  return Mod(static_cast<int64_t>(rank) - static_cast<int64_t>(step), world);
+}
+inline size_t ReduceScatterRecvChunk(size_t rank, size_t world, size_t step) {
+  return Mod(static_cast<int64_t>(rank) - static_cast<int64_t>(step) - 1, world);
+}
+inline size_t AllGatherSendChunk(size_t rank, size_t world, size_t step) {
+  return Mod(static_cast<int64_t>(rank) + 1 - static_cast<int64_t>(step), world);
+}
+inline size_t AllGatherRecvChunk(size_t rank, size_t world, size_t step) {
+  return Mod(static_cast<int64_t>(rank) - static_cast<int64_t>(step), world);
+}
+
+}  // namespace lk::comm
