@@ -325,7 +325,7 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
 
   // Checks that `quorum_id` is a live rendezvous epoch of `job`.
   Status CheckEpoch(const std::string& job, uint32_t quorum_id) const {
-    auto w = core.Watch(job, quorum_id);
+    auto w = core.Watch(job, 0);
     if (!w.ok()) return w.status();
     uint32_t current = w->quorum_id;
     if (quorum_id > current) {

@@ -1,0 +1,363 @@
+#include "replica_agent/agent.h"
+
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+#include <random>
+
+#include "common/flags.h"
+#include "replica_agent/agent_impl.h"
+
+namespace lk::agent {
+
+namespace {
+
+std::string RandomHex(int n) {
+  static thread_local std::mt19937_64 rng(std::random_device{}() ^
+                                          static_cast<uint64_t>(getpid()) << 32);
+  std::string out;
+  for (int i = 0; i < n; ++i) out += "0123456789abcdef"[rng() % 16];
+  return out;
+}
+
+}  // namespace
+
+std::string MakeIncarnation(uint32_t nodes) {
+  const char* job = std::getenv("SLURM_JOB_ID");
+  if (job != nullptr && *job != '\0') {
+    const char* restarts = std::getenv("SLURM_RESTART_COUNT");
+    // Every node of one Slurm job life computes the same id; a requeue changes it.
+    return fmt::format("slurm-{}-r{}", job, restarts && *restarts ? restarts : "0");
+  }
+  (void)nodes;
+  char host[64] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::string h = host;
+  for (char& c : h) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') c = '-';
+  }
+  return fmt::format("{}-{}-{}", h.substr(0, 32), getpid(), RandomHex(6));
+}
+
+Agent::Agent(AgentOptions options) : impl_(std::make_shared<Impl>(std::move(options))) {}
+Agent::~Agent() = default;
+Status Agent::Start() { return impl_->Start(); }
+int Agent::Run() { return impl_->Run(); }
+void Agent::Drain(const std::string& reason) { impl_->Drain(reason); }
+const std::string& Agent::incarnation() const { return impl_->options.incarnation; }
+
+std::unique_ptr<http::Client> Agent::Impl::LighthouseClient() {
+  http::ClientOptions o;
+  o.token = token;
+  auto c = http::Client::Create(options.lighthouse, o);
+  LK_CHECK(c.ok()) << c.status().ToString();  // the URL was validated at start
+  return std::move(*c);
+}
+
+Millis Agent::Impl::Backoff(int attempt) {
+  // Capped exponential backoff with full jitter, so that many agents that lost the lighthouse
+  // at once do not come back in lockstep.
+  static thread_local std::mt19937 rng(std::random_device{}());
+  int64_t cap = std::min<int64_t>(options.backoff_max.count(), int64_t{50} << std::min(attempt, 10));
+  return Millis(std::uniform_int_distribution<int64_t>(cap / 2, cap)(rng));
+}
+
+Status Agent::Impl::Start() {
+  if (!options.token_file.empty()) {
+    LK_ASSIGN_OR_RETURN(token, ReadTokenFile(options.token_file));
+  }
+  LK_RETURN_IF_ERROR(http::Client::Create(options.lighthouse).status());
+  socket_server = std::make_unique<http::Server>(
+      ioc, http::ServerOptions{}, [self = shared_from_this()](http::Request&& r, http::Responder w) {
+        self->Route(std::move(r), std::move(w));
+      });
+  LK_RETURN_IF_ERROR(socket_server->Listen("unix:" + options.socket));
+  if (!options.serve.empty()) {
+    peer_server = std::make_unique<http::Server>(
+        ioc, http::ServerOptions{},
+        [self = shared_from_this()](http::Request&& r, http::Responder w) {
+          self->Route(std::move(r), std::move(w));
+        });
+    LK_RETURN_IF_ERROR(peer_server->Listen(options.serve));
+    if (options.advertise.empty()) options.advertise = peer_server->LocalAddress();
+  }
+  LK_LOG_INFO("agent_listening socket={} serve={} advertise={} incarnation={}", options.socket,
+              peer_server ? peer_server->LocalAddress() : "", options.advertise,
+              options.incarnation);
+  auto self = shared_from_this();
+  threads.emplace_back([self] { self->HeartbeatLoop(); });
+  threads.emplace_back([self] { self->QuorumLoop(); });
+  threads.emplace_back([self] { self->WatchLoop(); });
+  threads.emplace_back([self] { self->CommitLoop(); });
+  return Status::Ok();
+}
+
+int Agent::Impl::Run() {
+  ioc.run();
+  // The lighthouse threads may sit in a long-poll; the process ends without waiting for them.
+  for (auto& t : threads) t.detach();
+  return exit_code.load() < 0 ? 0 : exit_code.load();
+}
+
+void Agent::Impl::HeartbeatLoop() {
+  auto client = LighthouseClient();
+  int failures = 0;
+  while (!stopping) {
+    pb::HeartbeatRequest hb;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      hb.set_step(committed_step);
+      hb.set_phase(phase);
+    }
+    hb.set_job(options.job);
+    hb.set_group_id(options.group_id);
+    hb.set_incarnation(options.incarnation);
+    hb.set_node_rank(options.node_rank);
+    hb.set_nodes(options.nodes);
+    hb.set_address(options.advertise);
+    pb::HeartbeatResponse resp;
+    Status st = client->Call("POST", "/v1/heartbeat", hb, &resp, Millis(5000));
+    Millis wait = options.heartbeat_interval;
+    if (st.ok()) {
+      if (failures > 0) LK_LOG_INFO("lighthouse_reachable after_failures={}", failures);
+      failures = 0;
+      bool evicted = false;
+      for (const auto& n : resp.notices()) {
+        evicted |= n.group_id() == options.group_id && n.incarnation() == options.incarnation;
+      }
+      if (evicted) {
+        Fail("evicted");
+        return;
+      }
+      if (resp.drain()) {
+        Drain("drained");
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (resp.round_pending() && !round_pending) {
+        round_pending = true;
+        LK_LOG_INFO("round_pending quorum_id={}", resp.quorum_id());
+      }
+    } else if (st.code() == Code::kConflict) {
+      // A newer incarnation of this group exists: this life is over.
+      Fail("replaced: " + st.message());
+      return;
+    } else {
+      if (failures++ == 0) LK_LOG_WARN("heartbeat_failed error={}", Q(st.ToString()));
+      wait = std::min(wait, Backoff(failures));
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, wait, [&] { return stopping.load(); });
+  }
+}
+
+void Agent::Impl::QuorumLoop() {
+  auto client = LighthouseClient();
+  int failures = 0;
+  while (!stopping) {
+    uint32_t step;
+    bool fresh;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return stopping.load() || (ask_needed && !draining); });
+      if (stopping) return;
+      step = ask_step;
+      fresh = !had_state && step == 0;
+      phase = "quorum";
+    }
+    pb::QuorumRequest q;
+    q.set_job(options.job);
+    q.set_group_id(options.group_id);
+    q.set_incarnation(options.incarnation);
+    q.set_node_rank(options.node_rank);
+    q.set_nodes(options.nodes);
+    q.set_step(step);
+    q.set_timeout_ms(static_cast<uint32_t>(options.quorum_timeout.count()));
+    q.set_address(options.advertise);
+    q.set_fresh(fresh);
+    pb::QuorumResponse resp;
+    Status st = client->Call("POST", "/v1/quorum", q, &resp, options.quorum_timeout + Millis(5000));
+    if (st.ok()) {
+      failures = 0;
+      std::lock_guard<std::mutex> lock(mu);
+      bool changed = !quorum || quorum->quorum_id() != resp.quorum_id();
+      if (changed) {
+        LK_LOG_INFO("quorum quorum_id={} replica_rank={} world_size={} heal={} max_step={} reason={}",
+                    resp.quorum_id(), resp.replica_rank(), resp.replica_world_size(), resp.heal(),
+                    resp.max_step(), Q(resp.reason()));
+      }
+      quorum = resp;
+      round_pending = false;
+      ask_needed = false;
+      phase = "training";
+      AnswerPollsLocked(true);
+      cv.notify_all();  // the watch thread follows the new quorum
+      continue;
+    }
+    if (st.code() == Code::kDeadlineExceeded) continue;  // the round is still open: ask again
+    if (st.code() == Code::kConflict && st.message().find("stale") != std::string::npos) {
+      Fail("replaced: " + st.message());
+      return;
+    }
+    if (failures++ == 0) LK_LOG_WARN("quorum_failed error={}", Q(st.ToString()));
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, Backoff(failures), [&] { return stopping.load(); });
+  }
+}
+
+void Agent::Impl::WatchLoop() {
+  auto client = LighthouseClient();
+  int failures = 0;
+  while (!stopping) {
+    uint32_t qid;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      // Watch the current quorum until it is lost; then wait for the next one.
+      cv.wait(lock, [&] {
+        return stopping.load() || (quorum && !lost_quorums.count(quorum->quorum_id()));
+      });
+      if (stopping) return;
+      qid = quorum->quorum_id();
+    }
+    auto r = client->Do("GET",
+                        fmt::format("/v1/watch?job={}&quorum_id={}&timeout_ms=20000",
+                                    http::PercentEncode(options.job), qid),
+                        "", http::kProtoType, Millis(25'000));
+    Status st = r.ok() ? http::StatusFromResponse(*r) : r.status();
+    pb::WatchResponse w;
+    if (st.ok()) st = http::Decode(r->body, http::BodyFormat(r->content_type), &w);
+    if (!st.ok()) {
+      if (failures++ == 0) LK_LOG_WARN("watch_failed error={}", Q(st.ToString()));
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait_for(lock, Backoff(failures), [&] { return stopping.load(); });
+      continue;
+    }
+    failures = 0;
+    if (!w.lost()) continue;
+    std::lock_guard<std::mutex> lock(mu);
+    std::string who;
+    for (const auto& n : w.notices()) who += (who.empty() ? "" : ",") + n.group_id() + ":" + n.reason();
+    LK_LOG_INFO("quorum_lost quorum_id={} notices={}", qid, Q(who));
+    lost_quorums.insert(qid);
+    round_pending = true;
+    AnswerNoticesLocked(false);
+  }
+}
+
+void Agent::Impl::CommitLoop() {
+  auto client = LighthouseClient();
+  int failures = 0;
+  while (!stopping) {
+    pb::CommitRequest c;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return stopping.load() || !commits.empty(); });
+      if (stopping) return;
+      c = commits.front();
+    }
+    pb::CommitResponse resp;
+    Status st = client->Call("POST", "/v1/commit", c, &resp, Millis(5000));
+    std::unique_lock<std::mutex> lock(mu);
+    if (st.ok() || st.code() == Code::kConflict || st.code() == Code::kInvalidArgument) {
+      // A commit for a superseded quorum is moot: the next quorum carries the steps.
+      if (!st.ok()) LK_LOG_WARN("commit_refused step={} error={}", c.step(), Q(st.ToString()));
+      if (resp.diverged()) LK_LOG_WARN("state_diverged step={}", c.step());
+      commits.pop_front();
+      failures = 0;
+      continue;
+    }
+    // The lighthouse is away: keep the commit and retry; trainers go on meanwhile.
+    if (failures++ == 0) LK_LOG_WARN("commit_failed step={} error={}", c.step(), Q(st.ToString()));
+    cv.wait_for(lock, Backoff(failures), [&] { return stopping.load(); });
+  }
+}
+
+void Agent::Impl::SendLeave(const std::string& reason) {
+  auto client = LighthouseClient();
+  pb::LeaveRequest leave;
+  leave.set_job(options.job);
+  leave.set_group_id(options.group_id);
+  leave.set_incarnation(options.incarnation);
+  leave.set_reason(reason);
+  // A few quick tries: a leave that does not arrive is covered by the heartbeat timeout.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    Status st = client->Call("POST", "/v1/leave", leave, nullptr, Millis(2000));
+    if (st.ok() || st.code() == Code::kConflict || st.code() == Code::kNotFound) {
+      LK_LOG_INFO("left reason={} result={}", reason, Q(st.ToString()));
+      return;
+    }
+    LK_LOG_WARN("leave_failed attempt={} error={}", attempt, Q(st.ToString()));
+    std::this_thread::sleep_for(Backoff(attempt));
+  }
+}
+
+void Agent::Impl::Drain(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (draining) return;
+    draining = true;
+    drain_reason = reason;
+    phase = "draining";
+    LK_LOG_INFO("drain reason={} trainers={}", reason, trainers.size());
+    DrainTrainersLocked();
+  }
+  cv.notify_all();
+  // Leave at once so that the other groups' quorum shrinks without a heartbeat timeout, then
+  // give the trainers drain_timeout to exit.
+  std::thread([self = shared_from_this(), reason] {
+    self->SendLeave(reason);
+    boost::asio::post(self->ioc, [self] {
+      auto timer = std::make_shared<boost::asio::steady_timer>(self->ioc, self->options.drain_timeout);
+      auto check = std::make_shared<std::function<void()>>();
+      *check = [self, timer, check] {
+        bool alive = false;
+        {
+          std::lock_guard<std::mutex> lock(self->mu);
+          for (auto& [r, t] : self->trainers) alive |= t.pid > 0 && ::kill(t.pid, 0) == 0;
+        }
+        if (!alive || timer->expiry() <= std::chrono::steady_clock::now()) {
+          if (alive) LK_LOG_WARN("drain_timeout trainers_still_running=true");
+          return self->Finish(self->exit_code.load() < 0 ? 0 : self->exit_code.load());
+        }
+        auto poll = std::make_shared<boost::asio::steady_timer>(self->ioc, Millis(20));
+        poll->async_wait([check, poll](const boost::system::error_code&) { (*check)(); });
+      };
+      (*check)();
+    });
+  }).detach();
+}
+
+void Agent::Impl::Fail(const std::string& reason) {
+  exit_code = 3;
+  LK_LOG_WARN("group_failed reason={}", Q(reason));
+  // The group is one failure domain: the surviving local trainers stop too, and the launcher
+  // restarts the whole group as a new incarnation.
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& [r, t] : trainers) {
+      if (t.pid > 0) ::kill(t.pid, SIGTERM);
+    }
+  }
+  Drain(reason);
+}
+
+void Agent::Impl::Finish(int code) {
+  LK_LOG_INFO("agent_exit code={}", code);
+  exit_code = code;
+  stopping = true;
+  cv.notify_all();
+  boost::asio::post(ioc, [self = shared_from_this()] {
+    if (self->socket_server) self->socket_server->Stop();
+    if (self->peer_server) self->peer_server->Stop();
+    std::lock_guard<std::mutex> lock(self->mu);
+    self->AnswerNoticesLocked(true);
+    for (auto& [r, t] : self->trainers) {
+      if (t.pidfd) t.pidfd->close();
+    }
+    self->ioc.stop();
+  });
+}
+
+}  // namespace lk::agent

@@ -1,0 +1,60 @@
+// The replica agent: one per node of a replica group. It heartbeats the lighthouse with its
+// trainers' progress, asks for the quorum at an outer-step boundary when a round is pending,
+// relays quorums, recovery plans and failure notices to its trainers over a Unix socket, and
+// turns a trainer's death or a signal into a leave with a reason at once.
+// Thread-safety: all state is behind one mutex; lighthouse calls run on their own threads
+// (heartbeat, quorum, watch, commit) so that a slow or absent lighthouse never blocks trainers.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace lk::agent {
+
+struct AgentOptions {
+  std::string lighthouse = "http://127.0.0.1:29510";
+  std::string job;
+  std::string group_id;
+  // Same on every node of one group life. Default: derived from the Slurm job id and restart
+  // count (equal on all nodes of the job), else random (only valid for one-node groups).
+  std::string incarnation;
+  uint32_t node_rank = 0;
+  uint32_t nodes = 1;
+  std::string socket;       // the trainers' Unix socket
+  std::string token_file;   // bearer token for the lighthouse
+  std::string serve;        // HOST:PORT for peers (shards, /healthz); empty: none
+  std::string advertise;    // address peers use to reach --serve; default: from --serve
+  std::string serve_dir;    // what /v1/shards serves: the trainers' published live state
+  Millis heartbeat_interval{500};
+  Millis quorum_timeout{30'000};  // one long-poll; retried while the round is pending
+  Millis backoff_max{2'000};      // lighthouse retries: capped, jittered exponential backoff
+  Millis drain_timeout{30'000};   // how long trainers get to exit after a drain
+  std::string leave_reason = "cancelled";  // reason sent on SIGTERM
+};
+
+class Agent {
+ public:
+  explicit Agent(AgentOptions options);
+  ~Agent();
+  // Listens on the socket (and --serve) and starts the lighthouse threads.
+  Status Start();
+  // Runs until the agent is done; returns the process exit code: 0 after a graceful drain,
+  // 3 when the group failed (a trainer died, the group was evicted or replaced).
+  int Run();
+  // From a signal: drain the trainers, leave with `reason`, exit 0.
+  void Drain(const std::string& reason);
+  const std::string& incarnation() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// A fresh incarnation id for this start (see AgentOptions::incarnation).
+std::string MakeIncarnation(uint32_t nodes);
+
+}  // namespace lk::agent

@@ -1,0 +1,116 @@
+// Private to the agent: the state behind Agent, shared by agent.cc (lighthouse threads, life
+// cycle) and agent_routes.cc (the trainers' socket API).
+// Thread-safety: every field below `mu` is guarded by it.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "common/http/client.h"
+#include "common/http/codec.h"
+#include "common/http/server.h"
+#include "common/log.h"
+#include "common/proto/lightkeeper.pb.h"
+#include "replica_agent/agent.h"
+
+namespace lk::agent {
+
+namespace pb = lightkeeper::v1;
+
+struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
+  struct Trainer {
+    uint32_t group_rank = 0;
+    int pid = 0;
+    std::unique_ptr<boost::asio::posix::stream_descriptor> pidfd;
+    std::optional<uint32_t> polled_step;
+    http::Responder poll_respond;
+    http::Format poll_format = http::Format::kJson;
+    uint32_t seen_quorum_id = 0;
+    uint32_t heal_answered_quorum_id = 0;
+    std::optional<uint32_t> committed_step;
+    bool commit_failed = false;
+    std::string state_hash;
+  };
+  struct NoticeWaiter {
+    uint64_t id;
+    uint32_t quorum_id;
+    http::Responder respond;
+    http::Format format;
+    std::unique_ptr<boost::asio::steady_timer> timer;
+  };
+
+  explicit Impl(AgentOptions o) : options(std::move(o)) {}
+
+  // ---- life cycle (agent.cc) ----
+  Status Start();
+  int Run();
+  void Drain(const std::string& reason);
+  void Fail(const std::string& reason);
+  void Finish(int code);
+
+  // ---- lighthouse threads (agent.cc) ----
+  void HeartbeatLoop();
+  void QuorumLoop();
+  void WatchLoop();
+  void CommitLoop();
+  void SendLeave(const std::string& reason);
+  Millis Backoff(int attempt);
+  std::unique_ptr<http::Client> LighthouseClient();
+
+  // ---- trainers' socket API (agent_routes.cc) ----
+  void Route(http::Request&& req, http::Responder respond);
+  void HandleHello(const http::Request& req, http::Responder respond);
+  void HandlePoll(const http::Request& req, http::Responder respond);
+  void HandleCommit(const http::Request& req, http::Responder respond);
+  void HandleNotice(const http::Request& req, http::Responder respond);
+  void HandleKv(const http::Request& req, http::Responder respond);
+  void HandleStatus(const http::Request& req, http::Responder respond);
+  Status Register(uint32_t group_rank, uint32_t group_size, uint32_t pid);
+  void WatchPid(Trainer& t);
+  // With mu held: answer every waiting poll from the current quorum.
+  void AnswerPollsLocked(bool fresh_answer);
+  pb::TrainerPollResponse PollAnswerLocked(Trainer& t, bool fresh_answer);
+  void AnswerNoticesLocked(bool force);
+  void DrainTrainersLocked();
+  uint32_t ExpectedLocalTrainersLocked() const;
+
+  AgentOptions options;
+  std::string token;
+  boost::asio::io_context ioc{1};
+  std::unique_ptr<http::Server> socket_server;
+  std::unique_ptr<http::Server> peer_server;
+  std::atomic<bool> stopping{false};
+  std::atomic<int> exit_code{-1};
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<uint32_t, Trainer> trainers;
+  uint32_t group_size = 0;
+  std::optional<pb::QuorumResponse> quorum;
+  std::set<uint32_t> lost_quorums;   // quorum ids known to have lost a member
+  bool round_pending = true;         // ask the lighthouse at the next boundary
+  bool ask_needed = false;
+  uint32_t ask_step = 0;
+  bool had_state = false;            // a trainer committed or healed in this life
+  bool draining = false;
+  bool checkpoint_now = false;
+  std::string drain_reason;
+  uint32_t committed_step = 0;       // the group's step as this node knows it
+  std::string phase = "starting";
+  std::deque<pb::CommitRequest> commits;
+  std::map<uint64_t, NoticeWaiter> notice_waiters;
+  uint64_t next_id = 1;
+  std::vector<std::thread> threads;
+};
+
+}  // namespace lk::agent

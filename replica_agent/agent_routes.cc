@@ -1,0 +1,329 @@
+// The trainers' API on the agent's Unix socket (and /healthz, /v1/agent/status on --serve):
+//   POST /v1/trainer/hello   {group_rank, group_size, pid}    register; the pid is watched
+//   POST /v1/trainer/poll    {group_rank, group_size, step}   once per outer step
+//   POST /v1/trainer/commit  {group_rank, step, failed, state_hash}
+//   GET  /v1/trainer/notice?quorum_id=Q&timeout_ms=T         returns when Q is lost or on drain
+//   PUT/GET /v1/trainer/kv/QUORUM_ID/KEY                      the lighthouse rendezvous KV
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+#include <xxhash.h>
+
+#include "replica_agent/agent_impl.h"
+
+namespace lk::agent {
+
+namespace {
+
+template <class Msg>
+Status DecodeAs(const http::Request& req, Msg* msg) {
+  return http::Decode(req.body, http::BodyFormat(req.content_type), msg);
+}
+
+}  // namespace
+
+void Agent::Impl::Route(http::Request&& req, http::Responder respond) {
+  http::Format f = http::ReplyFormat(req);
+  const std::string& p = req.path;
+  if (p == "/healthz") return respond(http::TextReply(200, "text/plain", "ok\n"));
+  if (p == "/v1/agent/status" && req.method == "GET") return HandleStatus(req, respond);
+  bool post = req.method == "POST";
+  if (p == "/v1/trainer/hello" && post) return HandleHello(req, respond);
+  if (p == "/v1/trainer/poll" && post) return HandlePoll(req, respond);
+  if (p == "/v1/trainer/commit" && post) return HandleCommit(req, respond);
+  if (p == "/v1/trainer/notice" && req.method == "GET") return HandleNotice(req, respond);
+  if (p.rfind("/v1/trainer/kv/", 0) == 0 && (req.method == "GET" || req.method == "PUT")) {
+    return HandleKv(req, respond);
+  }
+  LK_LOG_WARN("trainer_request_rejected path={} method={}", Q(p), req.method);
+  respond(http::ErrorReply(Error(Code::kNotFound, "no endpoint {} {}", req.method, p), f));
+}
+
+uint32_t Agent::Impl::ExpectedLocalTrainersLocked() const {
+  return std::max<uint32_t>(1, group_size / options.nodes);
+}
+
+Status Agent::Impl::Register(uint32_t group_rank, uint32_t size, uint32_t pid) {
+  if (size == 0) return InvalidArgument("group_size must be at least 1");
+  if (group_rank >= size) {
+    return InvalidArgument("group_rank {} is not below group_size {}", group_rank, size);
+  }
+  if (size % options.nodes != 0) {
+    return InvalidArgument("group_size {} is not a multiple of the group's {} nodes", size,
+                           options.nodes);
+  }
+  if (group_size != 0 && size != group_size) {
+    return InvalidArgument("group_size {} differs from the {} other trainers gave", size, group_size);
+  }
+  if (!trainers.count(group_rank) && trainers.size() >= size / options.nodes) {
+    return InvalidArgument("node already has {} trainers; group_rank {} is one too many",
+                           trainers.size(), group_rank);
+  }
+  group_size = size;
+  Trainer& t = trainers[group_rank];
+  t.group_rank = group_rank;
+  if (pid != 0 && t.pid != static_cast<int>(pid)) {
+    t.pid = static_cast<int>(pid);
+    WatchPid(t);
+  }
+  return Status::Ok();
+}
+
+// A pidfd becomes readable when the process exits: the agent learns of a trainer's death at
+// once, whatever the trainer was doing (even blocked in a collective, or killed with -9).
+void Agent::Impl::WatchPid(Trainer& t) {
+  int fd = static_cast<int>(::syscall(SYS_pidfd_open, t.pid, 0));
+  if (fd < 0) {
+    LK_LOG_WARN("pidfd_open_failed pid={} errno={}", t.pid, errno);
+    return;
+  }
+  t.pidfd = std::make_unique<boost::asio::posix::stream_descriptor>(ioc, fd);
+  uint32_t rank = t.group_rank;
+  int pid = t.pid;
+  t.pidfd->async_wait(boost::asio::posix::stream_descriptor::wait_read,
+                      [self = shared_from_this(), rank, pid](const boost::system::error_code& ec) {
+                        if (ec || self->stopping) return;
+                        bool expected;
+                        {
+                          std::lock_guard<std::mutex> lock(self->mu);
+                          expected = self->draining;
+                        }
+                        LK_LOG_INFO("trainer_exited group_rank={} pid={} during_drain={}", rank,
+                                    pid, expected);
+                        if (!expected) self->Fail("trainer_crashed");
+                      });
+}
+
+void Agent::Impl::HandleHello(const http::Request& req, http::Responder respond) {
+  http::Format f = http::ReplyFormat(req);
+  pb::TrainerHelloRequest in;
+  Status st = DecodeAs(req, &in);
+  std::lock_guard<std::mutex> lock(mu);
+  if (st.ok()) st = Register(in.group_rank(), in.group_size(), in.pid());
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  respond(http::Reply(pb::Empty(), f));
+}
+
+pb::TrainerPollResponse Agent::Impl::PollAnswerLocked(Trainer& t, bool fresh_answer) {
+  pb::TrainerPollResponse r;
+  r.set_drain(draining);
+  r.set_checkpoint_now(checkpoint_now);
+  if (draining) {
+    r.set_reason(drain_reason);
+    return r;
+  }
+  const auto& q = *quorum;
+  r.set_quorum_id(q.quorum_id());
+  r.set_replica_rank(q.replica_rank());
+  r.set_replica_world_size(q.replica_world_size());
+  r.set_max_step(q.max_step());
+  r.set_reconfigure(t.seen_quorum_id != q.quorum_id());
+  *r.mutable_members() = q.members();
+  // The plan's heal applies once, to the answer of the round that decided it.
+  bool heal = fresh_answer && q.heal() && t.heal_answered_quorum_id != q.quorum_id();
+  if (fresh_answer && q.heal()) t.heal_answered_quorum_id = q.quorum_id();
+  r.set_heal(heal);
+  if (heal) {
+    for (uint32_t src : q.recovery().source_ranks()) {
+      if (src < static_cast<uint32_t>(q.members_size())) {
+        const auto& m = q.members(static_cast<int>(src));
+        if (options.node_rank < static_cast<uint32_t>(m.addresses_size())) {
+          r.add_heal_sources(m.addresses(static_cast<int>(options.node_rank)));
+        }
+      }
+    }
+    if (q.recovery().has_restore_checkpoint()) {
+      *r.mutable_restore_checkpoint() = q.recovery().restore_checkpoint();
+    }
+    r.set_initial(q.recovery().initial());
+  }
+  r.set_reason(q.reason());
+  t.seen_quorum_id = q.quorum_id();
+  return r;
+}
+
+void Agent::Impl::AnswerPollsLocked(bool fresh_answer) {
+  for (auto& [rank, t] : trainers) {
+    if (!t.poll_respond) continue;
+    auto respond = std::move(t.poll_respond);
+    t.poll_respond = nullptr;
+    if (fresh_answer && quorum && quorum->heal()) had_state = true;
+    respond(http::Reply(PollAnswerLocked(t, fresh_answer), t.poll_format));
+  }
+}
+
+void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) {
+  http::Format f = http::ReplyFormat(req);
+  pb::TrainerPollRequest in;
+  Status st = DecodeAs(req, &in);
+  std::lock_guard<std::mutex> lock(mu);
+  if (st.ok()) st = Register(in.group_rank(), in.group_size(), in.pid());
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  Trainer& t = trainers[in.group_rank()];
+  if (t.committed_step && in.step() < *t.committed_step) {
+    return respond(http::ErrorReply(
+        Error(Code::kConflict, "step {} is below this trainer's committed step {}", in.step(),
+              *t.committed_step),
+        f));
+  }
+  for (auto& [rank, other] : trainers) {
+    if (rank != in.group_rank() && other.poll_respond && other.polled_step != in.step()) {
+      return respond(http::ErrorReply(
+          Error(Code::kConflict, "group_rank {} polls step {} but group_rank {} polls step {}",
+                in.group_rank(), in.step(), rank, *other.polled_step),
+          f));
+    }
+  }
+  if (t.poll_respond) {
+    t.poll_respond(http::ErrorReply(Status(Code::kConflict, "superseded by a newer poll"), t.poll_format));
+  }
+  t.polled_step = in.step();
+  t.poll_respond = std::move(respond);
+  t.poll_format = f;
+  if (draining) return AnswerPollsLocked(false);
+  uint32_t waiting = 0;
+  for (auto& [rank, other] : trainers) waiting += other.poll_respond && other.polled_step == in.step();
+  if (waiting < ExpectedLocalTrainersLocked()) return;
+  // Every local trainer reached the boundary. Go on with the quorum we have unless a round is
+  // pending (a joiner waits, a member was lost) or the quorum is gone.
+  if (quorum && !round_pending && !lost_quorums.count(quorum->quorum_id())) {
+    return AnswerPollsLocked(false);
+  }
+  ask_needed = true;
+  ask_step = in.step();
+  cv.notify_all();
+}
+
+void Agent::Impl::HandleCommit(const http::Request& req, http::Responder respond) {
+  http::Format f = http::ReplyFormat(req);
+  pb::TrainerCommitRequest in;
+  Status st = DecodeAs(req, &in);
+  std::lock_guard<std::mutex> lock(mu);
+  if (st.ok() && !trainers.count(in.group_rank())) {
+    st = InvalidArgument("group_rank {} has not polled yet", in.group_rank());
+  }
+  if (st.ok() && !quorum) st = Status(Code::kConflict, "no quorum yet: poll first");
+  if (st.ok() && in.state_hash().size() > 128) st = InvalidArgument("state_hash over 128 bytes");
+  Trainer* t = st.ok() ? &trainers[in.group_rank()] : nullptr;
+  if (st.ok() && t->committed_step && in.step() <= *t->committed_step) {
+    st = Error(Code::kConflict, "step {} is not after the committed step {}", in.step(),
+               *t->committed_step);
+  }
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  t->committed_step = in.step();
+  t->commit_failed = in.failed();
+  t->state_hash = in.state_hash();
+  had_state = true;
+  // The node commits once all its trainers committed this step; its hash covers all shards.
+  bool all = trainers.size() >= ExpectedLocalTrainersLocked();
+  bool failed = false;
+  std::string hashes;
+  for (auto& [r, o] : trainers) {
+    all &= o.committed_step == in.step();
+    failed |= o.commit_failed;
+    hashes += o.state_hash + ";";
+  }
+  if (all) {
+    committed_step = in.step();
+    pb::CommitRequest c;
+    c.set_job(options.job);
+    c.set_group_id(options.group_id);
+    c.set_incarnation(options.incarnation);
+    c.set_node_rank(options.node_rank);
+    c.set_quorum_id(quorum->quorum_id());
+    c.set_step(in.step());
+    c.set_failed(failed);
+    c.set_state_hash(fmt::format("{:016x}", XXH3_64bits(hashes.data(), hashes.size())));
+    commits.push_back(std::move(c));
+    cv.notify_all();
+  }
+  pb::TrainerCommitResponse out;
+  out.set_committed_step(in.step());
+  respond(http::Reply(out, f));
+}
+
+void Agent::Impl::AnswerNoticesLocked(bool force) {
+  for (auto it = notice_waiters.begin(); it != notice_waiters.end();) {
+    bool lost = lost_quorums.count(it->second.quorum_id) > 0 ||
+                (quorum && quorum->quorum_id() > it->second.quorum_id);
+    if (!force && !lost && !draining) {
+      ++it;
+      continue;
+    }
+    pb::TrainerNoticeResponse r;
+    r.set_quorum_id(it->second.quorum_id);
+    r.set_lost(lost);
+    r.set_drain(draining || force);
+    r.set_reason(draining ? drain_reason : lost ? "quorum_lost" : "agent_exiting");
+    it->second.timer->cancel();
+    auto respond = std::move(it->second.respond);
+    http::Format f = it->second.format;
+    it = notice_waiters.erase(it);
+    respond(http::Reply(r, f));
+  }
+}
+
+void Agent::Impl::DrainTrainersLocked() {
+  AnswerPollsLocked(false);
+  AnswerNoticesLocked(false);
+}
+
+void Agent::Impl::HandleNotice(const http::Request& req, http::Responder respond) {
+  http::Format f = http::ReplyFormat(req);
+  auto qit = req.query.find("quorum_id");
+  auto tit = req.query.find("timeout_ms");
+  uint32_t qid = 0, timeout_ms = 30'000;
+  try {
+    if (qit != req.query.end()) qid = static_cast<uint32_t>(std::stoul(qit->second));
+    if (tit != req.query.end()) timeout_ms = static_cast<uint32_t>(std::stoul(tit->second));
+  } catch (const std::exception&) {
+    return respond(http::ErrorReply(InvalidArgument("quorum_id and timeout_ms must be integers"), f));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  uint64_t id = next_id++;
+  auto timer = std::make_unique<boost::asio::steady_timer>(ioc, Millis(std::min(timeout_ms, 300'000u)));
+  timer->async_wait([self = shared_from_this(), id, qid](const boost::system::error_code& ec) {
+    if (ec) return;
+    std::lock_guard<std::mutex> lock(self->mu);
+    auto it = self->notice_waiters.find(id);
+    if (it == self->notice_waiters.end()) return;
+    pb::TrainerNoticeResponse r;
+    r.set_quorum_id(qid);
+    auto respond = std::move(it->second.respond);
+    http::Format f = it->second.format;
+    self->notice_waiters.erase(it);
+    respond(http::Reply(r, f));
+  });
+  notice_waiters.emplace(id, NoticeWaiter{id, qid, std::move(respond), f, std::move(timer)});
+  AnswerNoticesLocked(false);
+}
+
+void Agent::Impl::HandleKv(const http::Request& req, http::Responder respond) {
+  // /v1/trainer/kv/QID/KEY -> /v1/kv/JOB/QID/KEY on the lighthouse, on a thread of its own
+  // because a GET waits for the key.
+  std::string target = "/v1/kv/" + http::PercentEncode(options.job) + "/" + req.path.substr(15);
+  auto q = req.query.find("timeout_ms");
+  if (q != req.query.end()) target += "?timeout_ms=" + http::PercentEncode(q->second);
+  std::thread([self = shared_from_this(), req, target, respond = std::move(respond)] {
+    auto client = self->LighthouseClient();
+    Millis timeout(35'000);
+    auto r = client->Do(req.method, target, req.body, "application/octet-stream", timeout);
+    if (!r.ok()) return respond(http::ErrorReply(r.status(), http::Format::kJson));
+    respond(std::move(*r));
+  }).detach();
+}
+
+void Agent::Impl::HandleStatus(const http::Request& req, http::Responder respond) {
+  (void)req;
+  std::lock_guard<std::mutex> lock(mu);
+  std::string body = fmt::format(
+      "{{\"job\":\"{}\",\"group_id\":\"{}\",\"incarnation\":\"{}\",\"node_rank\":{},"
+      "\"quorum_id\":{},\"committed_step\":{},\"trainers\":{},\"phase\":\"{}\",\"draining\":{}}}",
+      options.job, options.group_id, options.incarnation, options.node_rank,
+      quorum ? quorum->quorum_id() : 0, committed_step, trainers.size(), phase,
+      draining ? "true" : "false");
+  respond(http::TextReply(200, http::kJsonType, body));
+}
+
+}  // namespace lk::agent

@@ -1,0 +1,147 @@
+#include "replica_agent/client/session.h"
+
+#include <unistd.h>
+
+#include "common/http/codec.h"
+#include "common/proto/lightkeeper.pb.h"
+
+namespace lk::client {
+
+namespace pb = lightkeeper::v1;
+
+Session::Session(std::string socket, uint32_t group_rank, uint32_t group_size)
+    : socket_(std::move(socket)), group_rank_(group_rank), group_size_(group_size) {}
+
+Result<std::unique_ptr<Session>> Session::Connect(const std::string& socket_path,
+                                                  uint32_t group_rank, uint32_t group_size) {
+  std::unique_ptr<Session> s(new Session(socket_path, group_rank, group_size));
+  LK_ASSIGN_OR_RETURN(s->client_, http::Client::Create("unix:" + socket_path));
+  pb::TrainerHelloRequest hello;
+  hello.set_group_rank(group_rank);
+  hello.set_group_size(group_size);
+  hello.set_pid(static_cast<uint32_t>(getpid()));
+  LK_RETURN_IF_ERROR(s->client_->Call("POST", "/v1/trainer/hello", hello, nullptr, Millis(10'000))
+                         .WithContext("hello to agent at " + socket_path));
+  return s;
+}
+
+Result<std::unique_ptr<Session>> Session::FromEnv(uint32_t group_rank, uint32_t group_size) {
+  const char* path = std::getenv("LK_AGENT_SOCKET");
+  if (path == nullptr || *path == '\0') {
+    return InvalidArgument("LK_AGENT_SOCKET is not set: start the replica_agent first");
+  }
+  return Connect(path, group_rank, group_size);
+}
+
+Session::~Session() {
+  stop_ = true;
+  cv_.notify_all();
+  // The notice thread may sit in a long-poll to the agent; it holds only its own client.
+  if (notice_thread_.joinable()) notice_thread_.detach();
+}
+
+Result<PollResult> Session::Poll(uint32_t step, Millis timeout) {
+  pb::TrainerPollRequest req;
+  req.set_group_rank(group_rank_);
+  req.set_group_size(group_size_);
+  req.set_step(step);
+  pb::TrainerPollResponse resp;
+  LK_RETURN_IF_ERROR(client_->Call("POST", "/v1/trainer/poll", req, &resp, timeout));
+  PollResult r;
+  r.quorum_id = resp.quorum_id();
+  r.replica_rank = resp.replica_rank();
+  r.replica_world_size = resp.replica_world_size();
+  r.max_step = resp.max_step();
+  r.reconfigure = resp.reconfigure();
+  r.heal = resp.heal();
+  r.drain = resp.drain();
+  r.checkpoint_now = resp.checkpoint_now();
+  r.initial = resp.initial();
+  r.heal_sources.assign(resp.heal_sources().begin(), resp.heal_sources().end());
+  if (resp.has_restore_checkpoint()) {
+    r.restore_location = resp.restore_checkpoint().location();
+    r.restore_step = resp.restore_checkpoint().step();
+  }
+  r.reason = resp.reason();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!r.drain) watched_quorum_id_ = r.quorum_id;
+  }
+  cv_.notify_all();
+  return r;
+}
+
+Status Session::Commit(uint32_t step, bool ok, const std::string& state_hash) {
+  pb::TrainerCommitRequest req;
+  req.set_group_rank(group_rank_);
+  req.set_step(step);
+  req.set_failed(!ok);
+  req.set_state_hash(state_hash);
+  return client_->Call("POST", "/v1/trainer/commit", req, nullptr, Millis(30'000));
+}
+
+Status Session::KvPut(uint32_t quorum_id, const std::string& key, const std::string& value) {
+  LK_ASSIGN_OR_RETURN(http::Response r,
+                      client_->Do("PUT", fmt::format("/v1/trainer/kv/{}/{}", quorum_id, key), value,
+                                  "application/octet-stream", Millis(30'000)));
+  return http::StatusFromResponse(r);
+}
+
+Result<std::string> Session::KvGet(uint32_t quorum_id, const std::string& key, Millis timeout) {
+  LK_ASSIGN_OR_RETURN(
+      http::Response r,
+      client_->Do("GET", fmt::format("/v1/trainer/kv/{}/{}?timeout_ms={}", quorum_id, key,
+                                     timeout.count()),
+                  "", "application/octet-stream", timeout + Millis(5000)));
+  LK_RETURN_IF_ERROR(http::StatusFromResponse(r));
+  return std::move(r.body);
+}
+
+void Session::OnNotice(std::function<void(const Notice&)> cb) {
+  std::lock_guard<std::mutex> lock(mu_);
+  notice_cb_ = std::move(cb);
+  if (!notice_thread_.joinable()) notice_thread_ = std::thread([this] { NoticeLoop(); });
+}
+
+void Session::NoticeLoop() {
+  auto client = http::Client::Create("unix:" + socket_);
+  if (!client.ok()) return;
+  uint32_t handled = 0;  // the last quorum id a notice was delivered for
+  while (!stop_) {
+    uint32_t qid;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || (watched_quorum_id_ != 0 && watched_quorum_id_ != handled); });
+      if (stop_) return;
+      qid = watched_quorum_id_;
+    }
+    auto r = (*client)->Do("GET", fmt::format("/v1/trainer/notice?quorum_id={}&timeout_ms=30000", qid),
+                           "", http::kProtoType, Millis(35'000));
+    pb::TrainerNoticeResponse n;
+    if (!r.ok() || !http::StatusFromResponse(*r).ok() ||
+        !http::Decode(r->body, http::BodyFormat(r->content_type), &n).ok()) {
+      // The agent is gone: that is a drain for this trainer.
+      if (stop_) return;
+      Notice gone{qid, true, true, r.ok() ? "agent error" : r.status().message()};
+      std::function<void(const Notice&)> cb;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        cb = notice_cb_;
+      }
+      if (cb) cb(gone);
+      return;
+    }
+    if (!n.lost() && !n.drain()) continue;
+    handled = qid;
+    Notice notice{qid, n.lost(), n.drain(), n.reason()};
+    std::function<void(const Notice&)> cb;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cb = notice_cb_;
+    }
+    if (cb) cb(notice);
+    if (n.drain()) return;
+  }
+}
+
+}  // namespace lk::client

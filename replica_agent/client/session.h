@@ -1,0 +1,84 @@
+// The trainer's side of Lightkeeper: a Session talks to the node's replica agent over its Unix
+// socket (LK_AGENT_SOCKET). Call Poll(step) once per outer step, Commit(step, ok) after it, use
+// the rendezvous KV to build communicators, and register a notice callback that aborts
+// collectives when the quorum loses a member.
+// Thread-safety: Poll, Commit and the KV calls from one thread at a time; the notice callback
+// runs on the session's own thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/http/client.h"
+#include "common/status.h"
+
+namespace lk::client {
+
+struct PollResult {
+  uint32_t quorum_id = 0;
+  uint32_t replica_rank = 0;
+  uint32_t replica_world_size = 0;
+  uint32_t max_step = 0;
+  bool reconfigure = false;  // rebuild the cross-group communicator for quorum_id
+  bool heal = false;         // fetch state before the next outer step
+  bool drain = false;        // stop now (after a durable save when checkpoint_now)
+  bool checkpoint_now = false;
+  bool initial = false;      // first start: take replica_rank 0's initial weights
+  std::vector<std::string> heal_sources;  // peers' agent addresses (HOST:PORT)
+  std::string restore_location;           // durable checkpoint to restore when no live source
+  uint32_t restore_step = 0;
+  std::string reason;
+};
+
+struct Notice {
+  uint32_t quorum_id = 0;
+  bool lost = false;   // the quorum lost a member: abort collectives in flight
+  bool drain = false;  // the agent is draining the group
+  std::string reason;
+};
+
+class Session {
+ public:
+  // Connects and registers this process (its pid is watched by the agent).
+  static Result<std::unique_ptr<Session>> Connect(const std::string& socket_path,
+                                                  uint32_t group_rank, uint32_t group_size);
+  // Socket from LK_AGENT_SOCKET.
+  static Result<std::unique_ptr<Session>> FromEnv(uint32_t group_rank, uint32_t group_size);
+  ~Session();
+
+  // Blocks until the agent answers for this outer step (at once when nothing changed).
+  Result<PollResult> Poll(uint32_t step, Millis timeout = Millis(3'600'000));
+  Status Commit(uint32_t step, bool ok, const std::string& state_hash = "");
+  Status KvPut(uint32_t quorum_id, const std::string& key, const std::string& value);
+  Result<std::string> KvGet(uint32_t quorum_id, const std::string& key, Millis timeout);
+  // Starts watching the quorum of the last Poll; `cb` runs once per lost quorum and on drain.
+  void OnNotice(std::function<void(const Notice&)> cb);
+
+  uint32_t group_rank() const { return group_rank_; }
+  uint32_t group_size() const { return group_size_; }
+
+ private:
+  Session(std::string socket, uint32_t group_rank, uint32_t group_size);
+  void NoticeLoop();
+
+  std::string socket_;
+  uint32_t group_rank_;
+  uint32_t group_size_;
+  std::unique_ptr<http::Client> client_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint32_t watched_quorum_id_ = 0;
+  std::function<void(const Notice&)> notice_cb_;
+  std::atomic<bool> stop_{false};
+  std::thread notice_thread_;
+};
+
+}  // namespace lk::client
