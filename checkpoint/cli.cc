@@ -139,7 +139,8 @@ int Reshard(int argc, const char* const* argv) {
     s.attempt = "reshard";
     s.metadata = state->metadata;
     for (auto& t : state->tensors) {
-      if (t.rows != WriterRows(t.shape, ranks, r)) continue;  // a replicated 0-d tensor
+      // No rows for this rank, or a replicated 0-d tensor that rank 0 stores.
+      if (t.rows.empty() || t.rows != WriterRows(t.shape, ranks, r)) continue;
       auto bytes = ConstBytes::Own(std::move(t.data));
       s.tensors.push_back(SnapshotTensor{t.name, t.dtype, t.shape, t.rows, std::move(bytes)});
     }

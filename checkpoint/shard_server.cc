@@ -82,15 +82,18 @@ http::Response ShardServer::Serve(const http::Request& req) {
 
 http::Response ShardServer::ListCheckpoints() {
   pb::ServedCheckpoints out;
+  // Every complete checkpoint of the root, newest first: a recovery plan may name an older step.
   auto add_root = [&](const std::string& root_name, const std::string& dir) {
-    auto ref = FindLatest(env_, dir);
-    if (!ref.ok()) return;
-    auto m = LoadManifest(env_, ref->dir);
-    if (!m.ok()) return;
-    auto* c = out.add_checkpoints();
-    c->set_root(root_name);
-    c->set_dir(ref->name);
-    ToProto(*m, c->mutable_manifest());
+    auto refs = ListCommitted(env_, dir);
+    if (!refs.ok()) return;
+    for (const auto& ref : *refs) {
+      auto m = LoadManifest(env_, ref.dir);
+      if (!m.ok() || !CheckFiles(env_, ref.dir, *m).ok()) continue;
+      auto* c = out.add_checkpoints();
+      c->set_root(root_name);
+      c->set_dir(ref.name);
+      ToProto(*m, c->mutable_manifest());
+    }
   };
   auto names = env_->ListDir(options_.base_dir);
   if (!names.ok()) return Text(503, names.status().ToString() + "\n");

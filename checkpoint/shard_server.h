@@ -5,8 +5,8 @@
 // It serves `base_dir` (a durable checkpoint root, or a node-local live-state directory such as
 // /dev/shm/lk-live/JOB). A "root" is base_dir itself (named "_") when it holds step-*
 // checkpoints, and each subdirectory that does (live state: one root per rank, rank-00003).
-//   GET PREFIX/checkpoints                -> ServedCheckpoints (protobuf): the newest committed
-//                                            checkpoint of every root with its manifest
+//   GET PREFIX/checkpoints                -> ServedCheckpoints (protobuf): every complete
+//                                            checkpoint of every root, newest first, with manifests
 //   GET PREFIX/files/ROOT/DIR/FILE        -> the file; with "Range: bytes=A-B" (one range,
 //                                            "A-", "-N" allowed) 206 + Content-Range; a range
 //                                            outside the file is 416 with "bytes */SIZE"
