@@ -9,9 +9,8 @@ add_library(lk_lighthouse_core STATIC
 lk_target(lk_lighthouse_core)
 target_link_libraries(lk_lighthouse_core PUBLIC lk_base)
 
+# Unit tests (table-driven, manual clock) and the seeded simulation (LK_SIM_SEED / LK_SIM_SEEDS).
 foreach(test quorum_test lighthouse_core_test lighthouse_core_ops_test simulation_test)
-  if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/${test}.cc)
-    lk_test(${test} ${CMAKE_CURRENT_LIST_DIR}/${test}.cc)
-    target_link_libraries(${test} PRIVATE lk_lighthouse_core)
-  endif()
+  lk_test(${test} ${CMAKE_CURRENT_LIST_DIR}/${test}.cc)
+  target_link_libraries(${test} PRIVATE lk_lighthouse_core)
 endforeach()

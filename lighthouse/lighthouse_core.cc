@@ -32,7 +32,7 @@ Result<HeartbeatResult> LighthouseCore::OnHeartbeat(const HeartbeatInput& in, Ti
   LK_RETURN_IF_ERROR(s.CheckIncarnation(in.job, in.group_id, in.incarnation, in.nodes));
   s.ApplyTimeouts(now, fx);
   const size_t events_before = fx->events.size();
-  Impl::Group& g = s.Admit(in.job, in.group_id, in.incarnation, in.nodes, fx);
+  Impl::Group& g = s.Admit(in.job, in.group_id, in.incarnation, in.nodes, now, fx);
   s.Touch(g, in.node_rank, in.step, in.address, in.phase, now, fx);
   Impl::Job& job = *g.job;
   // A plain heartbeat (no event: nothing but freshness changed) cannot make a quorum ready.
@@ -101,7 +101,7 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx) {
     }
   }
 
-  Impl::Group& g = s.Admit(in.job, in.group_id, in.incarnation, in.nodes, fx);
+  Impl::Group& g = s.Admit(in.job, in.group_id, in.incarnation, in.nodes, now, fx);
   Impl::Job& job = *g.job;
   s.Touch(g, in.node_rank, in.step, in.address, "", now, fx);
   if (g.status.mode == GroupMode::kEvicted) {
@@ -148,9 +148,19 @@ Status LighthouseCore::OnLeave(const std::string& job, const std::string& group_
   if (reason.size() > s.options.text_bytes_max) {
     return InvalidArgument("reason longer than {} bytes", s.options.text_bytes_max);
   }
-  LK_ASSIGN_OR_RETURN(Impl::Group * g, s.FindCurrent(job, group_id, incarnation));
-  if (g->status.mode == GroupMode::kLeft) return Status::Ok();  // a repeated leave
+  // An incarnation never heard of that is not retired is newer than the current one (as for a
+  // heartbeat): it replaces the current one, then leaves.
+  Result<Impl::Group*> found = s.FindCurrent(job, group_id, incarnation);
+  const bool newer = !found.ok() && found.status().code() == Code::kConflict &&
+                     s.CheckIncarnation(job, group_id, incarnation, 0).ok();
+  if (!found.ok() && !newer) return found.status();
+  Impl::Group* g = newer ? &s.jobs.at(job).groups.at(group_id) : found.value();
+  if (!newer && g->status.mode == GroupMode::kLeft) return Status::Ok();  // a repeated leave
   s.ApplyTimeouts(now, fx);
+  if (newer) {
+    s.ReplaceIncarnation(*g, incarnation, static_cast<uint32_t>(g->status.agents.size()), now,
+                         fx);
+  }
   const std::string why = reason.empty() ? "unspecified" : reason;
   g->status.mode = GroupMode::kLeft;
   g->reason = why;
@@ -158,7 +168,7 @@ Status LighthouseCore::OnLeave(const std::string& job, const std::string& group_
   fx->events.push_back(fmt::format("group_left job={} group={} incarnation={} reason={}", Q(job),
                                    Q(group_id), Q(incarnation), Q(why)));
   s.LoseMember(*g, "left: " + why, fx);
-  s.ClearAsks(*g, Error(Code::kConflict, "group {} left: {}", group_id, why), fx);
+  s.ClearAsks(*g, Error(Code::kConflict, "group {} left: {}", group_id, why), now, fx);
   s.DropDeadlines(*g);
   s.Evaluate(*g->job, now, fx);
   return Status::Ok();

@@ -53,7 +53,7 @@ Status LighthouseCore::Drain(const std::string& job, const std::string& group_id
   g.reason = "drained by admin";
   fx->events.push_back(fmt::format("group_drain job={} group={} incarnation={} in_quorum={}",
                                    Q(job), Q(group_id), Q(g.status.incarnation), g.in_quorum));
-  s.ClearAsks(g, Error(Code::kConflict, "group {} is draining", group_id), fx);
+  s.ClearAsks(g, Error(Code::kConflict, "group {} is draining", group_id), now, fx);
   s.Evaluate(j->second, now, fx);
   return Status::Ok();
 }
@@ -64,7 +64,7 @@ Status LighthouseCore::Forget(const std::string& job, Effects* fx) {
   if (j == s.jobs.end()) return Error(Code::kNotFound, "unknown job {}", job);
   Impl::Job& state = j->second;
   for (auto& [id, g] : state.groups) {
-    s.ClearAsks(g, Error(Code::kUnavailable, "job {} forgotten", job), fx);
+    s.ClearAsks(g, Error(Code::kUnavailable, "job {} forgotten", job), TimePoint{}, fx);
     s.DropDeadlines(g);
   }
   s.SetDeadline(state.join_deadline, std::nullopt, internal::DeadlineKind::kJoin, &state);
@@ -160,7 +160,7 @@ Status LighthouseCore::Load(std::vector<JobRecordData> jobs, std::vector<Checkpo
       g.progress_mark = now;
       s.AddGroupOrder(job, g);
       ++s.group_count;
-      s.RearmHeartbeat(g);
+      s.RearmHeartbeat(g, TimePoint::min());
       s.RearmProgress(g);
     }
     job.plan = PlanFromIssued(std::move(rec.members), s.NewestCheckpoint(job));

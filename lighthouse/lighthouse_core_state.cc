@@ -114,7 +114,8 @@ void LighthouseCore::Impl::AddGroupOrder(Job& job, const Group& g) {
 LighthouseCore::Impl::Group& LighthouseCore::Impl::Admit(const std::string& job_name,
                                                          const std::string& group_id,
                                                          const std::string& incarnation,
-                                                         uint32_t nodes, Effects* fx) {
+                                                         uint32_t nodes, TimePoint now,
+                                                         Effects* fx) {
   auto [j, job_new] = jobs.try_emplace(job_name);
   Job& job = j->second;
   if (job_new) job.name = job_name;
@@ -130,13 +131,13 @@ LighthouseCore::Impl::Group& LighthouseCore::Impl::Admit(const std::string& job_
     fx->events.push_back(fmt::format("group_new job={} group={} incarnation={} nodes={}",
                                      Q(job_name), Q(group_id), Q(incarnation), nodes));
   } else if (g.status.incarnation != incarnation) {
-    ReplaceIncarnation(g, incarnation, nodes, fx);
+    ReplaceIncarnation(g, incarnation, nodes, now, fx);
   }
   return g;
 }
 
 void LighthouseCore::Impl::ReplaceIncarnation(Group& g, const std::string& incarnation,
-                                              uint32_t nodes, Effects* fx) {
+                                              uint32_t nodes, TimePoint now, Effects* fx) {
   const std::string old = g.status.incarnation;
   fx->events.push_back(fmt::format("incarnation_replaced job={} group={} old={} new={}",
                                    Q(g.job->name), Q(g.status.group_id), Q(old),
@@ -144,7 +145,7 @@ void LighthouseCore::Impl::ReplaceIncarnation(Group& g, const std::string& incar
   LoseMember(g, "incarnation_replaced", fx);
   ClearAsks(g, Error(Code::kConflict, "incarnation {} of group {} replaced by {}", old,
                      g.status.group_id, incarnation),
-            fx);
+            now, fx);
   DropDeadlines(g);
   g.retired.push_back(old);
   while (g.retired.size() > std::max<uint32_t>(1, options.retired_incarnations_max)) {
@@ -171,7 +172,7 @@ bool LighthouseCore::Impl::Touch(Group& g, uint32_t node_rank, uint32_t step,
   if (!address.empty() && a.address != address) a.address = address;
   if (!phase.empty() && a.phase != phase) a.phase = phase;
   AdvanceStep(g, step, now);
-  RearmHeartbeat(g);
+  RearmHeartbeat(g, now);
   if (g.alive || !IsAlive(g.status, options.heartbeat_timeout, now)) return false;
   g.alive = true;
   if (g.status.mode != GroupMode::kLeft) g.reason.clear();
@@ -203,7 +204,8 @@ void LighthouseCore::Impl::LoseMember(Group& g, const std::string& reason, Effec
   RearmProgress(g);
 }
 
-void LighthouseCore::Impl::ClearAsks(Group& g, const Status& why, Effects* fx) {
+void LighthouseCore::Impl::ClearAsks(Group& g, const Status& why, TimePoint now, Effects* fx) {
+  if (IsParticipant(g.status)) g.progress_mark = now;
   for (uint32_t rank = 0; rank < g.status.agents.size(); ++rank) {
     AgentStatus& a = g.status.agents[rank];
     if (a.waiting) {
@@ -260,7 +262,7 @@ void LighthouseCore::Impl::ApplyTimeouts(TimePoint now, Effects* fx) {
 
 void LighthouseCore::Impl::Expire(Group& g, TimePoint now, Effects* fx) {
   if (IsAlive(g.status, options.heartbeat_timeout, now)) {  // cannot happen: deadlines are exact
-    RearmHeartbeat(g);
+    RearmHeartbeat(g, now);
     return;
   }
   uint32_t node = 0;
@@ -275,7 +277,8 @@ void LighthouseCore::Impl::Expire(Group& g, TimePoint now, Effects* fx) {
                                    Q(g.status.incarnation), Q(g.reason)));
   LoseMember(g, "heartbeat_timeout", fx);
   ClearAsks(g,
-            Error(Code::kUnavailable, "group {} unhealthy: {}", g.status.group_id, g.reason), fx);
+            Error(Code::kUnavailable, "group {} unhealthy: {}", g.status.group_id, g.reason), now,
+            fx);
 }
 
 void LighthouseCore::Impl::Evict(Group& g, TimePoint now, Effects* fx) {
@@ -290,7 +293,7 @@ void LighthouseCore::Impl::Evict(Group& g, TimePoint now, Effects* fx) {
       ToMillis(now - g.progress_mark)));
   LoseMember(g, "progress_stalled", fx);
   ClearAsks(g, Error(Code::kAborted, "group {} evicted: progress_stalled", g.status.group_id),
-            fx);
+            now, fx);
 }
 
 void LighthouseCore::Impl::SetDeadline(std::optional<TimePoint>& slot,
@@ -302,9 +305,10 @@ void LighthouseCore::Impl::SetDeadline(std::optional<TimePoint>& slot,
   if (at) deadlines.insert({*at, kind, who});
 }
 
-void LighthouseCore::Impl::RearmHeartbeat(Group& g) {
+void LighthouseCore::Impl::RearmHeartbeat(Group& g, TimePoint now) {
   std::optional<TimePoint> at;
   if (g.status.mode != GroupMode::kLeft) at = AliveUntil(g.status, options.heartbeat_timeout);
+  if (at && *at <= now) at.reset();  // another agent is silent: the group expired already
   SetDeadline(g.heartbeat_deadline, at, DeadlineKind::kHeartbeat, &g);
 }
 

@@ -83,8 +83,9 @@ struct LighthouseCore::Impl {
 
   // Creates the job and group as needed and replaces an older incarnation.
   Group& Admit(const std::string& job, const std::string& group_id,
-               const std::string& incarnation, uint32_t nodes, Effects* fx);
-  void ReplaceIncarnation(Group& g, const std::string& incarnation, uint32_t nodes, Effects* fx);
+               const std::string& incarnation, uint32_t nodes, TimePoint now, Effects* fx);
+  void ReplaceIncarnation(Group& g, const std::string& incarnation, uint32_t nodes,
+                          TimePoint now, Effects* fx);
   // Records contact from one agent; returns true when the group came alive.
   bool Touch(Group& g, uint32_t node_rank, uint32_t step, const std::string& address,
              const std::string& phase, TimePoint now, Effects* fx);
@@ -92,8 +93,9 @@ struct LighthouseCore::Impl {
 
   // Loss of a member of the current quorum: notice, watch wakeup, next quorum gets a new id.
   void LoseMember(Group& g, const std::string& reason, Effects* fx);
-  // Forgets the group's asks; waiting agents get `why`.
-  void ClearAsks(Group& g, const Status& why, Effects* fx);
+  // Forgets the group's asks; waiting agents get `why`. A member that stops waiting in a round
+  // starts its progress clock (rule 8) afresh at `now`: time spent waiting is no stall.
+  void ClearAsks(Group& g, const Status& why, TimePoint now, Effects* fx);
 
   void ApplyTimeouts(TimePoint now, Effects* fx);
   void Expire(Group& g, TimePoint now, Effects* fx);
@@ -108,7 +110,8 @@ struct LighthouseCore::Impl {
 
   void SetDeadline(std::optional<TimePoint>& slot, std::optional<TimePoint> at,
                    internal::DeadlineKind kind, void* who);
-  void RearmHeartbeat(Group& g);
+  // Arms the group's expiry; none when it is already expired at `now` (processed before).
+  void RearmHeartbeat(Group& g, TimePoint now);
   void RearmProgress(Group& g);
   void DropDeadlines(Group& g);
   void AddGroupOrder(Job& job, const Group& g);

@@ -1,0 +1,509 @@
+// Seeded deterministic simulation of the lighthouse core: many groups (1-3 nodes) in one or two
+// jobs train DiLoCo-style (ask, train, commit) while the simulation crashes and restarts them
+// (new incarnations), partitions them (their requests are dropped), makes them leave or stall,
+// and restarts the lighthouse itself (a new core Loaded from the last persisted records only).
+// After every event it checks: quorum_id never repeats with another membership and never goes
+// backwards; answers only reach waiting agents and never precede their persisted record; no
+// member of an issued quorum lacks a heartbeat within heartbeat_timeout; NextDeadline is never
+// in the past after a Tick. After a calm period every group must have been answered, and when
+// all groups leave no waiter may be left.
+//
+// LK_SIM_SEED=N replays one seed; LK_SIM_SEEDS=N runs N seeds (default 1000); LK_SIM_TRACE=1
+// prints the core's event lines as they happen.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <map>
+#include <queue>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "lighthouse/lighthouse_core.h"
+
+namespace lk::lighthouse {
+namespace {
+
+using std::chrono::milliseconds;
+
+enum class Ev { kBeat, kAsk, kDeadline, kTrainDone, kFault, kRestart, kEnd };
+
+struct Event {
+  TimePoint at;
+  uint64_t seq;
+  Ev kind;
+  int group = -1;
+  int node = 0;
+  int gen = 0;
+  uint64_t req = 0;
+  bool operator>(const Event& o) const { return std::tie(at, seq) > std::tie(o.at, o.seq); }
+};
+
+struct SimAgent {
+  bool waiting = false;  // a request is held by the (simulated) shell
+  bool answered = false;
+  uint64_t req = 0;
+};
+
+struct SimGroup {
+  std::string job, id, inc;
+  uint32_t nodes = 1;
+  int gen = 0;
+  bool up = true;
+  bool has_state = false;
+  bool training = false;
+  bool shrink_only = false;  // this round's asks (only during the chaos period)
+  uint32_t step = 0;
+  uint32_t quorum_id = 0;
+  TimePoint partitioned_until{}, stalled_until{};
+  TimePoint last_answer{};
+  std::vector<SimAgent> agents;
+};
+
+// What the seeds exercised, summed, so that a simulation that stopped doing anything fails.
+struct SimStats {
+  uint64_t issued = 0, changed = 0, answers = 0, rejections = 0, restarts = 0;
+  std::map<std::string, uint64_t> events;  // by event name
+};
+
+class Sim {
+ public:
+  Sim(uint64_t seed, SimStats* stats) : seed_(seed), rng_(seed), stats_(stats) {
+    options_.min_replicas = Rand(1, 2);
+    options_.join_timeout = Millis(Rand(200, 1500));
+    options_.heartbeat_timeout = Millis(Rand(1000, 3000));
+    options_.progress_timeout = Rand(0, 1) ? Millis(Rand(6000, 12000)) : Millis(0);
+    options_.answer_members_inline = Rand(0, 1);
+    core_ = std::make_unique<LighthouseCore>(options_);
+    // Every job gets at least two groups, so that min_replicas (1 or 2) lets it form.
+    const int groups = Rand(2, 7);
+    const int jobs = groups >= 4 ? Rand(1, 2) : 1;
+    for (int i = 0; i < groups; ++i) {
+      SimGroup g;
+      g.job = fmt::format("job{}", i % jobs);
+      g.id = fmt::format("g{}", i);
+      g.nodes = Rand(1, 3);
+      groups_.push_back(g);
+      Start(i, now_ + Millis(Rand(0, 500)));
+    }
+    for (TimePoint t = now_ + Millis(1000); t < chaos_end_; t += Millis(Rand(500, 3000))) {
+      Push(t, Ev::kFault);
+    }
+    Push(end_, Ev::kEnd);
+  }
+
+  // Runs to the end; returns an empty string or the first broken invariant.
+  std::string Run() {
+    while (error_.empty() && !events_.empty()) {
+      std::optional<TimePoint> deadline = core_->NextDeadline();
+      if (deadline && *deadline <= events_.top().at) {
+        // A deadline can lie behind `now` when the inputs since were errors or carried no time
+        // (they apply no timeouts); the shell's timer then fires at once.
+        now_ = std::max(now_, *deadline);
+        Effects fx;
+        core_->Tick(now_, &fx);
+        Apply(fx);
+        std::optional<TimePoint> next = core_->NextDeadline();
+        Check(!next || *next > now_, "NextDeadline not after the Tick that applied it");
+        continue;
+      }
+      Event e = events_.top();
+      events_.pop();
+      now_ = e.at;
+      Handle(e);
+      if (error_.empty() && Rand(0, 9) == 0) QuietTick();
+    }
+    return error_;
+  }
+
+ private:
+  int Rand(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
+  void Push(TimePoint at, Ev kind, int group = -1, int node = 0, uint64_t req = 0) {
+    int gen = group >= 0 ? groups_[group].gen : 0;
+    events_.push(Event{at, seq_++, kind, group, node, gen, req});
+  }
+  void Check(bool ok, const std::string& what) {
+    if (!ok && error_.empty()) {
+      error_ = fmt::format("{} (at +{}ms)", what, ToMillis(now_ - kStart));
+    }
+  }
+  bool Reachable(const SimGroup& g) const { return g.up && now_ >= g.partitioned_until; }
+  Millis Beat() const { return options_.heartbeat_timeout / 3; }
+
+  void Start(int i, TimePoint at) {
+    SimGroup& g = groups_[i];
+    ++g.gen;
+    g.inc = fmt::format("{}-{}", g.id, g.gen);
+    g.up = true;
+    g.has_state = false;
+    g.training = false;
+    g.step = 0;
+    g.agents.assign(g.nodes, SimAgent{});
+    for (uint32_t n = 0; n < g.nodes; ++n) {
+      Push(at, Ev::kBeat, i, static_cast<int>(n));
+      Push(at + Millis(Rand(0, 300)), Ev::kAsk, i, static_cast<int>(n));
+    }
+  }
+
+  void Handle(const Event& e) {
+    SimGroup* g = e.group >= 0 ? &groups_[e.group] : nullptr;
+    bool current = g && e.gen == g->gen && g->up;
+    switch (e.kind) {
+      case Ev::kBeat:
+        if (!current) return;
+        if (Reachable(*g)) SendBeat(e.group, e.node);
+        Push(now_ + Beat(), Ev::kBeat, e.group, e.node);
+        return;
+      case Ev::kAsk:
+        if (current) SendAsk(e.group, e.node);
+        return;
+      case Ev::kDeadline: {
+        AgentKey key{g->job, g->id, g->inc, static_cast<uint32_t>(e.node)};
+        if (!current || !g->agents[e.node].waiting || g->agents[e.node].req != e.req) return;
+        core_->OnJoinTimeout(key);  // the shell answers 504
+        waiters_.erase(key);
+        g->agents[e.node].waiting = false;
+        Reask(e.group);
+        return;
+      }
+      case Ev::kTrainDone:
+        if (current) TrainDone(e.group);
+        return;
+      case Ev::kRestart:
+        if (g->gen == e.gen && !g->up) Start(e.group, now_);
+        return;
+      case Ev::kFault:
+        Fault();
+        return;
+      case Ev::kEnd:
+        End();
+        return;
+    }
+  }
+
+  void SendBeat(int i, int node) {
+    SimGroup& g = groups_[i];
+    Effects fx;
+    HeartbeatInput in{g.job, g.id, g.inc, static_cast<uint32_t>(node), g.nodes, g.step,
+                      "train", fmt::format("{}:{}", g.id, node)};
+    auto r = core_->OnHeartbeat(in, now_, &fx);
+    Check(r.ok(), "heartbeat of a current incarnation failed: " + r.status().ToString());
+    if (r.ok()) contact_[{g.job, g.id, g.inc, static_cast<uint32_t>(node)}] = now_;
+    Apply(fx);
+  }
+
+  void SendAsk(int i, int node) {
+    SimGroup& g = groups_[i];
+    SimAgent& a = g.agents[node];
+    if (a.waiting || a.answered || g.training) return;
+    if (!Reachable(g)) {
+      Push(now_ + Millis(500), Ev::kAsk, i, node);  // connection refused: try again
+      return;
+    }
+    AgentKey key{g.job, g.id, g.inc, static_cast<uint32_t>(node)};
+    a.waiting = true;
+    a.req = ++req_;
+    waiters_[key] = a.req;
+    Push(now_ + Millis(Rand(3000, 6000)), Ev::kDeadline, i, node, a.req);
+    JoinInput in{g.job, g.id, g.inc, static_cast<uint32_t>(node), g.nodes, g.step, g.shrink_only,
+                 g.has_state, fmt::format("{}:{}", g.id, node)};
+    Effects fx;
+    Status st = core_->OnJoin(in, now_, &fx);
+    Check(st.ok(), "ask of a current incarnation failed: " + st.ToString());
+    if (st.ok()) contact_[key] = now_;
+    Apply(fx);
+  }
+
+  // Every agent of the group that is neither waiting nor answered asks (again) soon.
+  void Reask(int i) {
+    SimGroup& g = groups_[i];
+    g.shrink_only = now_ < chaos_end_ && Rand(0, 9) == 0;
+    for (SimAgent& a : g.agents) a.answered = false;
+    for (uint32_t n = 0; n < g.nodes; ++n) {
+      Push(now_ + Millis(Rand(50, 400)), Ev::kAsk, i, static_cast<int>(n));
+    }
+  }
+
+  void TrainDone(int i) {
+    SimGroup& g = groups_[i];
+    if (now_ < g.stalled_until) {  // a stalled trainer: heartbeats go on, the step does not
+      Push(g.stalled_until, Ev::kTrainDone, i);
+      return;
+    }
+    g.training = false;
+    if (Reachable(g)) {
+      bool ok = Rand(0, 19) != 0;
+      std::string hash = Rand(0, 29) == 0 ? "odd" : fmt::format("h{}", g.step + 1);
+      Effects fx;
+      auto r = core_->OnCommit({g.job, g.id, g.inc, 0, g.quorum_id, g.step + 1, ok, hash}, now_,
+                               &fx);
+      if (r.ok()) contact_[{g.job, g.id, g.inc, 0}] = now_;
+      Apply(fx);
+      if (r.ok() && ok) {
+        ++g.step;
+        if (Rand(0, 4) == 0) {
+          Effects cfx;
+          CheckpointData c{g.job, g.step, fmt::format("/ckpt/{}/{}", g.id, g.step), "d", g.id, 0};
+          Check(core_->OnRegisterCheckpoint(c, &cfx).ok(), "checkpoint registration failed");
+          Apply(cfx);
+        }
+      }
+    }
+    Reask(i);
+  }
+
+  void Fault() {
+    const int i = Rand(0, static_cast<int>(groups_.size()) - 1);
+    SimGroup& g = groups_[i];
+    switch (Rand(0, 5)) {
+      case 0:  // crash; Slurm requeues it later as a new incarnation
+        if (!g.up) return;
+        g.up = false;
+        ++g.gen;
+        Push(now_ + Millis(Rand(500, 8000)), Ev::kRestart, i);
+        return;
+      case 1: {  // graceful leave, then requeue
+        if (!Reachable(g)) return;
+        Effects fx;
+        Status st = core_->OnLeave(g.job, g.id, g.inc, "preempted", now_, &fx);
+        // A group the (restarted) lighthouse has not heard from yet is unknown to it.
+        Check(st.ok() || st.code() == Code::kNotFound, "leave failed: " + st.ToString());
+        Apply(fx);
+        g.up = false;
+        ++g.gen;
+        Push(now_ + Millis(Rand(500, 8000)), Ev::kRestart, i);
+        return;
+      }
+      case 2:
+        g.partitioned_until = now_ + Millis(Rand(500, 6000));
+        return;
+      case 3:
+        g.stalled_until = now_ + Millis(Rand(2000, 15000));
+        return;
+      case 4:
+        RestartLighthouse();
+        return;
+      default:  // a new incarnation appears while the old one still runs (restart race)
+        if (!g.up) return;
+        Start(i, now_);
+        return;
+    }
+  }
+
+  void RestartLighthouse() {
+    ++stats_->restarts;
+    core_ = std::make_unique<LighthouseCore>(options_);
+    std::vector<JobRecordData> records;
+    for (const auto& [job, r] : disk_jobs_) records.push_back(r);
+    std::vector<CheckpointData> ckpts;
+    for (const auto& [key, c] : disk_ckpts_) ckpts.push_back(c);
+    Status st = core_->Load(records, ckpts, now_);
+    Check(st.ok(), "Load failed: " + st.ToString());
+    for (const JobRecordData& r : records) {
+      for (const MemberData& m : r.members) {
+        for (uint32_t n = 0; n < std::max<size_t>(1, m.addresses.size()); ++n) {
+          contact_[{r.job, m.group_id, m.incarnation, n}] = now_;
+        }
+      }
+    }
+    waiters_.clear();  // connections drop: agents retry
+    for (size_t i = 0; i < groups_.size(); ++i) {
+      SimGroup& g = groups_[i];
+      bool dropped = false;
+      for (SimAgent& a : g.agents) {
+        dropped = dropped || a.waiting;
+        a.waiting = false;
+      }
+      if (g.up && dropped) Reask(static_cast<int>(i));
+    }
+  }
+
+  // Tick before the next deadline must change nothing.
+  void QuietTick() {
+    std::optional<TimePoint> next = core_->NextDeadline();
+    if (next && *next <= now_) return;
+    Effects fx;
+    core_->Tick(now_, &fx);
+    Check(fx.events.empty() && fx.answers.empty() && fx.rejections.empty(),
+          "Tick before NextDeadline changed something");
+  }
+
+  void Apply(const Effects& fx) {
+    stats_->issued += fx.issued.size();
+    stats_->answers += fx.answers.size();
+    stats_->rejections += fx.rejections.size();
+    for (const Effects::Issued& is : fx.issued) stats_->changed += is.changed;
+    for (const std::string& e : fx.events) ++stats_->events[e.substr(0, e.find(' '))];
+    if (trace_) {
+      for (const std::string& e : fx.events) {
+        fmt::print("+{:>6}ms {}\n", ToMillis(now_ - kStart), e);
+      }
+    }
+    for (const JobRecordData& r : fx.persist_jobs) {
+      auto it = disk_jobs_.find(r.job);
+      Check(it == disk_jobs_.end() || it->second.quorum_id <= r.quorum_id,
+            fmt::format("persisted quorum_id of {} went back", r.job));
+      disk_jobs_[r.job] = r;
+    }
+    for (const CheckpointData& c : fx.persist_checkpoints) disk_ckpts_[{c.job, c.step, c.location}] = c;
+    for (const CheckpointData& c : fx.drop_checkpoints) disk_ckpts_.erase({c.job, c.step, c.location});
+    for (const Effects::Issued& is : fx.issued) CheckIssued(is);
+    for (const auto& [key, answer] : fx.answers) CheckAnswer(key, answer);
+    for (const auto& [key, status] : fx.rejections) {
+      auto it = waiters_.find(key);
+      Check(it != waiters_.end(), "rejection for an agent that is not waiting");
+      waiters_.erase(key);
+      for (size_t i = 0; i < groups_.size(); ++i) {
+        SimGroup& g = groups_[i];
+        if (g.id != key.group_id || g.job != key.job || g.inc != key.incarnation) continue;
+        g.agents[key.node_rank].waiting = false;
+        if (g.up) Reask(static_cast<int>(i));
+      }
+    }
+  }
+
+  void CheckIssued(const Effects::Issued& is) {
+    auto rec = disk_jobs_.find(is.job);
+    Check(rec != disk_jobs_.end() && rec->second.quorum_id == is.quorum_id,
+          "issued quorum not persisted in the same effects");
+    if (rec == disk_jobs_.end()) return;
+    std::string members;
+    for (const MemberData& m : rec->second.members) {
+      members += m.group_id + "/" + m.incarnation + " ";
+      for (uint32_t n = 0; n < std::max<size_t>(1, m.addresses.size()); ++n) {
+        auto c = contact_.find({is.job, m.group_id, m.incarnation, n});
+        Check(c != contact_.end() && now_ - c->second < options_.heartbeat_timeout,
+              fmt::format("quorum {} member {} node {} without a recent heartbeat", is.quorum_id,
+                          m.group_id, n));
+      }
+    }
+    uint32_t& last = last_issued_[is.job];
+    Check(is.quorum_id >= last, fmt::format("quorum_id went back: {} after {}", is.quorum_id, last));
+    last = is.quorum_id;
+    auto [it, fresh] = memberships_.try_emplace({is.job, is.quorum_id}, members);
+    Check(it->second == members, fmt::format("quorum {} of {} issued with two memberships: [{}] "
+                                             "and [{}]",
+                                             is.quorum_id, is.job, it->second, members));
+    Check(fresh == is.changed || !fresh, "a changed quorum reused an id");
+  }
+
+  void CheckAnswer(const AgentKey& key, const QuorumAnswer& a) {
+    Check(waiters_.erase(key) == 1, "answer for an agent that is not waiting");
+    auto rec = disk_jobs_.find(key.job);
+    Check(rec != disk_jobs_.end() && rec->second.quorum_id >= a.quorum_id,
+          "answer before its quorum was persisted");
+    const auto& members = a.members_shared ? *a.members_shared : a.members;
+    Check(a.replica_rank < members.size() && members[a.replica_rank].group_id == key.group_id,
+          "answer with a wrong replica_rank");
+    for (uint32_t s : a.source_ranks) {
+      Check(s < members.size() && !members[s].heal, "a healing member named as a donor");
+    }
+    for (size_t i = 0; i < groups_.size(); ++i) {
+      SimGroup& g = groups_[i];
+      if (g.id != key.group_id || g.job != key.job || g.inc != key.incarnation) continue;
+      SimAgent& agent = g.agents[key.node_rank];
+      agent.waiting = false;
+      agent.answered = true;
+      g.quorum_id = a.quorum_id;
+      g.last_answer = now_;
+      if (a.heal) {
+        g.step = a.max_step;
+        g.has_state = true;
+      } else if (a.initial) {
+        g.has_state = true;
+      }
+      bool all = true;
+      for (const SimAgent& x : g.agents) all = all && x.answered;
+      if (all && g.up) {
+        for (SimAgent& x : g.agents) x.answered = false;
+        g.training = true;
+        Push(now_ + Millis(Rand(300, 2500)), Ev::kTrainDone, static_cast<int>(i));
+      }
+    }
+  }
+
+  void End() {
+    // After the calm period every running group must have been answered recently.
+    for (const SimGroup& g : groups_) {
+      Check(!g.up || g.last_answer > chaos_end_ + Millis(15'000),
+            fmt::format("{} of {} not answered in the calm period", g.id, g.job));
+    }
+    for (SimGroup& g : groups_) {
+      if (!g.up) continue;
+      Effects fx;
+      Check(core_->OnLeave(g.job, g.id, g.inc, "done", now_, &fx).ok(), "final leave failed");
+      Apply(fx);
+      g.up = false;
+      ++g.gen;
+    }
+    Check(waiters_.empty(), fmt::format("{} waiters left after every group left", waiters_.size()));
+    while (!events_.empty()) events_.pop();
+  }
+
+  const TimePoint kStart = TimePoint{} + std::chrono::hours(1);
+  uint64_t seed_;
+  std::mt19937_64 rng_;
+  SimStats* stats_;
+  CoreOptions options_;
+  std::unique_ptr<LighthouseCore> core_;
+  TimePoint now_ = kStart;
+  TimePoint chaos_end_ = kStart + Millis(30'000);
+  TimePoint end_ = kStart + Millis(60'000);
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
+  uint64_t seq_ = 0, req_ = 0;
+  std::vector<SimGroup> groups_;
+  std::map<AgentKey, uint64_t> waiters_;
+  std::map<AgentKey, TimePoint> contact_;  // last accepted heartbeat/ask/commit (or Load)
+  std::map<std::string, JobRecordData> disk_jobs_;
+  std::map<std::tuple<std::string, uint32_t, std::string>, CheckpointData> disk_ckpts_;
+  std::map<std::string, uint32_t> last_issued_;
+  std::map<std::pair<std::string, uint32_t>, std::string> memberships_;
+  std::string error_;
+  bool trace_ = std::getenv("LK_SIM_TRACE") != nullptr;
+};
+
+uint64_t EnvOr(const char* name, uint64_t fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtoull(v, nullptr, 10) : fallback;
+}
+
+TEST_CASE("simulation: invariants hold under crashes, partitions, stalls and restarts") {
+  std::vector<uint64_t> seeds;
+  if (std::getenv("LK_SIM_SEED")) {
+    seeds.push_back(EnvOr("LK_SIM_SEED", 0));
+  } else {
+    for (uint64_t s = 1; s <= EnvOr("LK_SIM_SEEDS", 1000); ++s) seeds.push_back(s);
+  }
+  int failures = 0;
+  SimStats stats;
+  for (uint64_t seed : seeds) {
+    std::string error = Sim(seed, &stats).Run();
+    if (error.empty()) continue;
+    ++failures;
+    FAIL_CHECK("seed " << seed << ": " << error << "\n  replay: LK_SIM_SEED=" << seed
+                       << " simulation_test");
+    if (failures >= 5) break;
+  }
+  std::string names;
+  for (const auto& [name, n] : stats.events) names += fmt::format(" {}={}", name, n);
+  MESSAGE(fmt::format("{} seeds: {} quorums issued ({} new ids), {} answers, {} rejections, {} "
+                      "lighthouse restarts; events:{}",
+                      seeds.size(), stats.issued, stats.changed, stats.answers, stats.rejections,
+                      stats.restarts, names));
+  // Every kind of fault and decision must have happened somewhere in a default run.
+  if (seeds.size() >= 100) {
+    CHECK(stats.changed > 0);
+    CHECK(stats.issued > stats.changed);  // unchanged re-issues (the hot path)
+    CHECK(stats.restarts > 0);
+    for (const char* name : {"incarnation_replaced", "group_unhealthy", "member_lost",
+                             "group_evicted", "group_left", "diverged", "quorum_retry",
+                             "group_rejoin", "checkpoint_registered"}) {
+      CAPTURE(name);
+      CHECK(stats.events[name] > 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lk::lighthouse
