@@ -127,10 +127,14 @@ Result<CommandResult> SubprocessRunner::Run(const Command& command) {
   posix_spawn_file_actions_adddup2(&actions, err_w.get(), 2);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  sigset_t empty, all;
-  sigemptyset(&empty);
+  // The child starts with default dispositions and these signals blocked: Slurm signals a whole
+  // job step (SIGTERM right after a requeue, a forwarded USR2), and a scontrol killed half way
+  // would report an accepted requeue as a failure. The timeout's SIGKILL still ends it.
+  sigset_t blocked, all;
+  sigemptyset(&blocked);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) sigaddset(&blocked, sig);
   sigfillset(&all);
-  posix_spawnattr_setsigmask(&attr, &empty);
+  posix_spawnattr_setsigmask(&attr, &blocked);
   posix_spawnattr_setsigdefault(&attr, &all);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
 

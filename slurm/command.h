@@ -36,8 +36,9 @@ class CommandRunner {
   virtual Result<CommandResult> Run(const Command& command) = 0;
 };
 
-// Runs commands with posix_spawnp. The child gets default dispositions and an empty signal mask,
-// so a parent that blocks SIGTERM/SIGUSR2 for its own signal handling does not pass that on.
+// Runs commands with posix_spawnp. The child gets default dispositions and TERM, INT, HUP, USR1
+// and USR2 blocked, whatever the parent's mask: Slurm signals every process of a job step, and
+// a Slurm client command must finish (or hit its timeout) rather than die half way.
 class SubprocessRunner : public CommandRunner {
  public:
   Result<CommandResult> Run(const Command& command) override;

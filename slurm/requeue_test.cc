@@ -101,7 +101,7 @@ SlurmEnv Env(int64_t job, std::optional<int64_t> array_job = {},
   return env;
 }
 
-TEST_CASE("requeue: plain jobs by id, array tasks as ARRAYJOBID_TASKID") {
+TEST_CASE("requeue: plain jobs by id and array tasks as ARRAYJOBID_TASKID") {
   CHECK(RequeueArgv(Env(42)) == std::vector<std::string>{"scontrol", "requeue", "42"});
   CHECK(RequeueArgv(Env(57, 50, 7)) == std::vector<std::string>{"scontrol", "requeue", "50_7"});
   FakeRunner runner;
@@ -145,7 +145,35 @@ TEST_CASE("requeue: with the real runner and no scontrol on PATH") {
   CHECK(s.message().find("scontrol") != std::string::npos);
 }
 
-TEST_CASE("signal settings: USR1, USR2, TERM with B: and @seconds") {
+TEST_CASE("runner: output and exit code and stdin and timeout and signals during a command") {
+  SubprocessRunner runner;
+  Command cmd;
+  cmd.argv = {"sh", "-c", "cat; echo err >&2; exit 3"};
+  cmd.stdin_text = "in";
+  auto r = runner.Run(cmd);
+  REQUIRE(r.ok());
+  CHECK(r->exit_code == 3);
+  CHECK(r->out == "in");
+  CHECK(r->err == "err\n");
+  // A SIGTERM to the child while it runs (as Slurm sends one to the whole step after a
+  // requeue) must not kill it half way.
+  cmd.argv = {"sh", "-c", "kill -TERM $$; kill -USR2 $$; echo survived"};
+  cmd.stdin_text.clear();
+  r = runner.Run(cmd);
+  REQUIRE(r.ok());
+  CHECK(r->exit_code == 0);
+  CHECK(r->out == "survived\n");
+  cmd.argv = {"sleep", "10"};
+  cmd.timeout = std::chrono::milliseconds(200);
+  auto t0 = std::chrono::steady_clock::now();
+  r = runner.Run(cmd);
+  CHECK(r.status().code() == Code::kDeadlineExceeded);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  cmd.argv = {"lk-no-such-program"};
+  CHECK(runner.Run(cmd).status().code() == Code::kNotFound);
+}
+
+TEST_CASE("signal settings: USR1 USR2 and TERM with B: and @seconds") {
   struct Row {
     std::string text;
     int signo;

@@ -113,7 +113,9 @@ Status ScriptOptions::Validate() const {
   if (time.empty()) return InvalidArgument("--time is required (sbatch syntax, e.g. 04:00:00)");
   if (trainer.empty()) return InvalidArgument("the trainer command is required after '--'");
   if (nodes < 1) return InvalidArgument("--nodes {} must be at least 1", nodes);
-  if (tasks_per_node < 1) return InvalidArgument("--tasks-per-node {} must be >= 1", tasks_per_node);
+  if (tasks_per_node < 1) {
+    return InvalidArgument("--tasks-per-node {} must be >= 1", tasks_per_node);
+  }
   if (signal_before_s < 0 || signal_before_s > 65535) {
     return InvalidArgument("--signal-before-s {} is not 0..65535", signal_before_s);
   }
@@ -195,13 +197,18 @@ std::string GenerateBatchScript(const ScriptOptions& o, const EnvMap& submit_env
   if (!o.token_file.empty()) s += " --token-file \"$LK_TOKEN_FILE\"";
   s += " &\nlk_agent_pid=$!\n\n";
 
-  s += fmt::format("# The trainers, {} per node; a failed task ends the step so no peer hangs.\n",
-                   o.tasks_per_node);
+  s += fmt::format(
+      "# The trainers, {} per node; a failed task ends the step so no peer hangs. They ignore\n"
+      "# USR2 (exec keeps an ignored signal ignored): `scancel --signal=USR2 JOB` sends it to\n"
+      "# every step's tasks, and its default action would kill a trainer. The agent tells them\n"
+      "# to drain instead.\n",
+      o.tasks_per_node);
   s += fmt::format(
       "srun --nodes=\"$SLURM_JOB_NUM_NODES\" --ntasks-per-node={0} "
       "--ntasks=$((SLURM_JOB_NUM_NODES * {0})) --kill-on-bad-exit=1 \\\n",
       o.tasks_per_node);
-  s += "  bash -c 'd=$1; shift; export LK_AGENT_SOCKET=\"$d/lk-$SLURM_JOB_ID-$SLURM_NODEID.sock\"; "
+  s += "  bash -c 'trap \"\" USR2; d=$1; shift; "
+       "export LK_AGENT_SOCKET=\"$d/lk-$SLURM_JOB_ID-$SLURM_NODEID.sock\"; "
        "exec \"$@\"' lk-trainer " + dir + " \\\n";
   s += "  " + QuoteAll(o.trainer) + " &\n";
   s += "lk_trainer_pid=$!\n";
@@ -222,7 +229,8 @@ std::string GenerateBatchScript(const ScriptOptions& o, const EnvMap& submit_env
   if (o.requeue_on_crash) {
     s += "# --requeue-on-crash: trainers that failed with no signal requeue the job, a bounded\n"
          "# number of times so a trainer that always crashes does not loop forever.\n";
-    s += "if [ \"$lk_trainer_rc\" -ne 0 ] && [ \"$lk_warned\" = 0 ] && [ \"$lk_termed\" = 0 ]; then\n";
+    s += "if [ \"$lk_trainer_rc\" -ne 0 ] && [ \"$lk_warned\" = 0 ] && "
+         "[ \"$lk_termed\" = 0 ]; then\n";
     s += fmt::format("  if [ \"${{SLURM_RESTART_COUNT:-0}}\" -lt {} ]; then\n",
                      o.crash_requeues_max);
     s += "    lk_log \"event=trainer_crashed rc=$lk_trainer_rc action=requeue job=$lk_job_ref\"\n";

@@ -55,7 +55,7 @@ TEST_CASE("shell quoting keeps words whole") {
   CHECK(ShellQuote("a;rm -rf /") == "'a;rm -rf /'");
 }
 
-TEST_CASE("script: sbatch header, exports, agent and trainer steps") {
+TEST_CASE("script: sbatch header and exports and agent and trainer steps") {
   EnvMap submit_env = {{"LK_HEARTBEAT_INTERVAL_MS", "500"},
                        {"LK_JOB", "from-env"},          // the flag wins
                        {"LK_NODE_RANK", "3"},           // per node: never exported
@@ -89,11 +89,14 @@ TEST_CASE("script: sbatch header, exports, agent and trainer steps") {
   // Agent: one per node, sharing CPUs, node rank and socket expanded on the node, in background.
   CHECK(Has(s, "srun --overlap --nodes=\"$SLURM_JOB_NUM_NODES\" --ntasks=\"$SLURM_JOB_NUM_NODES\" "
                "--ntasks-per-node=1"));
-  CHECK(Has(s, "--node-rank \"$SLURM_NODEID\" --socket \"$d/lk-$SLURM_JOB_ID-$SLURM_NODEID.sock\""));
+  CHECK(Has(s, "--node-rank \"$SLURM_NODEID\" "
+               "--socket \"$d/lk-$SLURM_JOB_ID-$SLURM_NODEID.sock\""));
   CHECK(Has(s, "replica_agent --lighthouse \"$LK_LIGHTHOUSE\" --job \"$LK_JOB\" --group-id "
-               "\"$LK_GROUP_ID\" --nodes \"$SLURM_JOB_NUM_NODES\" --token-file \"$LK_TOKEN_FILE\" &\n"
+               "\"$LK_GROUP_ID\" --nodes \"$SLURM_JOB_NUM_NODES\" "
+               "--token-file \"$LK_TOKEN_FILE\" &\n"
                "lk_agent_pid=$!"));
   // Trainers: quoted command, socket in LK_AGENT_SOCKET, background + wait so traps run.
+  CHECK(Has(s, "bash -c 'trap \"\" USR2; d=$1; shift; "));
   CHECK(Has(s, "export LK_AGENT_SOCKET=\"$d/lk-$SLURM_JOB_ID-$SLURM_NODEID.sock\""));
   CHECK(Has(s, "python train.py --data '/p/data set' --note 'it'\\''s' &\n"));
   CHECK(Has(s, "lk_wait \"$lk_trainer_pid\""));
@@ -197,7 +200,7 @@ TEST_CASE("cli: submit pipes the script to sbatch --parsable and prints the job 
   CHECK(Has(err, "sbatch: not found in PATH"));
 }
 
-TEST_CASE("cli: usage errors exit 2 with the reason; --help lists every flag") {
+TEST_CASE("cli: usage errors exit 2 with the reason and --help lists every flag") {
   FakeRunner runner;
   std::string out, err;
   CHECK(Cli({"slurm", "script", "--job", "j", "--bogus"}, runner, &out, &err) == 2);

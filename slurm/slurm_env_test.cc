@@ -20,7 +20,7 @@ EnvMap BatchEnv() {
           {"SLURM_NODELIST", "localhost"},  {"SLURM_PROCID", "0"}};
 }
 
-TEST_CASE("slurm env: a 22.05 batch environment parses, restart count absent means 0") {
+TEST_CASE("slurm env: a 22.05 batch environment parses and an absent restart count means 0") {
   auto env = ParseSlurmEnv(BatchEnv());
   REQUIRE_MESSAGE(env.ok(), env.status().ToString());
   CHECK(env->job_id == 1);
@@ -141,7 +141,7 @@ constexpr char kPreempted[] =
     "JobId=2 JobState=RUNNING Reason=None Restarts=0 TimeLimit=00:10:00 "
     "StartTime=1795976165 EndTime=1795976177\n";
 
-TEST_CASE("slurm env: scontrol job lines; the limit end ignores a preemption's EndTime") {
+TEST_CASE("slurm env: scontrol job lines and a limit end that ignores preemption") {
   auto running = ParseJobInfo(kRunning);
   REQUIRE_MESSAGE(running.ok(), running.status().ToString());
   CHECK(running->state == "RUNNING");
@@ -164,7 +164,7 @@ TEST_CASE("slurm env: scontrol job lines; the limit end ignores a preemption's E
   CHECK_FALSE(ParseJobInfo("JobState=RUNNING Restarts=x").ok());
 }
 
-TEST_CASE("slurm env: FillEndTime asks scontrol with epoch times, and keeps a known one") {
+TEST_CASE("slurm env: FillEndTime asks scontrol with epoch times and keeps a known one") {
   auto env = ParseSlurmEnv(BatchEnv());
   REQUIRE(env.ok());
   FakeRunner runner;
