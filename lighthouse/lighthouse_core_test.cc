@@ -17,7 +17,7 @@ namespace {
 using testing::Harness;
 using testing::Snapshot;
 
-TEST_CASE("rule 5: first quorum when every healthy group asked; answers name rank and plan") {
+TEST_CASE("rule 5: first quorum when every healthy group asked, answers name rank and plan") {
   Harness h;
   REQUIRE(h.Beat("b").ok());
   REQUIRE(h.Join("a", 0, "i1", 0, 1, /*has_state=*/false).ok());
@@ -105,7 +105,7 @@ TEST_CASE("rule 6: a failed commit gives the next quorum a new id with the same 
   CHECK(h.fx.issued[0].changed);
 }
 
-TEST_CASE("rule 3: shrink_only keeps a joiner out; it comes in at the next plain round") {
+TEST_CASE("rule 3: shrink_only keeps a joiner out until the next plain round") {
   Harness h;
   h.Form({"a", "b"});
   REQUIRE(h.Beat("c").ok());
