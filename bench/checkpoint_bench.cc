@@ -1,0 +1,138 @@
+// Checkpoint throughput: save and restore of a large state on one disk, and peer recovery from
+// 1, 2 and 3 shard servers on loopback. bench/checkpoint_bench.sh runs it next to fio and iperf3
+// in the same run and reports ratios. Output: one "name=value" line per figure (bytes/second).
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "checkpoint/live.h"
+#include "checkpoint/restore.h"
+#include "checkpoint/shard_server.h"
+#include "checkpoint/writer.h"
+#include "common/flags.h"
+#include "common/http/server.h"
+#include "common/log.h"
+
+namespace lk::ckpt {
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// `bytes` of state as F32 tensors of 32 MiB (rows of 4 KiB), filled so no two chunks are equal.
+Snapshot MakeState(uint64_t bytes, int64_t step) {
+  Snapshot s;
+  s.step = step;
+  constexpr uint64_t kTensorBytes = uint64_t{32} << 20;
+  for (uint64_t at = 0, i = 0; at < bytes; at += kTensorBytes, ++i) {
+    uint64_t n = std::min(kTensorBytes, bytes - at);
+    Buffer b(n);
+    auto* w = reinterpret_cast<uint64_t*>(b.data());
+    for (uint64_t k = 0; k < n / 8; ++k) w[k] = (i << 40) ^ k ^ (static_cast<uint64_t>(step) << 56);
+    s.Add(fmt::format("layer{:03}.weight", i), DType::kF32, {static_cast<int64_t>(n / 4096), 1024},
+          ConstBytes::Own(std::move(b)));
+  }
+  return s;
+}
+
+class Servers {
+ public:
+  Servers(const std::string& base, int count) {
+    for (int i = 0; i < count; ++i) {
+      shards_.push_back(std::make_unique<ShardServer>(ShardServerOptions{base}));
+      http::ServerOptions o;
+      o.write_timeout = Millis(120'000);
+      servers_.push_back(std::make_unique<http::Server>(ioc_, o, shards_.back()->AsHandler()));
+      LK_CHECK(servers_.back()->Listen("127.0.0.1:0").ok());
+      urls_.push_back("http://" + servers_.back()->LocalAddress());
+    }
+    for (int i = 0; i < 4; ++i) threads_.emplace_back([this] { ioc_.run(); });
+  }
+  ~Servers() {
+    boost::asio::post(ioc_, [this] {
+      for (auto& s : servers_) s->Stop();
+      ioc_.stop();
+    });
+    for (auto& t : threads_) t.join();
+  }
+  const std::vector<std::string>& urls() const { return urls_; }
+
+ private:
+  boost::asio::io_context ioc_;
+  std::vector<std::unique_ptr<ShardServer>> shards_;
+  std::vector<std::unique_ptr<http::Server>> servers_;
+  std::vector<std::string> urls_;
+  std::vector<std::thread> threads_;
+};
+
+int Main(int argc, char** argv) {
+  std::string dir = "/tmp/lk-ckpt-bench", shm = "/dev/shm/lk-ckpt-bench";
+  int64_t bytes = int64_t{2} << 30;
+  uint32_t streams = 4;
+  Flags flags("checkpoint_bench", "Checkpoint save/restore and peer recovery throughput.");
+  flags.Add("dir", &dir, "directory on the disk under test", "LK_BENCH_DIR");
+  flags.Add("shm", &shm, "node-local directory the peers serve from", "LK_BENCH_SHM");
+  flags.Add("bytes", &bytes, "state size", "LK_BENCH_BYTES");
+  flags.Add("streams", &streams, "concurrent reads per source", "LK_BENCH_STREAMS");
+  if (Status st = flags.Parse(argc, argv); !st.ok() || flags.help_requested()) {
+    std::fprintf(stderr, "%s\n%s", st.ToString().c_str(), flags.Help().c_str());
+    return 2;
+  }
+  SetLogLevel(LogLevel::kWarn);
+  std::filesystem::remove_all(dir + "/ckpt");
+  std::filesystem::remove_all(shm);
+  std::printf("effective %s\n", flags.Effective().c_str());
+
+  Snapshot state = MakeState(static_cast<uint64_t>(bytes), 1);
+  WriterOptions w;
+  w.root = dir + "/ckpt";
+  w.keep = 1;
+  auto t0 = std::chrono::steady_clock::now();
+  auto saved = CheckpointWriter(w).Save(state);
+  double save_s = Seconds(t0);
+  LK_CHECK(saved.ok()) << saved.status().ToString();
+  std::printf("save_bytes_per_s=%.0f\nsave_s=%.3f\n", bytes / save_s, save_s);
+
+  RestoreOptions ro;
+  ro.drop_cache = true;
+  ro.fetch.streams_per_source = streams;
+  FetchReport report;
+  t0 = std::chrono::steady_clock::now();
+  auto restored = RestoreLatest(w.root, ro, &report);
+  double restore_s = Seconds(t0);
+  LK_CHECK(restored.ok()) << restored.status().ToString();
+  LK_CHECK(restored->bytes() == static_cast<uint64_t>(bytes));
+  std::printf("restore_bytes_per_s=%.0f\nrestore_s=%.3f\n", bytes / restore_s, restore_s);
+  restored = Status(Code::kAborted, "freed");
+
+  // Peers serve live state from node-local memory, as agents do.
+  LiveStatePublisher pub(LivePublisherOptions{shm, 2, kDefaultChunkBytes, nullptr});
+  t0 = std::chrono::steady_clock::now();
+  LK_CHECK(pub.Publish(state).ok());
+  std::printf("publish_shm_bytes_per_s=%.0f\n", bytes / Seconds(t0));
+  state = Snapshot();
+  Servers servers(shm, 3);
+  for (size_t n = 1; n <= 3; ++n) {
+    std::vector<std::string> urls(servers.urls().begin(), servers.urls().begin() + n);
+    PeerRecoveryOptions po;
+    po.fetch.streams_per_source = std::max<uint32_t>(1, streams / static_cast<uint32_t>(n));
+    t0 = std::chrono::steady_clock::now();
+    auto got = RecoverFromPeers(urls, po);
+    double s = Seconds(t0);
+    LK_CHECK(got.ok()) << got.status().ToString();
+    LK_CHECK(got->bytes() == static_cast<uint64_t>(bytes));
+    std::printf("peer%zu_bytes_per_s=%.0f\n", n, bytes / s);
+  }
+  std::filesystem::remove_all(dir + "/ckpt");
+  std::filesystem::remove_all(shm);
+  return 0;
+}
+
+}  // namespace
+}  // namespace lk::ckpt
+
+int main(int argc, char** argv) { return lk::ckpt::Main(argc, argv); }
