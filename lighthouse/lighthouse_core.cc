@@ -244,6 +244,11 @@ Result<WatchResult> LighthouseCore::Watch(const std::string& job, uint32_t quoru
 
 bool LighthouseCore::HasJob(const std::string& job) const { return impl_->jobs.count(job) > 0; }
 
+uint32_t LighthouseCore::CommittedStep(const std::string& job) const {
+  auto j = impl_->jobs.find(job);
+  return j == impl_->jobs.end() ? 0 : j->second.committed_step;
+}
+
 size_t LighthouseCore::GroupCount() const { return impl_->group_count; }
 
 }  // namespace lk::lighthouse

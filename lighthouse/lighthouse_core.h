@@ -228,6 +228,8 @@ class LighthouseCore {
   Result<WatchResult> Watch(const std::string& job, uint32_t quorum_id) const;
 
   bool HasJob(const std::string& job) const;
+  // The job's committed step (0 for an unknown job): cheap, unlike View, for commit answers.
+  uint32_t CommittedStep(const std::string& job) const;
   std::vector<JobView> View(TimePoint now) const;
   size_t GroupCount() const;
 

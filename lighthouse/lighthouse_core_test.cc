@@ -88,6 +88,8 @@ TEST_CASE("rule 4 and 6: an unchanged quorum re-issues the same id every step (h
     CHECK(h.fx.watch_wakeups.empty());
   }
   CHECK(h.core.View(h.clock.Now())[0].committed_step == 3);
+  CHECK(h.core.CommittedStep("j") == 3);
+  CHECK(h.core.CommittedStep("unknown") == 0);
 }
 
 TEST_CASE("rule 6: a failed commit gives the next quorum a new id with the same members") {
