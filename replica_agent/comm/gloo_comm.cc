@@ -6,9 +6,12 @@
 //    which wakes the waiting trainer thread, and closes every pair with SO_LINGER 0, so the
 //    kernel resets the connections and the peers' own waits fail at once too.
 //  - A peer that dies (kill -9, socket closed) makes the kernel close its sockets; Gloo's device
-//    loop reads EOF/RST and fails the waits posted on that pair. The member that notices closes
-//    all its pairs, so the failure travels around the ring in one hop per member instead of
-//    waiting for a timeout.
+//    loop reads EOF/RST but only fails the waits posted on that very pair, while the trainer
+//    thread may be waiting on the other neighbour. So every communicator keeps a sentinel
+//    receive posted on each of its pairs (a slot no one sends on) and a monitor thread waiting
+//    on it: the failure of any pair wakes the monitor, which fails the whole communicator and
+//    closes its pairs, so the failure travels around the ring one hop per member, each hop as
+//    fast as the kernel delivers a reset.
 //  - A watchdog thread fails the communicator the same way when the init or op deadline passes,
 //    so no Gloo-internal wait is ever the last line of defence.
 #include <signal.h>
@@ -37,6 +40,10 @@ namespace {
 using SteadyClock = std::chrono::steady_clock;
 using GlooContext = gloo::transport::Context;
 using GlooBuffer = gloo::transport::UnboundBuffer;
+
+// The monitor's wait: far above any training run, and small enough that Gloo's deadline
+// arithmetic cannot overflow.
+constexpr auto kForever = std::chrono::hours(24 * 365);
 
 std::string AddressKey(uint32_t slot, uint32_t rank) {
   return fmt::format("gloo/slot{}/rank{}", slot, rank);
@@ -89,11 +96,12 @@ class GlooCommManager final : public CommManager {
   ~GlooCommManager() override {
     {
       std::lock_guard lock(mu_);
-      FailLocked(Error(Code::kAborted, "communicator shut down"));
+      FailLocked(Error(Code::kAborted, "communicator shut down"), LogLevel::kDebug);
       stop_ = true;
       cv_.notify_all();
     }
     watchdog_.join();
+    StopMonitor();
     ctx_.reset();
     device_.reset();
   }
@@ -119,6 +127,10 @@ class GlooCommManager final : public CommManager {
  private:
   enum class Phase { kNone, kInitializing, kReady, kFailed };
 
+  // Posts the sentinel receives and starts the monitor of the communicator just connected.
+  void StartMonitorLocked(const std::set<uint32_t>& peers);
+  // Stops the monitor of the previous communicator (it was woken by FailLocked) and frees it.
+  void StopMonitor();
   Status Connect(std::shared_ptr<GlooContext> ctx, uint32_t quorum_id, uint32_t rank,
                  uint32_t world, TimePoint deadline);
   Status Ring(GlooContext& ctx, float* data, size_t count, size_t rank, size_t world);
@@ -130,7 +142,8 @@ class GlooCommManager final : public CommManager {
   }
 
   // First failure wins: wakes every wait in flight and resets every connection.
-  void FailLocked(Status status);
+  // `level`: a superseded or shut-down communicator is routine, a failure is a warning.
+  void FailLocked(Status status, LogLevel level = LogLevel::kWarn);
   void ArmLocked(Millis timeout, const char* what) {
     deadline_ = SteadyClock::now() + timeout;
     deadline_what_ = what;
@@ -159,6 +172,10 @@ class GlooCommManager final : public CommManager {
   uint32_t rank_ = 0;
   uint32_t world_ = 0;
   std::vector<GlooBuffer*> inflight_;  // buffers a collective waits on right now
+  uint64_t generation_ = 0;             // one per Reconfigure, so a late monitor fails nothing
+  std::unique_ptr<GlooBuffer> sentinel_;  // freed only after monitor_ is joined
+  uint64_t sentinel_bytes_ = 0;
+  std::thread monitor_;
   bool armed_ = false;
   TimePoint deadline_;
   const char* deadline_what_ = "";
@@ -166,9 +183,9 @@ class GlooCommManager final : public CommManager {
   bool stop_ = false;
 };
 
-void GlooCommManager::FailLocked(Status status) {
+void GlooCommManager::FailLocked(Status status, LogLevel level) {
   if (phase_ == Phase::kFailed || phase_ == Phase::kNone) return;
-  LK_LOG_WARN("comm_failed backend=gloo slot={} quorum_id={} rank={} world={} code={} reason={}",
+  Log(level, "comm_failed backend=gloo slot={} quorum_id={} rank={} world={} code={} reason={}",
               options_.slot, quorum_id_.load(), rank_, world_, CodeName(status.code()),
               Q(status.message()));
   phase_ = Phase::kFailed;
@@ -178,11 +195,17 @@ void GlooCommManager::FailLocked(Status status) {
     b->abortWaitRecv();
     b->abortWaitSend();
   }
+  if (sentinel_) sentinel_->abortWaitRecv();
   if (ctx_) {
     for (uint32_t i = 0; i < world_; ++i) {
       if (i == rank_) continue;
       auto& pair = ctx_->getPair(static_cast<int>(i));
-      if (pair) pair->close();
+      // Abort runs on the caller's thread (a notice callback): nothing may escape from it.
+      try {
+        if (pair) pair->close();
+      } catch (const std::exception& e) {
+        LK_LOG_WARN("comm_close_failed backend=gloo peer={} error={}", i, Q(e.what()));
+      }
     }
   }
   cv_.notify_all();
@@ -219,7 +242,7 @@ Status GlooCommManager::Reconfigure(uint32_t quorum_id, uint32_t replica_rank,
     if (phase_ != Phase::kNone && quorum_id < current) {
       return InvalidArgument("quorum_id {} is older than the current {}", quorum_id, current);
     }
-    FailLocked(Error(Code::kAborted, "superseded by quorum {}", quorum_id));
+    FailLocked(Error(Code::kAborted, "superseded by quorum {}", quorum_id), LogLevel::kInfo);
     old = std::move(ctx_);
     phase_ = Phase::kInitializing;
     status_ = Status::Ok();
@@ -227,8 +250,10 @@ Status GlooCommManager::Reconfigure(uint32_t quorum_id, uint32_t replica_rank,
     world_ = world_size;
     quorum_id_ = quorum_id;
     op_seq_ = 0;
+    ++generation_;
     ArmLocked(options_.init_timeout, "communicator init");
   }
+  StopMonitor();
   old.reset();  // its pairs are closed; this frees their sockets
 
   Status st;
@@ -279,7 +304,36 @@ Status GlooCommManager::Connect(std::shared_ptr<GlooContext> ctx, uint32_t quoru
     LK_RETURN_IF_ERROR(Interrupted());
     ctx->getPair(static_cast<int>(p))->connect(address);
   }
-  return Interrupted();
+  std::lock_guard lock(mu_);
+  if (phase_ == Phase::kFailed) return status_;
+  StartMonitorLocked(peers);
+  return Status::Ok();
+}
+
+void GlooCommManager::StartMonitorLocked(const std::set<uint32_t>& peers) {
+  constexpr uint64_t kSentinelSlot = ~uint64_t{0};
+  sentinel_ = ctx_->createUnboundBuffer(&sentinel_bytes_, sizeof(sentinel_bytes_));
+  for (uint32_t p : peers) {
+    sentinel_->recv(static_cast<int>(p), kSentinelSlot, 0, sizeof(sentinel_bytes_));
+  }
+  monitor_ = std::thread([this, buf = sentinel_.get(), generation = generation_] {
+    Status failure;
+    try {
+      // False: woken by FailLocked, the communicator is already failed or replaced.
+      if (!buf->waitRecv(nullptr, kForever)) return;
+      failure = Error(Code::kInternal, "a peer sent on the failure-detection slot");
+    } catch (const std::exception& e) {
+      failure = Error(Code::kAborted, "peer failure: {}", e.what());
+    }
+    std::lock_guard lock(mu_);
+    if (generation == generation_) FailLocked(failure);
+  });
+}
+
+void GlooCommManager::StopMonitor() {
+  if (monitor_.joinable()) monitor_.join();
+  std::lock_guard lock(mu_);
+  sentinel_.reset();
 }
 
 Status GlooCommManager::AllReduce(void* data, size_t count, DType dtype, ReduceOp op) {

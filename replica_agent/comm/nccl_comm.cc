@@ -65,9 +65,9 @@ class NcclCommManager final : public CommManager {
  private:
   enum class Phase { kNone, kInitializing, kReady, kFailed };
 
-  void FailLocked(Status status) {
+  void FailLocked(Status status, LogLevel level = LogLevel::kWarn) {
     if (phase_ == Phase::kFailed || phase_ == Phase::kNone) return;
-    LK_LOG_WARN("comm_failed backend=nccl slot={} quorum_id={} code={} reason={}", options_.slot,
+    Log(level, "comm_failed backend=nccl slot={} quorum_id={} code={} reason={}", options_.slot,
                 quorum_id_.load(), CodeName(status.code()), Q(status.message()));
     phase_ = Phase::kFailed;
     status_ = std::move(status);
@@ -136,7 +136,7 @@ Status NcclCommManager::Reconfigure(uint32_t quorum_id, uint32_t replica_rank,
     if (phase_ != Phase::kNone && quorum_id < current) {
       return InvalidArgument("quorum_id {} is older than the current {}", quorum_id, current);
     }
-    FailLocked(Error(Code::kAborted, "superseded by quorum {}", quorum_id));
+    FailLocked(Error(Code::kAborted, "superseded by quorum {}", quorum_id), LogLevel::kInfo);
     phase_ = Phase::kInitializing;
     status_ = Status::Ok();
     failed_ = false;
