@@ -103,7 +103,7 @@ std::vector<size_t> Range(size_t n) {
   return v;
 }
 
-TEST_CASE("2, 3 and 4 members allreduce float32 and bfloat16, sum and avg, exactly") {
+TEST_CASE("2 3 and 4 members allreduce float32 and bfloat16 sum and avg exactly") {
   for (size_t n : {2, 3, 4}) {
     CAPTURE(n);
     Cluster c(n);
@@ -122,7 +122,7 @@ TEST_CASE("2, 3 and 4 members allreduce float32 and bfloat16, sum and avg, exact
   }
 }
 
-TEST_CASE("a new quorum_id with a different membership rebuilds; the same id is a no-op") {
+TEST_CASE("a new quorum_id with a different membership rebuilds and the same id is a no-op") {
   Cluster c(4);
   uint32_t q1 = c.NewQuorum();
   c.RequireAllOk(c.Reconfigure({0, 1, 2, 3}, q1));
@@ -144,7 +144,7 @@ TEST_CASE("a new quorum_id with a different membership rebuilds; the same id is 
   CHECK(old[0].find("err invalid_argument") == 0);
 }
 
-TEST_CASE("Abort during an allreduce returns Aborted at once, and the peers fail too") {
+TEST_CASE("Abort during an allreduce returns Aborted at once and the peers fail too") {
   Cluster c(3);
   c.RequireAllOk(c.Reconfigure({0, 1, 2}, c.NewQuorum()));
   // Peer 0 blocks in a collective that peers 1 and 2 have not joined; the notice comes 300 ms
@@ -166,7 +166,7 @@ TEST_CASE("Abort during an allreduce returns Aborted at once, and the peers fail
   c.RequireAllOk(c.Same({0, 1, 2}, "allreduce f32 sum 100000 1"));
 }
 
-TEST_CASE("kill -9 of a member fails the survivors' in-flight allreduce; they rebuild without it") {
+TEST_CASE("kill -9 of a member fails the survivors' in-flight allreduce and they rebuild without it") {
   Cluster c(4);
   c.RequireAllOk(c.Reconfigure({0, 1, 2, 3}, c.NewQuorum()));
   // Long enough that the kill lands mid-collective: 400 rounds of 16 MiB.
@@ -185,7 +185,7 @@ TEST_CASE("kill -9 of a member fails the survivors' in-flight allreduce; they re
   c.RequireAllOk(c.Same({0, 1, 3}, "allreduce bf16 sum 300001 1"));
 }
 
-TEST_CASE("init deadline: a member that never shows up fails Reconfigure; Abort cuts it short") {
+TEST_CASE("init deadline: a member that never shows up fails Reconfigure and Abort cuts it short") {
   Cluster c(2, {"--init-timeout-ms", "1500"});
   uint32_t q = c.NewQuorum();
   // World 3, but only two members exist.
@@ -207,7 +207,7 @@ TEST_CASE("init deadline: a member that never shows up fails Reconfigure; Abort 
 }
 
 #ifdef LK_HAVE_NCCL
-TEST_CASE("nccl: allreduce on device buffers, init deadline, abort (skipped without a GPU)") {
+TEST_CASE("nccl: allreduce on device buffers and init deadline (skipped without a GPU)") {
   Cluster probe(1, {"--init-timeout-ms", "3000"}, "nccl");
   if (!IsOk(probe.first_answers[0])) {
     MESSAGE("no CUDA device, NCCL test skipped: ", probe.first_answers[0]);

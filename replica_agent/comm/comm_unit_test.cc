@@ -31,7 +31,7 @@ TEST_CASE("bfloat16 rounds to nearest even and keeps NaN and infinities") {
   CHECK(Bf16ToFloat(FloatToBf16(-2.5f)) == -2.5f);
 }
 
-TEST_CASE("ring chunks cover every element once, sizes differ by at most one") {
+TEST_CASE("ring chunks cover every element once and sizes differ by at most one") {
   for (size_t count : {0, 1, 5, 7, 64, 1001}) {
     for (size_t parts : {1, 2, 3, 4, 8}) {
       size_t next = 0, smallest = count, largest = 0;
@@ -102,7 +102,7 @@ TEST_CASE("options: bad values are refused with the field named") {
   CHECK(CommManager::Create(Backend::kGloo, &store, o).status().code() == Code::kInvalidArgument);
 }
 
-TEST_CASE("file store: a Get waits for the Put; a missing key times out") {
+TEST_CASE("file store: a Get waits for the Put and a missing key times out") {
   FileRendezvousStore store(testing::TempDir("filestore"));
   auto getter = std::async(std::launch::async, [&] { return store.Get(3, "a/b", 5000ms); });
   std::this_thread::sleep_for(50ms);
@@ -141,7 +141,7 @@ struct LocalRing {
   }
 };
 
-TEST_CASE("gloo in one process: sum and avg of float32 and bfloat16, repeated") {
+TEST_CASE("gloo in one process: sum and avg of float32 and bfloat16 repeated") {
   LocalRing ring(3);
   for (const Status& st : ring.Reconfigure(1)) REQUIRE(st.ok());
   const size_t count = 1000;
@@ -171,7 +171,7 @@ TEST_CASE("gloo in one process: sum and avg of float32 and bfloat16, repeated") 
   for (const Status& st : ring.Reconfigure(1)) CHECK(st.ok());
 }
 
-TEST_CASE("gloo in one process: Abort wakes a blocked allreduce; the peer fails too") {
+TEST_CASE("gloo in one process: Abort wakes a blocked allreduce and the peer fails too") {
   LocalRing ring(2);
   for (const Status& st : ring.Reconfigure(7)) REQUIRE(st.ok());
   std::vector<float> v(1 << 16, 1.0f);
