@@ -48,7 +48,7 @@ TEST_CASE("Q quotes values that would break key=value parsing") {
   CHECK(Q("") == "\"\"");
 }
 
-TEST_CASE("Flags: command line beats environment beats default; errors name the flag") {
+TEST_CASE("Flags: command line beats environment beats default - errors name the flag") {
   std::string bind = "0.0.0.0:29510";
   uint32_t min_replicas = 1;
   bool verbose = false;

@@ -94,6 +94,16 @@ void Service::Impl::HandleHeartbeat(const Request& req, Responder respond) {
   out.set_drain(r->drain);
   out.set_committed_step(r->committed_step);
   for (const auto& n : r->notices) ToProto(n, out.add_notices());
+  // A round is open when an agent of this job waits in POST /v1/quorum (a joiner, or a member
+  // that saw the quorum lose someone) or the current quorum lost a member: the group should
+  // ask at its next outer-step boundary instead of going on with the quorum it has.
+  auto w = quorum_waiters.lower_bound(AgentKey{in.job(), "", "", 0});
+  bool open_round = w != quorum_waiters.end() && w->first.job == in.job();
+  if (!open_round) {
+    auto watch = core.Watch(in.job(), r->quorum_id);
+    open_round = watch.ok() && watch->lost;
+  }
+  out.set_round_pending(open_round);
   ApplyEffects(fx);
   respond(http::Reply(out, f));
 }

@@ -108,6 +108,8 @@ void Agent::Impl::HeartbeatLoop() {
     pb::HeartbeatRequest hb;
     {
       std::lock_guard<std::mutex> lock(mu);
+      // After a drain the group has left: a heartbeat now would only be refused as stale.
+      if (draining) return;
       hb.set_step(committed_step);
       hb.set_phase(phase);
     }
@@ -203,6 +205,17 @@ void Agent::Impl::QuorumLoop() {
     }
     if (failures++ == 0) LK_LOG_WARN("quorum_failed error={}", Q(st.ToString()));
     std::unique_lock<std::mutex> lock(mu);
+    // The lighthouse is unreachable: while the membership has not changed (no loss known), the
+    // trainers go on with the quorum they have; every group sees the same outage and does the
+    // same, and the next boundary asks again.
+    if (st.code() == Code::kUnavailable && quorum && !draining &&
+        !lost_quorums.count(quorum->quorum_id())) {
+      if (failures == 1) LK_LOG_WARN("lighthouse_unreachable continuing quorum_id={}", quorum->quorum_id());
+      ask_needed = false;
+      phase = "training";
+      AnswerPollsLocked(false);
+      continue;
+    }
     cv.wait_for(lock, Backoff(failures), [&] { return stopping.load(); });
   }
 }

@@ -40,6 +40,7 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
     std::optional<uint32_t> committed_step;
     bool commit_failed = false;
     std::string state_hash;
+    bool finished = false;  // said goodbye: its exit is not a crash
   };
   struct NoticeWaiter {
     uint64_t id;
@@ -70,6 +71,7 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   // ---- trainers' socket API (agent_routes.cc) ----
   void Route(http::Request&& req, http::Responder respond);
   void HandleHello(const http::Request& req, http::Responder respond);
+  void HandleGoodbye(const http::Request& req, http::Responder respond);
   void HandlePoll(const http::Request& req, http::Responder respond);
   void HandleCommit(const http::Request& req, http::Responder respond);
   void HandleNotice(const http::Request& req, http::Responder respond);

@@ -1,6 +1,7 @@
 // The trainers' API on the agent's Unix socket (and /healthz, /v1/agent/status on --serve):
 //   POST /v1/trainer/hello   {group_rank, group_size, pid}    register; the pid is watched
 //   POST /v1/trainer/poll    {group_rank, group_size, step}   once per outer step
+//   POST /v1/trainer/goodbye {group_rank}                      done: its exit is not a crash
 //   POST /v1/trainer/commit  {group_rank, step, failed, state_hash}
 //   GET  /v1/trainer/notice?quorum_id=Q&timeout_ms=T         returns when Q is lost or on drain
 //   PUT/GET /v1/trainer/kv/QUORUM_ID/KEY                      the lighthouse rendezvous KV
@@ -31,6 +32,7 @@ void Agent::Impl::Route(http::Request&& req, http::Responder respond) {
   bool post = req.method == "POST";
   if (p == "/v1/trainer/hello" && post) return HandleHello(req, respond);
   if (p == "/v1/trainer/poll" && post) return HandlePoll(req, respond);
+  if (p == "/v1/trainer/goodbye" && post) return HandleGoodbye(req, respond);
   if (p == "/v1/trainer/commit" && post) return HandleCommit(req, respond);
   if (p == "/v1/trainer/notice" && req.method == "GET") return HandleNotice(req, respond);
   if (p.rfind("/v1/trainer/kv/", 0) == 0 && (req.method == "GET" || req.method == "PUT")) {
@@ -87,7 +89,9 @@ void Agent::Impl::WatchPid(Trainer& t) {
                         bool expected;
                         {
                           std::lock_guard<std::mutex> lock(self->mu);
-                          expected = self->draining;
+                          auto it = self->trainers.find(rank);
+                          expected = self->draining ||
+                                     (it != self->trainers.end() && it->second.finished);
                         }
                         LK_LOG_INFO("trainer_exited group_rank={} pid={} during_drain={}", rank,
                                     pid, expected);
@@ -103,6 +107,28 @@ void Agent::Impl::HandleHello(const http::Request& req, http::Responder respond)
   if (st.ok()) st = Register(in.group_rank(), in.group_size(), in.pid());
   if (!st.ok()) return respond(http::ErrorReply(st, f));
   respond(http::Reply(pb::Empty(), f));
+}
+
+void Agent::Impl::HandleGoodbye(const http::Request& req, http::Responder respond) {
+  http::Format f = http::ReplyFormat(req);
+  pb::TrainerHelloRequest in;
+  Status st = DecodeAs(req, &in);
+  bool all_finished = false;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (st.ok() && !trainers.count(in.group_rank())) {
+      st = InvalidArgument("group_rank {} never said hello", in.group_rank());
+    }
+    if (st.ok()) {
+      trainers[in.group_rank()].finished = true;
+      all_finished = trainers.size() >= ExpectedLocalTrainersLocked();
+      for (auto& [r, t] : trainers) all_finished &= t.finished;
+    }
+  }
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  respond(http::Reply(pb::Empty(), f));
+  // Every trainer of this node is done: the group leaves cleanly and the agent exits 0.
+  if (all_finished) Drain("finished");
 }
 
 pb::TrainerPollResponse Agent::Impl::PollAnswerLocked(Trainer& t, bool fresh_answer) {
@@ -185,11 +211,11 @@ void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) 
   uint32_t waiting = 0;
   for (auto& [rank, other] : trainers) waiting += other.poll_respond && other.polled_step == in.step();
   if (waiting < ExpectedLocalTrainersLocked()) return;
-  // Every local trainer reached the boundary. Go on with the quorum we have unless a round is
-  // pending (a joiner waits, a member was lost) or the quorum is gone.
-  if (quorum && !round_pending && !lost_quorums.count(quorum->quorum_id())) {
-    return AnswerPollsLocked(false);
-  }
+  // Every local trainer reached the boundary: the group asks the lighthouse at every outer
+  // step. The round is a barrier across groups, so every group takes the same decision at the
+  // same step (going on with a cached quorum while another group waits in a round would leave
+  // the two blocked on each other); the lighthouse's fast path makes an unchanged round cheap,
+  // and the allreduce that follows is a barrier anyway.
   ask_needed = true;
   ask_step = in.step();
   cv.notify_all();

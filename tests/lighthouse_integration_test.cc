@@ -100,7 +100,7 @@ std::vector<std::string> MemberIds(const pb::QuorumResponse& q) {
   return out;
 }
 
-TEST_CASE("groups join, one leaves, one times out; quorum ids only go up") {
+TEST_CASE("groups join - one leaves - one times out - quorum ids only go up") {
   auto dir = TempDir("lh-join");
   auto lh = StartLighthouse(dir + "/data", {"--heartbeat-timeout-ms", "800", "--join-timeout-ms",
                                             "300", "--min-replicas", "1"},
@@ -215,7 +215,7 @@ TEST_CASE("SIGTERM answers every waiter and exits 0") {
   CHECK(*code == 0);
 }
 
-TEST_CASE("a quorum not ready by its deadline is 504; the retry joins the same round") {
+TEST_CASE("a quorum not ready by its deadline is 504 - the retry joins the same round") {
   auto dir = TempDir("lh-504");
   auto lh = StartLighthouse(dir + "/data", {"--min-replicas", "2"}, dir + "/lh.log");
   auto c = Connect(lh.url());
@@ -230,7 +230,7 @@ TEST_CASE("a quorum not ready by its deadline is 504; the retry joins the same r
   REQUIRE(fb.get().ok());
 }
 
-TEST_CASE("rendezvous KV: GET waits for the PUT; old epochs are collected") {
+TEST_CASE("rendezvous KV: GET waits for the PUT - old epochs are collected") {
   auto dir = TempDir("lh-kv");
   auto lh = StartLighthouse(dir + "/data", {}, dir + "/lh.log");
   auto qa = AskAsync(lh.url(), Ask("j", "a", "a1", 0)).get();
@@ -351,7 +351,7 @@ TEST_CASE("bad input gets a clear 4xx and changes nothing") {
   (void)before;
 }
 
-TEST_CASE("status, metrics, healthz, dashboard and lkctl") {
+TEST_CASE("status - metrics - healthz - dashboard and lkctl") {
   auto dir = TempDir("lh-obs");
   auto lh = StartLighthouse(dir + "/data", {"--min-replicas", "2"}, dir + "/lh.log");
   auto fa = AskAsync(lh.url(), Ask("demo", "a", "a1", 0));

@@ -146,7 +146,7 @@ TEST_CASE("garbage instead of HTTP gets 400") {
   close(fd);
 }
 
-TEST_CASE("a handler may answer later from another thread; client deadlines hold") {
+TEST_CASE("a handler may answer later from another thread - client deadlines hold") {
   TestServer ts;
   auto c = Client::Create(ts.Url());
   REQUIRE(c.ok());
@@ -172,7 +172,7 @@ TEST_CASE("Unix-domain sockets serve the same protocol") {
   unlink(path.c_str());
 }
 
-TEST_CASE("a refused connection is an Unavailable error, not a hang") {
+TEST_CASE("a refused connection is an Unavailable error - not a hang") {
   auto c = Client::Create("http://127.0.0.1:1");
   REQUIRE(c.ok());
   auto r = (*c)->Do("GET", "/healthz", "", "", Millis(2000));

@@ -66,6 +66,11 @@ int lk_session_commit(lk_session* s, uint32_t step, int ok, const char* state_ha
   return st.ok() ? 0 : Fail(st);
 }
 
+int lk_session_finish(lk_session* s) {
+  lk::Status st = s->session->Finish();
+  return st.ok() ? 0 : Fail(st);
+}
+
 int lk_kv_put(lk_session* s, uint32_t quorum_id, const char* key, const void* value, size_t len) {
   lk::Status st = s->session->KvPut(quorum_id, key,
                                     std::string(static_cast<const char*>(value), len));

@@ -33,6 +33,8 @@ void lk_session_close(lk_session* s);
 int lk_session_poll(lk_session* s, uint32_t step, lk_poll_result* out);
 /* The i-th heal source of the last poll, as "HOST:PORT", NUL-terminated into buf. */
 int lk_session_heal_source(lk_session* s, uint32_t i, char* buf, size_t cap);
+/* Done: the trainer's exit is then not reported as a crash. */
+int lk_session_finish(lk_session* s);
 int lk_session_commit(lk_session* s, uint32_t step, int ok, const char* state_hash);
 int lk_kv_put(lk_session* s, uint32_t quorum_id, const char* key, const void* value, size_t len);
 /* Waits up to timeout_ms for the key; *len gets the value's size (which may exceed cap). */

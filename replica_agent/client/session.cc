@@ -80,6 +80,14 @@ Status Session::Commit(uint32_t step, bool ok, const std::string& state_hash) {
   return client_->Call("POST", "/v1/trainer/commit", req, nullptr, Millis(30'000));
 }
 
+Status Session::Finish() {
+  pb::TrainerHelloRequest req;
+  req.set_group_rank(group_rank_);
+  req.set_group_size(group_size_);
+  req.set_pid(static_cast<uint32_t>(getpid()));
+  return client_->Call("POST", "/v1/trainer/goodbye", req, nullptr, Millis(10'000));
+}
+
 Status Session::KvPut(uint32_t quorum_id, const std::string& key, const std::string& value) {
   LK_ASSIGN_OR_RETURN(http::Response r,
                       client_->Do("PUT", fmt::format("/v1/trainer/kv/{}/{}", quorum_id, key), value,

@@ -59,6 +59,9 @@ class Session {
   Status Commit(uint32_t step, bool ok, const std::string& state_hash = "");
   Status KvPut(uint32_t quorum_id, const std::string& key, const std::string& value);
   Result<std::string> KvGet(uint32_t quorum_id, const std::string& key, Millis timeout);
+  // Tells the agent this trainer is done (its committed step reached the target), so that its
+  // exit is not reported as a crash; when every trainer of the node is done the group leaves.
+  Status Finish();
   // Starts watching the quorum of the last Poll; `cb` runs once per lost quorum and on drain.
   void OnNotice(std::function<void(const Notice&)> cb);
 

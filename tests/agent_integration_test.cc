@@ -1,0 +1,290 @@
+// The agent and the client library as users run them: a real lighthouse, one replica_agent per
+// group and small trainers (tests/test_trainer.cc) that allreduce over Gloo; trainers, agents
+// and the lighthouse are killed, stopped and restarted. Waits are bounded to catch hangs; no
+// speed is asserted here (bench/ measures it).
+#include <doctest/doctest.h>
+#include <signal.h>
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "common/http/client.h"
+#include "common/http/codec.h"
+#include "common/proto/lightkeeper.pb.h"
+#include "tests/support/process.h"
+
+namespace lk::test {
+namespace {
+
+using namespace std::chrono_literals;
+namespace pb = lightkeeper::v1;
+
+std::vector<std::string> ReadLines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line)) out.push_back(line);
+  return out;
+}
+
+// The raw text of "key":VALUE in a one-line JSON object (numbers, booleans, strings unquoted).
+std::string Field(const std::string& line, const std::string& key) {
+  auto pos = line.find("\"" + key + "\":");
+  if (pos == std::string::npos) return "";
+  pos += key.size() + 3;
+  if (line[pos] == '"') return line.substr(pos + 1, line.find('"', pos + 1) - pos - 1);
+  auto end = line.find_first_of(",}", pos);
+  return line.substr(pos, end - pos);
+}
+
+struct Group {
+  std::string name;
+  std::string socket;
+  std::unique_ptr<Process> agent;
+  std::vector<std::unique_ptr<Process>> trainers;
+  std::vector<std::string> logs;
+};
+
+struct Cluster {
+  std::string dir;
+  Lighthouse lh;
+  std::map<std::string, Group> groups;
+  int starts = 0;
+
+  Cluster(const std::string& tag, std::vector<std::string> lh_flags) : dir(TempDir(tag)) {
+    lh = StartLighthouse(dir + "/data", lh_flags, dir + "/lighthouse.log");
+  }
+
+  Group& Start(const std::string& name, uint32_t trainers, uint32_t steps, uint32_t sleep_ms = 30) {
+    int n = starts++;
+    Group& g = groups[name];
+    g = Group{};
+    g.name = name;
+    g.socket = fmt::format("{}/{}-{}.sock", dir, name, n);
+    std::string agent_log = fmt::format("{}/agent-{}-{}.log", dir, name, n);
+    g.agent = std::make_unique<Process>(
+        std::vector<std::string>{BinDir() + "/replica_agent", "--lighthouse", lh.url(), "--job",
+                                 "t", "--group-id", name, "--socket", g.socket, "--serve",
+                                 "127.0.0.1:0", "--heartbeat-interval-ms", "100",
+                                 "--drain-timeout-ms", "5000"},
+        agent_log);
+    REQUIRE_FALSE(g.agent->WaitForLog("agent_listening", 10s).empty());
+    for (uint32_t r = 0; r < trainers; ++r) {
+      std::string log = fmt::format("{}/trainer-{}-{}-{}.jsonl", dir, name, n, r);
+      g.logs.push_back(log);
+      g.trainers.push_back(std::make_unique<Process>(
+          std::vector<std::string>{BinDir() + "/test_trainer", "--group-rank", std::to_string(r),
+                                   "--group-size", std::to_string(trainers), "--steps",
+                                   std::to_string(steps), "--step-sleep-ms",
+                                   std::to_string(sleep_ms), "--log", log},
+          log + ".stderr", std::map<std::string, std::string>{{"LK_AGENT_SOCKET", g.socket}}));
+    }
+    return g;
+  }
+
+  pb::JobStatus Status() {
+    auto c = http::Client::Create(lh.url());
+    REQUIRE(c.ok());
+    auto r = (*c)->Do("GET", "/status?job=t", "", "", Millis(3000));
+    pb::StatusResponse st;
+    if (r.ok() && r->status == 200) (void)http::Decode(r->body, http::Format::kJson, &st);
+    return st.jobs().empty() ? pb::JobStatus() : st.jobs(0);
+  }
+
+  // Waits until the quorum's members are exactly `names`; returns its quorum_id.
+  uint32_t WaitForMembers(const std::vector<std::string>& names, std::chrono::seconds bound) {
+    auto deadline = std::chrono::steady_clock::now() + bound;
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto j = Status();
+      std::vector<std::string> have;
+      for (const auto& m : j.members()) have.push_back(m.group_id());
+      if (have == names) return j.quorum_id();
+      std::this_thread::sleep_for(20ms);
+    }
+    FAIL("quorum never had members " << fmt::format("{}", fmt::join(names, ",")) << "; status "
+                                     << http::ToJson(Status()));
+    return 0;
+  }
+};
+
+// Waits until `log` has an allreduce line satisfying `pred`.
+std::string WaitForLine(const std::string& log, std::chrono::seconds bound,
+                        const std::function<bool(const std::string&)>& pred) {
+  auto deadline = std::chrono::steady_clock::now() + bound;
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (const auto& line : ReadLines(log)) {
+      if (pred(line)) return line;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  return "";
+}
+
+TEST_CASE("3 groups x 2 trainers: kill -9 a trainer - survivors abort and regroup - the group heals back") {
+  Cluster c("agent-kill", {"--heartbeat-timeout-ms", "2000", "--join-timeout-ms", "300"});
+  for (auto name : {"g0", "g1", "g2"}) c.Start(name, 2, 1000, 100);
+  uint32_t q3 = c.WaitForMembers({"g0", "g1", "g2"}, 30s);
+  // Every trainer of every group allreduces correctly with all three groups.
+  for (auto& [name, g] : c.groups) {
+    for (const auto& log : g.logs) {
+      auto line = WaitForLine(log, 30s, [&](const std::string& l) {
+        return Field(l, "event") == "allreduce" && Field(l, "world") == "3";
+      });
+      REQUIRE_FALSE(line.empty());
+      CHECK(Field(line, "correct") == "true");
+    }
+  }
+  auto killed_at = std::chrono::system_clock::now();
+  c.groups["g2"].trainers[1]->Signal(SIGKILL);
+  REQUIRE(c.groups["g2"].agent->Wait(10s).has_value());  // the whole group goes
+  CHECK_FALSE(c.groups["g2"].agent->WaitForLog("reason=trainer_crashed", 1s).empty());
+  uint32_t q2 = c.WaitForMembers({"g0", "g1"}, 10s);
+  CHECK(q2 > q3);
+  // The survivors go on at world size 2 with correct results, without any timeout wait.
+  for (auto name : {"g0", "g1"}) {
+    for (const auto& log : c.groups[name].logs) {
+      auto line = WaitForLine(log, 10s, [&](const std::string& l) {
+        return Field(l, "event") == "allreduce" && Field(l, "world") == "2" &&
+               Field(l, "ok") == "true";
+      });
+      REQUIRE_FALSE(line.empty());
+      CHECK(Field(line, "correct") == "true");
+      auto t_ms = std::stoll(Field(line, "t_ms"));
+      auto killed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                           killed_at.time_since_epoch()).count();
+      MESSAGE("first allreduce on the new quorum " << (t_ms - killed_ms) << " ms after the kill");
+    }
+  }
+  // The group restarts as a new incarnation, is told to heal, and rejoins.
+  c.Start("g2", 2, 1000, 100);
+  c.WaitForMembers({"g0", "g1", "g2"}, 30s);
+  for (const auto& log : c.groups["g2"].logs) {
+    CHECK_FALSE(WaitForLine(log, 20s, [](const std::string& l) {
+                  return Field(l, "event") == "heal";
+                }).empty());
+    CHECK_FALSE(WaitForLine(log, 20s, [](const std::string& l) {
+                  return Field(l, "event") == "allreduce" && Field(l, "world") == "3" &&
+                         Field(l, "correct") == "true";
+                }).empty());
+  }
+}
+
+TEST_CASE("SIGTERM an agent: graceful leave - the quorum shrinks at once - exit 0") {
+  // A long heartbeat timeout shows the shrink does not wait for it.
+  Cluster c("agent-term", {"--heartbeat-timeout-ms", "60000", "--join-timeout-ms", "300"});
+  c.Start("a", 1, 1000);
+  c.Start("b", 1, 1000);
+  c.WaitForMembers({"a", "b"}, 30s);
+  c.groups["b"].agent->Signal(SIGTERM);
+  c.WaitForMembers({"a"}, 10s);
+  auto code = c.groups["b"].agent->Wait(10s);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  auto tcode = c.groups["b"].trainers[0]->Wait(10s);
+  REQUIRE(tcode.has_value());
+  CHECK(*tcode == 0);  // the trainer was told to drain and exited cleanly
+  CHECK_FALSE(c.groups["b"].agent->WaitForLog("left reason=cancelled", 1s).empty());
+}
+
+TEST_CASE("kill -9 the lighthouse mid-run and restart it: no trainer exits - ids go on upward") {
+  Cluster c("agent-lh", {"--heartbeat-timeout-ms", "3000", "--join-timeout-ms", "300"});
+  c.Start("a", 1, 100000, 20);
+  c.Start("b", 1, 100000, 20);
+  uint32_t q1 = c.WaitForMembers({"a", "b"}, 30s);
+  c.lh.process->Signal(SIGKILL);
+  REQUIRE(c.lh.process->Wait(10s).has_value());
+  std::this_thread::sleep_for(1500ms);  // trainers keep committing on the last quorum meanwhile
+  auto restarted = StartLighthouse(c.dir + "/data", {"--heartbeat-timeout-ms", "3000",
+                                                     "--join-timeout-ms", "300"},
+                                   c.dir + "/lighthouse.log", c.lh.address);
+  c.lh = std::move(restarted);
+  c.WaitForMembers({"a", "b"}, 20s);
+  // A third group joining after the restart gets a higher quorum_id than any before.
+  c.Start("c", 1, 100000, 20);
+  uint32_t q2 = c.WaitForMembers({"a", "b", "c"}, 30s);
+  CHECK(q2 > q1);
+  for (auto& [name, g] : c.groups) {
+    CHECK(g.agent->Running());
+    for (auto& t : g.trainers) CHECK(t->Running());
+  }
+  // Commits continued while the lighthouse was away.
+  auto lines = ReadLines(c.groups["a"].logs[0]);
+  CHECK(lines.size() > 10);
+}
+
+TEST_CASE("a hung trainer whose agent still heartbeats is evicted after progress_timeout_ms") {
+  Cluster c("agent-hung", {"--heartbeat-timeout-ms", "60000", "--join-timeout-ms", "300",
+                           "--progress-timeout-ms", "4000"});
+  c.Start("a", 1, 100000, 20);
+  c.Start("b", 1, 100000, 20);
+  c.WaitForMembers({"a", "b"}, 30s);
+  for (auto name : {"a", "b"}) {
+    REQUIRE_FALSE(WaitForLine(c.groups[name].logs[0], 20s, [](const std::string& l) {
+                    return Field(l, "event") == "allreduce" && Field(l, "step") == "3";
+                  }).empty());
+  }
+  c.groups["b"].trainers[0]->Signal(SIGSTOP);  // hung: alive, but no progress
+  c.WaitForMembers({"a"}, 15s);
+  auto j = c.Status();
+  bool evicted = false;
+  for (const auto& g : j.groups()) evicted |= g.group_id() == "b" && g.state() == "evicted";
+  CHECK(evicted);
+  c.groups["b"].trainers[0]->Signal(SIGCONT);
+}
+
+TEST_CASE("bad input on the trainer socket: a clear error - nothing changes") {
+  Cluster c("agent-bad", {"--heartbeat-timeout-ms", "3000"});
+  auto& g = c.Start("a", 0, 0);  // the agent alone; the test is the trainer
+  auto client = http::Client::Create("unix:" + g.socket);
+  REQUIRE(client.ok());
+  auto call = [&](std::string method, std::string path, std::string body) {
+    auto r = (*client)->Do(method, path, body, http::kJsonType, Millis(5000));
+    REQUIRE(r.ok());
+    return *r;
+  };
+  auto r = call("POST", "/v1/trainer/poll", "garbage{");
+  CHECK(r.status == 400);
+  r = call("POST", "/v1/trainer/poll", R"({"group_rank":2,"group_size":2,"step":0})");
+  CHECK(r.status == 400);
+  CHECK(r.body.find("group_rank 2 is not below group_size 2") != std::string::npos);
+  r = call("POST", "/v1/trainer/commit", R"({"group_rank":0,"step":1})");
+  CHECK(r.status == 400);  // never polled
+  r = call("POST", "/v1/trainer/nothing", "{}");
+  CHECK(r.status == 404);
+  // A real poll works, then a step that goes backwards is refused.
+  r = call("POST", "/v1/trainer/poll", R"({"group_rank":0,"group_size":1,"step":0})");
+  REQUIRE(r.status == 200);
+  CHECK(Field(r.body, "quorum_id") == "1");
+  r = call("POST", "/v1/trainer/commit", R"({"group_rank":0,"step":1})");
+  REQUIRE(r.status == 200);
+  r = call("POST", "/v1/trainer/commit", R"({"group_rank":0,"step":1})");
+  CHECK(r.status == 409);
+  r = call("POST", "/v1/trainer/poll", R"({"group_rank":0,"group_size":1,"step":0})");
+  CHECK(r.status == 409);
+  CHECK(r.body.find("below this trainer's committed step 1") != std::string::npos);
+  r = call("POST", "/v1/trainer/poll", R"({"group_rank":0,"group_size":3,"step":1})");
+  CHECK(r.status == 400);
+  CHECK(g.agent->Running());
+  r = call("POST", "/v1/trainer/poll", R"({"group_rank":0,"group_size":1,"step":1})");
+  CHECK(r.status == 200);
+}
+
+}  // namespace
+}  // namespace lk::test
+
+namespace lk::test {
+namespace {
+
+TEST_CASE("a trainer that finishes says goodbye: the group leaves with reason finished - exit 0") {
+  Cluster c("agent-done", {"--heartbeat-timeout-ms", "60000", "--join-timeout-ms", "300"});
+  c.Start("a", 2, 5, 10);
+  auto code = c.groups["a"].agent->Wait(30s);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  CHECK_FALSE(c.groups["a"].agent->WaitForLog("left reason=finished", 1s).empty());
+  for (auto& t : c.groups["a"].trainers) CHECK(t->Wait(10s) == 0);
+}
+
+}  // namespace
+}  // namespace lk::test

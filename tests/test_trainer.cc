@@ -1,0 +1,113 @@
+// A small trainer for the agent's integration tests: it uses the client library exactly as a
+// real trainer does (poll each outer step, rebuild the Gloo communicator on a new quorum, abort
+// on a failure notice, commit), but its "training" is an allreduce whose result it can check:
+// every member contributes replica_rank + 1, so each element must sum to W(W+1)/2.
+// One JSON line per outer step attempt goes to --log.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include "common/flags.h"
+#include "common/log.h"
+#include "replica_agent/client/session.h"
+#include "replica_agent/client/session_store.h"
+
+int main(int argc, char** argv) {
+  using namespace lk;
+  uint32_t group_rank = 0, group_size = 1, steps = 10, elements = 4096, step_sleep_ms = 50;
+  std::string log_path = "trainer.log";
+  Flags flags("test_trainer", "allreduce-checking trainer for integration tests");
+  flags.Add("group-rank", &group_rank, "rank in the group", "T_GROUP_RANK");
+  flags.Add("group-size", &group_size, "trainers in the group", "T_GROUP_SIZE");
+  flags.Add("steps", &steps, "outer steps to commit", "T_STEPS");
+  flags.Add("elements", &elements, "float32 elements per allreduce", "T_ELEMENTS");
+  flags.Add("step-sleep-ms", &step_sleep_ms, "pause per outer step (the inner steps)", "T_SLEEP");
+  flags.Add("log", &log_path, "JSON lines output", "T_LOG");
+  if (Status st = flags.Parse(argc, argv); !st.ok()) {
+    std::fprintf(stderr, "%s\n", st.message().c_str());
+    return 2;
+  }
+  std::ofstream log(log_path, std::ios::app);
+  auto emit = [&](const std::string& line) {
+    log << line << "\n";
+    log.flush();
+  };
+  auto session = client::Session::FromEnv(group_rank, group_size);
+  if (!session.ok()) {
+    std::fprintf(stderr, "session: %s\n", session.status().ToString().c_str());
+    return 1;
+  }
+  client::SessionKvStore store(std::getenv("LK_AGENT_SOCKET"));
+  comm::CommOptions copts;
+  copts.slot = group_rank;
+  copts.init_timeout = Millis(15'000);
+  copts.op_timeout = Millis(30'000);
+  auto cm = comm::CommManager::Create(comm::Backend::kGloo, &store, copts);
+  if (!cm.ok()) {
+    std::fprintf(stderr, "comm: %s\n", cm.status().ToString().c_str());
+    return 1;
+  }
+  (*session)->OnNotice([&](const client::Notice& n) {
+    // Abort at once: survivors never wait for a transport timeout.
+    (*cm)->AbortQuorum(n.quorum_id, n.reason);
+  });
+  uint32_t step = 0;
+  bool healed = false;
+  std::vector<float> buf(elements);
+  while (step < steps) {
+    auto p = (*session)->Poll(step);
+    if (!p.ok()) {
+      std::fprintf(stderr, "poll: %s\n", p.status().ToString().c_str());
+      return 1;
+    }
+    if (p->drain) {
+      emit(fmt::format(R"({{"event":"drain","step":{},"reason":"{}"}})", step, p->reason));
+      return 0;
+    }
+    if (p->heal) {
+      // A real trainer fetches the state here; the test trainer jumps to the plan's step.
+      healed = true;
+      step = std::max(step, p->max_step);
+      emit(fmt::format(R"({{"event":"heal","step":{},"quorum_id":{},"sources":{}}})", step,
+                       p->quorum_id, p->heal_sources.size()));
+    }
+    if (p->reconfigure || (*cm)->quorum_id() != p->quorum_id) {
+      Status st = (*cm)->Reconfigure(p->quorum_id, p->replica_rank, p->replica_world_size);
+      if (!st.ok()) {
+        emit(fmt::format(R"({{"event":"reconfigure_failed","quorum_id":{},"error":"{}"}})",
+                         p->quorum_id, st.code() == Code::kAborted ? "aborted" : "other"));
+        continue;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(step_sleep_ms));
+    std::fill(buf.begin(), buf.end(), static_cast<float>(p->replica_rank + 1));
+    auto t0 = std::chrono::steady_clock::now();
+    Status st = (*cm)->AllReduce(buf.data(), buf.size(), comm::DType::kFloat32, comm::ReduceOp::kSum);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    uint32_t w = p->replica_world_size;
+    bool correct = st.ok();
+    for (float v : buf) correct &= st.ok() && v == static_cast<float>(w * (w + 1) / 2);
+    emit(fmt::format(R"({{"event":"allreduce","step":{},"quorum_id":{},"world":{},"ok":{},)"
+                     R"("aborted":{},"correct":{},"ms":{:.2f},"healed":{},"t_ms":{}}})",
+                     step, p->quorum_id, w, st.ok(), st.code() == Code::kAborted, correct, ms,
+                     healed,
+                     std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::system_clock::now().time_since_epoch()).count()));
+    if (!st.ok()) continue;  // the next poll brings the new quorum; redo this outer step
+    ++step;
+    if (Status c = (*session)->Commit(step, true, fmt::format("h{}", step)); !c.ok()) {
+      std::fprintf(stderr, "commit: %s\n", c.ToString().c_str());
+      return 1;
+    }
+  }
+  emit(fmt::format(R"({{"event":"done","step":{}}})", step));
+  if (Status st = (*session)->Finish(); !st.ok()) {
+    std::fprintf(stderr, "finish: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
