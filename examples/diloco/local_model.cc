@@ -1,0 +1,185 @@
+#include "examples/diloco/local_model.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace lk::diloco {
+
+namespace {
+
+namespace nn = torch::nn;
+
+// Causal multi-head self-attention.
+class AttentionImpl : public nn::Module {
+ public:
+  AttentionImpl(int64_t width, int64_t heads, int64_t seq_len) : heads_(heads) {
+    qkv_ = register_module("qkv", nn::Linear(width, 3 * width));
+    proj_ = register_module("proj", nn::Linear(width, width));
+    // A buffer, not a parameter: it is not trained and not part of the flat vector.
+    mask_ = register_buffer("mask", torch::triu(torch::ones({seq_len, seq_len}), 1).to(torch::kBool));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    const int64_t b = x.size(0), t = x.size(1), c = x.size(2), d = c / heads_;
+    auto parts = qkv_->forward(x).chunk(3, -1);
+    auto split = [&](const torch::Tensor& y) { return y.view({b, t, heads_, d}).transpose(1, 2); };
+    torch::Tensor q = split(parts[0]), k = split(parts[1]), v = split(parts[2]);
+    torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(d)));
+    att = att.masked_fill(mask_.slice(0, 0, t).slice(1, 0, t), -INFINITY).softmax(-1);
+    return proj_->forward(torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, c}));
+  }
+
+ private:
+  int64_t heads_;
+  nn::Linear qkv_{nullptr}, proj_{nullptr};
+  torch::Tensor mask_;
+};
+TORCH_MODULE(Attention);
+
+class BlockImpl : public nn::Module {
+ public:
+  BlockImpl(int64_t width, int64_t heads, int64_t seq_len) {
+    ln1_ = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({width})));
+    attn_ = register_module("attn", Attention(width, heads, seq_len));
+    ln2_ = register_module("ln2", nn::LayerNorm(nn::LayerNormOptions({width})));
+    fc_ = register_module("fc", nn::Linear(width, 4 * width));
+    out_ = register_module("out", nn::Linear(4 * width, width));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = x + attn_->forward(ln1_->forward(x));
+    return x + out_->forward(torch::gelu(fc_->forward(ln2_->forward(x))));
+  }
+
+ private:
+  nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  Attention attn_{nullptr};
+  nn::Linear fc_{nullptr}, out_{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GptImpl : public nn::Module {
+ public:
+  GptImpl(int64_t vocab, const ModelOptions& o) {
+    tok_ = register_module("tok", nn::Embedding(vocab, o.width));
+    pos_ = register_module("pos", nn::Embedding(o.seq_len, o.width));
+    blocks_ = register_module("blocks", nn::Sequential());
+    for (uint32_t i = 0; i < o.layers; ++i) blocks_->push_back(Block(o.width, o.heads, o.seq_len));
+    ln_ = register_module("ln", nn::LayerNorm(nn::LayerNormOptions({int64_t{o.width}})));
+    head_ = register_module("head", nn::Linear(o.width, vocab));
+  }
+  torch::Tensor forward(const torch::Tensor& idx) {
+    torch::Tensor x = tok_->forward(idx) + pos_->forward(torch::arange(idx.size(1)));
+    return head_->forward(ln_->forward(blocks_->forward(x)));
+  }
+
+ private:
+  nn::Embedding tok_{nullptr}, pos_{nullptr};
+  nn::Sequential blocks_{nullptr};
+  nn::LayerNorm ln_{nullptr};
+  nn::Linear head_{nullptr};
+};
+TORCH_MODULE(Gpt);
+
+class TorchLocalModel final : public LocalModel {
+ public:
+  TorchLocalModel(const ModelOptions& o, uint64_t init_seed, const Encoded& data)
+      : options_(o), data_(data) {
+    torch::manual_seed(init_seed);
+    model_ = Gpt(static_cast<int64_t>(data.vocab.size()), o);
+    params_ = model_->parameters();
+    for (const auto& p : params_) numel_ += static_cast<size_t>(p.numel());
+    ResetOptimizer();
+  }
+
+  size_t numel() const override { return numel_; }
+
+  void Flatten(std::span<float> out) const override {
+    LK_CHECK(out.size() == numel_) << "flatten into " << out.size() << " of " << numel_;
+    size_t at = 0;
+    for (const auto& p : params_) {
+      std::memcpy(out.data() + at, p.data_ptr<float>(), p.numel() * sizeof(float));
+      at += static_cast<size_t>(p.numel());
+    }
+  }
+
+  void Load(std::span<const float> flat) override {
+    LK_CHECK(flat.size() == numel_) << "load " << flat.size() << " of " << numel_;
+    torch::NoGradGuard no_grad;
+    size_t at = 0;
+    for (auto& p : params_) {
+      std::memcpy(p.data_ptr<float>(), flat.data() + at, p.numel() * sizeof(float));
+      at += static_cast<size_t>(p.numel());
+    }
+  }
+
+  void ResetOptimizer() override {
+    optimizer_ = std::make_unique<torch::optim::AdamW>(
+        params_, torch::optim::AdamWOptions(options_.inner_lr).weight_decay(options_.weight_decay));
+  }
+
+  Result<float> InnerStep(SplitMix& rng, const GroupAverage& average) override {
+    const int64_t b = options_.batch, t = options_.seq_len;
+    const size_t n = data_.tokens.size();
+    LK_CHECK(n > static_cast<size_t>(t) + 1) << "corpus shorter than one sample";
+    std::vector<int64_t> x(b * t), y(b * t);
+    for (int64_t i = 0; i < b; ++i) {
+      size_t start = rng.Below(n - t - 1);
+      std::copy_n(data_.tokens.begin() + start, t, x.begin() + i * t);
+      std::copy_n(data_.tokens.begin() + start + 1, t, y.begin() + i * t);
+    }
+    torch::Tensor xs = torch::from_blob(x.data(), {b, t}, torch::kInt64);
+    torch::Tensor ys = torch::from_blob(y.data(), {b * t}, torch::kInt64);
+    optimizer_->zero_grad();
+    torch::Tensor logits = model_->forward(xs);
+    torch::Tensor loss = torch::cross_entropy_loss(logits.view({b * t, logits.size(-1)}), ys);
+    loss.backward();
+    // Gradients and the loss in one buffer: one collective per inner step.
+    grads_.resize(numel_ + 1);
+    size_t at = 0;
+    for (const auto& p : params_) {
+      std::memcpy(grads_.data() + at, p.grad().contiguous().data_ptr<float>(),
+                  p.numel() * sizeof(float));
+      at += static_cast<size_t>(p.numel());
+    }
+    grads_[numel_] = loss.item<float>();
+    LK_RETURN_IF_ERROR(average(grads_));
+    at = 0;
+    for (auto& p : params_) {
+      p.mutable_grad().copy_(torch::from_blob(grads_.data() + at, p.sizes(), torch::kFloat32));
+      at += static_cast<size_t>(p.numel());
+    }
+    torch::nn::utils::clip_grad_norm_(params_, options_.grad_clip_norm);
+    optimizer_->step();
+    return grads_[numel_];
+  }
+
+ private:
+  ModelOptions options_;
+  const Encoded& data_;
+  Gpt model_{nullptr};
+  std::vector<torch::Tensor> params_;
+  size_t numel_ = 0;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::vector<float> grads_;
+};
+
+}  // namespace
+
+Status ModelOptions::Validate() const {
+  if (width == 0 || layers == 0 || heads == 0 || seq_len < 2 || batch == 0) {
+    return InvalidArgument("model sizes must be positive (seq_len at least 2)");
+  }
+  if (width % heads != 0) return InvalidArgument("--model-width {} is not a multiple of --heads {}", width, heads);
+  if (!(inner_lr > 0) || weight_decay < 0 || !(grad_clip_norm > 0)) {
+    return InvalidArgument("inner_lr and grad_clip_norm must be positive, weight_decay not negative");
+  }
+  return Status::Ok();
+}
+
+std::unique_ptr<LocalModel> LocalModel::Create(const ModelOptions& options, uint64_t init_seed,
+                                               const Encoded& data) {
+  return std::make_unique<TorchLocalModel>(options, init_seed, data);
+}
+
+}  // namespace lk::diloco

@@ -1,0 +1,51 @@
+// The replica's local model: a small GPT-style character model on LibTorch with its inner AdamW
+// optimizer. Torch stays inside local_model.cc; the trainer sees flat float vectors only, which
+// is also the form the outer step, the collectives and the checkpoints work on.
+// Thread-safety: one thread (the trainer's). Torch runs with one intra-op thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+
+#include "common/status.h"
+#include "examples/diloco/corpus.h"
+
+namespace lk::diloco {
+
+struct ModelOptions {
+  uint32_t width = 64;    // embedding width; a multiple of heads
+  uint32_t layers = 2;    // transformer blocks
+  uint32_t heads = 4;     // attention heads per block
+  uint32_t seq_len = 64;  // characters of context per sample
+  uint32_t batch = 16;    // samples per inner step per trainer
+  double inner_lr = 3e-3;       // AdamW learning rate (constant: the runs are short)
+  double weight_decay = 0.01;   // AdamW decoupled weight decay
+  double grad_clip_norm = 1.0;  // global gradient-norm clip after the group average
+  Status Validate() const;
+};
+
+// Averages a float buffer over the trainers of this group in place (identity for one trainer).
+using GroupAverage = std::function<Status(std::span<float>)>;
+
+class LocalModel {
+ public:
+  // Initialises the weights from `init_seed` only, so every replica with the same seed starts
+  // from the same weights. `data` must outlive the model.
+  static std::unique_ptr<LocalModel> Create(const ModelOptions& options, uint64_t init_seed,
+                                            const Encoded& data);
+  virtual ~LocalModel() = default;
+
+  // Elements of the flat parameter vector (parameters in registration order, row-major).
+  virtual size_t numel() const = 0;
+  virtual void Flatten(std::span<float> out) const = 0;
+  virtual void Load(std::span<const float> flat) = 0;
+  // Forgets AdamW's moments (a group that healed starts its inner optimizer afresh).
+  virtual void ResetOptimizer() = 0;
+  // One inner step on a batch drawn from `rng`: forward, backward, group average of the
+  // gradients (and the loss, in the same buffer), clip, AdamW. Returns the group-mean loss.
+  virtual Result<float> InnerStep(SplitMix& rng, const GroupAverage& average) = 0;
+};
+
+}  // namespace lk::diloco

@@ -1,0 +1,78 @@
+// diloco_trainer: one trainer process of a DiLoCo run under Lightkeeper. Start the node's
+// replica_agent first; the trainer finds it through LK_AGENT_SOCKET. Every flag is also an LK_*
+// environment variable.
+#include <torch/torch.h>
+
+#include <cstdio>
+
+#include "common/flags.h"
+#include "common/log.h"
+#include "examples/diloco/trainer.h"
+
+int main(int argc, char** argv) {
+  using namespace lk;
+  diloco::TrainerOptions o;
+  double outer_lr = o.outer.lr, outer_momentum = o.outer.momentum;
+  uint32_t init_timeout_ms = static_cast<uint32_t>(o.init_timeout.count());
+  uint32_t op_timeout_ms = static_cast<uint32_t>(o.op_timeout.count());
+  std::string log_level = "info";
+  Flags flags("diloco_trainer",
+              "A DiLoCo trainer: a small GPT-style character model on LibTorch (CPU, one thread).\n"
+              "Runs --inner-steps AdamW steps, then an outer step that averages this trainer's\n"
+              "shard of the pseudo-gradient over the quorum and applies outer Nesterov SGD;\n"
+              "polls its replica_agent (LK_AGENT_SOCKET) at every outer step, heals and drains\n"
+              "when told. Exits 0 when the committed step reaches --outer-steps or on a drain.");
+  flags.Add("group-rank", &o.group_rank, "this trainer's rank inside its group");
+  flags.Add("group-size", &o.group_size, "trainers per group (the same for every group)");
+  flags.Add("inner-steps", &o.inner_steps, "H: inner AdamW steps per outer step");
+  flags.Add("outer-steps", &o.outer_steps, "T: run until the committed outer step reaches T");
+  flags.Add("seed", &o.seed, "model initialisation (same for all groups) and data order");
+  flags.Add("group-id", &o.group_id,
+            "seeds this group's data stream (the agent's LK_GROUP_ID); empty: the first "
+            "replica_rank");
+  flags.Add("ckpt-dir", &o.ckpt_dir, "durable checkpoints of this group (shared by its trainers)");
+  flags.Add("ckpt-every", &o.ckpt_every, "save every K committed steps; 0: only when draining");
+  flags.Add("live-dir", &o.live_dir,
+            "node-local directory for the live state the agent serves to healing peers "
+            "(its --serve-dir); empty: none, healing peers get state over the communicator");
+  flags.Add("log", &o.log_path, "JSON lines, one per committed outer step");
+  flags.Add("model-width", &o.model.width, "embedding width");
+  flags.Add("layers", &o.model.layers, "transformer blocks");
+  flags.Add("heads", &o.model.heads, "attention heads (divides --model-width)");
+  flags.Add("seq-len", &o.model.seq_len, "characters of context per sample");
+  flags.Add("batch", &o.model.batch, "samples per inner step per trainer");
+  flags.Add("inner-lr", &o.model.inner_lr, "AdamW learning rate");
+  flags.Add("outer-lr", &outer_lr, "outer Nesterov SGD learning rate");
+  flags.Add("outer-momentum", &outer_momentum, "outer Nesterov momentum");
+  flags.Add("corpus-bytes", &o.corpus_bytes, "size of the generated training text");
+  flags.Add("init-timeout-ms", &init_timeout_ms, "communicator rendezvous and connect deadline");
+  flags.Add("op-timeout-ms", &op_timeout_ms,
+            "deadline of one collective (the outer allreduce waits for the slowest group)");
+  flags.Add("log-level", &log_level, "debug, info, warn or error");
+  Status st = flags.Parse(argc, argv);
+  if (flags.help_requested()) {
+    std::fputs(flags.Help().c_str(), stdout);
+    return 0;
+  }
+  o.outer.lr = static_cast<float>(outer_lr);
+  o.outer.momentum = static_cast<float>(outer_momentum);
+  o.init_timeout = Millis(init_timeout_ms);
+  o.op_timeout = Millis(op_timeout_ms);
+  LogLevel level;
+  if (st.ok() && !ParseLogLevel(log_level, &level)) st = InvalidArgument("bad --log-level {}", log_level);
+  if (st.ok() && !flags.positional().empty()) {
+    st = InvalidArgument("unexpected argument {}", flags.positional().front());
+  }
+  if (st.ok()) st = o.Validate();
+  if (!st.ok()) {
+    std::fprintf(stderr, "diloco_trainer: %s\n", st.message().c_str());
+    return 2;
+  }
+  SetLogLevel(level);
+  SetLogPrefix(fmt::format("trainer={}", o.group_rank));
+  // One intra-op thread: several trainers share a node's cores, and one thread keeps every
+  // kernel's reduction order, so runs replay exactly.
+  torch::set_num_threads(1);
+  LK_LOG_INFO("trainer_config {}", flags.Effective());
+  return diloco::RunTrainer(o);
+}

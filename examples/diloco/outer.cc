@@ -1,0 +1,89 @@
+#include "examples/diloco/outer.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "common/check.h"
+
+namespace lk::diloco {
+
+ShardRange ShardOf(size_t total, uint32_t ranks, uint32_t rank) {
+  LK_CHECK(ranks > 0 && rank < ranks) << "rank " << rank << " of " << ranks;
+  size_t base = total / ranks, extra = total % ranks;
+  size_t begin = rank * base + std::min<size_t>(rank, extra);
+  return ShardRange{begin, begin + base + (rank < extra ? 1 : 0)};
+}
+
+std::vector<float> TakeShard(std::span<const float> full, ShardRange range) {
+  LK_CHECK(range.end <= full.size()) << "shard end " << range.end << " past " << full.size();
+  return std::vector<float>(full.begin() + range.begin, full.begin() + range.end);
+}
+
+void PlaceShard(std::span<const float> shard, ShardRange range, std::span<float> full) {
+  LK_CHECK(shard.size() == range.size() && range.end <= full.size()) << "shard does not fit";
+  std::copy(shard.begin(), shard.end(), full.begin() + range.begin);
+}
+
+void OuterNesterovStep(std::span<float> global, std::span<float> momentum,
+                       std::span<const float> delta, const OuterOptions& options) {
+  LK_CHECK(global.size() == momentum.size() && global.size() == delta.size())
+      << "outer step sizes " << global.size() << " " << momentum.size() << " " << delta.size();
+  const float mu = options.momentum, lr = options.lr;
+  for (size_t i = 0; i < global.size(); ++i) {
+    float m = mu * momentum[i] + delta[i];
+    momentum[i] = m + 0.0f;
+    global[i] = (global[i] - lr * (delta[i] + mu * m)) + 0.0f;
+  }
+}
+
+void CanonicalizeZeros(std::span<float> values) {
+  for (float& v : values) v = v + 0.0f;
+}
+
+std::string StateHash(std::span<const float> values) {
+  return fmt::format("{:016x}", XXH3_64bits(values.data(), values.size_bytes()));
+}
+
+bool SyncPlan::any_receives() const {
+  return std::find(receives.begin(), receives.end(), true) != receives.end();
+}
+
+SyncPlan PlanStateSync(const std::vector<MemberState>& members) {
+  SyncPlan plan;
+  plan.receives.assign(members.size(), false);
+  for (uint32_t r = 0; r < members.size(); ++r) {
+    const MemberState& m = members[r];
+    if (m.has_state && (!plan.donor || m.step > plan.step)) {
+      plan.step = m.step;
+      plan.donor = r;  // strictly greater only: the lowest rank wins a tie
+    }
+  }
+  if (!plan.donor) return plan;
+  for (uint32_t r = 0; r < members.size(); ++r) {
+    plan.receives[r] = !members[r].has_state || members[r].step < plan.step;
+  }
+  return plan;
+}
+
+std::vector<float> EncodeMemberState(const MemberState& self, uint32_t rank, uint32_t world) {
+  LK_CHECK(rank < world) << "replica_rank " << rank << " of " << world;
+  LK_CHECK(self.step < (1u << 24)) << "step " << self.step << " does not fit a float exactly";
+  std::vector<float> v(2 * size_t{world}, 0.0f);
+  v[2 * rank] = self.has_state ? 1.0f : 0.0f;
+  v[2 * rank + 1] = static_cast<float>(self.step);
+  return v;
+}
+
+std::vector<MemberState> DecodeMemberStates(std::span<const float> summed) {
+  std::vector<MemberState> out(summed.size() / 2);
+  for (size_t r = 0; r < out.size(); ++r) {
+    out[r].has_state = summed[2 * r] > 0.5f;
+    out[r].step = static_cast<uint32_t>(summed[2 * r + 1]);
+  }
+  return out;
+}
+
+}  // namespace lk::diloco

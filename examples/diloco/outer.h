@@ -1,0 +1,74 @@
+// The torch-free core of the DiLoCo outer step: how the flat parameter vector is sharded over a
+// group's trainers, the outer Nesterov update, the state hash, and who gives state to whom when
+// a quorum forms. Pure: no I/O, no threads; the trainer calls it between collectives.
+// Thread-safety: plain functions on caller-owned memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace lk::diloco {
+
+// Elements [begin, end) of the flat parameter vector.
+struct ShardRange {
+  size_t begin = 0;
+  size_t end = 0;
+  size_t size() const { return end - begin; }
+  bool operator==(const ShardRange&) const = default;
+};
+
+// The even split of `total` elements over `ranks`: the first total % ranks ranks hold one more.
+// It is the checkpoint library's row split of a 1-D tensor, so a shard saved by rank r of N is
+// exactly what rank r of N restores.
+ShardRange ShardOf(size_t total, uint32_t ranks, uint32_t rank);
+
+// Copies this rank's shard out of the full vector.
+std::vector<float> TakeShard(std::span<const float> full, ShardRange range);
+// Writes a shard into its place in a full vector (the rest is left as it is). Placing every
+// rank's shard into zeros and summing the vectors is an exact all-gather: x + 0 == x.
+void PlaceShard(std::span<const float> shard, ShardRange range, std::span<float> full);
+
+struct OuterOptions {
+  float lr = 0.7f;        // the DiLoCo paper's outer learning rate
+  float momentum = 0.9f;  // Nesterov momentum
+};
+
+// One outer SGD step with Nesterov momentum (PyTorch's SGD(nesterov=True), no dampening) where
+// the gradient is the averaged pseudo-gradient `delta` = global - local:
+//   m = momentum * m + delta;  global -= lr * (delta + momentum * m)
+// Zeros come out as +0, so that a bitwise copy by summing with zeros keeps every bit.
+void OuterNesterovStep(std::span<float> global, std::span<float> momentum,
+                       std::span<const float> delta, const OuterOptions& options);
+
+// Turns -0.0 into +0.0 (x + 0.0f), which is the only value a sum with zeros would change.
+void CanonicalizeZeros(std::span<float> values);
+
+// XXH3-64 of the raw float bytes, as 16 lowercase hex digits.
+std::string StateHash(std::span<const float> values);
+
+// What one member of a slot reports when a quorum forms.
+struct MemberState {
+  bool has_state = false;  // holds valid outer state for `step`
+  uint32_t step = 0;
+};
+
+// The state transfer of a new quorum: every member without state, or behind the newest step any
+// member holds, takes the state of the donor (the lowest replica_rank at that step).
+struct SyncPlan {
+  std::optional<uint32_t> donor;  // none: nobody holds state (the caller fails the quorum)
+  uint32_t step = 0;              // the step everyone holds afterwards
+  std::vector<bool> receives;     // per replica_rank
+  bool any_receives() const;
+};
+SyncPlan PlanStateSync(const std::vector<MemberState>& members);
+
+// The members' reports travel as floats through a sum-allreduce (each member writes only its own
+// two entries): [has_state_0, step_0, has_state_1, step_1, ...]. Steps stay exact below 2^24.
+std::vector<float> EncodeMemberState(const MemberState& self, uint32_t rank, uint32_t world);
+std::vector<MemberState> DecodeMemberStates(std::span<const float> summed);
+
+}  // namespace lk::diloco

@@ -1,0 +1,152 @@
+// Unit tests of the DiLoCo outer step's pure parts: sharding, the Nesterov update, the state
+// hash and the state-sync plan.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "examples/diloco/corpus.h"
+#include "examples/diloco/outer.h"
+
+namespace lk::diloco {
+
+TEST_CASE("shards cover the vector exactly once, the first ranks one element larger") {
+  for (size_t total : {0, 1, 5, 7, 64, 1001}) {
+    for (uint32_t ranks : {1u, 2u, 3u, 8u}) {
+      size_t next = 0;
+      for (uint32_t r = 0; r < ranks; ++r) {
+        ShardRange s = ShardOf(total, ranks, r);
+        CHECK(s.begin == next);
+        CHECK(s.size() == total / ranks + (r < total % ranks ? 1 : 0));
+        next = s.end;
+      }
+      CHECK(next == total);
+    }
+  }
+  CHECK(ShardOf(7, 3, 0) == ShardRange{0, 3});
+  CHECK(ShardOf(7, 3, 1) == ShardRange{3, 5});
+  CHECK(ShardOf(7, 3, 2) == ShardRange{5, 7});
+}
+
+TEST_CASE("take then place of every shard (summed over zeros) rebuilds the vector bit for bit") {
+  std::vector<float> full(1001);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = std::sin(float(i)) * 1e-3f * float(i % 17);
+  // sin(i) * 0 is -0.0 for some i: exactly the value a sum with zeros does not keep, which is why
+  // the trainer canonicalises its state first.
+  CHECK(std::any_of(full.begin(), full.end(), [](float v) { return v == 0 && std::signbit(v); }));
+  CanonicalizeZeros(full);
+  for (uint32_t ranks : {1u, 2u, 3u, 4u}) {
+    std::vector<float> rebuilt(full.size(), 0.0f);
+    for (uint32_t r = 0; r < ranks; ++r) {
+      ShardRange s = ShardOf(full.size(), ranks, r);
+      std::vector<float> shard = TakeShard(full, s);
+      REQUIRE(shard.size() == s.size());
+      // What the intra-group all-gather does: each rank's vector is zeros plus its shard, and
+      // the vectors are summed.
+      std::vector<float> mine(full.size(), 0.0f);
+      PlaceShard(shard, s, mine);
+      for (size_t i = 0; i < full.size(); ++i) rebuilt[i] += mine[i];
+    }
+    CHECK(std::memcmp(rebuilt.data(), full.data(), full.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("outer Nesterov step matches the hand-computed SGD(nesterov) update") {
+  OuterOptions o;  // lr 0.7, momentum 0.9
+  std::vector<float> global = {1.0f, -2.0f, 0.5f};
+  std::vector<float> momentum = {0.0f, 0.0f, 0.0f};
+  std::vector<float> delta = {0.1f, -0.2f, 0.0f};
+  OuterNesterovStep(global, momentum, delta, o);
+  // Step 1: m = d; update = d + 0.9 d = 1.9 d; g -= 0.7 * 1.9 d = 1.33 d.
+  CHECK(momentum[0] == doctest::Approx(0.1f));
+  CHECK(global[0] == doctest::Approx(1.0 - 0.133));
+  CHECK(global[1] == doctest::Approx(-2.0 + 0.266));
+  CHECK(global[2] == 0.5f);
+  // Step 2 with the same delta: m = 0.9 * 0.1 + 0.1 = 0.19; update = 0.1 + 0.9 * 0.19 = 0.271.
+  OuterNesterovStep(global, momentum, delta, o);
+  CHECK(momentum[0] == doctest::Approx(0.19f));
+  CHECK(global[0] == doctest::Approx(1.0 - 0.133 - 0.7 * 0.271));
+}
+
+TEST_CASE("outer step with lr 1 and no momentum moves global onto the averaged local weights") {
+  // The DiLoCo identity: with delta = global - local, lr 1 and momentum 0 give plain averaging.
+  std::vector<float> global = {3.0f, -1.0f};
+  std::vector<float> local = {2.5f, -0.5f};
+  std::vector<float> momentum(2, 0.0f), delta(2);
+  for (size_t i = 0; i < 2; ++i) delta[i] = global[i] - local[i];
+  OuterNesterovStep(global, momentum, delta, OuterOptions{1.0f, 0.0f});
+  CHECK(global == local);
+}
+
+TEST_CASE("outer step leaves no negative zero, so sum-with-zeros copies keep every bit") {
+  std::vector<float> global = {-0.0f, 0.0f}, momentum = {-0.0f, 0.0f}, delta = {0.0f, -0.0f};
+  OuterNesterovStep(global, momentum, delta, OuterOptions{});
+  for (float v : global) CHECK(!std::signbit(v));
+  for (float v : momentum) CHECK(!std::signbit(v));
+  std::vector<float> z = {-0.0f, 1.0f};
+  CanonicalizeZeros(z);
+  CHECK(!std::signbit(z[0]));
+  CHECK(z[1] == 1.0f);
+}
+
+TEST_CASE("state hash is XXH3 hex of the bytes: equal for equal bits, different otherwise") {
+  std::vector<float> a = {1.0f, 2.0f}, b = {1.0f, 2.0f}, c = {1.0f, std::nextafter(2.0f, 3.0f)};
+  CHECK(StateHash(a).size() == 16);
+  CHECK(StateHash(a) == StateHash(b));
+  CHECK(StateHash(a) != StateHash(c));
+}
+
+TEST_CASE("sync plan: the lowest rank at the newest step donates to those behind or empty") {
+  SyncPlan p = PlanStateSync({{false, 0}, {true, 5}, {true, 5}, {true, 4}});
+  REQUIRE(p.donor.has_value());
+  CHECK(*p.donor == 1);
+  CHECK(p.step == 5);
+  CHECK(p.receives == std::vector<bool>{true, false, false, true});
+  CHECK(p.any_receives());
+
+  // The very first start: rank 0 holds the initial weights, the others take them.
+  p = PlanStateSync({{true, 0}, {false, 0}, {false, 0}});
+  CHECK(*p.donor == 0);
+  CHECK(p.receives == std::vector<bool>{false, true, true});
+
+  // Everyone current: nothing moves.
+  p = PlanStateSync({{true, 3}, {true, 3}});
+  CHECK(*p.donor == 0);
+  CHECK(!p.any_receives());
+
+  // Nobody holds state: no donor, and nobody is told to receive.
+  p = PlanStateSync({{false, 0}, {false, 7}});
+  CHECK(!p.donor.has_value());
+  CHECK(!p.any_receives());
+}
+
+TEST_CASE("member states survive the sum-allreduce encoding") {
+  std::vector<float> sum(6, 0.0f);
+  std::vector<MemberState> in = {{true, 12}, {false, 0}, {true, 16777215}};
+  for (uint32_t r = 0; r < 3; ++r) {
+    std::vector<float> v = EncodeMemberState(in[r], r, 3);
+    for (size_t i = 0; i < v.size(); ++i) sum[i] += v[i];
+  }
+  std::vector<MemberState> out = DecodeMemberStates(sum);
+  REQUIRE(out.size() == 3);
+  for (size_t r = 0; r < 3; ++r) {
+    CHECK(out[r].has_state == in[r].has_state);
+    CHECK(out[r].step == in[r].step);
+  }
+}
+
+TEST_CASE("corpus is deterministic and groups' data streams differ") {
+  CHECK(MakeCorpus(8192) == MakeCorpus(8192));
+  Encoded e = Encode(MakeCorpus(8192));
+  CHECK(e.vocab.size() > 20);
+  CHECK(e.vocab.size() < 64);
+  CHECK(e.tokens.size() >= 8192);
+  SplitMix a(MixSeed({1, 0, 0})), b(MixSeed({1, 1, 0})), a2(MixSeed({1, 0, 0}));
+  uint64_t x = a.Next();
+  CHECK(x == a2.Next());
+  CHECK(x != b.Next());
+}
+
+}  // namespace lk::diloco

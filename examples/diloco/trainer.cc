@@ -1,0 +1,394 @@
+#include "examples/diloco/trainer.h"
+
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "common/log.h"
+#include "examples/diloco/session_store.h"
+#include "examples/diloco/state_io.h"
+#include "replica_agent/client/session.h"
+#include "replica_agent/comm/comm.h"
+
+namespace lk::diloco {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The notice callback runs on the session's thread and may outlive the trainer's objects (the
+// session detaches that thread), so it reaches the communicator only through this holder.
+struct NoticeSink {
+  std::mutex mu;
+  comm::CommManager* slot = nullptr;  // guarded by mu; cleared before the comm goes away
+  std::atomic<bool> drain{false};
+};
+
+class Trainer {
+ public:
+  explicit Trainer(const TrainerOptions& o) : o_(o), sink_(std::make_shared<NoticeSink>()) {}
+  ~Trainer() {
+    std::lock_guard lock(sink_->mu);
+    sink_->slot = nullptr;
+  }
+  int Run();
+
+ private:
+  Status Init();
+  Status JoinQuorum(const client::PollResult& pr);
+  Status Heal(const client::PollResult& pr);
+  Status SyncSlot(const client::PollResult& pr);
+  // Sums `v` over the group's trainers (identity for a group of one). A failure here means a
+  // trainer of this group is gone, so the group as a whole is failing.
+  Status GroupSum(std::span<float> v);
+  // True when every trainer of the group reports ok.
+  Result<bool> GroupAgree(bool ok);
+  Result<bool> OuterStep(const client::PollResult& pr);
+  Status LoadGlobalIntoModel();
+  void WriteLogLine(const client::PollResult& pr, float loss, Millis outer_ms);
+
+  TrainerOptions o_;
+  std::shared_ptr<NoticeSink> sink_;
+  std::unique_ptr<client::Session> session_;
+  std::unique_ptr<SessionRendezvousStore> slot_store_, group_store_;
+  std::unique_ptr<comm::CommManager> slot_comm_, group_comm_;
+  bool group_ready_ = false;
+  bool group_failed_ = false;  // an intra-group collective failed: the group is going down
+  std::unique_ptr<StateIo> state_io_;
+  Encoded data_;
+  std::unique_ptr<LocalModel> model_;
+  std::optional<SplitMix> rng_;
+  size_t total_ = 0;
+  ShardRange shard_;
+  OuterState state_;
+  bool has_state_ = false;  // state_ is valid for state_.step
+  bool healed_ = false;     // state came from elsewhere in the current quorum
+  // The averaged-to-be pseudo-gradient of an outer step whose allreduce was cut short: the
+  // retry on the next quorum sends it again instead of redoing the inner steps.
+  std::optional<std::vector<float>> pending_delta_;
+  float pending_loss_ = 0;
+  uint32_t ready_quorum_id_ = 0;  // joined: communicator built, state synced
+  uint32_t bad_quorum_id_ = 0;    // failed in this quorum: wait for the next one
+  Clock::time_point bad_since_;
+  std::FILE* log_ = nullptr;
+};
+
+Status Trainer::Init() {
+  LK_ASSIGN_OR_RETURN(session_, client::Session::FromEnv(o_.group_rank, o_.group_size));
+  comm::CommOptions co;
+  co.slot = o_.group_rank;
+  co.init_timeout = o_.init_timeout;
+  co.op_timeout = o_.op_timeout;
+  slot_store_ = std::make_unique<SessionRendezvousStore>(session_.get(), "diloco/");
+  LK_ASSIGN_OR_RETURN(slot_comm_, comm::CommManager::Create(comm::Backend::kGloo, slot_store_.get(), co));
+  if (o_.group_size > 1) {
+    // The prefix names the group once its replica_rank is known (the first quorum).
+    group_store_ = std::make_unique<SessionRendezvousStore>(session_.get(), "");
+    co.slot = 0;
+    LK_ASSIGN_OR_RETURN(group_comm_,
+                        comm::CommManager::Create(comm::Backend::kGloo, group_store_.get(), co));
+  }
+  {
+    std::lock_guard lock(sink_->mu);
+    sink_->slot = slot_comm_.get();
+  }
+  session_->OnNotice([sink = sink_](const client::Notice& n) {
+    if (n.drain) sink->drain = true;
+    std::lock_guard lock(sink->mu);
+    if (sink->slot == nullptr) return;
+    if (n.drain) {
+      sink->slot->Abort("drain: " + n.reason);
+    } else if (n.lost) {
+      sink->slot->AbortQuorum(n.quorum_id, "quorum lost: " + n.reason);
+    }
+  });
+  data_ = Encode(MakeCorpus(o_.corpus_bytes));
+  model_ = LocalModel::Create(o_.model, o_.seed, data_);
+  total_ = model_->numel();
+  shard_ = ShardOf(total_, o_.group_size, o_.group_rank);
+  std::vector<float> full(total_);
+  model_->Flatten(full);
+  CanonicalizeZeros(full);
+  model_->Load(full);
+  state_.global = TakeShard(full, shard_);
+  state_.momentum.assign(shard_.size(), 0.0f);
+  state_io_ = MakeCheckpointStateIo(StateIoOptions{o_.ckpt_dir, o_.live_dir, o_.group_rank,
+                                                   o_.group_size, total_});
+  if (!o_.log_path.empty()) {
+    log_ = std::fopen(o_.log_path.c_str(), "a");
+    if (log_ == nullptr) return InvalidArgument("cannot open --log {}", o_.log_path);
+  }
+  LK_LOG_INFO("trainer_start params={} shard_begin={} shard_size={} vocab={} corpus_bytes={}",
+              total_, shard_.begin, shard_.size(), data_.vocab.size(), data_.tokens.size());
+  return Status::Ok();
+}
+
+Status Trainer::GroupSum(std::span<float> v) {
+  if (o_.group_size == 1) return Status::Ok();
+  Status st = group_comm_->AllReduce(v.data(), v.size(), comm::DType::kFloat32, comm::ReduceOp::kSum);
+  if (st.ok()) return st;
+  group_failed_ = true;
+  return st.WithContext("intra-group allreduce");
+}
+
+Result<bool> Trainer::GroupAgree(bool ok) {
+  float v = ok ? 1.0f : 0.0f;
+  LK_RETURN_IF_ERROR(GroupSum(std::span<float>(&v, 1)));
+  return v > static_cast<float>(o_.group_size) - 0.5f;
+}
+
+// Pulls this shard from a durable checkpoint or from peers when the plan says so. A failure is
+// not fatal: the slot sync then hands this member the donor's state over the communicator.
+Status Trainer::Heal(const client::PollResult& pr) {
+  Result<OuterState> got = Status(Code::kNotFound, "no source");
+  std::string from;
+  if (!pr.restore_location.empty()) {
+    from = pr.restore_location;
+    got = state_io_->Restore(pr.restore_location);
+  } else if (!pr.heal_sources.empty() && !pr.initial) {
+    from = "peers";
+    got = state_io_->FetchFromPeers(pr.heal_sources, pr.max_step);
+  }
+  if (got.ok() && got->global.size() == shard_.size()) {
+    state_ = std::move(*got);
+    has_state_ = true;
+    healed_ = true;
+    LK_LOG_INFO("heal_fetched from={} step={}", Q(from), state_.step);
+    return Status::Ok();
+  }
+  has_state_ = false;
+  if (!from.empty()) {
+    LK_LOG_WARN("heal_fetch_failed from={} error={} fallback=communicator", Q(from),
+                Q(got.ok() ? std::string("shard size mismatch") : got.status().ToString()));
+  }
+  return Status::Ok();
+}
+
+// Every member of the slot tells the others whether it holds state and for which step; the
+// members without it (or behind) get the donor's global weights and momentum by a sum-allreduce
+// in which only the donor contributes non-zeros: x + 0 == x, so they arrive bit for bit.
+Status Trainer::SyncSlot(const client::PollResult& pr) {
+  const uint32_t rank = pr.replica_rank, world = pr.replica_world_size;
+  std::vector<float> states = EncodeMemberState({has_state_, state_.step}, rank, world);
+  LK_RETURN_IF_ERROR(slot_comm_->AllReduce(states.data(), states.size(), comm::DType::kFloat32,
+                                           comm::ReduceOp::kSum));
+  SyncPlan plan = PlanStateSync(DecodeMemberStates(states));
+  if (!plan.donor) return Status(Code::kUnavailable, "no member of the quorum holds state");
+  if (!plan.any_receives()) return Status::Ok();
+  const size_t n = shard_.size();
+  std::vector<float> buf(2 * n, 0.0f);
+  if (rank == *plan.donor) {
+    std::copy(state_.global.begin(), state_.global.end(), buf.begin());
+    std::copy(state_.momentum.begin(), state_.momentum.end(), buf.begin() + n);
+  }
+  LK_RETURN_IF_ERROR(
+      slot_comm_->AllReduce(buf.data(), buf.size(), comm::DType::kFloat32, comm::ReduceOp::kSum));
+  if (plan.receives[rank]) {
+    state_.global.assign(buf.begin(), buf.begin() + n);
+    state_.momentum.assign(buf.begin() + n, buf.end());
+    state_.step = plan.step;
+    has_state_ = true;
+    healed_ = true;
+    LK_LOG_INFO("heal_received donor_replica_rank={} step={} quorum_id={}", *plan.donor,
+                plan.step, pr.quorum_id);
+  }
+  return Status::Ok();
+}
+
+Status Trainer::LoadGlobalIntoModel() {
+  std::vector<float> full(total_, 0.0f);
+  PlaceShard(state_.global, shard_, full);
+  LK_RETURN_IF_ERROR(GroupSum(full));
+  model_->Load(full);
+  return Status::Ok();
+}
+
+// Joins quorum pr.quorum_id: builds the intra-group communicator the first time, rebuilds the
+// slot communicator, heals, syncs state across the slot, and agrees with the group's other
+// trainers that all of that worked (they must go on, or go back to polling, together).
+Status Trainer::JoinQuorum(const client::PollResult& pr) {
+  if (o_.group_size > 1 && !group_ready_) {
+    // Groups of one quorum have distinct replica_ranks, so the prefix is unique within it.
+    group_store_->set_prefix(fmt::format("diloco-group{}/", pr.replica_rank));
+    Status st = group_comm_->Reconfigure(pr.quorum_id, o_.group_rank, o_.group_size);
+    if (!st.ok()) return st.WithContext("intra-group communicator");
+    group_ready_ = true;
+  }
+  if (!rng_) {
+    uint64_t group_key = o_.group_id.empty() ? pr.replica_rank : std::hash<std::string>{}(o_.group_id);
+    rng_.emplace(MixSeed({o_.seed, group_key, o_.group_rank}));
+  }
+  healed_ = false;
+  if (pr.heal) {
+    LK_RETURN_IF_ERROR(Heal(pr));
+  } else {
+    has_state_ = true;  // the plan says this group's state is current (or the initial one)
+  }
+  Status st = slot_comm_->Reconfigure(pr.quorum_id, pr.replica_rank, pr.replica_world_size);
+  if (st.ok()) st = SyncSlot(pr);
+  LK_ASSIGN_OR_RETURN(bool all_ok, GroupAgree(st.ok()));
+  if (!all_ok) return st.ok() ? Status(Code::kAborted, "another trainer of the group failed") : st;
+  // Whether anyone healed, and at which step everyone now is, must agree across the group.
+  std::vector<float> v = {healed_ ? 1.0f : 0.0f, static_cast<float>(state_.step)};
+  LK_RETURN_IF_ERROR(GroupSum(v));
+  LK_CHECK(v[1] == static_cast<float>(state_.step) * o_.group_size)
+      << "trainers of one group disagree on the step after healing";
+  if (v[0] > 0) {
+    healed_ = true;
+    pending_delta_.reset();
+    LK_RETURN_IF_ERROR(LoadGlobalIntoModel());
+    model_->ResetOptimizer();
+  }
+  LK_LOG_INFO("quorum_joined quorum_id={} replica_rank={} world={} step={} healed={} reason={}",
+              pr.quorum_id, pr.replica_rank, pr.replica_world_size, state_.step, healed_,
+              Q(pr.reason));
+  return Status::Ok();
+}
+
+// One outer step. Returns false when its allreduce was cut short (the caller polls for the
+// next quorum and retries with the same pseudo-gradient), an error when the trainer must stop.
+Result<bool> Trainer::OuterStep(const client::PollResult& pr) {
+  auto t0 = Clock::now();
+  if (!pending_delta_) {
+    float loss_sum = 0;
+    GroupAverage average = [this](std::span<float> v) {
+      LK_RETURN_IF_ERROR(GroupSum(v));
+      for (float& x : v) x /= static_cast<float>(o_.group_size);
+      return Status::Ok();
+    };
+    for (uint32_t i = 0; i < o_.inner_steps; ++i) {
+      if (sink_->drain) return false;  // poll at once: it answers the drain
+      LK_ASSIGN_OR_RETURN(float loss, model_->InnerStep(*rng_, average));
+      loss_sum += loss;
+    }
+    std::vector<float> local(total_);
+    model_->Flatten(local);
+    std::vector<float> delta = TakeShard(local, shard_);
+    for (size_t i = 0; i < delta.size(); ++i) delta[i] = state_.global[i] - delta[i];
+    pending_delta_ = std::move(delta);
+    pending_loss_ = loss_sum / static_cast<float>(std::max(1u, o_.inner_steps));
+  }
+  std::vector<float> avg = *pending_delta_;
+  Status st = slot_comm_->AllReduce(avg.data(), avg.size(), comm::DType::kFloat32, comm::ReduceOp::kAvg);
+  LK_ASSIGN_OR_RETURN(bool all_ok, GroupAgree(st.ok()));
+  if (!all_ok) {
+    LK_LOG_WARN("outer_step_aborted step={} quorum_id={} error={}", state_.step + 1, pr.quorum_id,
+                Q(st.ok() ? std::string("another trainer of the group failed") : st.ToString()));
+    return false;
+  }
+  OuterNesterovStep(state_.global, state_.momentum, avg, o_.outer);
+  LK_RETURN_IF_ERROR(LoadGlobalIntoModel());
+  state_.step += 1;
+  pending_delta_.reset();
+  // Published before the commit: once the lighthouse hears of this step, peers may fetch it.
+  if (Status p = state_io_->PublishLive(state_); !p.ok()) {
+    LK_LOG_WARN("publish_live_failed step={} error={}", state_.step, Q(p.ToString()));
+  }
+  std::string hash = StateHash(state_.global);
+  LK_RETURN_IF_ERROR(session_->Commit(state_.step, true, hash).WithContext("commit"));
+  auto outer_ms = std::chrono::duration_cast<Millis>(Clock::now() - t0);
+  WriteLogLine(pr, pending_loss_, outer_ms);
+  LK_LOG_INFO("outer_committed step={} quorum_id={} world={} loss={:.4f} hash={} outer_ms={}",
+              state_.step, pr.quorum_id, pr.replica_world_size, pending_loss_, hash,
+              outer_ms.count());
+  healed_ = false;
+  if (o_.ckpt_every > 0 && state_.step % o_.ckpt_every == 0) {
+    LK_RETURN_IF_ERROR(state_io_->SaveDurable(state_, pr.quorum_id));
+  }
+  return true;
+}
+
+void Trainer::WriteLogLine(const client::PollResult& pr, float loss, Millis outer_ms) {
+  if (log_ == nullptr) return;
+  std::fputs(fmt::format("{{\"step\":{},\"quorum_id\":{},\"replica_world_size\":{},\"loss\":{:.6f},"
+                         "\"param_hash\":\"{}\",\"healed\":{},\"group_rank\":{},\"outer_ms\":{}}}\n",
+                         state_.step, pr.quorum_id, pr.replica_world_size, loss,
+                         StateHash(state_.global), healed_ ? "true" : "false", o_.group_rank,
+                         outer_ms.count())
+                 .c_str(),
+             log_);
+  std::fflush(log_);
+}
+
+int Trainer::Run() {
+  if (Status st = Init(); !st.ok()) {
+    LK_LOG_ERROR("trainer_init_failed error={}", Q(st.ToString()));
+    return 1;
+  }
+  // How long a failed quorum may last before this trainer gives up: long enough for the
+  // lighthouse to notice a dead peer, short enough that a wedged run does not sit forever.
+  const Millis stuck_max = o_.op_timeout + Millis(60'000);
+  while (state_.step < o_.outer_steps) {
+    auto pr = session_->Poll(state_.step);
+    if (!pr.ok()) {
+      LK_LOG_ERROR("poll_failed step={} error={}", state_.step, Q(pr.status().ToString()));
+      return 1;
+    }
+    if (pr->drain) {
+      LK_LOG_INFO("drain step={} checkpoint_now={} reason={}", state_.step, pr->checkpoint_now,
+                  Q(pr->reason));
+      if (pr->checkpoint_now && has_state_ && !o_.ckpt_dir.empty()) {
+        if (Status st = state_io_->SaveDurable(state_, ready_quorum_id_); !st.ok()) {
+          LK_LOG_ERROR("drain_save_failed error={}", Q(st.ToString()));
+          return 1;
+        }
+      }
+      return 0;
+    }
+    if (pr->quorum_id == bad_quorum_id_) {
+      if (Clock::now() - bad_since_ > stuck_max) {
+        LK_LOG_ERROR("stuck quorum_id={} no new quorum after a failure", pr->quorum_id);
+        return 1;
+      }
+      std::this_thread::sleep_for(Millis(100));
+      continue;
+    }
+    if (pr->quorum_id != ready_quorum_id_) {
+      if (Status st = JoinQuorum(*pr); !st.ok()) {
+        LK_LOG_WARN("quorum_join_failed quorum_id={} error={}", pr->quorum_id, Q(st.ToString()));
+        if (group_failed_) return 1;
+        bad_quorum_id_ = pr->quorum_id;
+        bad_since_ = Clock::now();
+        continue;
+      }
+      ready_quorum_id_ = pr->quorum_id;
+    }
+    auto done = OuterStep(*pr);
+    if (!done.ok()) {
+      LK_LOG_ERROR("outer_step_failed step={} error={}", state_.step + 1, Q(done.status().ToString()));
+      return 1;
+    }
+    if (!*done && sink_->drain) {
+      std::this_thread::sleep_for(Millis(50));  // the next poll answers the drain
+    } else if (!*done) {
+      bad_quorum_id_ = pr->quorum_id;
+      bad_since_ = Clock::now();
+    }
+  }
+  LK_LOG_INFO("trainer_done step={} hash={}", state_.step, StateHash(state_.global));
+  if (log_ != nullptr) std::fclose(log_);
+  return 0;
+}
+
+}  // namespace
+
+Status TrainerOptions::Validate() const {
+  if (group_size == 0 || group_rank >= group_size) {
+    return InvalidArgument("--group-rank {} must be below --group-size {}", group_rank, group_size);
+  }
+  if (inner_steps == 0) return InvalidArgument("--inner-steps must be at least 1");
+  if (outer_steps >= (1u << 24)) return InvalidArgument("--outer-steps must be below 2^24");
+  if (ckpt_every > 0 && ckpt_dir.empty()) return InvalidArgument("--ckpt-every needs --ckpt-dir");
+  if (corpus_bytes < 4096) return InvalidArgument("--corpus-bytes must be at least 4096");
+  if (!(outer.lr > 0) || outer.momentum < 0 || outer.momentum >= 1) {
+    return InvalidArgument("--outer-lr must be positive and --outer-momentum in [0, 1)");
+  }
+  return model.Validate();
+}
+
+int RunTrainer(const TrainerOptions& options) {
+  Trainer trainer(options);
+  return trainer.Run();
+}
+
+}  // namespace lk::diloco

@@ -1,0 +1,41 @@
+// The DiLoCo trainer process: inner AdamW steps on the group's local model, then an outer step
+// that averages the pseudo-gradient of this trainer's shard over the quorum (its slot
+// communicator) and applies outer Nesterov SGD. It polls its agent at every outer step, joins new
+// quorums (rebuilds the communicator, heals, hands its state to members that lack it) and drains
+// when told. See README's design notes for the protocol.
+// Thread-safety: RunTrainer runs on the calling thread; a notice callback runs on the session's.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "examples/diloco/local_model.h"
+#include "examples/diloco/outer.h"
+
+namespace lk::diloco {
+
+struct TrainerOptions {
+  uint32_t group_rank = 0;
+  uint32_t group_size = 1;   // trainers in this group; every group must use the same value
+  uint32_t inner_steps = 20; // H: AdamW steps between outer steps
+  uint32_t outer_steps = 10; // T: run until the committed step reaches T
+  uint32_t seed = 1;         // model initialisation (shared) and data order (mixed with group)
+  std::string group_id;      // seeds this group's data stream; empty: the first replica_rank
+  std::string ckpt_dir;      // durable checkpoints of this group
+  uint32_t ckpt_every = 0;   // save every K committed steps (0: only when draining)
+  std::string live_dir;      // live state the agent serves to healing peers (--serve-dir)
+  std::string log_path;      // JSON lines, one per committed outer step
+  uint32_t corpus_bytes = 64 << 10;
+  ModelOptions model;
+  OuterOptions outer;
+  Millis init_timeout{30'000};  // communicator rendezvous + connect
+  Millis op_timeout{120'000};   // one collective; the outer one waits for the slowest group
+  Status Validate() const;
+};
+
+// Runs until the committed step reaches outer_steps (0), a drain (0), or a failure (non-zero).
+int RunTrainer(const TrainerOptions& options);
+
+}  // namespace lk::diloco
