@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -49,6 +50,8 @@ struct Peers {
   testing::Lighthouse* lh;
   std::vector<std::unique_ptr<Child>> p;
 
+  static inline uint32_t segment_kib = 1024;
+
   Peers(testing::Lighthouse* lighthouse, const std::string& d, size_t n) : dir(d), lh(lighthouse) {
     for (size_t i = 0; i < n; ++i) Spawn(i);
     for (auto& c : p) Expect(*c, "ok ready");
@@ -56,7 +59,8 @@ struct Peers {
   void Spawn(size_t i) {
     auto child = std::make_unique<Child>(
         std::vector<std::string>{testing::BinDir() + "/comm_test_peer", "--store", lh->url(),
-                                 "--job", "bench", "--op-timeout-ms", "60000"},
+                                 "--job", "bench", "--op-timeout-ms", "60000", "--segment-kib",
+                                 std::to_string(segment_kib)},
         fmt::format("{}/peer{}.log", dir, i));
     if (i < p.size()) {
       p[i] = std::move(child);
@@ -77,8 +81,8 @@ struct Peers {
   // Sends reconfigure + one allreduce to `members` (in rank order) and waits for both answers.
   void Rebuild(const std::vector<size_t>& members, uint32_t q) {
     for (size_t r = 0; r < members.size(); ++r) {
-      p[members[r]]->Send(fmt::format("reconfigure {} {} {}\nallreduce f32 sum 1024 1", q, r,
-                                      members.size()));
+      p[members[r]]->Send(
+          fmt::format("reconfigure {} {} {}\nallreduce f32 sum 1024 1", q, r, members.size()));
     }
     for (size_t m : members) {
       Expect(*p[m], "ok reconfigure");
@@ -149,18 +153,24 @@ void BenchKill(testing::Lighthouse* lh, const std::string& dir, uint32_t rounds)
 
 // iperf3 over loopback: the sum received in bits/s, in GB/s (1e9 bytes).
 double Iperf(const std::string& dir, uint32_t seconds, bool bidir) {
-  int port = 20000 + static_cast<int>(getpid() % 20000);
+  static int next = 0;
+  int port = 20000 + static_cast<int>((getpid() * 2 + next++) % 20000);
   Child server({"/usr/bin/iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", std::to_string(port)},
                dir + "/iperf-server.log");
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   std::string cmd = fmt::format("iperf3 -c 127.0.0.1 -p {} -t {} -J {} 2>/dev/null", port, seconds,
                                 bidir ? "--bidir" : "");
-  FILE* f = popen(cmd.c_str(), "r");
-  if (f == nullptr) Die("popen iperf3");
   std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), f)) out.append(buf, n);
-  pclose(f);
+  // The server may take a moment to listen on a loaded machine: retry the connect.
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    FILE* f = popen(cmd.c_str(), "r");
+    if (f == nullptr) Die("popen iperf3");
+    out.clear();
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof(buf), f)) out.append(buf, n);
+    pclose(f);
+    if (out.find("unable to connect") == std::string::npos) break;
+  }
   (void)server.Wait(std::chrono::seconds(5));
   // end.sum_received (and, with --bidir, end.sum_received_bidir_reverse) carry the rates.
   double total = 0;
@@ -181,8 +191,9 @@ void BenchThroughput(testing::Lighthouse* lh, const std::string& dir, uint32_t m
   fmt::print("\n### Allreduce throughput vs raw loopback TCP (iperf3, same run)\n\n");
   fmt::print("iperf3 one stream: {:.2f} GB/s; --bidir (both directions summed): {:.2f} GB/s\n\n",
              one_way, both_ways);
-  fmt::print("| members | MiB | busbw GB/s | / iperf3 one stream | total moved GB/s | / iperf3 "
-             "bidir |\n|---|---|---|---|---|---|\n");
+  fmt::print(
+      "| members | MiB | busbw GB/s | / iperf3 one stream | total moved GB/s | / iperf3 "
+      "bidir |\n|---|---|---|---|---|---|\n");
   for (size_t n : {2, 4}) {
     Peers peers(lh, dir, n);
     peers.Rebuild(Range(n), peers.NewQuorum());
@@ -213,6 +224,7 @@ int Main(int argc, char** argv) {
   flags.Add("mib", &mib, "allreduce size for the throughput figure, MiB");
   flags.Add("iperf-seconds", &iperf_seconds, "iperf3 run length");
   flags.Add("only", &only, "rebuild, kill or throughput (default: all)");
+  flags.Add("segment-kib", &Peers::segment_kib, "Gloo ring segment size, KiB");
   if (Status st = flags.Parse(argc, argv); !st.ok()) Die(st.ToString());
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
@@ -221,8 +233,15 @@ int Main(int argc, char** argv) {
   std::string dir = testing::TempDir("bench");
   auto lh = testing::StartLighthouse(dir);
   if (!lh.ok()) Die(lh.status().ToString());
-  fmt::print("comm_bench: lighthouse KV rendezvous, Gloo backend, {} CPUs, rounds={}\n",
-             std::thread::hardware_concurrency(), rounds);
+  fmt::print(
+      "comm_bench: lighthouse KV rendezvous, Gloo backend, {} CPUs, rounds={}, "
+      "segment={} KiB\n",
+      std::thread::hardware_concurrency(), rounds, Peers::segment_kib);
+  // Loopback throughput is CPU time: a busy machine changes every figure, so say how busy.
+  std::ifstream loadavg("/proc/loadavg");
+  std::string load1;
+  loadavg >> load1;
+  fmt::print("load average (1 min) at start: {}\n", load1);
   if (only.empty() || only == "rebuild") BenchRebuild(&*lh, dir, rounds);
   if (only.empty() || only == "kill") BenchKill(&*lh, dir, rounds);
   if (only.empty() || only == "throughput") BenchThroughput(&*lh, dir, mib, iperf_seconds);

@@ -43,14 +43,21 @@ struct Cluster {
     REQUIRE_MESSAGE(started.ok(), started.status().ToString());
     lh = std::move(*started);
     for (size_t i = 0; i < n; ++i) {
-      std::vector<std::string> argv = {testing::BinDir() + "/comm_test_peer", "--backend",
-                                       backend, "--store", lh.url(), "--job", "j",
-                                       "--op-timeout-ms", "30000", "--device",
+      std::vector<std::string> argv = {testing::BinDir() + "/comm_test_peer",
+                                       "--backend",
+                                       backend,
+                                       "--store",
+                                       lh.url(),
+                                       "--job",
+                                       "j",
+                                       "--op-timeout-ms",
+                                       "30000",
+                                       "--device",
                                        std::to_string(i)};
       argv.insert(argv.end(), extra.begin(), extra.end());
-      peers.push_back(std::make_unique<Child>(argv, dir + "/peer" + std::to_string(i) + ".log",
-                                              std::map<std::string, std::string>{
-                                                  {"NCCL_SOCKET_IFNAME", "lo"}}));
+      peers.push_back(std::make_unique<Child>(
+          argv, dir + "/peer" + std::to_string(i) + ".log",
+          std::map<std::string, std::string>{{"NCCL_SOCKET_IFNAME", "lo"}}));
     }
     for (auto& p : peers) {
       auto ready = p->ReadLine(kAnswerTimeout);
@@ -166,7 +173,8 @@ TEST_CASE("Abort during an allreduce returns Aborted at once and the peers fail 
   c.RequireAllOk(c.Same({0, 1, 2}, "allreduce f32 sum 100000 1"));
 }
 
-TEST_CASE("kill -9 of a member fails the survivors' in-flight allreduce and they rebuild without it") {
+TEST_CASE(
+    "kill -9 of a member fails the survivors' in-flight allreduce and they rebuild without it") {
   Cluster c(4);
   c.RequireAllOk(c.Reconfigure({0, 1, 2, 3}, c.NewQuorum()));
   // Long enough that the kill lands mid-collective: 400 rounds of 16 MiB.
@@ -189,8 +197,8 @@ TEST_CASE("init deadline: a member that never shows up fails Reconfigure and Abo
   Cluster c(2, {"--init-timeout-ms", "1500"});
   uint32_t q = c.NewQuorum();
   // World 3, but only two members exist.
-  auto answers = c.All({0, 1}, {fmt::format("reconfigure {} 0 3", q),
-                                fmt::format("reconfigure {} 1 3", q)});
+  auto answers =
+      c.All({0, 1}, {fmt::format("reconfigure {} 0 3", q), fmt::format("reconfigure {} 1 3", q)});
   for (const auto& a : answers) {
     CHECK_MESSAGE(a.find("err deadline_exceeded") == 0, a);
     CHECK(Millis(a) >= 1400);

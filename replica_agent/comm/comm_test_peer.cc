@@ -188,7 +188,7 @@ struct Peer {
 int Main(int argc, char** argv) {
   std::string backend_name = "gloo", store_spec, job = "j", bind = "127.0.0.1";
   uint32_t slot = 0, init_timeout_ms = 30'000, op_timeout_ms = 60'000;
-  uint32_t device = 0;
+  uint32_t device = 0, segment_kib = 1024;
   Flags flags("comm_test_peer", "One trainer slot's communicator driven by stdin commands.");
   flags.Add("backend", &backend_name, "gloo or nccl");
   flags.Add("store", &store_spec, "http://HOST:PORT (lighthouse KV) or file:DIR");
@@ -198,6 +198,7 @@ int Main(int argc, char** argv) {
   flags.Add("init-timeout-ms", &init_timeout_ms, "communicator init deadline");
   flags.Add("op-timeout-ms", &op_timeout_ms, "allreduce deadline");
   flags.Add("device", &device, "CUDA device (nccl)");
+  flags.Add("segment-kib", &segment_kib, "Gloo ring segment size, KiB");
   if (Status st = flags.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "%s\n", st.ToString().c_str());
     return 2;
@@ -219,6 +220,7 @@ int Main(int argc, char** argv) {
   options.init_timeout = Millis(init_timeout_ms);
   options.op_timeout = Millis(op_timeout_ms);
   options.device_index = static_cast<int>(device);
+  options.segment_bytes = size_t{segment_kib} * 1024;
   auto comm = CommManager::Create(backend, store->get(), options);
   if (!comm.ok()) {
     Answer(Err(comm.status()));

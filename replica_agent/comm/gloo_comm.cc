@@ -14,12 +14,11 @@
 //    fast as the kernel delivers a reset.
 //  - A watchdog thread fails the communicator the same way when the init or op deadline passes,
 //    so no Gloo-internal wait is ever the last line of defence.
-#include <signal.h>
-
 #include <gloo/transport/context.h>
 #include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -171,8 +170,8 @@ class GlooCommManager final : public CommManager {
   std::shared_ptr<GlooContext> ctx_;
   uint32_t rank_ = 0;
   uint32_t world_ = 0;
-  std::vector<GlooBuffer*> inflight_;  // buffers a collective waits on right now
-  uint64_t generation_ = 0;             // one per Reconfigure, so a late monitor fails nothing
+  std::vector<GlooBuffer*> inflight_;     // buffers a collective waits on right now
+  uint64_t generation_ = 0;               // one per Reconfigure, so a late monitor fails nothing
   std::unique_ptr<GlooBuffer> sentinel_;  // freed only after monitor_ is joined
   uint64_t sentinel_bytes_ = 0;
   std::thread monitor_;
@@ -186,8 +185,8 @@ class GlooCommManager final : public CommManager {
 void GlooCommManager::FailLocked(Status status, LogLevel level) {
   if (phase_ == Phase::kFailed || phase_ == Phase::kNone) return;
   Log(level, "comm_failed backend=gloo slot={} quorum_id={} rank={} world={} code={} reason={}",
-              options_.slot, quorum_id_.load(), rank_, world_, CodeName(status.code()),
-              Q(status.message()));
+      options_.slot, quorum_id_.load(), rank_, world_, CodeName(status.code()),
+      Q(status.message()));
   phase_ = Phase::kFailed;
   status_ = std::move(status);
   armed_ = false;
@@ -259,8 +258,8 @@ Status GlooCommManager::Reconfigure(uint32_t quorum_id, uint32_t replica_rank,
   Status st;
   if (world_size > 1) {
     try {
-      auto ctx = device_->createContext(static_cast<int>(replica_rank),
-                                        static_cast<int>(world_size));
+      auto ctx =
+          device_->createContext(static_cast<int>(replica_rank), static_cast<int>(world_size));
       ctx->setTimeout(options_.init_timeout);
       st = Connect(std::move(ctx), quorum_id, replica_rank, world_size,
                    start + options_.init_timeout);
@@ -279,8 +278,8 @@ Status GlooCommManager::Reconfigure(uint32_t quorum_id, uint32_t replica_rank,
   return Status::Ok();
 }
 
-Status GlooCommManager::Connect(std::shared_ptr<GlooContext> ctx, uint32_t quorum_id,
-                                uint32_t rank, uint32_t world, TimePoint deadline) {
+Status GlooCommManager::Connect(std::shared_ptr<GlooContext> ctx, uint32_t quorum_id, uint32_t rank,
+                                uint32_t world, TimePoint deadline) {
   // The ring only talks to its two neighbours, so only those pairs exist.
   std::set<uint32_t> peers = {(rank + world - 1) % world, (rank + 1) % world};
   std::vector<std::pair<uint32_t, std::vector<char>>> mine;
@@ -293,7 +292,8 @@ Status GlooCommManager::Connect(std::shared_ptr<GlooContext> ctx, uint32_t quoru
       mine.emplace_back(p, pair->address().bytes());
     }
   }
-  LK_RETURN_IF_ERROR(store_->Put(quorum_id, AddressKey(options_.slot, rank), EncodeAddresses(mine)));
+  LK_RETURN_IF_ERROR(
+      store_->Put(quorum_id, AddressKey(options_.slot, rank), EncodeAddresses(mine)));
   // Ascending peer order on every member is consistent with one global order of the edges,
   // so the blocking connects cannot wait on each other in a cycle.
   for (uint32_t p : peers) {

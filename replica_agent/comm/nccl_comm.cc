@@ -68,7 +68,7 @@ class NcclCommManager final : public CommManager {
   void FailLocked(Status status, LogLevel level = LogLevel::kWarn) {
     if (phase_ == Phase::kFailed || phase_ == Phase::kNone) return;
     Log(level, "comm_failed backend=nccl slot={} quorum_id={} code={} reason={}", options_.slot,
-                quorum_id_.load(), CodeName(status.code()), Q(status.message()));
+        quorum_id_.load(), CodeName(status.code()), Q(status.message()));
     phase_ = Phase::kFailed;
     status_ = std::move(status);
     failed_ = true;
@@ -160,7 +160,8 @@ Status NcclCommManager::Reconfigure(uint32_t quorum_id, uint32_t replica_rank,
                             [this] { return Interrupted(); });
     if (!value.ok()) return Fail(value.status());
     if (value->size() != sizeof(id)) {
-      return Fail(Error(Code::kDataLoss, "NCCL id of {} bytes, want {}", value->size(), sizeof(id)));
+      return Fail(
+          Error(Code::kDataLoss, "NCCL id of {} bytes, want {}", value->size(), sizeof(id)));
     }
     std::memcpy(&id, value->data(), sizeof(id));
   }
@@ -170,7 +171,7 @@ Status NcclCommManager::Reconfigure(uint32_t quorum_id, uint32_t replica_rank,
   ncclResult_t r = ncclCommInitRankConfig(&comm_, static_cast<int>(world_size), id,
                                           static_cast<int>(replica_rank), &config);
   Status st = (r == ncclSuccess || r == ncclInProgress) ? Status::Ok()
-                                                         : NcclError(r, "ncclCommInitRankConfig");
+                                                        : NcclError(r, "ncclCommInitRankConfig");
   if (st.ok() && comm_ != nullptr) st = PollAsync(deadline, "NCCL communicator init");
   if (st.ok() && comm_ == nullptr) st = Error(Code::kInternal, "NCCL returned no communicator");
   if (!st.ok()) {
@@ -206,8 +207,8 @@ Status NcclCommManager::AllReduce(void* data, size_t count, DType dtype, ReduceO
   ncclDataType_t type = dtype == DType::kFloat32 ? ncclFloat32 : ncclBfloat16;
   ncclRedOp_t red = op == ReduceOp::kSum ? ncclSum : ncclAvg;
   ncclResult_t r = ncclAllReduce(data, data, count, type, red, comm_, stream_);
-  Status st = (r == ncclSuccess || r == ncclInProgress) ? Status::Ok()
-                                                         : NcclError(r, "ncclAllReduce");
+  Status st =
+      (r == ncclSuccess || r == ncclInProgress) ? Status::Ok() : NcclError(r, "ncclAllReduce");
   // A non-blocking communicator may still be enqueueing the kernel.
   if (st.ok() && r == ncclInProgress) st = PollAsync(deadline, "allreduce enqueue");
   while (st.ok()) {

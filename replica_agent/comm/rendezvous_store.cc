@@ -70,8 +70,8 @@ Status FileRendezvousStore::Put(uint32_t quorum_id, const std::string& key,
   fs::create_directories(fs::path(path).parent_path(), ec);
   if (ec) return Error(Code::kUnavailable, "mkdir for {}: {}", path, ec.message());
   // Written aside and renamed, so that a reader never sees half a value.
-  std::string tmp = fmt::format("{}.tmp.{}", path, std::hash<std::thread::id>()(
-                                                       std::this_thread::get_id()));
+  std::string tmp =
+      fmt::format("{}.tmp.{}", path, std::hash<std::thread::id>()(std::this_thread::get_id()));
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out.write(value.data(), static_cast<std::streamsize>(value.size()));

@@ -28,8 +28,8 @@ std::string BinDir() {
 
 std::string TempDir(const std::string& tag) {
   static std::atomic<int> n{0};
-  auto dir = std::filesystem::temp_directory_path() /
-             fmt::format("lk-comm-{}-{}-{}", tag, getpid(), n++);
+  auto dir =
+      std::filesystem::temp_directory_path() / fmt::format("lk-comm-{}-{}-{}", tag, getpid(), n++);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
@@ -101,7 +101,8 @@ std::optional<std::string> Child::ReadLine(std::chrono::milliseconds timeout) {
       buffered_.erase(0, nl + 1);
       return line;
     }
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
     if (left.count() <= 0) return std::nullopt;
     pollfd p{out_fd_, POLLIN, 0};
     int r = ::poll(&p, 1, static_cast<int>(left.count()));

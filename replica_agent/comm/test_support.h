@@ -17,7 +17,7 @@
 
 namespace lk::comm::testing {
 
-std::string BinDir();                        // LK_BIN_DIR, set by CTest
+std::string BinDir();                         // LK_BIN_DIR, set by CTest
 std::string TempDir(const std::string& tag);  // a fresh empty directory under /tmp
 
 // A child process whose stdin and stdout are pipes to us (one command / one answer per line)
