@@ -28,9 +28,12 @@ CheckpointData FromProto(const pb::CheckpointInfo& c) {
 
 void ToProto(const QuorumAnswer& a, pb::QuorumResponse* out) {
   out->set_quorum_id(a.quorum_id);
-  for (const auto& m : a.members) ToProto(m, out->add_members());
+  // Members come shared between all answers of one issue (the core does not copy the list n
+  // times for n members), or inline.
+  const auto& members = a.members_shared ? *a.members_shared : a.members;
+  for (const auto& m : members) ToProto(m, out->add_members());
   out->set_replica_rank(a.replica_rank);
-  out->set_replica_world_size(static_cast<uint32_t>(a.members.size()));
+  out->set_replica_world_size(static_cast<uint32_t>(members.size()));
   out->set_max_step(a.max_step);
   out->set_heal(a.heal);
   auto* plan = out->mutable_recovery();

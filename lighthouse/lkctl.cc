@@ -129,7 +129,7 @@ int Admin(http::Client& client, const std::string& target, const google::protobu
 int Main(int argc, const char* const* argv) {
   if (argc >= 2 && std::string(argv[1]) == "checkpoint") {
 #ifdef LK_HAVE_CHECKPOINT_CLI
-    return RunCheckpointCli(argc - 1, argv + 1);
+    return ckpt::RunCheckpointCli(argc - 1, argv + 1);
 #else
     std::fprintf(stderr, "lkctl: built without the checkpoint tools\n");
     return 2;

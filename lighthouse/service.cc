@@ -6,7 +6,12 @@ namespace lk::lighthouse {
 
 
 Service::Service(asio::io_context& ioc, ServiceOptions options, std::unique_ptr<StateStore> store)
-    : impl_(std::make_shared<Impl>(ioc, std::move(options), std::move(store))) {}
+    : impl_(std::make_shared<Impl>(ioc, [&] {
+        // The service reads answers' members from the shared list, so the core need not copy
+        // the member list into every answer (n copies of n members at 1,024 groups).
+        options.core.answer_members_inline = false;
+        return std::move(options);
+      }(), std::move(store))) {}
 
 Service::~Service() = default;
 

@@ -195,14 +195,13 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
     Persist(fx);
     TimePoint now = Now();
     std::map<std::string, TimePoint> round_start;
+    std::map<const void*, std::string> members_wire;
     for (auto& [key, answer] : fx.answers) {
       auto it = quorum_waiters.find(key);
       if (it == quorum_waiters.end()) continue;
       auto [rs, inserted] = round_start.emplace(key.job, it->second.since);
       if (!inserted && it->second.since < rs->second) rs->second = it->second.since;
-      pb::QuorumResponse resp;
-      ToProto(answer, &resp);
-      AnswerQuorumWaiter(it, http::Reply(resp, it->second.format));
+      AnswerQuorumWaiter(it, QuorumReply(answer, it->second.format, &members_wire));
     }
     for (auto& [key, status] : fx.rejections) {
       auto it = quorum_waiters.find(key);
@@ -225,7 +224,10 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
   }
 
   void Persist(Effects& fx) {
-    if (fx.persist_jobs.empty() && fx.persist_checkpoints.empty() && fx.forget_jobs.empty()) return;
+    if (fx.persist_jobs.empty() && fx.persist_checkpoints.empty() && fx.forget_jobs.empty() &&
+        fx.drop_checkpoints.empty()) {
+      return;
+    }
     // Only a new quorum_id (and checkpoint registrations, and forgetting a job) must reach the
     // disk before anyone hears of it; step updates ride along unsynced, which survives a
     // process kill, and are written synced with the next quorum change.
@@ -243,6 +245,39 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
       synced_quorum_id.erase(job);
       kv.erase(job);
     }
+    for (const auto& c : fx.drop_checkpoints) {
+      // Registry entries pushed out by newer ones; a failure only leaves a stale record that
+      // the next start's Load bounds again.
+      if (Status ds = store->DeleteCheckpoint(c.job, c.step); !ds.ok()) {
+        LK_LOG_WARN("checkpoint_drop_failed job={} step={} error={}", c.job, c.step, Q(ds.ToString()));
+      }
+    }
+  }
+
+  // One issue answers every member with the same member list: in binary protobuf the list is
+  // encoded once and appended to each answer's own fields (concatenated protobuf encodings
+  // merge, and repeated fields append), instead of n encodings of n members.
+  static Response QuorumReply(const QuorumAnswer& answer, Format f,
+                              std::map<const void*, std::string>* members_wire) {
+    pb::QuorumResponse resp;
+    if (f != Format::kProto || !answer.members_shared) {
+      ToProto(answer, &resp);
+      return http::Reply(resp, f);
+    }
+    auto [it, fresh] = members_wire->emplace(answer.members_shared.get(), "");
+    if (fresh) {
+      pb::QuorumResponse only_members;
+      for (const auto& m : *answer.members_shared) ToProto(m, only_members.add_members());
+      it->second = only_members.SerializeAsString();
+    }
+    QuorumAnswer own = answer;
+    own.members_shared.reset();
+    own.members.clear();
+    ToProto(own, &resp);
+    resp.set_replica_world_size(static_cast<uint32_t>(answer.members_shared->size()));
+    Response r = http::Reply(resp, f);
+    r.body += it->second;
+    return r;
   }
 
   void AnswerQuorumWaiter(std::map<AgentKey, QuorumWaiter>::iterator it, Response r) {

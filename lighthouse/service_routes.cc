@@ -185,9 +185,7 @@ void Service::Impl::HandleCommit(const Request& req, Responder respond) {
   ApplyEffects(fx);
   pb::CommitResponse out;
   out.set_diverged(*r);
-  for (const auto& v : core.View(Now())) {
-    if (v.job == in.job()) out.set_committed_step(v.committed_step);
-  }
+  out.set_committed_step(core.CommittedStep(in.job()));
   respond(http::Reply(out, f));
 }
 

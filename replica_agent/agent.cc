@@ -45,7 +45,9 @@ Agent::Agent(AgentOptions options) : impl_(std::make_shared<Impl>(std::move(opti
 Agent::~Agent() = default;
 Status Agent::Start() { return impl_->Start(); }
 int Agent::Run() { return impl_->Run(); }
-void Agent::Drain(const std::string& reason) { impl_->Drain(reason); }
+void Agent::Drain(const std::string& reason, bool checkpoint, std::function<void()> after_leave) {
+  impl_->Drain(reason, checkpoint, std::move(after_leave));
+}
 const std::string& Agent::incarnation() const { return impl_->options.incarnation; }
 
 std::unique_ptr<http::Client> Agent::Impl::LighthouseClient() {
@@ -74,6 +76,11 @@ Status Agent::Impl::Start() {
         self->Route(std::move(r), std::move(w));
       });
   LK_RETURN_IF_ERROR(socket_server->Listen("unix:" + options.socket));
+  if (!options.serve_dir.empty()) {
+    ckpt::ShardServerOptions so;
+    so.base_dir = options.serve_dir;
+    shard_server = std::make_unique<ckpt::ShardServer>(so);
+  }
   if (!options.serve.empty()) {
     peer_server = std::make_unique<http::Server>(
         ioc, http::ServerOptions{},
@@ -306,40 +313,62 @@ void Agent::Impl::SendLeave(const std::string& reason) {
   }
 }
 
-void Agent::Impl::Drain(const std::string& reason) {
+void Agent::Impl::Drain(const std::string& reason, bool checkpoint,
+                        std::function<void()> after_leave) {
   {
     std::lock_guard<std::mutex> lock(mu);
     if (draining) return;
     draining = true;
+    checkpoint_now = checkpoint;
     drain_reason = reason;
     phase = "draining";
-    LK_LOG_INFO("drain reason={} trainers={}", reason, trainers.size());
+    LK_LOG_INFO("drain reason={} checkpoint={} trainers={}", reason, checkpoint, trainers.size());
     DrainTrainersLocked();
   }
   cv.notify_all();
-  // Leave at once so that the other groups' quorum shrinks without a heartbeat timeout, then
-  // give the trainers drain_timeout to exit.
-  std::thread([self = shared_from_this(), reason] {
-    self->SendLeave(reason);
-    boost::asio::post(self->ioc, [self] {
-      auto timer = std::make_shared<boost::asio::steady_timer>(self->ioc, self->options.drain_timeout);
-      auto check = std::make_shared<std::function<void()>>();
-      *check = [self, timer, check] {
-        bool alive = false;
-        {
-          std::lock_guard<std::mutex> lock(self->mu);
-          for (auto& [r, t] : self->trainers) alive |= t.pid > 0 && ::kill(t.pid, 0) == 0;
-        }
-        if (!alive || timer->expiry() <= std::chrono::steady_clock::now()) {
-          if (alive) LK_LOG_WARN("drain_timeout trainers_still_running=true");
-          return self->Finish(self->exit_code.load() < 0 ? 0 : self->exit_code.load());
-        }
-        auto poll = std::make_shared<boost::asio::steady_timer>(self->ioc, Millis(20));
-        poll->async_wait([check, poll](const boost::system::error_code&) { (*check)(); });
-      };
-      (*check)();
-    });
-  }).detach();
+  auto self = shared_from_this();
+  auto finish = [self] { self->Finish(self->exit_code.load() < 0 ? 0 : self->exit_code.load()); };
+  if (!checkpoint) {
+    // Leave at once so that the other groups' quorum shrinks without a heartbeat timeout, then
+    // give the trainers drain_timeout to exit.
+    std::thread([self, reason, finish] {
+      self->SendLeave(reason);
+      self->WaitForTrainersThen([finish](bool) { finish(); });
+    }).detach();
+    return;
+  }
+  // A durable save first: the group stays a member until its trainers have saved and exited.
+  WaitForTrainersThen([self, reason, finish, after_leave](bool all_exited) {
+    if (!all_exited) LK_LOG_WARN("checkpoint_not_confirmed reason=drain_timeout");
+    std::thread([self, reason, finish, after_leave] {
+      self->SendLeave(reason);
+      if (after_leave) after_leave();
+      finish();
+    }).detach();
+  });
+}
+
+// Calls `then(all_exited)` on the io thread once every known trainer process has exited, or
+// after drain_timeout.
+void Agent::Impl::WaitForTrainersThen(std::function<void(bool)> then) {
+  boost::asio::post(ioc, [self = shared_from_this(), then = std::move(then)] {
+    auto deadline = std::chrono::steady_clock::now() + self->options.drain_timeout;
+    auto check = std::make_shared<std::function<void()>>();
+    *check = [self, deadline, then, check] {
+      bool alive = false;
+      {
+        std::lock_guard<std::mutex> lock(self->mu);
+        for (auto& [r, t] : self->trainers) alive |= t.pid > 0 && ::kill(t.pid, 0) == 0;
+      }
+      if (!alive || std::chrono::steady_clock::now() >= deadline) {
+        if (alive) LK_LOG_WARN("drain_timeout trainers_still_running=true");
+        return then(!alive);
+      }
+      auto poll = std::make_shared<boost::asio::steady_timer>(self->ioc, Millis(20));
+      poll->async_wait([check, poll](const boost::system::error_code&) { (*check)(); });
+    };
+    (*check)();
+  });
 }
 
 void Agent::Impl::Fail(const std::string& reason) {

@@ -6,6 +6,7 @@
 // (heartbeat, quorum, watch, commit) so that a slow or absent lighthouse never blocks trainers.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -44,8 +45,11 @@ class Agent {
   // Runs until the agent is done; returns the process exit code: 0 after a graceful drain,
   // 3 when the group failed (a trainer died, the group was evicted or replaced).
   int Run();
-  // From a signal: drain the trainers, leave with `reason`, exit 0.
-  void Drain(const std::string& reason);
+  // From a signal: drain the trainers, leave with `reason`, exit 0. With `checkpoint` the
+  // trainers first save a durable checkpoint and the group leaves once they have exited (the
+  // save is done); `after_leave` then runs (e.g. the Slurm requeue) before the agent exits.
+  void Drain(const std::string& reason, bool checkpoint = false,
+             std::function<void()> after_leave = {});
   const std::string& incarnation() const;
 
   struct Impl;

@@ -21,6 +21,7 @@
 #include "common/http/server.h"
 #include "common/log.h"
 #include "common/proto/lightkeeper.pb.h"
+#include "checkpoint/shard_server.h"
 #include "replica_agent/agent.h"
 
 namespace lk::agent {
@@ -55,7 +56,9 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   // ---- life cycle (agent.cc) ----
   Status Start();
   int Run();
-  void Drain(const std::string& reason);
+  void Drain(const std::string& reason, bool checkpoint = false,
+             std::function<void()> after_leave = {});
+  void WaitForTrainersThen(std::function<void(bool all_exited)> then);
   void Fail(const std::string& reason);
   void Finish(int code);
 
@@ -91,6 +94,7 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   boost::asio::io_context ioc{1};
   std::unique_ptr<http::Server> socket_server;
   std::unique_ptr<http::Server> peer_server;
+  std::unique_ptr<ckpt::ShardServer> shard_server;
   std::atomic<bool> stopping{false};
   std::atomic<int> exit_code{-1};
 

@@ -28,6 +28,9 @@ void Agent::Impl::Route(http::Request&& req, http::Responder respond) {
   http::Format f = http::ReplyFormat(req);
   const std::string& p = req.path;
   if (p == "/healthz") return respond(http::TextReply(200, "text/plain", "ok\n"));
+  if (shard_server && p.rfind("/v1/shards", 0) == 0) {
+    return shard_server->Handle(std::move(req), std::move(respond));
+  }
   if (p == "/v1/agent/status" && req.method == "GET") return HandleStatus(req, respond);
   bool post = req.method == "POST";
   if (p == "/v1/trainer/hello" && post) return HandleHello(req, respond);
@@ -281,6 +284,7 @@ void Agent::Impl::AnswerNoticesLocked(bool force) {
     r.set_quorum_id(it->second.quorum_id);
     r.set_lost(lost);
     r.set_drain(draining || force);
+    r.set_checkpoint_now(checkpoint_now);
     r.set_reason(draining ? drain_reason : lost ? "quorum_lost" : "agent_exiting");
     it->second.timer->cancel();
     auto respond = std::move(it->second.respond);

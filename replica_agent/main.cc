@@ -9,6 +9,8 @@
 #include "common/flags.h"
 #include "common/log.h"
 #include "replica_agent/agent.h"
+#include "slurm/requeue.h"
+#include "slurm/slurm_env.h"
 
 int main(int argc, char** argv) {
   using namespace lk;
@@ -19,6 +21,8 @@ int main(int argc, char** argv) {
   uint32_t drain_timeout_ms = static_cast<uint32_t>(o.drain_timeout.count());
   uint32_t backoff_max_ms = static_cast<uint32_t>(o.backoff_max.count());
   std::string log_level = "info";
+  uint32_t signal_before_s = 120;
+  bool requeue = true;
   Flags flags("replica_agent",
               "Lightkeeper's node agent: heartbeats the lighthouse for its replica group, asks for\n"
               "the quorum at outer-step boundaries, relays quorums, recovery plans and failure\n"
@@ -41,6 +45,9 @@ int main(int argc, char** argv) {
   flags.Add("quorum-timeout-ms", &quorum_timeout_ms, "one quorum long-poll (retried while pending)");
   flags.Add("backoff-max-ms", &backoff_max_ms, "cap of the jittered retry backoff");
   flags.Add("drain-timeout-ms", &drain_timeout_ms, "how long trainers get to exit after a drain");
+  flags.Add("signal-before-s", &signal_before_s,
+            "Slurm: seconds before the time limit that the warning signal comes (--signal=B:USR2@S)");
+  flags.Add("requeue", &requeue, "Slurm: requeue the job after a preemption or time-limit leave");
   flags.Add("log-level", &log_level, "debug, info, warn or error");
   Status st = flags.Parse(argc, argv);
   if (flags.help_requested()) {
@@ -96,11 +103,59 @@ int main(int argc, char** argv) {
     LK_LOG_ERROR("agent_start_failed error={}", Q(st.ToString()));
     return 1;
   }
-  std::thread([&agent, set] {
+  // Under Slurm the environment tells why the job is told to go; outside it a warning is a
+  // preemption and SIGTERM a cancellation, and nothing is requeued.
+  std::optional<slurm::SlurmEnv> slurm_env;
+  if (slurm::InSlurm()) {
+    auto env = slurm::ParseSlurmEnv(slurm::ProcessEnv());
+    if (env.ok()) {
+      slurm::SubprocessRunner runner;
+      if (Status fe = slurm::FillEndTime(runner, &*env); !fe.ok()) {
+        LK_LOG_WARN("slurm_end_time_unknown error={}", Q(fe.ToString()));
+      }
+      slurm_env = std::move(*env);
+      LK_LOG_INFO("slurm job={} restart_count={}", slurm_env->JobRef(), slurm_env->restart_count);
+    } else {
+      LK_LOG_WARN("slurm_env_unparsable error={}", Q(env.status().ToString()));
+    }
+  }
+  std::thread([&agent, set, slurm_env, signal_before_s, requeue] {
     int sig = 0;
+    bool leaving = false;
     while (sigwait(&set, &sig) == 0) {
-      LK_LOG_INFO("signal_received signal={}", sig);
-      agent.Drain(sig == SIGUSR2 ? "preempted" : "cancelled");
+      if (leaving) {
+        // Slurm sends SIGTERM right after a requeue, and may repeat the warning: one leave.
+        LK_LOG_INFO("signal_ignored signal={} reason=already_leaving", sig);
+        continue;
+      }
+      leaving = true;
+      slurm::LeaveInput in;
+      in.signal = sig == SIGUSR2 ? slurm::LeaveSignal::kWarning : slurm::LeaveSignal::kTerm;
+      in.in_slurm = slurm_env.has_value();
+      in.now = std::chrono::system_clock::now();
+      in.margin = slurm::TimeLimitMargin(std::chrono::seconds(signal_before_s));
+      if (slurm_env) {
+        in.limit_end = slurm_env->end_time;
+        in.restart_count = slurm_env->restart_count;
+        slurm::SubprocessRunner runner;
+        if (auto job = slurm::QueryJob(runner, slurm_env->JobRef()); job.ok()) in.job_now = *job;
+      }
+      auto d = slurm::ClassifyLeave(in);
+      std::string reason(slurm::LeaveReasonName(d.reason));
+      LK_LOG_INFO("signal_received signal={} leave_reason={} requeue={} why={}", sig, reason,
+                  d.requeue && requeue, Q(d.why));
+      // A warning or a preemption: the trainers save a durable checkpoint before the group
+      // leaves. A cancellation leaves at once.
+      bool checkpoint = d.reason != slurm::LeaveReason::kCancelled;
+      std::function<void()> after_leave;
+      if (d.requeue && requeue && slurm_env) {
+        after_leave = [env = *slurm_env] {
+          Status st = slurm::Requeue(env);
+          if (st.ok()) LK_LOG_INFO("requeued job={}", env.JobRef());
+          else LK_LOG_ERROR("requeue_failed job={} error={}", env.JobRef(), Q(st.ToString()));
+        };
+      }
+      agent.Drain(reason, checkpoint, after_leave);
     }
   }).detach();
   int code = agent.Run();

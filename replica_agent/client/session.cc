@@ -130,7 +130,7 @@ void Session::NoticeLoop() {
         !http::Decode(r->body, http::BodyFormat(r->content_type), &n).ok()) {
       // The agent is gone: that is a drain for this trainer.
       if (stop_) return;
-      Notice gone{qid, true, true, r.ok() ? "agent error" : r.status().message()};
+      Notice gone{qid, true, true, false, r.ok() ? "agent error" : r.status().message()};
       std::function<void(const Notice&)> cb;
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -141,7 +141,7 @@ void Session::NoticeLoop() {
     }
     if (!n.lost() && !n.drain()) continue;
     handled = qid;
-    Notice notice{qid, n.lost(), n.drain(), n.reason()};
+    Notice notice{qid, n.lost(), n.drain(), n.checkpoint_now(), n.reason()};
     std::function<void(const Notice&)> cb;
     {
       std::lock_guard<std::mutex> lock(mu_);

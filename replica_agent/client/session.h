@@ -42,6 +42,7 @@ struct Notice {
   uint32_t quorum_id = 0;
   bool lost = false;   // the quorum lost a member: abort collectives in flight
   bool drain = false;  // the agent is draining the group
+  bool checkpoint_now = false;  // with drain: save a durable checkpoint before exiting
   std::string reason;
 };
 
