@@ -1,0 +1,160 @@
+// Agent and client-library figures, each beside its physical floor measured in the same run:
+//   1. Poll round trip when nothing changed (trainer -> agent -> lighthouse round -> trainer),
+//      against a raw loopback TCP ping-pong of the same machine.
+//   2. A node that dies silently (its agent and trainer stopped with SIGSTOP: no socket closes):
+//      time from the stop until the survivor's Poll returns the new quorum, against the
+//      lighthouse's --heartbeat-timeout-ms.
+// Run: bench/agent_bench.sh (builds and prints a markdown table).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include "common/log.h"
+#include "replica_agent/client/session.h"
+#include "tests/support/process.h"
+
+namespace lk {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+double Pct(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+// Round trips of 64 bytes over one loopback TCP connection with Nagle off, in microseconds.
+std::vector<double> TcpPingPong(int rounds) {
+  int ls = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len);
+  listen(ls, 1);
+  std::thread echo([ls, rounds] {
+    int c = accept(ls, nullptr, nullptr);
+    int one = 1;
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    char buf[64];
+    for (int i = 0; i < rounds; ++i) {
+      if (read(c, buf, sizeof(buf)) != 64 || write(c, buf, 64) != 64) break;
+    }
+    close(c);
+  });
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  std::vector<double> us;
+  char buf[64] = {};
+  for (int i = 0; i < rounds; ++i) {
+    auto t0 = Clock::now();
+    if (write(s, buf, 64) != 64 || read(s, buf, 64) != 64) break;
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  close(s);
+  echo.join();
+  close(ls);
+  return us;
+}
+
+std::unique_ptr<test::Process> StartAgent(const std::string& dir, const std::string& url,
+                                          const std::string& group) {
+  auto p = std::make_unique<test::Process>(
+      std::vector<std::string>{test::BinDir() + "/replica_agent", "--lighthouse", url, "--job",
+                               "bench", "--group-id", group, "--socket", dir + "/" + group + ".sock",
+                               "--heartbeat-interval-ms", "100"},
+      dir + "/agent-" + group + ".log");
+  if (p->WaitForLog("agent_listening", 10s).empty()) {
+    std::fprintf(stderr, "agent %s did not start\n", group.c_str());
+    std::exit(1);
+  }
+  return p;
+}
+
+int Main(int argc, char** argv) {
+  int rounds = argc > 1 ? std::atoi(argv[1]) : 2000;
+  uint32_t hb_timeout_ms = 1000;
+  SetLogLevel(LogLevel::kWarn);
+  auto dir = test::TempDir("agent-bench");
+  auto lh = test::StartLighthouse(dir + "/data",
+                                  {"--heartbeat-timeout-ms", std::to_string(hb_timeout_ms),
+                                   "--join-timeout-ms", "200"},
+                                  dir + "/lighthouse.log");
+  // 1. Poll round trip, one group, nothing changes between steps.
+  auto agent_a = StartAgent(dir, lh.url(), "a");
+  auto sa = client::Session::Connect(dir + "/a.sock", 0, 1);
+  if (!sa.ok()) return 1;
+  std::vector<double> poll_us;
+  uint32_t step = 0;
+  for (int i = 0; i < rounds + 50; ++i) {
+    auto t0 = Clock::now();
+    auto p = (*sa)->Poll(step);
+    double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    if (!p.ok()) return 1;
+    if (i >= 50) poll_us.push_back(us);  // the first rounds warm connections up
+    if (!(*sa)->Commit(++step, true).ok()) return 1;
+  }
+  auto tcp_us = TcpPingPong(rounds);
+  std::printf("| Poll round trip, nothing changed (1 group) | p50 %.0f us, p99 %.0f us | "
+              "raw loopback TCP RTT p50 %.0f us, p99 %.0f us | %.1fx / %.1fx |\n",
+              Pct(poll_us, 0.5), Pct(poll_us, 0.99), Pct(tcp_us, 0.5), Pct(tcp_us, 0.99),
+              Pct(poll_us, 0.5) / Pct(tcp_us, 0.5), Pct(poll_us, 0.99) / Pct(tcp_us, 0.99));
+
+  // 2. A second group joins; then its node dies silently.
+  auto agent_b = StartAgent(dir, lh.url(), "b");
+  auto sb = client::Session::Connect(dir + "/b.sock", 0, 1);
+  if (!sb.ok()) return 1;
+  std::atomic<uint32_t> b_step{0};
+  std::thread b_loop([&] {
+    uint32_t s = 0;
+    while (true) {
+      auto p = (*sb)->Poll(s);
+      if (!p.ok() || p->drain) return;
+      if (p->heal) s = p->max_step;
+      if (!(*sb)->Commit(++s, true).ok()) return;
+      b_step = s;
+    }
+  });
+  while (true) {
+    auto p = (*sa)->Poll(step);
+    if (!p.ok()) return 1;
+    if (!(*sa)->Commit(++step, true).ok()) return 1;
+    if (p->replica_world_size == 2 && b_step > 5) break;
+  }
+  auto stopped = Clock::now();
+  agent_b->Signal(SIGSTOP);
+  double to_quorum_ms = 0;
+  while (true) {
+    auto p = (*sa)->Poll(step);
+    if (!p.ok()) return 1;
+    if (p->replica_world_size == 1) {
+      to_quorum_ms = std::chrono::duration<double, std::milli>(Clock::now() - stopped).count();
+      break;
+    }
+    if (!(*sa)->Commit(++step, true).ok()) return 1;
+  }
+  std::printf("| silent node death -> survivor's new quorum | %.0f ms | heartbeat_timeout_ms %u "
+              "(agent heartbeats every 100 ms) | %.2fx |\n",
+              to_quorum_ms, hb_timeout_ms, to_quorum_ms / hb_timeout_ms);
+  agent_b->Signal(SIGKILL);
+  b_loop.detach();
+  std::fflush(stdout);
+  std::_Exit(0);
+}
+
+}  // namespace
+}  // namespace lk
+
+int main(int argc, char** argv) { return lk::Main(argc, argv); }
