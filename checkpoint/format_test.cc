@@ -34,7 +34,7 @@ TEST_CASE("shard header round-trips and aligns the data to 4 KiB") {
   CHECK(parsed->metadata.at("lk.step") == "7");
 }
 
-TEST_CASE("shard header parsing rejects truncation, holes and lying lengths") {
+TEST_CASE("shard header parsing rejects truncation - holes and lying lengths") {
   ShardHeader h = TwoTensorHeader();
   std::string head = EncodeShardHeader(&h);
   CHECK(ParseShardHeader(head, head.size() + 31).status().code() == Code::kDataLoss);  // truncated
@@ -147,7 +147,7 @@ TEST_CASE("planner reads whole ranks without waste when the layout is unchanged"
   CHECK(plan->reads[0].file == 1);
 }
 
-TEST_CASE("manifest validation names the gap, the overlap and a partial manifest is refused") {
+TEST_CASE("manifest validation names the gap - the overlap and a partial manifest is refused") {
   Manifest m = HandManifest(2, {{10, 4}}, 16);
   CHECK(ValidateManifest(m).ok());
   Manifest gap = m;
@@ -166,7 +166,7 @@ TEST_CASE("manifest validation names the gap, the overlap and a partial manifest
   CHECK(!ValidateManifest(chunks).ok());
 }
 
-TEST_CASE("merging partial manifests yields the complete one; disagreement is refused") {
+TEST_CASE("merging partial manifests yields the complete one - disagreement is refused") {
   Manifest full = HandManifest(2, {{10, 4}, {3, 3}}, 16);
   Manifest p0 = full, p1 = full;
   p0.partial = p1.partial = true;

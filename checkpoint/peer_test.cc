@@ -103,7 +103,7 @@ PeerRecoveryOptions Recovery(uint32_t ranks, uint32_t rank) {
   return o;
 }
 
-TEST_CASE("shard server answers ranges with 206, bad ranges with 416 and hides non-checkpoints") {
+TEST_CASE("shard server answers ranges with 206 - bad ranges with 416 and hides non-checkpoints") {
   TempDir tmp;
   std::string dir = SaveModel(tmp.path(), SmallModel(), 3, 1);
   std::filesystem::create_directories(tmp.Sub(".tmp-step-000000000004-x"));

@@ -59,7 +59,7 @@ TEST_CASE("a checkpoint restores bitwise onto the layout that wrote it") {
   }
 }
 
-TEST_CASE("resharding 4->2, 2->3, 1->4 restores tensors bitwise equal to the originals") {
+TEST_CASE("resharding 4->2 - 2->3 - 1->4 restores tensors bitwise equal to the originals") {
   TempDir tmp;
   auto model = SmallModel();
   struct Case {
@@ -100,7 +100,7 @@ TEST_CASE("retention keeps the newest K valid checkpoints and removes stale temp
   CHECK(Steps(root) == std::vector<int64_t>{5, 6});
 }
 
-TEST_CASE("disk full, failing fsync or rename during save: error names the file, previous kept") {
+TEST_CASE("disk full - failing fsync or rename during save: error names the file - previous kept") {
   TempDir tmp;
   auto model = SmallModel();
   std::string root = tmp.path();
@@ -206,7 +206,7 @@ TEST_CASE("damaged shards are named by verify and restore falls back to the prev
   CHECK(report.skipped[0].find("step-000000000002") != std::string::npos);
 }
 
-TEST_CASE("async save returns at once, bounds bytes in flight and reports failures in Wait") {
+TEST_CASE("async save returns at once - bounds bytes in flight and reports failures in Wait") {
   TempDir tmp;
   auto model = SmallModel();
   uint64_t one = MakeSnapshot(model, 1, 0, 1).bytes();

@@ -162,7 +162,7 @@ TEST_CASE("retry: a member re-asking with its quorum step is answered at once") 
   CHECK(h.fx.answers.empty());
 }
 
-TEST_CASE("Load: ids continue, loaded members retry and rejoin on the fast path") {
+TEST_CASE("Load: ids continue - loaded members retry and rejoin on the fast path") {
   Harness first;
   first.Form({"a", "b"});
   REQUIRE(first.Join("a", 0, "i2").ok());  // a restarts: quorum 2 needs b's next ask
@@ -199,7 +199,7 @@ TEST_CASE("Load: ids continue, loaded members retry and rejoin on the fast path"
   CHECK(!bad.HasJob("j"));
 }
 
-TEST_CASE("divergence: a minority state hash is flagged, heals next, and is no donor") {
+TEST_CASE("divergence: a minority state hash is flagged - heals next - and is no donor") {
   Harness h;
   h.Form({"a", "b", "c"});
   CHECK(!h.Commit("a", 1, 1, true, "h1").value());
@@ -216,7 +216,7 @@ TEST_CASE("divergence: a minority state hash is flagged, heals next, and is no d
   CHECK(!h.Group("c")->diverged);  // healing at this quorum
 }
 
-TEST_CASE("drain: heartbeats answer drain, the group is no candidate, its waiters are told") {
+TEST_CASE("drain: heartbeats answer drain - the group is no candidate - its waiters are told") {
   Harness h;
   h.Form({"a", "b"});
   REQUIRE(h.Join("b", 1).ok());
@@ -235,7 +235,7 @@ TEST_CASE("drain: heartbeats answer drain, the group is no candidate, its waiter
   CHECK(h.Answer("a")->members.size() == 1);
 }
 
-TEST_CASE("forget: waiters rejected, state gone, persisted state deleted") {
+TEST_CASE("forget: waiters rejected - state gone - persisted state deleted") {
   Harness h;
   h.Form({"a", "b"});
   REQUIRE(h.Join("a", 1).ok());
@@ -250,7 +250,7 @@ TEST_CASE("forget: waiters rejected, state gone, persisted state deleted") {
   CHECK(h.core.Watch("j", 0).status().code() == Code::kNotFound);
 }
 
-TEST_CASE("leave: the remaining groups' quorum forms at once, the leaver is told 409 after") {
+TEST_CASE("leave: the remaining groups' quorum forms at once - the leaver is told 409 after") {
   Harness h;
   h.Form({"a", "b", "c"});
   REQUIRE(h.Join("a", 1).ok());
@@ -269,7 +269,7 @@ TEST_CASE("leave: the remaining groups' quorum forms at once, the leaver is told
   CHECK(h.fx.events.empty());
 }
 
-TEST_CASE("checkpoint registry: newest first, bounded, and restored when no state is live") {
+TEST_CASE("checkpoint registry: newest first - bounded - and restored when no state is live") {
   CoreOptions o;
   o.checkpoints_per_job_max = 3;
   Harness h(o);
@@ -314,7 +314,7 @@ TEST_CASE("view: group states and events quote values with spaces") {
   CHECK(!h.Group("c")->in_quorum);
 }
 
-TEST_CASE("NextDeadline: none without state, none after everyone left") {
+TEST_CASE("NextDeadline: none without state - none after everyone left") {
   Harness h;
   CHECK(!h.core.NextDeadline().has_value());
   h.Form({"a"});
@@ -343,7 +343,7 @@ TEST_CASE("hot path: an unchanged quorum of 16 groups issues well under 0.3 ms")
   CHECK(last_ask_us[100] < 300.0);
 }
 
-TEST_CASE("scale: 10 jobs x 1,000 groups, and one round of 1,024 groups") {
+TEST_CASE("scale: 10 jobs x 1 000 groups - and one round of 1 024 groups") {
   CoreOptions o;
   o.answer_members_inline = false;  // what a shell serving 1,024 groups should use
   Harness h(o);

@@ -17,7 +17,7 @@ namespace {
 using testing::Harness;
 using testing::Snapshot;
 
-TEST_CASE("rule 5: first quorum when every healthy group asked, answers name rank and plan") {
+TEST_CASE("rule 5: first quorum when every healthy group asked - answers name rank and plan") {
   Harness h;
   REQUIRE(h.Beat("b").ok());
   REQUIRE(h.Join("a", 0, "i1", 0, 1, /*has_state=*/false).ok());

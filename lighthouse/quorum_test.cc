@@ -90,7 +90,7 @@ QuorumDecision Decide(const Row& row, CoreOptions options, std::deque<GroupStatu
   return ComputeQuorum({previous, groups}, options, kT0 + Millis(row.now_ms));
 }
 
-TEST_CASE("ComputeQuorum: rules 1-5, each decision with its reason") {
+TEST_CASE("ComputeQuorum: rules 1-5 - each decision with its reason") {
   using enum S;
   CoreOptions options;  // join_timeout 2000 ms, heartbeat_timeout 3000 ms
   const std::vector<Row> rows = {
@@ -191,7 +191,7 @@ struct PlanRow {
   bool initial;
 };
 
-TEST_CASE("PlanRecovery: rule 7 heal flags, striped donors, checkpoint, initial weights") {
+TEST_CASE("PlanRecovery: rule 7 heal flags - striped donors - checkpoint - initial weights") {
   CheckpointData ckpt;
   ckpt.job = "j";
   ckpt.step = 40;

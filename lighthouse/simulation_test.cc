@@ -468,7 +468,7 @@ uint64_t EnvOr(const char* name, uint64_t fallback) {
   return v && *v ? std::strtoull(v, nullptr, 10) : fallback;
 }
 
-TEST_CASE("simulation: invariants hold under crashes, partitions, stalls and restarts") {
+TEST_CASE("simulation: invariants hold under crashes - partitions - stalls and restarts") {
   std::vector<uint64_t> seeds;
   if (std::getenv("LK_SIM_SEED")) {
     seeds.push_back(EnvOr("LK_SIM_SEED", 0));
