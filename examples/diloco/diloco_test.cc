@@ -178,23 +178,24 @@ TEST_CASE("two groups of two trainers: each shard identical across groups, shard
 }
 
 TEST_CASE("a group that joins mid-run heals from the others and then matches their hashes") {
-  Run run("diloco-join", 2, 1, 8);
+  // Enough steps that the joiner (a second or two of LibTorch start-up on a loaded CI machine)
+  // arrives while the others still run.
+  Run run("diloco-join", 2, 1, 14);
   run.StartGroup("g0");
   run.StartGroup("g1");
   // Let the first two groups commit a few steps before the third appears.
-  std::string g0_stderr = run.groups["g0"].logs[0] + ".stderr";
-  REQUIRE_FALSE(run.groups["g0"].trainers[0]->WaitForLog("outer_committed step=3", 40s).empty());
+  REQUIRE_FALSE(run.groups["g0"].trainers[0]->WaitForLog("outer_committed step=2", 40s).empty());
   run.StartGroup("g2");
   run.WaitAll(50s);
   std::vector<LogLine> joiner = ReadLog(run.groups["g2"].logs[0]);
   REQUIRE_FALSE(joiner.empty());
-  CHECK(joiner.front().step > 3);  // it never committed the steps before it joined
+  CHECK(joiner.front().step > 2);  // it never committed the steps before it joined
   CHECK(joiner.front().healed);
   CHECK(joiner.front().world == 3);
-  CHECK(joiner.back().step == 8);
-  CHECK(run.CheckHashesAgree() >= joiner.size());
+  CHECK(joiner.back().step == 14);
+  CHECK(run.CheckHashesAgree() == 14);
   std::vector<LogLine> first = ReadLog(run.groups["g0"].logs[0]);
-  REQUIRE(first.size() == 8);
+  REQUIRE(first.size() == 14);
   CHECK(first.front().world == 2);
   CHECK(first.back().world == 3);
   for (size_t i = 1; i < first.size(); ++i) CHECK(first[i].quorum_id >= first[i - 1].quorum_id);

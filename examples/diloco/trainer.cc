@@ -5,9 +5,10 @@
 #include <thread>
 
 #include "common/log.h"
-#include "examples/diloco/session_store.h"
+#include "examples/diloco/prefixed_store.h"
 #include "examples/diloco/state_io.h"
 #include "replica_agent/client/session.h"
+#include "replica_agent/client/session_store.h"
 #include "replica_agent/comm/comm.h"
 
 namespace lk::diloco {
@@ -50,7 +51,10 @@ class Trainer {
   TrainerOptions o_;
   std::shared_ptr<NoticeSink> sink_;
   std::unique_ptr<client::Session> session_;
-  std::unique_ptr<SessionRendezvousStore> slot_store_, group_store_;
+  // The lighthouse KV through the agent, on a connection of its own (a KV wait never holds up
+  // a Poll); each communicator sees it under its own key prefix.
+  std::unique_ptr<client::SessionKvStore> kv_;
+  std::unique_ptr<PrefixedStore> slot_store_, group_store_;
   std::unique_ptr<comm::CommManager> slot_comm_, group_comm_;
   bool group_ready_ = false;
   bool group_failed_ = false;  // an intra-group collective failed: the group is going down
@@ -62,7 +66,8 @@ class Trainer {
   ShardRange shard_;
   OuterState state_;
   bool has_state_ = false;  // state_ is valid for state_.step
-  bool healed_ = false;     // state came from elsewhere in the current quorum
+  bool received_ = false;   // state came from elsewhere in the current quorum
+  bool healed_ = false;     // ... and it was a heal, not the first start's initial weights
   // The averaged-to-be pseudo-gradient of an outer step whose allreduce was cut short: the
   // retry on the next quorum sends it again instead of redoing the inner steps.
   std::optional<std::vector<float>> pending_delta_;
@@ -79,11 +84,13 @@ Status Trainer::Init() {
   co.slot = o_.group_rank;
   co.init_timeout = o_.init_timeout;
   co.op_timeout = o_.op_timeout;
-  slot_store_ = std::make_unique<SessionRendezvousStore>(session_.get(), "diloco/");
+  const char* socket = std::getenv("LK_AGENT_SOCKET");  // FromEnv checked it
+  kv_ = std::make_unique<client::SessionKvStore>(socket);
+  slot_store_ = std::make_unique<PrefixedStore>(kv_.get(), "diloco/");
   LK_ASSIGN_OR_RETURN(slot_comm_, comm::CommManager::Create(comm::Backend::kGloo, slot_store_.get(), co));
   if (o_.group_size > 1) {
     // The prefix names the group once its replica_rank is known (the first quorum).
-    group_store_ = std::make_unique<SessionRendezvousStore>(session_.get(), "");
+    group_store_ = std::make_unique<PrefixedStore>(kv_.get(), "");
     co.slot = 0;
     LK_ASSIGN_OR_RETURN(group_comm_,
                         comm::CommManager::Create(comm::Backend::kGloo, group_store_.get(), co));
@@ -152,7 +159,7 @@ Status Trainer::Heal(const client::PollResult& pr) {
   if (got.ok() && got->global.size() == shard_.size()) {
     state_ = std::move(*got);
     has_state_ = true;
-    healed_ = true;
+    received_ = healed_ = true;
     LK_LOG_INFO("heal_fetched from={} step={}", Q(from), state_.step);
     return Status::Ok();
   }
@@ -188,7 +195,8 @@ Status Trainer::SyncSlot(const client::PollResult& pr) {
     state_.momentum.assign(buf.begin() + n, buf.end());
     state_.step = plan.step;
     has_state_ = true;
-    healed_ = true;
+    received_ = true;
+    healed_ = !pr.initial;
     LK_LOG_INFO("heal_received donor_replica_rank={} step={} quorum_id={}", *plan.donor,
                 plan.step, pr.quorum_id);
   }
@@ -218,7 +226,7 @@ Status Trainer::JoinQuorum(const client::PollResult& pr) {
     uint64_t group_key = o_.group_id.empty() ? pr.replica_rank : std::hash<std::string>{}(o_.group_id);
     rng_.emplace(MixSeed({o_.seed, group_key, o_.group_rank}));
   }
-  healed_ = false;
+  received_ = healed_ = false;
   if (pr.heal) {
     LK_RETURN_IF_ERROR(Heal(pr));
   } else {
@@ -229,12 +237,13 @@ Status Trainer::JoinQuorum(const client::PollResult& pr) {
   LK_ASSIGN_OR_RETURN(bool all_ok, GroupAgree(st.ok()));
   if (!all_ok) return st.ok() ? Status(Code::kAborted, "another trainer of the group failed") : st;
   // Whether anyone healed, and at which step everyone now is, must agree across the group.
-  std::vector<float> v = {healed_ ? 1.0f : 0.0f, static_cast<float>(state_.step)};
+  std::vector<float> v = {received_ ? 1.0f : 0.0f, healed_ ? 1.0f : 0.0f,
+                          static_cast<float>(state_.step)};
   LK_RETURN_IF_ERROR(GroupSum(v));
-  LK_CHECK(v[1] == static_cast<float>(state_.step) * o_.group_size)
+  LK_CHECK(v[2] == static_cast<float>(state_.step) * o_.group_size)
       << "trainers of one group disagree on the step after healing";
+  healed_ = v[1] > 0;
   if (v[0] > 0) {
-    healed_ = true;
     pending_delta_.reset();
     LK_RETURN_IF_ERROR(LoadGlobalIntoModel());
     model_->ResetOptimizer();
@@ -365,7 +374,19 @@ int Trainer::Run() {
       bad_since_ = Clock::now();
     }
   }
+  // A finished group's leave is a lost member to the others: were it to leave while another
+  // member still waits for the last bytes of the final allreduce, that member's step would be
+  // aborted with nobody left to heal from. So no member leaves before all have come out of it.
+  float done = 1.0f;
+  if (Status st = slot_comm_->AllReduce(&done, 1, comm::DType::kFloat32, comm::ReduceOp::kSum);
+      !st.ok()) {
+    LK_LOG_WARN("final_barrier_failed error={}", Q(st.ToString()));
+  }
   LK_LOG_INFO("trainer_done step={} hash={}", state_.step, StateHash(state_.global));
+  // Without the goodbye the agent would take this exit for a crash and fail the group.
+  if (Status st = session_->Finish(); !st.ok()) {
+    LK_LOG_WARN("finish_failed error={}", Q(st.ToString()));
+  }
   if (log_ != nullptr) std::fclose(log_);
   return 0;
 }
