@@ -219,7 +219,15 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
       }
     }
     for (const auto& job : fx.watch_wakeups) WakeWatchers(job);
-    for (const auto& e : fx.events) LK_LOG_INFO("{}", e);
+    // State changes at info; the per-step routine (every ask, every unchanged re-issue) at
+    // debug, so that a healthy run logs a line per membership change, not per group and step.
+    for (const auto& e : fx.events) {
+      bool routine = e.rfind("quorum_ask ", 0) == 0 ||
+                     (e.rfind("quorum_issued ", 0) == 0 && e.find(" changed=false") != std::string::npos) ||
+                     e.rfind("quorum_wait ", 0) == 0 || e.rfind("commit ", 0) == 0;
+      if (routine) LK_LOG_DEBUG("{}", e);
+      else LK_LOG_INFO("{}", e);
+    }
     ArmTick();
   }
 

@@ -2,6 +2,7 @@
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/asio/strand.hpp>
@@ -171,8 +172,10 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     auto answered = std::make_shared<std::atomic<bool>>(false);
     Responder respond = [self, answered](Response r) {
       if (answered->exchange(true)) return;
-      asio::post(self->stream_.get_executor(),
-                 [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
+      // dispatch, not post: a handler that answers on the connection's own strand (most do)
+      // writes at once instead of paying for a trip through the executor's queue.
+      asio::dispatch(self->stream_.get_executor(),
+                     [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
     };
     server_->handler(std::move(req), std::move(respond));
   }
