@@ -138,7 +138,7 @@ std::pair<double, double> FirstLastLoss(const std::vector<LogLine>& log) {
   return {log.front().loss, log.back().loss};
 }
 
-TEST_CASE("three groups of one trainer: identical global weights every step and loss falls") {
+TEST_CASE("diloco three groups of one trainer: identical global weights every step and loss falls") {
   Run run("diloco-3x1", 3, 1, 6);
   for (const char* g : {"g0", "g1", "g2"}) run.StartGroup(g);
   run.WaitAll(50s);
@@ -156,7 +156,7 @@ TEST_CASE("three groups of one trainer: identical global weights every step and 
   }
 }
 
-TEST_CASE("two groups of two trainers: each shard identical across groups, shards differ") {
+TEST_CASE("diloco two groups of two trainers: each shard identical across groups, shards differ") {
   Run run("diloco-2x2", 2, 2, 5);
   run.StartGroup("g0");
   run.StartGroup("g1");
@@ -177,7 +177,7 @@ TEST_CASE("two groups of two trainers: each shard identical across groups, shard
   CHECK_FALSE(std::ifstream(run.dir + "/ckpt-g0/LATEST").good());
 }
 
-TEST_CASE("a group that joins mid-run heals from the others and then matches their hashes") {
+TEST_CASE("diloco a group that joins mid-run heals from the others and then matches their hashes") {
   // Enough steps that the joiner (a second or two of LibTorch start-up on a loaded CI machine)
   // arrives while the others still run.
   Run run("diloco-join", 2, 1, 14);

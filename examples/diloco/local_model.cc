@@ -135,7 +135,7 @@ class TorchLocalModel final : public LocalModel {
     torch::Tensor loss = torch::cross_entropy_loss(logits.view({b * t, logits.size(-1)}), ys);
     loss.backward();
     // Gradients and the loss in one buffer: one collective per inner step.
-    grads_.resize(numel_ + 1);
+    grads_.resize(numel_ + 2);
     size_t at = 0;
     for (const auto& p : params_) {
       std::memcpy(grads_.data() + at, p.grad().contiguous().data_ptr<float>(),
@@ -143,6 +143,7 @@ class TorchLocalModel final : public LocalModel {
       at += static_cast<size_t>(p.numel());
     }
     grads_[numel_] = loss.item<float>();
+    grads_[numel_ + 1] = 0.0f;
     LK_RETURN_IF_ERROR(average(grads_));
     at = 0;
     for (auto& p : params_) {

@@ -45,6 +45,8 @@ class LocalModel {
   virtual void ResetOptimizer() = 0;
   // One inner step on a batch drawn from `rng`: forward, backward, group average of the
   // gradients (and the loss, in the same buffer), clip, AdamW. Returns the group-mean loss.
+  // The buffer `average` gets ends with [loss, 0]: the last float is the caller's, to agree on
+  // something with the group in the same collective (the trainer uses it for a drain).
   virtual Result<float> InnerStep(SplitMix& rng, const GroupAverage& average) = 0;
 };
 

@@ -12,7 +12,7 @@
 
 namespace lk::diloco {
 
-TEST_CASE("shards cover the vector exactly once, the first ranks one element larger") {
+TEST_CASE("diloco shards cover the vector exactly once, the first ranks one element larger") {
   for (size_t total : {0, 1, 5, 7, 64, 1001}) {
     for (uint32_t ranks : {1u, 2u, 3u, 8u}) {
       size_t next = 0;
@@ -30,7 +30,7 @@ TEST_CASE("shards cover the vector exactly once, the first ranks one element lar
   CHECK(ShardOf(7, 3, 2) == ShardRange{5, 7});
 }
 
-TEST_CASE("take then place of every shard (summed over zeros) rebuilds the vector bit for bit") {
+TEST_CASE("diloco take then place of every shard (summed over zeros) rebuilds the vector bit for bit") {
   std::vector<float> full(1001);
   for (size_t i = 0; i < full.size(); ++i) full[i] = std::sin(float(i)) * 1e-3f * float(i % 17);
   // sin(i) * 0 is -0.0 for some i: exactly the value a sum with zeros does not keep, which is why
@@ -53,7 +53,7 @@ TEST_CASE("take then place of every shard (summed over zeros) rebuilds the vecto
   }
 }
 
-TEST_CASE("outer Nesterov step matches the hand-computed SGD(nesterov) update") {
+TEST_CASE("diloco outer Nesterov step matches the hand-computed SGD(nesterov) update") {
   OuterOptions o;  // lr 0.7, momentum 0.9
   std::vector<float> global = {1.0f, -2.0f, 0.5f};
   std::vector<float> momentum = {0.0f, 0.0f, 0.0f};
@@ -70,7 +70,7 @@ TEST_CASE("outer Nesterov step matches the hand-computed SGD(nesterov) update") 
   CHECK(global[0] == doctest::Approx(1.0 - 0.133 - 0.7 * 0.271));
 }
 
-TEST_CASE("outer step with lr 1 and no momentum moves global onto the averaged local weights") {
+TEST_CASE("diloco outer step with lr 1 and no momentum moves global onto the averaged local weights") {
   // The DiLoCo identity: with delta = global - local, lr 1 and momentum 0 give plain averaging.
   std::vector<float> global = {3.0f, -1.0f};
   std::vector<float> local = {2.5f, -0.5f};
@@ -80,7 +80,7 @@ TEST_CASE("outer step with lr 1 and no momentum moves global onto the averaged l
   CHECK(global == local);
 }
 
-TEST_CASE("outer step leaves no negative zero, so sum-with-zeros copies keep every bit") {
+TEST_CASE("diloco outer step leaves no negative zero, so sum-with-zeros copies keep every bit") {
   std::vector<float> global = {-0.0f, 0.0f}, momentum = {-0.0f, 0.0f}, delta = {0.0f, -0.0f};
   OuterNesterovStep(global, momentum, delta, OuterOptions{});
   for (float v : global) CHECK(!std::signbit(v));
@@ -91,14 +91,14 @@ TEST_CASE("outer step leaves no negative zero, so sum-with-zeros copies keep eve
   CHECK(z[1] == 1.0f);
 }
 
-TEST_CASE("state hash is XXH3 hex of the bytes: equal for equal bits, different otherwise") {
+TEST_CASE("diloco state hash is XXH3 hex of the bytes: equal for equal bits, different otherwise") {
   std::vector<float> a = {1.0f, 2.0f}, b = {1.0f, 2.0f}, c = {1.0f, std::nextafter(2.0f, 3.0f)};
   CHECK(StateHash(a).size() == 16);
   CHECK(StateHash(a) == StateHash(b));
   CHECK(StateHash(a) != StateHash(c));
 }
 
-TEST_CASE("sync plan: the lowest rank at the newest step donates to those behind or empty") {
+TEST_CASE("diloco sync plan: the lowest rank at the newest step donates to those behind or empty") {
   SyncPlan p = PlanStateSync({{false, 0}, {true, 5}, {true, 5}, {true, 4}});
   REQUIRE(p.donor.has_value());
   CHECK(*p.donor == 1);
@@ -122,7 +122,7 @@ TEST_CASE("sync plan: the lowest rank at the newest step donates to those behind
   CHECK(!p.any_receives());
 }
 
-TEST_CASE("member states survive the sum-allreduce encoding") {
+TEST_CASE("diloco member states survive the sum-allreduce encoding") {
   std::vector<float> sum(6, 0.0f);
   std::vector<MemberState> in = {{true, 12}, {false, 0}, {true, 16777215}};
   for (uint32_t r = 0; r < 3; ++r) {
@@ -137,7 +137,7 @@ TEST_CASE("member states survive the sum-allreduce encoding") {
   }
 }
 
-TEST_CASE("corpus is deterministic and groups' data streams differ") {
+TEST_CASE("diloco corpus is deterministic and groups' data streams differ") {
   CHECK(MakeCorpus(8192) == MakeCorpus(8192));
   Encoded e = Encode(MakeCorpus(8192));
   CHECK(e.vocab.size() > 20);

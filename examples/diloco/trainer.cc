@@ -260,15 +260,24 @@ Result<bool> Trainer::OuterStep(const client::PollResult& pr) {
   auto t0 = Clock::now();
   if (!pending_delta_) {
     float loss_sum = 0;
-    GroupAverage average = [this](std::span<float> v) {
+    // A drain seen by any trainer of the group travels in the gradients' collective, so that
+    // all of them stop after the same inner step (one stopping alone would leave the others
+    // waiting in the next collective).
+    bool drain = false;
+    GroupAverage average = [this, &drain](std::span<float> v) {
+      v.back() = sink_->drain ? 1.0f : 0.0f;
       LK_RETURN_IF_ERROR(GroupSum(v));
+      drain = v.back() > 0;
       for (float& x : v) x /= static_cast<float>(o_.group_size);
       return Status::Ok();
     };
-    for (uint32_t i = 0; i < o_.inner_steps; ++i) {
-      if (sink_->drain) return false;  // poll at once: it answers the drain
+    for (uint32_t i = 0; i < o_.inner_steps && !drain; ++i) {
       LK_ASSIGN_OR_RETURN(float loss, model_->InnerStep(*rng_, average));
       loss_sum += loss;
+    }
+    if (drain) {
+      sink_->drain = true;
+      return false;  // poll at once: it answers the drain
     }
     std::vector<float> local(total_);
     model_->Flatten(local);
