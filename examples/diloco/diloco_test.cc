@@ -70,28 +70,34 @@ struct Run {
                                dir + "/lighthouse.log");
   }
 
-  void StartGroup(const std::string& name) {
+  // Each group plays one node: its trainers publish their live state here and its agent
+  // serves it to healing peers.
+  std::string LiveDir(const std::string& name) const { return dir + "/live-" + name; }
+
+  void StartGroup(const std::string& name, std::vector<std::string> extra = {}) {
     Group& g = groups[name];
     g.name = name;
     std::string socket = fmt::format("{}/{}.sock", dir, name);
     g.agent = std::make_unique<Process>(
         std::vector<std::string>{BinDir() + "/replica_agent", "--lighthouse", lh.url(), "--job",
                                  "demo", "--group-id", name, "--socket", socket, "--serve",
-                                 "127.0.0.1:0", "--heartbeat-interval-ms", "200"},
+                                 "127.0.0.1:0", "--heartbeat-interval-ms", "200", "--serve-dir",
+                                 LiveDir(name)},
         fmt::format("{}/agent-{}.log", dir, name));
     REQUIRE_FALSE(g.agent->WaitForLog("agent_listening", 20s).empty());
     for (uint32_t r = 0; r < group_size; ++r) {
       std::string log = fmt::format("{}/trainer-{}-{}.jsonl", dir, name, r);
       g.logs.push_back(log);
+      std::vector<std::string> argv = {
+          BinDir() + "/diloco_trainer", "--group-rank", std::to_string(r), "--group-size",
+          std::to_string(group_size), "--inner-steps", "8", "--outer-steps",
+          std::to_string(outer_steps), "--seed", "7", "--ckpt-dir", dir + "/ckpt-" + name,
+          "--log", log, "--model-width", "32", "--layers", "1", "--heads", "2",
+          "--seq-len", "32", "--batch", "8", "--corpus-bytes", "16384",
+          "--op-timeout-ms", "30000", "--live-dir", LiveDir(name)};
+      argv.insert(argv.end(), extra.begin(), extra.end());
       g.trainers.push_back(std::make_unique<Process>(
-          std::vector<std::string>{
-              BinDir() + "/diloco_trainer", "--group-rank", std::to_string(r), "--group-size",
-              std::to_string(group_size), "--inner-steps", "8", "--outer-steps",
-              std::to_string(outer_steps), "--seed", "7", "--ckpt-dir", dir + "/ckpt-" + name,
-              "--log", log, "--model-width", "32", "--layers", "1", "--heads", "2",
-              "--seq-len", "32", "--batch", "8", "--corpus-bytes", "16384",
-              "--op-timeout-ms", "30000"},
-          log + ".stderr",
+          argv, log + ".stderr",
           std::map<std::string, std::string>{{"LK_AGENT_SOCKET", socket}, {"LK_GROUP_ID", name}}));
     }
   }
@@ -158,8 +164,8 @@ TEST_CASE("diloco three groups of one trainer: identical global weights every st
 
 TEST_CASE("diloco two groups of two trainers: each shard identical across groups, shards differ") {
   Run run("diloco-2x2", 2, 2, 5);
-  run.StartGroup("g0");
-  run.StartGroup("g1");
+  run.StartGroup("g0", {"--ckpt-every", "5"});
+  run.StartGroup("g1", {"--ckpt-every", "5"});
   run.WaitAll(50s);
   CHECK(run.CheckHashesAgree() == 2 * 5);
   // The two shards of one group are different halves of the weights.
@@ -172,9 +178,13 @@ TEST_CASE("diloco two groups of two trainers: each shard identical across groups
   CHECK(shard0.back().loss == doctest::Approx(shard1.back().loss).epsilon(1e-5));
   auto [first, last] = FirstLastLoss(shard0);
   CHECK(last < 0.9 * first);
-  // The durable checkpoint of the last step was committed by the group (--ckpt-dir, at drain
-  // or every K steps only): none was asked for, so none exists.
-  CHECK_FALSE(std::ifstream(run.dir + "/ckpt-g0/LATEST").good());
+  // --ckpt-every 5: both trainers of each group wrote their shard of step 5 and one committed.
+  for (const char* g : {"g0", "g1"}) {
+    std::string step_dir = run.dir + "/ckpt-" + g + "/step-000000000005";
+    CHECK(std::ifstream(step_dir + "/MANIFEST").good());
+    CHECK(std::ifstream(step_dir + "/shard-00000-of-00002.safetensors").good());
+    CHECK(std::ifstream(step_dir + "/shard-00001-of-00002.safetensors").good());
+  }
 }
 
 TEST_CASE("diloco a group that joins mid-run heals from the others and then matches their hashes") {
@@ -191,6 +201,9 @@ TEST_CASE("diloco a group that joins mid-run heals from the others and then matc
   REQUIRE_FALSE(joiner.empty());
   CHECK(joiner.front().step > 2);  // it never committed the steps before it joined
   CHECK(joiner.front().healed);
+  // It fetched the state from the other groups' agents (their live copies), not over the
+  // communicator fallback.
+  CHECK_FALSE(run.groups["g2"].trainers[0]->WaitForLog("heal_fetched", 1s).empty());
   CHECK(joiner.front().world == 3);
   CHECK(joiner.back().step == 14);
   CHECK(run.CheckHashesAgree() == 14);
