@@ -11,6 +11,13 @@ const std::set<std::string, std::less<>> kNotExported = {
     "LK_NODE_RANK", "LK_SOCKET", "LK_AGENT_SOCKET", "LK_NODES", "LK_INCARNATION", "LK_AGENT_BIN",
 };
 
+// The agent's socket on each node, expanded there. The restart count makes it new in every life
+// of the job, so a trainer never finds the socket of the previous life's agent.
+constexpr std::string_view kSocketName =
+    "lk-$SLURM_JOB_ID-r${SLURM_RESTART_COUNT:-0}-$SLURM_NODEID.sock";
+// How long a trainer waits for its agent's socket before it starts anyway (and fails to connect).
+constexpr int kSocketWaitS = 60;
+
 bool IsShellName(std::string_view name) {
   if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) return false;
   for (char c : name) {
@@ -100,8 +107,10 @@ std::string ShellQuote(std::string_view word) {
   if (safe) return std::string(word);
   std::string out = "'";
   for (char c : word) {
-    if (c == '\'') out += "'\\''";
-    else out += c;
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
   }
   return out + "'";
 }
@@ -134,8 +143,10 @@ Status ScriptOptions::Validate() const {
   auto limit = ParseSlurmDuration(time);
   if (!limit.ok()) return limit.status().WithContext("--time");
   if (*limit && limit->value().count() <= signal_before_s) {
-    return InvalidArgument("--time {} is not longer than --signal-before-s {}: the warning would "
-                           "come at the start", time, signal_before_s);
+    return InvalidArgument(
+        "--time {} is not longer than --signal-before-s {}: the warning would "
+        "come at the start",
+        time, signal_before_s);
   }
   return Status::Ok();
 }
@@ -190,8 +201,11 @@ std::string GenerateBatchScript(const ScriptOptions& o, const EnvMap& submit_env
   s += "srun --overlap --nodes=\"$SLURM_JOB_NUM_NODES\" --ntasks=\"$SLURM_JOB_NUM_NODES\" "
        "--ntasks-per-node=1 --kill-on-bad-exit=0 \\\n";
   s += "  bash -c 'd=$1; shift; exec \"$@\" --node-rank \"$SLURM_NODEID\" "
-       "--socket \"$d/lk-$SLURM_JOB_ID-$SLURM_NODEID.sock\"' lk-agent " + dir + " \\\n";
-  s += "  " + ShellQuote(o.agent_bin) +
+       "--socket \"$d/" +
+       std::string(kSocketName) + "\"' lk-agent " + dir + " \\\n";
+  // The agent tells a time limit from a preemption by how far the limit is: it needs the same
+  // warning lead as the #SBATCH --signal line.
+  s += "  " + ShellQuote(o.agent_bin) + fmt::format(" --signal-before-s {}", o.signal_before_s) +
        " --lighthouse \"$LK_LIGHTHOUSE\" --job \"$LK_JOB\" --group-id \"$LK_GROUP_ID\" "
        "--nodes \"$SLURM_JOB_NUM_NODES\"";
   if (!o.token_file.empty()) s += " --token-file \"$LK_TOKEN_FILE\"";
@@ -201,14 +215,19 @@ std::string GenerateBatchScript(const ScriptOptions& o, const EnvMap& submit_env
       "# The trainers, {} per node; a failed task ends the step so no peer hangs. They ignore\n"
       "# USR2 (exec keeps an ignored signal ignored): `scancel --signal=USR2 JOB` sends it to\n"
       "# every step's tasks, and its default action would kill a trainer. The agent tells them\n"
-      "# to drain instead.\n",
-      o.tasks_per_node);
+      "# to drain instead. Both steps start together: a trainer waits (up to {} s) for its\n"
+      "# agent's socket, which is new in every life of the job.\n",
+      o.tasks_per_node, kSocketWaitS);
   s += fmt::format(
       "srun --nodes=\"$SLURM_JOB_NUM_NODES\" --ntasks-per-node={0} "
       "--ntasks=$((SLURM_JOB_NUM_NODES * {0})) --kill-on-bad-exit=1 \\\n",
       o.tasks_per_node);
   s += "  bash -c 'trap \"\" USR2; d=$1; shift; "
-       "export LK_AGENT_SOCKET=\"$d/lk-$SLURM_JOB_ID-$SLURM_NODEID.sock\"; "
+       "export LK_AGENT_SOCKET=\"$d/" +
+       std::string(kSocketName) + "\"; " +
+       fmt::format(
+           "for _ in $(seq 1 {}); do [ -S \"$LK_AGENT_SOCKET\" ] && break; sleep 0.1; done; ",
+           kSocketWaitS * 10) +
        "exec \"$@\"' lk-trainer " + dir + " \\\n";
   s += "  " + QuoteAll(o.trainer) + " &\n";
   s += "lk_trainer_pid=$!\n";

@@ -57,19 +57,18 @@ TEST_CASE("shell quoting keeps words whole") {
 
 TEST_CASE("script: sbatch header and exports and agent and trainer steps") {
   EnvMap submit_env = {{"LK_HEARTBEAT_INTERVAL_MS", "500"},
-                       {"LK_JOB", "from-env"},          // the flag wins
-                       {"LK_NODE_RANK", "3"},           // per node: never exported
-                       {"LK_SLURM_TIME", "01:00:00"},   // submit side: never exported
-                       {"LK_TOKEN", "s3cret"},          // secret: never exported
+                       {"LK_JOB", "from-env"},         // the flag wins
+                       {"LK_NODE_RANK", "3"},          // per node: never exported
+                       {"LK_SLURM_TIME", "01:00:00"},  // submit side: never exported
+                       {"LK_TOKEN", "s3cret"},         // secret: never exported
                        {"LK_ODD", "a b'c"},
                        {"PATH", "/usr/bin"}};
   std::string s = GenerateBatchScript(Options(), submit_env);
   CAPTURE(s);
   CHECK(s.starts_with("#!/bin/bash\n"));
   for (const char* line :
-       {"#SBATCH --job-name=lk-jupiter-0\n", "#SBATCH --nodes=4\n",
-        "#SBATCH --ntasks-per-node=8\n", "#SBATCH --time=04:00:00\n",
-        "#SBATCH --partition=booster\n", "#SBATCH --account=proj1\n",
+       {"#SBATCH --job-name=lk-jupiter-0\n", "#SBATCH --nodes=4\n", "#SBATCH --ntasks-per-node=8\n",
+        "#SBATCH --time=04:00:00\n", "#SBATCH --partition=booster\n", "#SBATCH --account=proj1\n",
         "#SBATCH --gpus-per-node=8\n", "#SBATCH --requeue\n", "#SBATCH --signal=B:USR2@120\n",
         "#SBATCH --open-mode=append\n", "#SBATCH --output=lk-%x-%j.out\n"}) {
     CHECK_MESSAGE(Has(s, line), line);
@@ -87,17 +86,26 @@ TEST_CASE("script: sbatch header and exports and agent and trainer steps") {
   CHECK(Has(s, "# not exported: LK_TOKEN (a secret; use --token-file instead)"));
   CHECK_FALSE(Has(s, "PATH="));
   // Agent: one per node, sharing CPUs, node rank and socket expanded on the node, in background.
-  CHECK(Has(s, "srun --overlap --nodes=\"$SLURM_JOB_NUM_NODES\" --ntasks=\"$SLURM_JOB_NUM_NODES\" "
-               "--ntasks-per-node=1"));
-  CHECK(Has(s, "--node-rank \"$SLURM_NODEID\" "
-               "--socket \"$d/lk-$SLURM_JOB_ID-$SLURM_NODEID.sock\""));
-  CHECK(Has(s, "replica_agent --lighthouse \"$LK_LIGHTHOUSE\" --job \"$LK_JOB\" --group-id "
-               "\"$LK_GROUP_ID\" --nodes \"$SLURM_JOB_NUM_NODES\" "
-               "--token-file \"$LK_TOKEN_FILE\" &\n"
-               "lk_agent_pid=$!"));
+  CHECK(Has(s,
+            "srun --overlap --nodes=\"$SLURM_JOB_NUM_NODES\" --ntasks=\"$SLURM_JOB_NUM_NODES\" "
+            "--ntasks-per-node=1"));
+  CHECK(Has(s,
+            "--node-rank \"$SLURM_NODEID\" "
+            "--socket \"$d/lk-$SLURM_JOB_ID-r${SLURM_RESTART_COUNT:-0}-$SLURM_NODEID.sock\""));
+  CHECK(Has(s,
+            "replica_agent --signal-before-s 120 --lighthouse \"$LK_LIGHTHOUSE\" --job \"$LK_JOB\" "
+            "--group-id \"$LK_GROUP_ID\" --nodes \"$SLURM_JOB_NUM_NODES\" "
+            "--token-file \"$LK_TOKEN_FILE\" &\n"
+            "lk_agent_pid=$!"));
   // Trainers: quoted command, socket in LK_AGENT_SOCKET, background + wait so traps run.
   CHECK(Has(s, "bash -c 'trap \"\" USR2; d=$1; shift; "));
-  CHECK(Has(s, "export LK_AGENT_SOCKET=\"$d/lk-$SLURM_JOB_ID-$SLURM_NODEID.sock\""));
+  CHECK(Has(s,
+            "export LK_AGENT_SOCKET=\"$d/lk-$SLURM_JOB_ID-r${SLURM_RESTART_COUNT:-0}-"
+            "$SLURM_NODEID.sock\""));
+  // The trainers start with the agent and wait for its socket, new in every life.
+  CHECK(Has(s,
+            "for _ in $(seq 1 600); do [ -S \"$LK_AGENT_SOCKET\" ] && break; sleep 0.1; done; "
+            "exec \"$@\"' lk-trainer"));
   CHECK(Has(s, "python train.py --data '/p/data set' --note 'it'\\''s' &\n"));
   CHECK(Has(s, "lk_wait \"$lk_trainer_pid\""));
   CHECK(Has(s, "trap lk_on_warning USR2\n"));
@@ -205,18 +213,18 @@ TEST_CASE("cli: usage errors exit 2 with the reason and --help lists every flag"
   std::string out, err;
   CHECK(Cli({"slurm", "script", "--job", "j", "--bogus"}, runner, &out, &err) == 2);
   CHECK(Has(err, "unknown flag --bogus"));
-  CHECK(Cli({"slurm", "script", "--group-id", "g", "--lighthouse", "h", "--time", "10",
-             "--job", "j"},
-            runner, &out, &err) == 2);
+  CHECK(
+      Cli({"slurm", "script", "--group-id", "g", "--lighthouse", "h", "--time", "10", "--job", "j"},
+          runner, &out, &err) == 2);
   CHECK(Has(err, "the trainer command is required"));
   CHECK(Cli({"slurm", "frobnicate"}, runner, &out, &err) == 2);
   CHECK(Has(err, "unknown command 'frobnicate'"));
   CHECK(Cli({"slurm", "leave", "--signal", "KILL"}, runner, &out, &err) == 2);
   CHECK(Has(err, "unknown signal 'KILL'"));
   CHECK(Cli({"slurm", "script", "--help"}, runner, &out, &err) == 0);
-  for (const char* flag : {"--job", "--group-id", "--lighthouse", "--token-file", "--nodes",
-                           "--time", "--partition", "--account", "--signal-before-s",
-                           "--requeue-on-crash", "--agent-bin", "$LK_SLURM_TIME"}) {
+  for (const char* flag :
+       {"--job", "--group-id", "--lighthouse", "--token-file", "--nodes", "--time", "--partition",
+        "--account", "--signal-before-s", "--requeue-on-crash", "--agent-bin", "$LK_SLURM_TIME"}) {
     CHECK_MESSAGE(Has(out, flag), flag);
   }
   CHECK(runner.ran().empty());

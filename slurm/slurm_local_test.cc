@@ -70,6 +70,8 @@ void EnsureSlurm() {
 constexpr char kAgent[] = R"sh(#!/bin/bash
 d=$(dirname "$0"); r=${SLURM_RESTART_COUNT:-0}; log="$d/agent-$r.log"
 echo "args $* incarnation=$LK_INCARNATION" >> "$log"
+# The trainer step waits for the agent's socket (the last argument): bind one, as the agent does.
+python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "${@: -1}"
 leave() {
   local dry=; [ "$LK_TEST_AGENT_MODE" = requeue ] && [ "$1" = USR2 ] || dry=--dry-run
   echo "signal $1 at $(date +%s.%N)" >> "$log"
@@ -190,9 +192,11 @@ TEST_CASE("real slurm: the USR2 warning reaches the agent step and Requeue() res
   REQUIRE_MESSAGE(WaitFor([&] { return job.Has("trainer-0.log", "start"); }, 60s), job.Logs());
   REQUIRE(WaitFor([&] { return job.Has("agent-0.log", "args"); }, 10s));
   // The agent got its node rank and per-node socket; the trainer got the same socket.
-  std::string socket = fmt::format("/tmp/lk-{}-0.sock", job.id());
-  CHECK(job.Has("agent-0.log", "--lighthouse http://127.0.0.1:9 --job t --group-id g --nodes 1 "
-                               "--node-rank 0 --socket " + socket));
+  std::string socket = fmt::format("/tmp/lk-{}-r0-0.sock", job.id());
+  CHECK(job.Has("agent-0.log",
+                "--lighthouse http://127.0.0.1:9 --job t --group-id g --nodes 1 "
+                "--node-rank 0 --socket " +
+                    socket));
   CHECK(job.Has("trainer-0.log", "socket=" + socket));
 
   auto t0 = std::chrono::steady_clock::now();
@@ -297,8 +301,9 @@ TEST_CASE("real slurm: preemption requeues by itself and the late SIGTERM reads 
   // No requeue of our own: Slurm kills the job at the end of GraceTime (10 s) and requeues it.
   REQUIRE_MESSAGE(WaitFor([&] { return job.Has("agent-0.log", "leave-rc 0 TERM"); }, 40s),
                   job.Logs());
-  CHECK_MESSAGE(job.Has("agent-0.log", "reason=preempted requeue=false why=\"SIGTERM after Slurm "
-                                       "requeued the job (Restarts 0 -> 1)\""),
+  CHECK_MESSAGE(job.Has("agent-0.log",
+                        "reason=preempted requeue=false why=\"SIGTERM after Slurm "
+                        "requeued the job (Restarts 0 -> 1)\""),
                 job.Logs());
   REQUIRE_MESSAGE(job.RestartNow("trainer-1.log", 90s), job.Logs());
   CHECK(job.Has("trainer-1.log", "start restart=1"));
