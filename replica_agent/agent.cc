@@ -48,6 +48,7 @@ int Agent::Run() { return impl_->Run(); }
 void Agent::Drain(const std::string& reason, bool checkpoint, std::function<void()> after_leave) {
   impl_->Drain(reason, checkpoint, std::move(after_leave));
 }
+void Agent::SignalArrived() { impl_->signalled = true; }
 const std::string& Agent::incarnation() const { return impl_->options.incarnation; }
 
 std::unique_ptr<http::Client> Agent::Impl::LighthouseClient() {

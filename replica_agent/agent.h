@@ -50,6 +50,9 @@ class Agent {
   // save is done); `after_leave` then runs (e.g. the Slurm requeue) before the agent exits.
   void Drain(const std::string& reason, bool checkpoint = false,
              std::function<void()> after_leave = {});
+  // Call as soon as a leave signal arrives, before deciding why: from then on a trainer that
+  // exits (Slurm signals the trainers at the same moment) is part of the leave, not a crash.
+  void SignalArrived();
   const std::string& incarnation() const;
 
   struct Impl;

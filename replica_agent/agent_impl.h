@@ -75,6 +75,7 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   void Route(http::Request&& req, http::Responder respond);
   void HandleHello(const http::Request& req, http::Responder respond);
   void HandleGoodbye(const http::Request& req, http::Responder respond);
+  void HandleCheckpoint(const http::Request& req, http::Responder respond);
   void HandlePoll(const http::Request& req, http::Responder respond);
   void HandleCommit(const http::Request& req, http::Responder respond);
   void HandleNotice(const http::Request& req, http::Responder respond);
@@ -97,6 +98,7 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   std::unique_ptr<ckpt::ShardServer> shard_server;
   std::atomic<bool> stopping{false};
   std::atomic<int> exit_code{-1};
+  std::atomic<bool> signalled{false};
 
   std::mutex mu;
   std::condition_variable cv;

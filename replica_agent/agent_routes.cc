@@ -2,6 +2,7 @@
 //   POST /v1/trainer/hello   {group_rank, group_size, pid}    register; the pid is watched
 //   POST /v1/trainer/poll    {group_rank, group_size, step}   once per outer step
 //   POST /v1/trainer/goodbye {group_rank}                      done: its exit is not a crash
+//   POST /v1/trainer/checkpoint {step, location, manifest_digest}  register a durable one
 //   POST /v1/trainer/commit  {group_rank, step, failed, state_hash}
 //   GET  /v1/trainer/notice?quorum_id=Q&timeout_ms=T         returns when Q is lost or on drain
 //   PUT/GET /v1/trainer/kv/QUORUM_ID/KEY                      the lighthouse rendezvous KV
@@ -36,6 +37,7 @@ void Agent::Impl::Route(http::Request&& req, http::Responder respond) {
   if (p == "/v1/trainer/hello" && post) return HandleHello(req, respond);
   if (p == "/v1/trainer/poll" && post) return HandlePoll(req, respond);
   if (p == "/v1/trainer/goodbye" && post) return HandleGoodbye(req, respond);
+  if (p == "/v1/trainer/checkpoint" && post) return HandleCheckpoint(req, respond);
   if (p == "/v1/trainer/commit" && post) return HandleCommit(req, respond);
   if (p == "/v1/trainer/notice" && req.method == "GET") return HandleNotice(req, respond);
   if (p.rfind("/v1/trainer/kv/", 0) == 0 && (req.method == "GET" || req.method == "PUT")) {
@@ -93,7 +95,7 @@ void Agent::Impl::WatchPid(Trainer& t) {
                         {
                           std::lock_guard<std::mutex> lock(self->mu);
                           auto it = self->trainers.find(rank);
-                          expected = self->draining ||
+                          expected = self->draining || self->signalled ||
                                      (it != self->trainers.end() && it->second.finished);
                         }
                         LK_LOG_INFO("trainer_exited group_rank={} pid={} during_drain={}", rank,
@@ -327,6 +329,25 @@ void Agent::Impl::HandleNotice(const http::Request& req, http::Responder respond
   });
   notice_waiters.emplace(id, NoticeWaiter{id, qid, std::move(respond), f, std::move(timer)});
   AnswerNoticesLocked(false);
+}
+
+void Agent::Impl::HandleCheckpoint(const http::Request& req, http::Responder respond) {
+  http::Format f = http::ReplyFormat(req);
+  pb::CheckpointInfo in;
+  Status st = DecodeAs(req, &in);
+  if (st.ok() && in.location().empty()) st = InvalidArgument("location is missing");
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  in.set_job(options.job);
+  in.set_group_id(options.group_id);
+  // The lighthouse call may wait on a retry; it runs off the io thread.
+  std::thread([self = shared_from_this(), in, f, respond = std::move(respond)] {
+    auto client = self->LighthouseClient();
+    pb::CheckpointInfo out;
+    Status st = client->Call("POST", "/v1/checkpoints", in, &out, Millis(10'000));
+    if (!st.ok()) return respond(http::ErrorReply(st, f));
+    LK_LOG_INFO("checkpoint_registered step={} location={}", in.step(), Q(in.location()));
+    respond(http::Reply(out, f));
+  }).detach();
 }
 
 void Agent::Impl::HandleKv(const http::Request& req, http::Responder respond) {

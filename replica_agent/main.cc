@@ -129,6 +129,7 @@ int main(int argc, char** argv) {
         continue;
       }
       leaving = true;
+      agent.SignalArrived();
       slurm::LeaveInput in;
       in.signal = sig == SIGUSR2 ? slurm::LeaveSignal::kWarning : slurm::LeaveSignal::kTerm;
       in.in_slurm = slurm_env.has_value();

@@ -1,6 +1,7 @@
 #include "examples/diloco/trainer.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -46,6 +47,7 @@ class Trainer {
   Result<bool> GroupAgree(bool ok);
   Result<bool> OuterStep(const client::PollResult& pr);
   Status LoadGlobalIntoModel();
+  void RegisterDurable();
   void WriteLogLine(const client::PollResult& pr, float loss, Millis outer_ms);
 
   TrainerOptions o_;
@@ -312,8 +314,21 @@ Result<bool> Trainer::OuterStep(const client::PollResult& pr) {
   healed_ = false;
   if (o_.ckpt_every > 0 && state_.step % o_.ckpt_every == 0) {
     LK_RETURN_IF_ERROR(state_io_->SaveDurable(state_, pr.quorum_id));
+    RegisterDurable();
   }
   return true;
+}
+
+// Tells the lighthouse (through the agent) where this group's durable checkpoints are, so that
+// a job whose groups all lost their live state restores the newest one. Rank 0 speaks for the
+// group; the location is the checkpoint root, whose LATEST names the newest complete step.
+void Trainer::RegisterDurable() {
+  if (o_.group_rank != 0) return;
+  std::error_code ec;
+  auto root = std::filesystem::absolute(o_.ckpt_dir, ec).string();
+  if (Status st = session_->RegisterCheckpoint(state_.step, root, ""); !st.ok()) {
+    LK_LOG_WARN("checkpoint_register_failed step={} error={}", state_.step, Q(st.ToString()));
+  }
 }
 
 void Trainer::WriteLogLine(const client::PollResult& pr, float loss, Millis outer_ms) {
@@ -350,6 +365,7 @@ int Trainer::Run() {
           LK_LOG_ERROR("drain_save_failed error={}", Q(st.ToString()));
           return 1;
         }
+        RegisterDurable();
       }
       return 0;
     }

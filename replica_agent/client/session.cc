@@ -10,7 +10,12 @@ namespace lk::client {
 namespace pb = lightkeeper::v1;
 
 Session::Session(std::string socket, uint32_t group_rank, uint32_t group_size)
-    : socket_(std::move(socket)), group_rank_(group_rank), group_size_(group_size) {}
+    : socket_(std::move(socket)),
+      group_rank_(group_rank),
+      group_size_(group_size),
+      notice_(std::make_shared<NoticeState>()) {
+  notice_->socket = socket_;
+}
 
 Result<std::unique_ptr<Session>> Session::Connect(const std::string& socket_path,
                                                   uint32_t group_rank, uint32_t group_size) {
@@ -34,10 +39,8 @@ Result<std::unique_ptr<Session>> Session::FromEnv(uint32_t group_rank, uint32_t 
 }
 
 Session::~Session() {
-  stop_ = true;
-  cv_.notify_all();
-  // The notice thread may sit in a long-poll to the agent; it holds only its own client.
-  if (notice_thread_.joinable()) notice_thread_.detach();
+  notice_->stop = true;
+  notice_->cv.notify_all();
 }
 
 Result<PollResult> Session::Poll(uint32_t step, Millis timeout) {
@@ -64,10 +67,10 @@ Result<PollResult> Session::Poll(uint32_t step, Millis timeout) {
   }
   r.reason = resp.reason();
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!r.drain) watched_quorum_id_ = r.quorum_id;
+    std::lock_guard<std::mutex> lock(notice_->mu);
+    if (!r.drain) notice_->watched_quorum_id = r.quorum_id;
   }
-  cv_.notify_all();
+  notice_->cv.notify_all();
   return r;
 }
 
@@ -105,23 +108,47 @@ Result<std::string> Session::KvGet(uint32_t quorum_id, const std::string& key, M
   return std::move(r.body);
 }
 
-void Session::OnNotice(std::function<void(const Notice&)> cb) {
-  std::lock_guard<std::mutex> lock(mu_);
-  notice_cb_ = std::move(cb);
-  if (!notice_thread_.joinable()) notice_thread_ = std::thread([this] { NoticeLoop(); });
+Status Session::RegisterCheckpoint(uint32_t step, const std::string& location,
+                                   const std::string& manifest_digest) {
+  pb::CheckpointInfo req;
+  req.set_step(step);
+  req.set_location(location);
+  req.set_manifest_digest(manifest_digest);
+  return client_->Call("POST", "/v1/trainer/checkpoint", req, nullptr, Millis(30'000));
 }
 
-void Session::NoticeLoop() {
-  auto client = http::Client::Create("unix:" + socket_);
+void Session::OnNotice(std::function<void(const Notice&)> cb) {
+  {
+    std::lock_guard<std::mutex> lock(notice_->mu);
+    notice_->cb = std::move(cb);
+  }
+  if (!notice_started_) {
+    notice_started_ = true;
+    std::thread([state = notice_] { NoticeLoop(state); }).detach();
+  }
+}
+
+void Session::NoticeLoop(std::shared_ptr<NoticeState> st) {
+  auto client = http::Client::Create("unix:" + st->socket);
   if (!client.ok()) return;
+  auto deliver = [&](const Notice& n) {
+    std::function<void(const Notice&)> cb;
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      cb = st->cb;
+    }
+    if (cb && !st->stop) cb(n);
+  };
   uint32_t handled = 0;  // the last quorum id a notice was delivered for
-  while (!stop_) {
+  while (!st->stop) {
     uint32_t qid;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || (watched_quorum_id_ != 0 && watched_quorum_id_ != handled); });
-      if (stop_) return;
-      qid = watched_quorum_id_;
+      std::unique_lock<std::mutex> lock(st->mu);
+      st->cv.wait(lock, [&] {
+        return st->stop || (st->watched_quorum_id != 0 && st->watched_quorum_id != handled);
+      });
+      if (st->stop) return;
+      qid = st->watched_quorum_id;
     }
     auto r = (*client)->Do("GET", fmt::format("/v1/trainer/notice?quorum_id={}&timeout_ms=30000", qid),
                            "", http::kProtoType, Millis(35'000));
@@ -129,25 +156,12 @@ void Session::NoticeLoop() {
     if (!r.ok() || !http::StatusFromResponse(*r).ok() ||
         !http::Decode(r->body, http::BodyFormat(r->content_type), &n).ok()) {
       // The agent is gone: that is a drain for this trainer.
-      if (stop_) return;
-      Notice gone{qid, true, true, false, r.ok() ? "agent error" : r.status().message()};
-      std::function<void(const Notice&)> cb;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        cb = notice_cb_;
-      }
-      if (cb) cb(gone);
+      deliver(Notice{qid, true, true, false, r.ok() ? "agent error" : r.status().message()});
       return;
     }
     if (!n.lost() && !n.drain()) continue;
     handled = qid;
-    Notice notice{qid, n.lost(), n.drain(), n.checkpoint_now(), n.reason()};
-    std::function<void(const Notice&)> cb;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      cb = notice_cb_;
-    }
-    if (cb) cb(notice);
+    deliver(Notice{qid, n.lost(), n.drain(), n.checkpoint_now(), n.reason()});
     if (n.drain()) return;
   }
 }

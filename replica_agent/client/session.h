@@ -63,6 +63,11 @@ class Session {
   // Tells the agent this trainer is done (its committed step reached the target), so that its
   // exit is not reported as a crash; when every trainer of the node is done the group leaves.
   Status Finish();
+  // Registers a durable checkpoint (a directory every group can read, e.g. on a shared or
+  // object filesystem) at the lighthouse, so that a job whose groups all lost their live state
+  // restores it. Call it once per committed checkpoint, from one trainer of the group.
+  Status RegisterCheckpoint(uint32_t step, const std::string& location,
+                            const std::string& manifest_digest);
   // Starts watching the quorum of the last Poll; `cb` runs once per lost quorum and on drain.
   void OnNotice(std::function<void(const Notice&)> cb);
 
@@ -70,19 +75,27 @@ class Session {
   uint32_t group_size() const { return group_size_; }
 
  private:
+  // What the notice thread shares with the Session. The thread may sit in a long-poll to the
+  // agent after the Session is gone, so it owns this state jointly instead of pointing into
+  // the Session.
+  struct NoticeState {
+    std::string socket;
+    std::mutex mu;
+    std::condition_variable cv;
+    uint32_t watched_quorum_id = 0;
+    std::function<void(const Notice&)> cb;
+    std::atomic<bool> stop{false};
+  };
+
   Session(std::string socket, uint32_t group_rank, uint32_t group_size);
-  void NoticeLoop();
+  static void NoticeLoop(std::shared_ptr<NoticeState> state);
 
   std::string socket_;
   uint32_t group_rank_;
   uint32_t group_size_;
   std::unique_ptr<http::Client> client_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  uint32_t watched_quorum_id_ = 0;
-  std::function<void(const Notice&)> notice_cb_;
-  std::atomic<bool> stop_{false};
-  std::thread notice_thread_;
+  std::shared_ptr<NoticeState> notice_;
+  bool notice_started_ = false;
 };
 
 }  // namespace lk::client
