@@ -26,6 +26,10 @@ using UnixStream = beast::basic_stream<unix_proto, asio::any_io_executor, beast:
 using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
 constexpr uint64_t kResponseBodyBytesMax = uint64_t{8} << 30;
+// Beast sizes each socket read by the buffer's free capacity (at least 512 bytes, at most 64 KiB);
+// a buffer that is consumed as it is filled never grows, so without this reserve every read of a
+// large body would take 512 bytes: 12x slower than curl on a 16 MiB shard.
+constexpr size_t kReadBufferBytes = 1 << 20;
 
 Status FromEc(const beast::error_code& ec, std::string_view what, const std::string& url) {
   if (ec == beast::error::timeout) {
@@ -169,6 +173,7 @@ class ClientImpl final : public Client {
     if (ec) return FromEc(ec, "send to", url_);
     bhttp::response_parser<bhttp::string_body> parser;
     parser.body_limit(kResponseBodyBytesMax);
+    buffer_.reserve(kReadBufferBytes);
     ec = Run([&](auto h) { bhttp::async_read(*stream_, buffer_, parser, h); });
     if (ec) return FromEc(ec, "read from", url_);
     auto& msg = parser.get();
