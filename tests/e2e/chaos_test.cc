@@ -254,7 +254,8 @@ struct Run {
                                                                             Clock::now()),
                       1ms);
     };
-    std::optional<int> agent_code = life->agent->Wait(left());
+    // The trainers first: they are this test's children, and the agent counts a trainer that is
+    // not reaped yet (a zombie) as still running.
     for (auto& t : life->trainers) {
       if (!t->Wait(left())) {
         MESSAGE("trainer of " << life->group << " still runs after " << bound.count()
@@ -263,6 +264,7 @@ struct Run {
         t->Wait(5s);
       }
     }
+    std::optional<int> agent_code = life->agent->Wait(left());
     if (!agent_code) {
       life->agent->Signal(SIGKILL);
       life->agent->Wait(5s);
