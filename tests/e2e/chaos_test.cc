@@ -478,7 +478,10 @@ TEST_CASE("chaos four groups of two trainers survive kills a lighthouse restart 
       "{:.4f} ({:+.1f}%), {:.0f} s in all\n",
       run.lives.size(), lines, watch.quorums().size(), loss, reference_loss,
       100 * (loss - reference_loss) / reference_loss, secs);
-  CHECK(std::abs(loss - reference_loss) <= 0.05 * reference_loss);
+  // Not worse than 5% above the failure-free run. A lower loss is no failure: the groups at the
+  // end differ from the reference's (one left, one joined with its own data stream), which
+  // alone moves the mean by a few percent either way (seed 1: -5.3%).
+  CHECK(loss <= 1.05 * reference_loss);
   CHECK(secs < 300);
 }
 
