@@ -359,7 +359,12 @@ void Agent::Impl::WaitForTrainersThen(std::function<void(bool)> then) {
       bool alive = false;
       {
         std::lock_guard<std::mutex> lock(self->mu);
-        for (auto& [r, t] : self->trainers) alive |= t.pid > 0 && ::kill(t.pid, 0) == 0;
+        // The pidfd says when a trainer is gone; kill(pid, 0) would still find a zombie that
+        // its launcher has not reaped, so it only serves trainers without a pidfd.
+        for (auto& [r, t] : self->trainers) {
+          if (t.pid <= 0 || t.exited) continue;
+          alive |= t.pidfd ? true : ::kill(t.pid, 0) == 0;
+        }
       }
       if (!alive || std::chrono::steady_clock::now() >= deadline) {
         if (alive) LK_LOG_WARN("drain_timeout trainers_still_running=true");

@@ -42,6 +42,7 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
     bool commit_failed = false;
     std::string state_hash;
     bool finished = false;  // said goodbye: its exit is not a crash
+    bool exited = false;    // its pidfd fired: gone, even if its parent has not reaped it yet
   };
   struct NoticeWaiter {
     uint64_t id;

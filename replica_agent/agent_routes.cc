@@ -95,6 +95,9 @@ void Agent::Impl::WatchPid(Trainer& t) {
                         {
                           std::lock_guard<std::mutex> lock(self->mu);
                           auto it = self->trainers.find(rank);
+                          if (it != self->trainers.end() && it->second.pid == pid) {
+                            it->second.exited = true;
+                          }
                           expected = self->draining || self->signalled ||
                                      (it != self->trainers.end() && it->second.finished);
                         }
