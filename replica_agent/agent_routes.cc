@@ -240,6 +240,26 @@ void Agent::Impl::HandleCommit(const http::Request& req, http::Responder respond
   if (st.ok() && !quorum) st = Status(Code::kConflict, "no quorum yet: poll first");
   if (st.ok() && in.state_hash().size() > 128) st = InvalidArgument("state_hash over 128 bytes");
   Trainer* t = st.ok() ? &trainers[in.group_rank()] : nullptr;
+  if (st.ok() && in.failed()) {
+    // A failed outer step (its communicator could not be built, or a collective failed with
+    // no notice) is the group's failure at once: the lighthouse then opens a new round with a
+    // new quorum_id instead of handing the same quorum back to a retry. Nothing is committed.
+    pb::CommitRequest c;
+    c.set_job(options.job);
+    c.set_group_id(options.group_id);
+    c.set_incarnation(options.incarnation);
+    c.set_node_rank(options.node_rank);
+    c.set_quorum_id(quorum->quorum_id());
+    c.set_step(in.step());
+    c.set_failed(true);
+    commits.push_back(std::move(c));
+    cv.notify_all();
+    LK_LOG_WARN("outer_step_failed group_rank={} step={} quorum_id={}", in.group_rank(), in.step(),
+                quorum->quorum_id());
+    pb::TrainerCommitResponse out;
+    out.set_committed_step(committed_step);
+    return respond(http::Reply(out, f));
+  }
   if (st.ok() && t->committed_step && in.step() <= *t->committed_step) {
     st = Error(Code::kConflict, "step {} is not after the committed step {}", in.step(),
                *t->committed_step);

@@ -80,6 +80,8 @@ int main(int argc, char** argv) {
       if (!st.ok()) {
         emit(fmt::format(R"({{"event":"reconfigure_failed","quorum_id":{},"error":"{}"}})",
                          p->quorum_id, st.code() == Code::kAborted ? "aborted" : "other"));
+        // This quorum cannot work for us: say so, so that the next round gets a new quorum_id.
+        (void)(*session)->Commit(step + 1, false);
         continue;
       }
     }
@@ -97,7 +99,12 @@ int main(int argc, char** argv) {
                      healed,
                      std::chrono::duration_cast<std::chrono::milliseconds>(
                          std::chrono::system_clock::now().time_since_epoch()).count()));
-    if (!st.ok()) continue;  // the next poll brings the new quorum; redo this outer step
+    if (!st.ok()) {
+      // Aborted by a notice: the next poll brings the new quorum. Failed otherwise: report it,
+      // so that the next round is a new quorum rather than this one again. Redo the step.
+      if (st.code() != Code::kAborted) (void)(*session)->Commit(step + 1, false);
+      continue;
+    }
     ++step;
     if (Status c = (*session)->Commit(step, true, fmt::format("h{}", step)); !c.ok()) {
       std::fprintf(stderr, "commit: %s\n", c.ToString().c_str());

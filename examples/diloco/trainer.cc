@@ -383,6 +383,8 @@ int Trainer::Run() {
         if (group_failed_) return 1;
         bad_quorum_id_ = pr->quorum_id;
         bad_since_ = Clock::now();
+        // Tell the lighthouse this quorum failed us, so the next round has a new quorum_id.
+        (void)session_->Commit(state_.step + 1, false);
         continue;
       }
       ready_quorum_id_ = pr->quorum_id;
@@ -397,6 +399,7 @@ int Trainer::Run() {
     } else if (!*done) {
       bad_quorum_id_ = pr->quorum_id;
       bad_since_ = Clock::now();
+      (void)session_->Commit(state_.step + 1, false);
     }
   }
   // A finished group's leave is a lost member to the others: were it to leave while another
