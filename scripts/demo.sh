@@ -20,6 +20,7 @@ RUN=$(mktemp -d /tmp/lightkeeper-demo.XXXXXX)
 STEPS=${LK_DEMO_STEPS:-40}       # outer steps (T)
 KILL_AT=$((STEPS / 4))           # kill a trainer once the job committed this step
 JOIN_AT=$((STEPS / 2))           # a fourth group joins here
+LH_AT=$((STEPS * 3 / 4))         # the lighthouse is killed with -9 and restarted here
 SEED=7
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
@@ -48,13 +49,17 @@ wait_until() {  # wait_until SECONDS COMMAND...: poll every 0.1 s
 }
 step_reached() { [ "$(last_step "${@:2}")" -ge "$1" ]; }
 
-start_lighthouse() {  # start_lighthouse DATA_DIR LOG
-  "$BIN/lighthouse" --bind 127.0.0.1:0 --data-dir "$1" --min-replicas 2 \
+start_lighthouse() {  # start_lighthouse DATA_DIR LOG [BIND]: a restart passes the old address
+  local before
+  before=$(grep -c "listening address=" "$2" 2>/dev/null || true)
+  "$BIN/lighthouse" --bind "${3:-127.0.0.1:0}" --data-dir "$1" --min-replicas 2 \
     --heartbeat-timeout-ms 2000 --join-timeout-ms 2000 >>"$2" 2>&1 &
   LH_PID=$!; PIDS+=("$LH_PID")
-  wait_log "$2" "listening address="
+  wait_log "$2" "listening address=" $((before + 1))
   ADDR=$(grep -o 'listening address=[^ ]*' "$2" | tail -1 | cut -d= -f2)
 }
+quorum_id() { curl -s "http://$ADDR/status" | python3 -c \
+  'import json,sys; j=json.load(sys.stdin)["jobs"]; print(j[0]["quorum_id"] if j else 0)' 2>/dev/null || echo "?"; }
 start_group() {  # start_group DIR NAME TAG: an agent and two trainers; logs DIR/trainer-NAME-R.TAG.jsonl
   local dir=$1 g=$2 tag=$3 sock="$1/$2.$3.sock"
   "$BIN/replica_agent" --lighthouse "http://$ADDR" --job demo --group-id "$g" --socket "$sock" \
@@ -136,6 +141,18 @@ JOIN_S=$(since "$JOIN_T")
 JOIN_STEP=$(last_step "$RUN"/trainer-g3-0.1.jsonl)
 echo "$JOIN_STEP g3 joins" >>"$EVENTS"
 echo "  g3 committed its first step ($JOIN_STEP) $JOIN_S s after it started"
+status
+
+wait_until 120 step_reached "$LH_AT" "$RUN"/trainer-g0-0.1.jsonl
+LH_STEP=$(last_step "$RUN"/trainer-g0-0.1.jsonl)
+QID_BEFORE=$(quorum_id)
+say "the lighthouse is killed with -9 at step $LH_STEP (quorum_id $QID_BEFORE) and restarted on $ADDR"
+kill -9 "$LH_PID"; wait "$LH_PID" 2>/dev/null || true
+echo "$LH_STEP lighthouse restart" >>"$EVENTS"
+sleep 1
+start_lighthouse "$RUN/lighthouse-data" "$RUN/lighthouse.log" "$ADDR"
+sleep 2
+echo "  after the restart: quorum_id $(quorum_id) (ids never go back), the job went on:"
 status
 
 say "every group trains to step $STEPS"

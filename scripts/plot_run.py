@@ -166,9 +166,11 @@ def main(argv):
     for series, color in ((ref, (150, 150, 150)), (run, (30, 90, 200))):
         for (s0, v0), (s1, v1) in zip(series, series[1:]):
             line(img, X(s0), Y(v0), X(s1), Y(v1), color, 2)
-    text(img, W - 200, T + 2, "run", (30, 90, 200))
+    # Legend at the lower left: a falling loss curve leaves that corner empty, and the top is
+    # where the event labels go.
+    text(img, L + 10, H - B - 28, "run", (30, 90, 200))
     if ref:
-        text(img, W - 200, T + 14, "failure-free reference", (150, 150, 150))
+        text(img, L + 10, H - B - 16, "failure-free reference", (150, 150, 150))
     png(img, out)
 
 
