@@ -26,6 +26,16 @@ CheckpointData FromProto(const pb::CheckpointInfo& c) {
                         c.created_unix_s()};
 }
 
+MemberData FromProto(const pb::Member& m) {
+  MemberData out;
+  out.group_id = m.group_id();
+  out.incarnation = m.incarnation();
+  out.step = m.step();
+  out.addresses.assign(m.addresses().begin(), m.addresses().end());
+  out.heal = m.heal();
+  return out;
+}
+
 void ToProto(const QuorumAnswer& a, pb::QuorumResponse* out) {
   out->set_quorum_id(a.quorum_id);
   // Members come shared between all answers of one issue (the core does not copy the list n

@@ -14,5 +14,6 @@ void ToProto(const QuorumAnswer& a, lightkeeper::v1::QuorumResponse* out);
 void ToProto(const FailureNoticeData& n, lightkeeper::v1::FailureNotice* out);
 void ToProto(const JobView& v, lightkeeper::v1::JobStatus* out);
 CheckpointData FromProto(const lightkeeper::v1::CheckpointInfo& c);
+MemberData FromProto(const lightkeeper::v1::Member& m);
 
 }  // namespace lk::lighthouse

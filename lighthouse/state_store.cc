@@ -5,6 +5,7 @@
 #include <rocksdb/write_batch.h>
 
 #include "common/proto/lightkeeper.pb.h"
+#include "lighthouse/convert.h"
 
 namespace lk::lighthouse {
 namespace {
@@ -33,24 +34,6 @@ Status FromRocks(const rocksdb::Status& st, std::string_view what) {
   return Status(code, fmt::format("rocksdb {}: {}", what, st.ToString()));
 }
 
-void ToProto(const MemberData& m, pb::Member* out) {
-  out->set_group_id(m.group_id);
-  out->set_incarnation(m.incarnation);
-  out->set_step(m.step);
-  for (const auto& a : m.addresses) out->add_addresses(a);
-  out->set_heal(m.heal);
-}
-
-MemberData FromProto(const pb::Member& m) {
-  MemberData out;
-  out.group_id = m.group_id();
-  out.incarnation = m.incarnation();
-  out.step = m.step();
-  out.addresses.assign(m.addresses().begin(), m.addresses().end());
-  out.heal = m.heal();
-  return out;
-}
-
 class RocksDbStore final : public StateStore {
  public:
   explicit RocksDbStore(std::unique_ptr<rocksdb::DB> db) : db_(std::move(db)) {}
@@ -75,12 +58,7 @@ class RocksDbStore final : public StateStore {
     }
     for (const auto& c : checkpoints) {
       pb::CheckpointInfo info;
-      info.set_job(c.job);
-      info.set_step(c.step);
-      info.set_location(c.location);
-      info.set_manifest_digest(c.manifest_digest);
-      info.set_group_id(c.group_id);
-      info.set_created_unix_s(c.created_unix_s);
+      ToProto(c, &info);
       batch.Put(CkptKey(c.job, c.step), info.SerializeAsString());
     }
     rocksdb::WriteOptions wo;
@@ -115,9 +93,7 @@ class RocksDbStore final : public StateStore {
       if (!info.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
         return Error(Code::kDataLoss, "corrupt checkpoint record {}", key.ToString());
       }
-      out.push_back(CheckpointData{info.job(), info.step(), info.location(),
-                                   info.manifest_digest(), info.group_id(),
-                                   info.created_unix_s()});
+      out.push_back(FromProto(info));
       return Status::Ok();
     });
     if (!st.ok()) return st;

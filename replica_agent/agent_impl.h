@@ -39,7 +39,6 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
     uint32_t seen_quorum_id = 0;
     uint32_t heal_answered_quorum_id = 0;
     std::optional<uint32_t> committed_step;
-    bool commit_failed = false;
     std::string state_hash;
     bool finished = false;  // said goodbye: its exit is not a crash
     bool exited = false;    // its pidfd fired: gone, even if its parent has not reaped it yet
@@ -88,6 +87,8 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   void AnswerPollsLocked(bool fresh_answer);
   pb::TrainerPollResponse PollAnswerLocked(Trainer& t, bool fresh_answer);
   void AnswerNoticesLocked(bool force);
+  // Queues a commit for the lighthouse (the commit thread sends it, retrying while it is away).
+  void QueueCommitLocked(uint32_t step, bool failed, std::string state_hash);
   void DrainTrainersLocked();
   uint32_t ExpectedLocalTrainersLocked() const;
 

@@ -244,16 +244,7 @@ void Agent::Impl::HandleCommit(const http::Request& req, http::Responder respond
     // A failed outer step (its communicator could not be built, or a collective failed with
     // no notice) is the group's failure at once: the lighthouse then opens a new round with a
     // new quorum_id instead of handing the same quorum back to a retry. Nothing is committed.
-    pb::CommitRequest c;
-    c.set_job(options.job);
-    c.set_group_id(options.group_id);
-    c.set_incarnation(options.incarnation);
-    c.set_node_rank(options.node_rank);
-    c.set_quorum_id(quorum->quorum_id());
-    c.set_step(in.step());
-    c.set_failed(true);
-    commits.push_back(std::move(c));
-    cv.notify_all();
+    QueueCommitLocked(in.step(), /*failed=*/true, "");
     LK_LOG_WARN("outer_step_failed group_rank={} step={} quorum_id={}", in.group_rank(), in.step(),
                 quorum->quorum_id());
     pb::TrainerCommitResponse out;
@@ -266,35 +257,37 @@ void Agent::Impl::HandleCommit(const http::Request& req, http::Responder respond
   }
   if (!st.ok()) return respond(http::ErrorReply(st, f));
   t->committed_step = in.step();
-  t->commit_failed = in.failed();
   t->state_hash = in.state_hash();
   had_state = true;
   // The node commits once all its trainers committed this step; its hash covers all shards.
   bool all = trainers.size() >= ExpectedLocalTrainersLocked();
-  bool failed = false;
   std::string hashes;
   for (auto& [r, o] : trainers) {
     all &= o.committed_step == in.step();
-    failed |= o.commit_failed;
     hashes += o.state_hash + ";";
   }
   if (all) {
     committed_step = in.step();
-    pb::CommitRequest c;
-    c.set_job(options.job);
-    c.set_group_id(options.group_id);
-    c.set_incarnation(options.incarnation);
-    c.set_node_rank(options.node_rank);
-    c.set_quorum_id(quorum->quorum_id());
-    c.set_step(in.step());
-    c.set_failed(failed);
-    c.set_state_hash(fmt::format("{:016x}", XXH3_64bits(hashes.data(), hashes.size())));
-    commits.push_back(std::move(c));
-    cv.notify_all();
+    QueueCommitLocked(in.step(), /*failed=*/false,
+                      fmt::format("{:016x}", XXH3_64bits(hashes.data(), hashes.size())));
   }
   pb::TrainerCommitResponse out;
   out.set_committed_step(in.step());
   respond(http::Reply(out, f));
+}
+
+void Agent::Impl::QueueCommitLocked(uint32_t step, bool failed, std::string state_hash) {
+  pb::CommitRequest c;
+  c.set_job(options.job);
+  c.set_group_id(options.group_id);
+  c.set_incarnation(options.incarnation);
+  c.set_node_rank(options.node_rank);
+  c.set_quorum_id(quorum->quorum_id());
+  c.set_step(step);
+  c.set_failed(failed);
+  c.set_state_hash(std::move(state_hash));
+  commits.push_back(std::move(c));
+  cv.notify_all();
 }
 
 void Agent::Impl::AnswerNoticesLocked(bool force) {
