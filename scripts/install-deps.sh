@@ -11,7 +11,7 @@ PKGS=(
   libprotobuf-dev protobuf-compiler librocksdb-dev libfmt-dev doctest-dev
   libtorch-dev libgloo-dev libxxhash-dev libssl-dev
   slurm-wlm munge
-  nginx-light wrk iperf3 fio procps iproute2
+  nginx-light wrk iperf3 fio procps iproute2 openssl
 )
 
 missing=()

@@ -7,6 +7,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <cstdlib>
 #include <thread>
 
 #include "common/http/auth.h"
@@ -187,6 +188,34 @@ TEST_CASE("Stop closes idle keep-alive connections so run() returns") {
   REQUIRE((*c)->Do("GET", "/nothing").ok());
   ts.reset();  // joins the io_context thread: would hang if the idle connection stayed open
   CHECK(true);
+}
+
+TEST_CASE("TLS: the same protocol over HTTPS with a self-signed certificate") {
+  std::string dir = "/tmp/lk_tls_test_" + std::to_string(getpid());
+  std::string cmd = "mkdir -p " + dir + " && openssl req -x509 -newkey rsa:2048 -nodes -days 1 "
+                    "-subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 -keyout " + dir +
+                    "/key.pem -out " + dir + "/cert.pem >/dev/null 2>&1";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  ServerOptions opts;
+  opts.tls_cert_file = dir + "/cert.pem";
+  opts.tls_key_file = dir + "/key.pem";
+  TestServer ts(opts);
+  ClientOptions co;
+  co.ca_file = dir + "/cert.pem";
+  auto c = Client::Create("https://" + ts.server->LocalAddress(), co);
+  REQUIRE(c.ok());
+  pb::HeartbeatRequest req, resp;
+  req.set_step(9);
+  REQUIRE((*c)->Call("POST", "/echo", req, &resp).ok());
+  CHECK(resp.step() == 10);
+  // A client that does not trust the certificate is refused, and plain HTTP gets nowhere.
+  auto untrusting = Client::Create("https://" + ts.server->LocalAddress());
+  REQUIRE(untrusting.ok());
+  CHECK((*untrusting)->Call("POST", "/echo", req, &resp, Millis(3000)).code() == Code::kUnavailable);
+  auto plain = Client::Create("http://" + ts.server->LocalAddress());
+  REQUIRE(plain.ok());
+  CHECK_FALSE((*plain)->Call("POST", "/echo", req, &resp, Millis(3000)).ok());
+  std::system(("rm -rf " + dir).c_str());
 }
 
 TEST_CASE("bearer tokens compare in constant time and parse strictly") {
