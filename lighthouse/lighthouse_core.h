@@ -19,6 +19,12 @@
 
 namespace lk::lighthouse {
 
+// The heartbeat phase an agent reports while every trainer of its node is blocked in the
+// cross-group collective, waiting on the other groups: rule 8 does not count that time as a
+// stall of this group (in lockstep training the healthy groups wait on a hung one exactly as
+// long as it has hung).
+inline constexpr const char* kPhasePeerWait = "peer_wait";
+
 struct CoreOptions {
   // Fewest groups a quorum may have (rule 4 and 5).
   uint32_t min_replicas = 1;

@@ -170,7 +170,13 @@ bool LighthouseCore::Impl::Touch(Group& g, uint32_t node_rank, uint32_t step,
   a.seen = true;
   a.step = step;
   if (!address.empty() && a.address != address) a.address = address;
-  if (!phase.empty() && a.phase != phase) a.phase = phase;
+  if (!phase.empty() && a.phase != phase) {
+    // Leaving a wait on peers restarts the progress clock, like leaving a quorum round: time
+    // spent blocked in a collective on someone else is no stall of this group's own.
+    if (a.phase == kPhasePeerWait) g.progress_mark = now;
+    a.phase = phase;
+    RearmProgress(g);
+  }
   AdvanceStep(g, step, now);
   RearmHeartbeat(g, now);
   if (g.alive || !IsAlive(g.status, options.heartbeat_timeout, now)) return false;
@@ -312,10 +318,19 @@ void LighthouseCore::Impl::RearmHeartbeat(Group& g, TimePoint now) {
   SetDeadline(g.heartbeat_deadline, at, DeadlineKind::kHeartbeat, &g);
 }
 
+bool WaitingOnPeers(const GroupStatus& g) {
+  if (g.agents.empty()) return false;
+  for (const auto& a : g.agents) {
+    if (a.phase != kPhasePeerWait) return false;
+  }
+  return true;
+}
+
 void LighthouseCore::Impl::RearmProgress(Group& g) {
   std::optional<TimePoint> at;
   if (options.progress_timeout.count() > 0 && g.in_quorum && !g.lost &&
-      g.status.mode == GroupMode::kActive && !IsParticipant(g.status)) {
+      g.status.mode == GroupMode::kActive && !IsParticipant(g.status) &&
+      !WaitingOnPeers(g.status)) {
     at = g.progress_mark + options.progress_timeout;
   }
   SetDeadline(g.progress_deadline, at, DeadlineKind::kProgress, &g);

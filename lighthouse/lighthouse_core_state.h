@@ -53,6 +53,9 @@ struct Job {
 
 using Deadline = std::tuple<TimePoint, DeadlineKind, void*>;
 
+// Every agent of the group reports kPhasePeerWait.
+bool WaitingOnPeers(const GroupStatus& g);
+
 }  // namespace lk::lighthouse::internal
 
 namespace lk::lighthouse {

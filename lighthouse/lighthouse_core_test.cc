@@ -227,6 +227,27 @@ TEST_CASE("rule 8: a member whose step stalls is evicted and comes back as a joi
   CHECK(h.Answer("b")->heal);
 }
 
+TEST_CASE("rule 8: a member blocked in the collective on a hung peer is not evicted - the peer is") {
+  CoreOptions o;
+  o.progress_timeout = Millis(1'000);
+  Harness h(o);
+  h.Form({"a", "b"});
+  // a waits on b in the cross-group allreduce (peer_wait); b hangs in its inner steps.
+  h.fx = {};
+  REQUIRE(h.core.OnHeartbeat(HeartbeatInput{h.job, "a", "i1", 0, 1, 0, kPhasePeerWait, "addr-a"},
+                             h.clock.Now(), &h.fx).ok());
+  h.clock.Advance(Millis(1'000));
+  h.Tick();
+  CHECK(h.HasEvent("group_evicted job=j group=b"));
+  CHECK(!h.HasEvent("group_evicted job=j group=a"));
+  // Leaving the wait restarts a's clock: it is evicted only a full timeout later.
+  h.clock.Advance(Millis(500));
+  REQUIRE(h.Beat("a", 0).ok());  // phase "train"
+  h.clock.Advance(Millis(900));
+  h.Tick();
+  CHECK(!h.HasEvent("group_evicted job=j group=a"));
+}
+
 TEST_CASE("rule 8: a member waiting in a round is not evicted") {
   CoreOptions o;
   o.progress_timeout = Millis(1'000);

@@ -41,7 +41,8 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
     std::optional<uint32_t> committed_step;
     std::string state_hash;
     bool finished = false;  // said goodbye: its exit is not a crash
-    bool exited = false;    // its pidfd fired: gone, even if its parent has not reaped it yet
+    bool exited = false;
+    bool peer_wait = false;  // blocked in the cross-group collective    // its pidfd fired: gone, even if its parent has not reaped it yet
   };
   struct NoticeWaiter {
     uint64_t id;
@@ -76,6 +77,7 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   void HandleHello(const http::Request& req, http::Responder respond);
   void HandleGoodbye(const http::Request& req, http::Responder respond);
   void HandleCheckpoint(const http::Request& req, http::Responder respond);
+  void HandlePhase(const http::Request& req, http::Responder respond);
   void HandlePoll(const http::Request& req, http::Responder respond);
   void HandleCommit(const http::Request& req, http::Responder respond);
   void HandleNotice(const http::Request& req, http::Responder respond);

@@ -18,6 +18,10 @@ namespace lk::agent {
 
 namespace {
 
+// The phase name the lighthouse's rule 8 knows (lighthouse/lighthouse_core.h, kPhasePeerWait);
+// the agent does not link the lighthouse, so the word is repeated here.
+constexpr const char* lighthouse_phase_peer_wait = "peer_wait";
+
 template <class Msg>
 Status DecodeAs(const http::Request& req, Msg* msg) {
   return http::Decode(req.body, http::BodyFormat(req.content_type), msg);
@@ -38,6 +42,7 @@ void Agent::Impl::Route(http::Request&& req, http::Responder respond) {
   if (p == "/v1/trainer/poll" && post) return HandlePoll(req, respond);
   if (p == "/v1/trainer/goodbye" && post) return HandleGoodbye(req, respond);
   if (p == "/v1/trainer/checkpoint" && post) return HandleCheckpoint(req, respond);
+  if (p == "/v1/trainer/phase" && post) return HandlePhase(req, respond);
   if (p == "/v1/trainer/commit" && post) return HandleCommit(req, respond);
   if (p == "/v1/trainer/notice" && req.method == "GET") return HandleNotice(req, respond);
   if (p.rfind("/v1/trainer/kv/", 0) == 0 && (req.method == "GET" || req.method == "PUT")) {
@@ -345,6 +350,25 @@ void Agent::Impl::HandleNotice(const http::Request& req, http::Responder respond
   });
   notice_waiters.emplace(id, NoticeWaiter{id, qid, std::move(respond), f, std::move(timer)});
   AnswerNoticesLocked(false);
+}
+
+void Agent::Impl::HandlePhase(const http::Request& req, http::Responder respond) {
+  http::Format f = http::ReplyFormat(req);
+  pb::TrainerPhaseRequest in;
+  Status st = DecodeAs(req, &in);
+  std::lock_guard<std::mutex> lock(mu);
+  if (st.ok() && !trainers.count(in.group_rank())) {
+    st = InvalidArgument("group_rank {} never said hello", in.group_rank());
+  }
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  trainers[in.group_rank()].peer_wait = in.peer_wait();
+  // The node waits on peers when every local trainer does; the next heartbeat says so.
+  bool all = trainers.size() >= ExpectedLocalTrainersLocked();
+  for (auto& [r, t] : trainers) all &= t.peer_wait;
+  if (phase == "training" || phase == lighthouse_phase_peer_wait) {
+    phase = all ? lighthouse_phase_peer_wait : "training";
+  }
+  respond(http::Reply(pb::Empty(), f));
 }
 
 void Agent::Impl::HandleCheckpoint(const http::Request& req, http::Responder respond) {

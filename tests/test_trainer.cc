@@ -88,7 +88,9 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(step_sleep_ms));
     std::fill(buf.begin(), buf.end(), static_cast<float>(p->replica_rank + 1));
     auto t0 = std::chrono::steady_clock::now();
+    (void)(*session)->SetPeerWait(true);
     Status st = (*cm)->AllReduce(buf.data(), buf.size(), comm::DType::kFloat32, comm::ReduceOp::kSum);
+    (void)(*session)->SetPeerWait(false);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     uint32_t w = p->replica_world_size;
     bool correct = st.ok();

@@ -289,7 +289,10 @@ Result<bool> Trainer::OuterStep(const client::PollResult& pr) {
     pending_loss_ = loss_sum / static_cast<float>(std::max(1u, o_.inner_steps));
   }
   std::vector<float> avg = *pending_delta_;
+  // Waiting on the other groups is not this group's stall (the lighthouse's progress timeout).
+  (void)session_->SetPeerWait(true);
   Status st = slot_comm_->AllReduce(avg.data(), avg.size(), comm::DType::kFloat32, comm::ReduceOp::kAvg);
+  (void)session_->SetPeerWait(false);
   LK_ASSIGN_OR_RETURN(bool all_ok, GroupAgree(st.ok()));
   if (!all_ok) {
     LK_LOG_WARN("outer_step_aborted step={} quorum_id={} error={}", state_.step + 1, pr.quorum_id,

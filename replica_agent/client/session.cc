@@ -108,6 +108,13 @@ Result<std::string> Session::KvGet(uint32_t quorum_id, const std::string& key, M
   return std::move(r.body);
 }
 
+Status Session::SetPeerWait(bool waiting) {
+  pb::TrainerPhaseRequest req;
+  req.set_group_rank(group_rank_);
+  req.set_peer_wait(waiting);
+  return client_->Call("POST", "/v1/trainer/phase", req, nullptr, Millis(10'000));
+}
+
 Status Session::RegisterCheckpoint(uint32_t step, const std::string& location,
                                    const std::string& manifest_digest) {
   pb::CheckpointInfo req;

@@ -63,6 +63,9 @@ class Session {
   // Tells the agent this trainer is done (its committed step reached the target), so that its
   // exit is not reported as a crash; when every trainer of the node is done the group leaves.
   Status Finish();
+  // Around the cross-group collective: while every trainer of a group waits on the other
+  // groups, the lighthouse does not count the time as this group's stall (progress timeout).
+  Status SetPeerWait(bool waiting);
   // Registers a durable checkpoint (a directory every group can read, e.g. on a shared or
   // object filesystem) at the lighthouse, so that a job whose groups all lost their live state
   // restores it. Call it once per committed checkpoint, from one trainer of the group.
