@@ -123,6 +123,9 @@ class SlurmRun {
  public:
   explicit SlurmRun(const std::string& tag) {
     EnsureSlurm();
+    // Jobs of an earlier test may still be completing (scancel is asynchronous, KillWait is
+    // 5 s) and hold CPUs of the one node; each case needs the node to itself.
+    WaitFor([] { return Sh("squeue -h -o %i 2>/dev/null").out.empty(); }, 60s);
     dir_ = test::TempDir(tag);
     // The heartbeat timeout is far above every wait below: a group that is gone before it has
     // left the quorum itself.
