@@ -15,54 +15,13 @@
 #include <thread>
 
 #include "slurm/command.h"
+#include "slurm/slurm_test_util.h"
 
 namespace lk::slurm {
 namespace {
 
 using namespace std::chrono_literals;
-
-std::string Env(const char* name, std::string fallback = "") {
-  const char* v = std::getenv(name);
-  return v ? v : fallback;
-}
-
-CommandResult Sh(const std::string& script, std::chrono::seconds timeout = 30s) {
-  SubprocessRunner runner;
-  Command cmd;
-  cmd.argv = {"bash", "-c", script};
-  cmd.timeout = timeout;
-  auto r = runner.Run(cmd);
-  REQUIRE_MESSAGE(r.ok(), script << ": " << r.status().ToString());
-  return *r;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-bool WaitFor(const std::function<bool()>& done, std::chrono::seconds limit) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (done()) return true;
-    std::this_thread::sleep_for(200ms);
-  }
-  return done();
-}
-
-void EnsureSlurm() {
-  std::string base = Env("SLURM_BASE", "/tmp/lk-slurm");
-  if (Env("SLURM_CONF").empty()) setenv("SLURM_CONF", (base + "/slurm.conf").c_str(), 1);
-  REQUIRE_MESSAGE(!Env("LK_BIN_DIR").empty(), "LK_BIN_DIR is not set (run through ctest)");
-  REQUIRE_MESSAGE(Sh("command -v sbatch").exit_code == 0,
-                  "Slurm is not installed: run scripts/install-deps.sh, or skip these tests "
-                  "with `ctest -LE slurm`");
-  if (Sh("timeout 5 sinfo -h -p low >/dev/null 2>&1").exit_code == 0) return;
-  auto up = Sh(Env("LK_SOURCE_DIR", LK_SOURCE_DIR_BUILT) + "/scripts/slurm-local.sh up", 60s);
-  REQUIRE_MESSAGE(up.exit_code == 0, "slurm-local.sh up failed:\n" << up.out << up.err);
-}
+using namespace lk::slurm::testing;  // NOLINT
 
 // The fake agent: records its arguments; on USR2 (and TERM) does what the agent does with
 // Slurm through `lk_slurm_tool slurm leave`. LK_TEST_AGENT_MODE=requeue requeues on the warning;
