@@ -145,11 +145,6 @@ void Agent::Impl::HeartbeatLoop() {
         Drain("drained");
         return;
       }
-      std::lock_guard<std::mutex> lock(mu);
-      if (resp.round_pending() && !round_pending) {
-        round_pending = true;
-        LK_LOG_INFO("round_pending quorum_id={}", resp.quorum_id());
-      }
     } else if (st.code() == Code::kConflict) {
       // A newer incarnation of this group exists: this life is over.
       Fail("replaced: " + st.message());
@@ -199,7 +194,6 @@ void Agent::Impl::QuorumLoop() {
                     resp.max_step(), Q(resp.reason()));
       }
       quorum = resp;
-      round_pending = false;
       ask_needed = false;
       phase = "training";
       AnswerPollsLocked(true);
@@ -262,7 +256,6 @@ void Agent::Impl::WatchLoop() {
     for (const auto& n : w.notices()) who += (who.empty() ? "" : ",") + n.group_id() + ":" + n.reason();
     LK_LOG_INFO("quorum_lost quorum_id={} notices={}", qid, Q(who));
     lost_quorums.insert(qid);
-    round_pending = true;
     AnswerNoticesLocked(false);
   }
 }

@@ -110,7 +110,6 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   uint32_t group_size = 0;
   std::optional<pb::QuorumResponse> quorum;
   std::set<uint32_t> lost_quorums;   // quorum ids known to have lost a member
-  bool round_pending = true;         // ask the lighthouse at the next boundary
   bool ask_needed = false;
   uint32_t ask_step = 0;
   bool had_state = false;            // a trainer committed or healed in this life
