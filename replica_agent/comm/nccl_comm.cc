@@ -50,13 +50,13 @@ class NcclCommManager final : public CommManager {
   void Abort(const std::string& reason) override {
     std::lock_guard lock(mu_);
     if (phase_ == Phase::kNone) return;
-    FailLocked(Error(Code::kAborted, "aborted: {}", reason));
+    FailLocked(Status(Code::kAborted, reason));  // the code already says "aborted"
   }
 
   void AbortQuorum(uint32_t quorum_id, const std::string& reason) override {
     std::lock_guard lock(mu_);
     if (phase_ == Phase::kNone || quorum_id_.load() > quorum_id) return;
-    FailLocked(Error(Code::kAborted, "aborted: {}", reason));
+    FailLocked(Status(Code::kAborted, reason));  // the code already says "aborted"
   }
 
   uint32_t quorum_id() const override { return quorum_id_.load(); }
