@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
   o.core.join_timeout = Millis(join_timeout_ms);
   o.core.heartbeat_timeout = Millis(heartbeat_timeout_ms);
   o.core.progress_timeout = Millis(progress_timeout_ms);
+  o.http.single_thread = true;  // ioc.run() below is the lighthouse's only io thread
   o.http.idle_timeout = Millis(idle_timeout_ms);
   o.http.request_timeout = Millis(request_timeout_ms);
   o.http.body_bytes_max = static_cast<uint64_t>(body_max);

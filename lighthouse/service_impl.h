@@ -195,7 +195,7 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
     Persist(fx);
     TimePoint now = Now();
     std::map<std::string, TimePoint> round_start;
-    std::map<const void*, std::string> members_wire;
+    std::map<const void*, std::shared_ptr<const std::string>> members_wire;
     for (auto& [key, answer] : fx.answers) {
       auto it = quorum_waiters.find(key);
       if (it == quorum_waiters.end()) continue;
@@ -266,17 +266,17 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
   // encoded once and appended to each answer's own fields (concatenated protobuf encodings
   // merge, and repeated fields append), instead of n encodings of n members.
   static Response QuorumReply(const QuorumAnswer& answer, Format f,
-                              std::map<const void*, std::string>* members_wire) {
+                              std::map<const void*, std::shared_ptr<const std::string>>* members_wire) {
     pb::QuorumResponse resp;
     if (f != Format::kProto || !answer.members_shared) {
       ToProto(answer, &resp);
       return http::Reply(resp, f);
     }
-    auto [it, fresh] = members_wire->emplace(answer.members_shared.get(), "");
+    auto [it, fresh] = members_wire->emplace(answer.members_shared.get(), nullptr);
     if (fresh) {
       pb::QuorumResponse only_members;
       for (const auto& m : *answer.members_shared) ToProto(m, only_members.add_members());
-      it->second = only_members.SerializeAsString();
+      it->second = std::make_shared<const std::string>(only_members.SerializeAsString());
     }
     QuorumAnswer own = answer;
     own.members_shared.reset();
@@ -284,7 +284,8 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
     ToProto(own, &resp);
     resp.set_replica_world_size(static_cast<uint32_t>(answer.members_shared->size()));
     Response r = http::Reply(resp, f);
-    r.body += it->second;
+    // The member list goes out as a shared tail: n answers, one copy in memory.
+    r.body_tail = it->second;
     return r;
   }
 

@@ -72,8 +72,11 @@ Status Agent::Impl::Start() {
     LK_ASSIGN_OR_RETURN(token, ReadTokenFile(options.token_file));
   }
   LK_RETURN_IF_ERROR(http::Client::Create(options.lighthouse).status());
+  // Run() is the only thread on ioc, so connections need no strands.
+  http::ServerOptions server_options;
+  server_options.single_thread = true;
   socket_server = std::make_unique<http::Server>(
-      ioc, http::ServerOptions{}, [self = shared_from_this()](http::Request&& r, http::Responder w) {
+      ioc, server_options, [self = shared_from_this()](http::Request&& r, http::Responder w) {
         self->Route(std::move(r), std::move(w));
       });
   LK_RETURN_IF_ERROR(socket_server->Listen("unix:" + options.socket));
@@ -84,7 +87,7 @@ Status Agent::Impl::Start() {
   }
   if (!options.serve.empty()) {
     peer_server = std::make_unique<http::Server>(
-        ioc, http::ServerOptions{},
+        ioc, server_options,
         [self = shared_from_this()](http::Request&& r, http::Responder w) {
           self->Route(std::move(r), std::move(w));
         });

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +29,9 @@ struct Response {
   std::string content_type = "application/json";
   std::string body;
   std::vector<std::pair<std::string, std::string>> headers;
+  // Sent right after body, not copied: many answers can share one large tail (every member of
+  // a quorum receives the same member list).
+  std::shared_ptr<const std::string> body_tail;
 };
 
 // Answers one request. It may be called from any thread, at most once; the server writes the

@@ -37,6 +37,12 @@ struct TestServer {
         hb.set_step(hb.step() + 1);
         return respond(Reply(hb, ReplyFormat(req)));
       }
+      if (req.path == "/tail") {
+        Response r = TextReply(200, "text/plain", "head-");
+        r.headers.emplace_back("X-Extra", "1");
+        r.body_tail = std::make_shared<const std::string>(std::string(100'000, 't'));
+        return respond(std::move(r));
+      }
       if (req.path == "/later") {
         std::thread([respond] {
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -88,6 +94,52 @@ TEST_CASE("protobuf and JSON bodies round-trip over one keep-alive connection") 
   CHECK(r->body.find("\"step\":8") != std::string::npos);
   CHECK(r->body.find("\"group_id\":\"g\"") != std::string::npos);
   CHECK(ts.server->connections() == 1);
+}
+
+// Reads from fd until the peer closes it (or 5 s pass), for raw-socket checks of the framing.
+std::string ReadAll(int fd) {
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string out;
+  char buf[65536];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
+  return out;
+}
+
+TEST_CASE("a shared body tail follows the body and counts in Content-Length") {
+  TestServer ts;
+  auto c = Client::Create(ts.Url());
+  REQUIRE(c.ok());
+  for (int i = 0; i < 3; ++i) {  // the same keep-alive connection, framing intact each time
+    auto r = (*c)->Do("GET", "/tail", "", "text/plain");
+    REQUIRE(r.ok());
+    CHECK(r->status == 200);
+    REQUIRE(r->body.size() == 5 + 100'000);
+    CHECK(r->body.substr(0, 5) == "head-");
+    CHECK(r->body.find_first_not_of('t', 5) == std::string::npos);
+  }
+}
+
+TEST_CASE("HTTP/1.0 closes after the response and HEAD gets headers only") {
+  TestServer ts;
+  int fd = RawConnect(ts.server->LocalAddress());
+  std::string req = "GET /tail HTTP/1.0\r\nHost: x\r\n\r\n";
+  REQUIRE(::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()));
+  std::string got = ReadAll(fd);  // returns only because the server closed the connection
+  ::close(fd);
+  CHECK(got.rfind("HTTP/1.0 200 OK\r\n", 0) == 0);
+  CHECK(got.find("Content-Length: 100005\r\n") != std::string::npos);
+  CHECK(got.find("X-Extra: 1\r\n") != std::string::npos);
+  CHECK(got.size() == got.find("\r\n\r\n") + 4 + 100'005);
+
+  fd = RawConnect(ts.server->LocalAddress());
+  req = "HEAD /tail HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  REQUIRE(::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()));
+  got = ReadAll(fd);
+  ::close(fd);
+  CHECK(got.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+  CHECK(got.find("Connection: close\r\n") != std::string::npos);
+  CHECK(got.size() == got.find("\r\n\r\n") + 4);
 }
 
 TEST_CASE("malformed JSON and wrong field types get 400 with a reason") {
@@ -148,17 +200,23 @@ TEST_CASE("garbage instead of HTTP gets 400") {
 }
 
 TEST_CASE("a handler may answer later from another thread - client deadlines hold") {
-  TestServer ts;
-  auto c = Client::Create(ts.Url());
-  REQUIRE(c.ok());
-  auto r = (*c)->Do("GET", "/later");
-  REQUIRE(r.ok());
-  CHECK(r->body == "late");
-  auto slow = (*c)->Do("GET", "/later", "", "", Millis(5));
-  CHECK(slow.status().code() == Code::kDeadlineExceeded);
-  r = (*c)->Do("GET", "/later");  // the client reconnects after a deadline
-  REQUIRE(r.ok());
-  CHECK(r->body == "late");
+  // Both connection modes: a strand per connection, and none when one thread runs the server.
+  for (bool single : {false, true}) {
+    CAPTURE(single);
+    ServerOptions opts;
+    opts.single_thread = single;
+    TestServer ts(opts);
+    auto c = Client::Create(ts.Url());
+    REQUIRE(c.ok());
+    auto r = (*c)->Do("GET", "/later");
+    REQUIRE(r.ok());
+    CHECK(r->body == "late");
+    auto slow = (*c)->Do("GET", "/later", "", "", Millis(5));
+    CHECK(slow.status().code() == Code::kDeadlineExceeded);
+    r = (*c)->Do("GET", "/later");  // the client reconnects after a deadline
+    REQUIRE(r.ok());
+    CHECK(r->body == "late");
+  }
 }
 
 TEST_CASE("Unix-domain sockets serve the same protocol") {

@@ -29,6 +29,9 @@ struct ServerOptions {
   Millis write_timeout{10'000};
   // Connections beyond this are closed at once after accept.
   uint32_t connections_max = 20'000;
+  // Set when exactly one thread runs the io_context: connections then skip their strand, whose
+  // locking and queueing are a measurable part of a small request's cost (a heartbeat).
+  bool single_thread = false;
   // TLS for TCP listeners when both are set (PEM files).
   std::string tls_cert_file;
   std::string tls_key_file;
