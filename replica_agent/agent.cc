@@ -167,13 +167,19 @@ void Agent::Impl::QuorumLoop() {
   while (!stopping) {
     uint32_t step;
     bool fresh;
+    bool was_ahead;
     {
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return stopping.load() || (ask_needed && !draining); });
+      // An ask ahead waits until the node's commit reached the lighthouse, so that a new
+      // quorum never overtakes the commit of the step before it.
+      cv.wait(lock, [&] {
+        return stopping.load() || (ask_needed && !draining && (!ask_ahead || commits.empty()));
+      });
       if (stopping) return;
       step = ask_step;
       fresh = !had_state && step == 0;
-      phase = "quorum";
+      was_ahead = ask_ahead;
+      if (!ask_ahead) phase = "quorum";
     }
     pb::QuorumRequest q;
     q.set_job(options.job);
@@ -190,14 +196,24 @@ void Agent::Impl::QuorumLoop() {
     if (st.ok()) {
       failures = 0;
       std::lock_guard<std::mutex> lock(mu);
-      bool changed = !quorum || quorum->quorum_id() != resp.quorum_id();
-      if (changed) {
-        LK_LOG_INFO("quorum quorum_id={} replica_rank={} world_size={} heal={} max_step={} reason={}",
+      uint32_t known = ahead ? ahead->quorum_id() : quorum ? quorum->quorum_id() : 0;
+      if (known != resp.quorum_id()) {
+        LK_LOG_INFO("quorum quorum_id={} replica_rank={} world_size={} heal={} max_step={} ahead={} reason={}",
                     resp.quorum_id(), resp.replica_rank(), resp.replica_world_size(), resp.heal(),
-                    resp.max_step(), Q(resp.reason()));
+                    resp.max_step(), ask_ahead, Q(resp.reason()));
       }
-      quorum = resp;
+      // The trainers moved to another step while this ask was out (or a drain began): the
+      // answer is for a step nobody will poll; ask again for the one they are at.
+      if (!ask_needed || ask_step != step) continue;
       ask_needed = false;
+      if (ask_ahead) {
+        ask_ahead = false;
+        ahead = std::move(resp);
+        ahead_step = step;
+        cv.notify_all();  // the watch thread follows the quorum fetched ahead
+        continue;
+      }
+      quorum = std::move(resp);
       phase = "training";
       AnswerPollsLocked(true);
       cv.notify_all();  // the watch thread follows the new quorum
@@ -212,8 +228,9 @@ void Agent::Impl::QuorumLoop() {
     std::unique_lock<std::mutex> lock(mu);
     // The lighthouse is unreachable: while the membership has not changed (no loss known), the
     // trainers go on with the quorum they have; every group sees the same outage and does the
-    // same, and the next boundary asks again.
-    if (st.code() == Code::kUnavailable && quorum && !draining &&
+    // same, and the next boundary asks again. An ask ahead has no trainer waiting on it: it
+    // keeps retrying until they poll, and then takes this path.
+    if (st.code() == Code::kUnavailable && quorum && !draining && !ask_ahead &&
         !lost_quorums.count(quorum->quorum_id())) {
       if (failures == 1) LK_LOG_WARN("lighthouse_unreachable continuing quorum_id={}", quorum->quorum_id());
       ask_needed = false;
@@ -221,7 +238,7 @@ void Agent::Impl::QuorumLoop() {
       AnswerPollsLocked(false);
       continue;
     }
-    cv.wait_for(lock, Backoff(failures), [&] { return stopping.load(); });
+    cv.wait_for(lock, Backoff(failures), [&] { return stopping.load() || (was_ahead && !ask_ahead); });
   }
 }
 
@@ -232,12 +249,14 @@ void Agent::Impl::WatchLoop() {
     uint32_t qid;
     {
       std::unique_lock<std::mutex> lock(mu);
-      // Watch the current quorum until it is lost; then wait for the next one.
+      // Watch the newest quorum known (fetched ahead, else the trainers') until it is lost;
+      // then wait for the next one.
       cv.wait(lock, [&] {
-        return stopping.load() || (quorum && !lost_quorums.count(quorum->quorum_id()));
+        auto target = WatchTargetLocked();
+        return stopping.load() || (target && !lost_quorums.count(*target));
       });
       if (stopping) return;
-      qid = quorum->quorum_id();
+      qid = *WatchTargetLocked();
     }
     auto r = client->Do("GET",
                         fmt::format("/v1/watch?job={}&quorum_id={}&timeout_ms=20000",
@@ -255,10 +274,19 @@ void Agent::Impl::WatchLoop() {
     failures = 0;
     if (!w.lost()) continue;
     std::lock_guard<std::mutex> lock(mu);
+    // Superseded by the quorum this agent fetched ahead: not a loss the trainers must hear of
+    // (they are between outer steps, and their next poll hands them the newer quorum).
+    if (ahead && qid < ahead->quorum_id()) continue;
     std::string who;
     for (const auto& n : w.notices()) who += (who.empty() ? "" : ",") + n.group_id() + ":" + n.reason();
     LK_LOG_INFO("quorum_lost quorum_id={} notices={}", qid, Q(who));
     lost_quorums.insert(qid);
+    if (ahead && ahead->quorum_id() == qid) {
+      // The quorum fetched ahead lost a member before the trainers polled: fetch another.
+      uint32_t step = ahead_step;
+      ahead.reset();
+      if (!ask_needed) AskAheadLocked(step);
+    }
     AnswerNoticesLocked(false);
   }
 }
@@ -283,6 +311,7 @@ void Agent::Impl::CommitLoop() {
       if (resp.diverged()) LK_LOG_WARN("state_diverged step={}", c.step());
       commits.pop_front();
       failures = 0;
+      cv.notify_all();  // an ask ahead waits for the commits to be out
       continue;
     }
     // The lighthouse is away: keep the commit and retry; trainers go on meanwhile.

@@ -34,6 +34,9 @@ struct AgentOptions {
   Millis backoff_max{2'000};      // lighthouse retries: capped, jittered exponential backoff
   Millis drain_timeout{30'000};   // how long trainers get to exit after a drain
   std::string leave_reason = "cancelled";  // reason sent on SIGTERM
+  // Ask the lighthouse for the next outer step's quorum as soon as the node commits, so that
+  // the round overlaps the inner steps and the trainers' next poll is answered at once.
+  bool ask_ahead = true;
 };
 
 class Agent {

@@ -93,6 +93,10 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   void QueueCommitLocked(uint32_t step, bool failed, std::string state_hash);
   void DrainTrainersLocked();
   uint32_t ExpectedLocalTrainersLocked() const;
+  // The quorum the watch thread follows: the one fetched ahead if any, else the trainers' own.
+  std::optional<uint32_t> WatchTargetLocked() const;
+  // Starts an ask ahead for `step` (the node just committed it, or the one fetched ahead was lost).
+  void AskAheadLocked(uint32_t step);
 
   AgentOptions options;
   std::string token;
@@ -112,6 +116,13 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   std::set<uint32_t> lost_quorums;   // quorum ids known to have lost a member
   bool ask_needed = false;
   uint32_t ask_step = 0;
+  // The pending ask is ahead of the trainers (sent after the node committed ask_step, before
+  // they poll it): its answer goes to `ahead` instead of to waiting polls.
+  bool ask_ahead = false;
+  // A quorum fetched ahead for the trainers' poll of ahead_step; `quorum` stays the one they
+  // were last handed until they poll. Dropped when lost before that.
+  std::optional<pb::QuorumResponse> ahead;
+  uint32_t ahead_step = 0;
   bool had_state = false;            // a trainer committed or healed in this life
   bool draining = false;
   bool checkpoint_now = false;

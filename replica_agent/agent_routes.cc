@@ -224,14 +224,47 @@ void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) 
   uint32_t waiting = 0;
   for (auto& [rank, other] : trainers) waiting += other.poll_respond && other.polled_step == in.step();
   if (waiting < ExpectedLocalTrainersLocked()) return;
-  // Every local trainer reached the boundary: the group asks the lighthouse at every outer
-  // step. The round is a barrier across groups, so every group takes the same decision at the
-  // same step (going on with a cached quorum while another group waits in a round would leave
-  // the two blocked on each other); the lighthouse's fast path makes an unchanged round cheap,
-  // and the allreduce that follows is a barrier anyway.
+  // Every local trainer reached the boundary. The group takes part in a lighthouse round at
+  // every outer step: the round is a barrier across groups, so every group takes the same
+  // decision at the same step (going on with a cached quorum while another group waits in a
+  // round would leave the two blocked on each other). Normally the round already happened:
+  // the agent asked right after the node committed (AskAheadLocked), while the trainers ran
+  // their inner steps, and the poll is answered from that.
+  if (ahead && ahead_step == in.step() && !lost_quorums.count(ahead->quorum_id())) {
+    quorum = std::move(*ahead);
+    ahead.reset();
+    phase = "training";
+    AnswerPollsLocked(true);
+    cv.notify_all();
+    return;
+  }
+  ahead.reset();  // lost, or fetched for another step
+  if (ask_needed && ask_step == in.step()) {
+    // The ask is on its way: its answer now goes to these polls.
+    ask_ahead = false;
+    phase = "quorum";
+    cv.notify_all();
+    return;
+  }
   ask_needed = true;
   ask_step = in.step();
+  ask_ahead = false;
   cv.notify_all();
+}
+
+void Agent::Impl::AskAheadLocked(uint32_t step) {
+  if (!options.ask_ahead || draining) return;
+  ahead.reset();
+  ask_needed = true;
+  ask_step = step;
+  ask_ahead = true;
+  cv.notify_all();
+}
+
+std::optional<uint32_t> Agent::Impl::WatchTargetLocked() const {
+  if (ahead) return ahead->quorum_id();
+  if (quorum) return quorum->quorum_id();
+  return std::nullopt;
 }
 
 void Agent::Impl::HandleCommit(const http::Request& req, http::Responder respond) {
@@ -275,6 +308,9 @@ void Agent::Impl::HandleCommit(const http::Request& req, http::Responder respond
     committed_step = in.step();
     QueueCommitLocked(in.step(), /*failed=*/false,
                       fmt::format("{:016x}", XXH3_64bits(hashes.data(), hashes.size())));
+    // The node's outer step is done: the next round can start now, while the trainers run
+    // their inner steps (the quorum loop sends the commit first).
+    AskAheadLocked(in.step());
   }
   pb::TrainerCommitResponse out;
   out.set_committed_step(in.step());
@@ -410,10 +446,11 @@ void Agent::Impl::HandleStatus(const http::Request& req, http::Responder respond
   std::lock_guard<std::mutex> lock(mu);
   std::string body = fmt::format(
       "{{\"job\":\"{}\",\"group_id\":\"{}\",\"incarnation\":\"{}\",\"node_rank\":{},"
-      "\"quorum_id\":{},\"committed_step\":{},\"trainers\":{},\"phase\":\"{}\",\"draining\":{}}}",
+      "\"quorum_id\":{},\"committed_step\":{},\"trainers\":{},\"phase\":\"{}\",\"draining\":{},"
+      "\"ahead_quorum_id\":{},\"ahead_step\":{}}}",
       options.job, options.group_id, options.incarnation, options.node_rank,
       quorum ? quorum->quorum_id() : 0, committed_step, trainers.size(), phase,
-      draining ? "true" : "false");
+      draining ? "true" : "false", ahead ? ahead->quorum_id() : 0, ahead ? ahead_step : 0);
   respond(http::TextReply(200, http::kJsonType, body));
 }
 

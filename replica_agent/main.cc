@@ -42,6 +42,9 @@ int main(int argc, char** argv) {
   flags.Add("advertise", &o.advertise, "address peers use for --serve (default: its bound address)");
   flags.Add("serve-dir", &o.serve_dir, "directory of the trainers' live state to serve to peers");
   flags.Add("heartbeat-interval-ms", &heartbeat_interval_ms, "time between heartbeats");
+  flags.Add("ask-ahead", &o.ask_ahead,
+            "ask for the next outer step's quorum right after the node commits (the round then "
+            "overlaps the inner steps); false asks when the trainers poll");
   flags.Add("quorum-timeout-ms", &quorum_timeout_ms, "one quorum long-poll (retried while pending)");
   flags.Add("backoff-max-ms", &backoff_max_ms, "cap of the jittered retry backoff");
   flags.Add("drain-timeout-ms", &drain_timeout_ms, "how long trainers get to exit after a drain");

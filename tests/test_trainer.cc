@@ -58,7 +58,13 @@ int main(int argc, char** argv) {
   uint32_t step = 0;
   bool healed = false;
   std::vector<float> buf(elements);
+  bool first = true;
   while (step < steps) {
+    // The inner steps come before the poll, as in a trainer that polls right before its outer
+    // sync: the quorum is then the freshest, and the agent's round (asked ahead, right after
+    // the last commit) ran while the inner steps did.
+    if (!first) std::this_thread::sleep_for(std::chrono::milliseconds(step_sleep_ms));
+    first = false;
     auto p = (*session)->Poll(step);
     if (!p.ok()) {
       std::fprintf(stderr, "poll: %s\n", p.status().ToString().c_str());
@@ -82,10 +88,10 @@ int main(int argc, char** argv) {
                          p->quorum_id, st.code() == Code::kAborted ? "aborted" : "other"));
         // This quorum cannot work for us: say so, so that the next round gets a new quorum_id.
         (void)(*session)->Commit(step + 1, false);
+        first = true;
         continue;
       }
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(step_sleep_ms));
     std::fill(buf.begin(), buf.end(), static_cast<float>(p->replica_rank + 1));
     auto t0 = std::chrono::steady_clock::now();
     (void)(*session)->SetPeerWait(true);
@@ -102,6 +108,7 @@ int main(int argc, char** argv) {
                      std::chrono::duration_cast<std::chrono::milliseconds>(
                          std::chrono::system_clock::now().time_since_epoch()).count()));
     if (!st.ok()) {
+      first = true;  // retry at once
       // Aborted by a notice: the next poll brings the new quorum. Failed otherwise: report it,
       // so that the next round is a new quorum rather than this one again. Redo the step.
       if (st.code() != Code::kAborted) (void)(*session)->Commit(step + 1, false);
