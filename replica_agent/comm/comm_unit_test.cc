@@ -3,7 +3,9 @@
 // The multi-process tests against the real lighthouse are in comm_test.cc.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <future>
 #include <limits>
 #include <thread>
@@ -87,6 +89,38 @@ TEST_CASE("the ring schedule yields the full sum on every member") {
   }
 }
 
+// The Gloo ring forwards each segment at step s+1 as soon as it arrived at step s; that is only
+// right if the chunk received at s is the chunk sent at s+1, and if what a member sends at s is
+// what its right neighbour expects at s.
+TEST_CASE("the pipelined ring forwards at step s+1 exactly the chunk received at step s") {
+  CHECK(RingSteps(1) == 0);
+  for (size_t world = 2; world <= 8; ++world) {
+    CAPTURE(world);
+    REQUIRE(RingSteps(world) == 2 * (world - 1));
+    for (size_t r = 0; r < world; ++r) {
+      CAPTURE(r);
+      std::vector<size_t> reduced_into;
+      for (size_t s = 0; s < RingSteps(world); ++s) {
+        CAPTURE(s);
+        CHECK(RingSendChunk(r, world, s) == RingRecvChunk((r + 1) % world, world, s));
+        if (s + 1 < RingSteps(world)) {
+          CHECK(RingRecvChunk(r, world, s) == RingSendChunk(r, world, s + 1));
+        }
+        if (RingStepReduces(world, s)) reduced_into.push_back(RingRecvChunk(r, world, s));
+      }
+      // The reduce-scatter adds into every chunk but the member's own, once each, and the
+      // allgather never writes the chunk the member finished itself (r + 1).
+      std::sort(reduced_into.begin(), reduced_into.end());
+      CHECK(std::adjacent_find(reduced_into.begin(), reduced_into.end()) == reduced_into.end());
+      CHECK(reduced_into.size() == world - 1);
+      CHECK(std::find(reduced_into.begin(), reduced_into.end(), r) == reduced_into.end());
+      for (size_t s = world - 1; s < RingSteps(world); ++s) {
+        CHECK(RingRecvChunk(r, world, s) != (r + 1) % world);
+      }
+    }
+  }
+}
+
 TEST_CASE("options: bad values are refused with the field named") {
   CommOptions o;
   CHECK(o.Validate().ok());
@@ -117,10 +151,12 @@ TEST_CASE("file store: a Get waits for the Put and a missing key times out") {
 struct LocalRing {
   FileRendezvousStore store{testing::TempDir("ring")};
   std::vector<std::unique_ptr<CommManager>> members;
-  explicit LocalRing(size_t world, Millis op_timeout = Millis(20'000)) {
+  explicit LocalRing(size_t world, Millis op_timeout = Millis(20'000),
+                     size_t segment_bytes = CommOptions{}.segment_bytes) {
     for (size_t r = 0; r < world; ++r) {
       CommOptions o;
       o.op_timeout = op_timeout;
+      o.segment_bytes = segment_bytes;
       o.init_timeout = Millis(10'000);
       auto c = CommManager::Create(Backend::kGloo, &store, o);
       REQUIRE(c.ok());
@@ -169,6 +205,54 @@ TEST_CASE("gloo in one process: sum and avg of float32 and bfloat16 repeated") {
   CHECK(ring.members[0]->quorum_id() == 1);
   // Same quorum again: nothing to do, and still usable.
   for (const Status& st : ring.Reconfigure(1)) CHECK(st.ok());
+}
+
+// The smallest segments (4 KiB, 1024 floats) make every chunk many segments long, so the staging ring (4 segments) wraps
+// many times, segments are forwarded while later ones of the same step are still in flight,
+// and sizes below the world size leave chunks empty. Inputs differ per member and element and
+// their sums are exact, so every member must hold exactly the same bits.
+TEST_CASE("gloo in one process: pipelined ring with small segments, 2 to 5 members, odd sizes") {
+  for (size_t world : {2, 3, 5}) {
+    LocalRing ring(world, Millis(20'000), /*segment_bytes=*/4096);
+    for (const Status& st : ring.Reconfigure(1)) REQUIRE(st.ok());
+    for (size_t count : {1, 4, 1025, 30011}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        CAPTURE(world);
+        CAPTURE(count);
+        std::vector<std::future<std::pair<std::vector<float>, std::vector<uint16_t>>>> fs;
+        for (size_t r = 0; r < world; ++r) {
+          fs.push_back(std::async(std::launch::async, [&, r] {
+            std::vector<float> v(count);
+            std::vector<uint16_t> b(count);
+            for (size_t i = 0; i < count; ++i) {
+              v[i] = static_cast<float>(r + 1) + static_cast<float>(i % 7) * 0.5f;
+              b[i] = FloatToBf16(v[i]);
+            }
+            Status st = ring.members[r]->AllReduce(v.data(), count, DType::kFloat32, op);
+            REQUIRE(st.ok());
+            st = ring.members[r]->AllReduce(b.data(), count, DType::kBFloat16, op);
+            REQUIRE(st.ok());
+            return std::make_pair(std::move(v), std::move(b));
+          }));
+        }
+        std::vector<std::pair<std::vector<float>, std::vector<uint16_t>>> got;
+        for (auto& f : fs) got.push_back(f.get());
+        for (size_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (size_t r = 0; r < world; ++r) {
+            want += static_cast<float>(r + 1) + static_cast<float>(i % 7) * 0.5f;
+          }
+          if (op == ReduceOp::kAvg) want /= static_cast<float>(world);
+          REQUIRE(got[0].first[i] == want);
+          REQUIRE(got[0].second[i] == FloatToBf16(want));
+        }
+        for (size_t r = 1; r < world; ++r) {
+          CHECK(std::memcmp(got[r].first.data(), got[0].first.data(), count * 4) == 0);
+          CHECK(std::memcmp(got[r].second.data(), got[0].second.data(), count * 2) == 0);
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("gloo in one process: Abort wakes a blocked allreduce and the peer fails too") {

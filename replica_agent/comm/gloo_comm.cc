@@ -159,7 +159,7 @@ class GlooCommManager final : public CommManager {
 
   // Trainer-thread state (Reconfigure and AllReduce are not called concurrently).
   uint64_t op_seq_ = 0;  // numbers collectives within a quorum so that every one has own slots
-  std::vector<float> scratch_;
+  std::vector<float> scratch_;  // the reduce-scatter staging ring (see Ring)
   std::vector<float> widened_;
 
   std::atomic<uint32_t> quorum_id_{0};
@@ -389,18 +389,44 @@ Status GlooCommManager::WaitSend(GlooBuffer& buf) {
   return Status::Ok();
 }
 
-// Ring allreduce: world-1 reduce-scatter steps, then world-1 allgather steps. Each step sends
-// one chunk to the right neighbour and receives one from the left, in segments, reducing each
-// received segment while the next is still on the wire.
+// Ring allreduce: world-1 reduce-scatter steps, then world-1 allgather steps, each moving one
+// chunk to the right neighbour and one from the left, in segments.
+//
+// The steps are pipelined segment by segment rather than run one after the other: what a member
+// receives at step s is what it sends at step s+1 (RingRecvChunk/RingSendChunk), so segment k is
+// forwarded the moment it has arrived and been reduced, while the later segments of step s are
+// still on the wire. A step barrier would drain both directions of every link twice per step
+// (wait for the last send, then a recv-ready round trip before the next step's data may flow);
+// with 2 members the reduce-scatter and the allgather thus become one continuous exchange.
+//
+// Buffers and ordering:
+//  - Reduce-scatter segments arrive in a small staging ring (kStagingSegments segments), each
+//    slot posted again as soon as its segment is reduced: memory stays bounded whatever the
+//    size, and the segment the kernel has just written is still in cache when it is added.
+//  - Allgather segments go straight into `data`; their receives are all posted up front. That
+//    is safe: segment k of a chunk can only come back in the allgather after this member's
+//    reduce-scatter send of the same segment has been read by the right neighbour, i.e. after
+//    the kernel has copied it out of `data`.
+//  - Each step has its own Gloo slot. Gloo sends a message once both the send and the peer's
+//    recv are posted; both sides post in step-then-segment order, so every buffer's receives
+//    complete in that order and the n-th completed wait is the n-th posted receive.
 Status GlooCommManager::Ring(GlooContext& ctx, float* data, size_t count, size_t rank,
                              size_t world) {
+  constexpr size_t kStagingSegments = 4;
   const size_t seg = std::max<size_t>(1, options_.segment_bytes / sizeof(float));
-  const size_t max_chunk = RingChunk(count, world, 0).size;
-  if (scratch_.size() < max_chunk) scratch_.resize(max_chunk);
+  const size_t steps = RingSteps(world);
+  auto segments = [seg](size_t n) { return (n + seg - 1) / seg; };
+  auto seg_len = [seg](size_t n, size_t k) { return std::min(seg, n - k * seg); };
+  auto in_chunk = [&](size_t step) {
+    return RingChunk(count, world, RingRecvChunk(rank, world, step));
+  };
+  const size_t depth =
+      std::max<size_t>(1, std::min(kStagingSegments, segments(RingChunk(count, world, 0).size)));
+  if (scratch_.size() < depth * seg) scratch_.resize(depth * seg);
   const int left = static_cast<int>((rank + world - 1) % world);
   const int right = static_cast<int>((rank + 1) % world);
   auto dbuf = ctx.createUnboundBuffer(data, count * sizeof(float));
-  auto sbuf = ctx.createUnboundBuffer(scratch_.data(), max_chunk * sizeof(float));
+  auto sbuf = ctx.createUnboundBuffer(scratch_.data(), depth * seg * sizeof(float));
   {
     std::lock_guard lock(mu_);
     if (phase_ == Phase::kFailed) return status_;
@@ -416,40 +442,54 @@ Status GlooCommManager::Ring(GlooContext& ctx, float* data, size_t count, size_t
   } unregister{this};
 
   const uint64_t slot_base = (++op_seq_) * 2 * world;
-  auto segments = [seg](size_t n) { return (n + seg - 1) / seg; };
-  auto seg_len = [seg](size_t n, size_t k) { return std::min(seg, n - k * seg); };
-  for (size_t step = 0; step + 1 < world; ++step) {
-    const uint64_t slot = slot_base + step;
-    Chunk out = RingChunk(count, world, ReduceScatterSendChunk(rank, world, step));
-    Chunk in = RingChunk(count, world, ReduceScatterRecvChunk(rank, world, step));
-    for (size_t k = 0; k < segments(in.size); ++k) {
-      sbuf->recv(left, slot, k * seg * sizeof(float), seg_len(in.size, k) * sizeof(float));
+  // The next reduce-scatter segment to post a staging receive for, and how many were posted.
+  size_t post_step = 0, post_seg = 0, staged_posted = 0;
+  auto post_staged = [&] {
+    while (RingStepReduces(world, post_step) && post_seg >= segments(in_chunk(post_step).size)) {
+      ++post_step;
+      post_seg = 0;
     }
-    for (size_t k = 0; k < segments(out.size); ++k) {
-      dbuf->send(right, slot, (out.begin + k * seg) * sizeof(float),
-                 seg_len(out.size, k) * sizeof(float));
-    }
+    if (!RingStepReduces(world, post_step)) return;
+    const size_t n = seg_len(in_chunk(post_step).size, post_seg);
+    sbuf->recv(left, slot_base + post_step, (staged_posted % depth) * seg * sizeof(float),
+               n * sizeof(float));
+    ++post_seg;
+    ++staged_posted;
+  };
+  for (size_t i = 0; i < depth; ++i) post_staged();
+  for (size_t step = world - 1; step < steps; ++step) {
+    Chunk in = in_chunk(step);
     for (size_t k = 0; k < segments(in.size); ++k) {
-      LK_RETURN_IF_ERROR(WaitRecv(*sbuf));
-      AddInto(data + in.begin + k * seg, scratch_.data() + k * seg, seg_len(in.size, k));
-    }
-    for (size_t k = 0; k < segments(out.size); ++k) LK_RETURN_IF_ERROR(WaitSend(*dbuf));
-  }
-  for (size_t step = 0; step + 1 < world; ++step) {
-    const uint64_t slot = slot_base + world + step;
-    Chunk out = RingChunk(count, world, AllGatherSendChunk(rank, world, step));
-    Chunk in = RingChunk(count, world, AllGatherRecvChunk(rank, world, step));
-    for (size_t k = 0; k < segments(in.size); ++k) {
-      dbuf->recv(left, slot, (in.begin + k * seg) * sizeof(float),
+      dbuf->recv(left, slot_base + step, (in.begin + k * seg) * sizeof(float),
                  seg_len(in.size, k) * sizeof(float));
     }
-    for (size_t k = 0; k < segments(out.size); ++k) {
-      dbuf->send(right, slot, (out.begin + k * seg) * sizeof(float),
-                 seg_len(out.size, k) * sizeof(float));
-    }
-    for (size_t k = 0; k < segments(in.size); ++k) LK_RETURN_IF_ERROR(WaitRecv(*dbuf));
-    for (size_t k = 0; k < segments(out.size); ++k) LK_RETURN_IF_ERROR(WaitSend(*dbuf));
   }
+  size_t sends = 0;
+  auto send = [&](size_t step, const Chunk& out, size_t k) {
+    dbuf->send(right, slot_base + step, (out.begin + k * seg) * sizeof(float),
+               seg_len(out.size, k) * sizeof(float));
+    ++sends;
+  };
+  Chunk first = RingChunk(count, world, RingSendChunk(rank, world, 0));
+  for (size_t k = 0; k < segments(first.size); ++k) send(0, first, k);
+
+  size_t staged_done = 0;
+  for (size_t step = 0; step < steps; ++step) {
+    Chunk in = in_chunk(step);
+    for (size_t k = 0; k < segments(in.size); ++k) {
+      if (RingStepReduces(world, step)) {
+        LK_RETURN_IF_ERROR(WaitRecv(*sbuf));
+        AddInto(data + in.begin + k * seg, scratch_.data() + (staged_done % depth) * seg,
+                seg_len(in.size, k));
+        ++staged_done;
+        post_staged();  // the slot just read is free again
+      } else {
+        LK_RETURN_IF_ERROR(WaitRecv(*dbuf));
+      }
+      if (step + 1 < steps) send(step + 1, in, k);
+    }
+  }
+  for (size_t i = 0; i < sends; ++i) LK_RETURN_IF_ERROR(WaitSend(*dbuf));
   return Status::Ok();
 }
 

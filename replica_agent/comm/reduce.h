@@ -57,4 +57,19 @@ inline size_t AllGatherRecvChunk(size_t rank, size_t world, size_t step) {
   return Mod(static_cast<int64_t>(rank) - static_cast<int64_t>(step), world);
 }
 
+// The two phases as one sequence of 2(world-1) steps: reduce-scatter steps 0..world-2, then the
+// allgather. The chunk a member receives at step s is the chunk it sends at step s+1, which is
+// what lets the ring forward each segment as soon as it has arrived (and been reduced) instead
+// of waiting for the whole step.
+inline size_t RingSteps(size_t world) { return world < 2 ? 0 : 2 * (world - 1); }
+inline bool RingStepReduces(size_t world, size_t step) { return step + 1 < world; }
+inline size_t RingSendChunk(size_t rank, size_t world, size_t step) {
+  return RingStepReduces(world, step) ? ReduceScatterSendChunk(rank, world, step)
+                                      : AllGatherSendChunk(rank, world, step - (world - 1));
+}
+inline size_t RingRecvChunk(size_t rank, size_t world, size_t step) {
+  return RingStepReduces(world, step) ? ReduceScatterRecvChunk(rank, world, step)
+                                      : AllGatherRecvChunk(rank, world, step - (world - 1));
+}
+
 }  // namespace lk::comm
