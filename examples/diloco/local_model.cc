@@ -119,20 +119,8 @@ class TorchLocalModel final : public LocalModel {
   }
 
   Result<float> InnerStep(SplitMix& rng, const GroupAverage& average) override {
-    const int64_t b = options_.batch, t = options_.seq_len;
-    const size_t n = data_.tokens.size();
-    LK_CHECK(n > static_cast<size_t>(t) + 1) << "corpus shorter than one sample";
-    std::vector<int64_t> x(b * t), y(b * t);
-    for (int64_t i = 0; i < b; ++i) {
-      size_t start = rng.Below(n - t - 1);
-      std::copy_n(data_.tokens.begin() + start, t, x.begin() + i * t);
-      std::copy_n(data_.tokens.begin() + start + 1, t, y.begin() + i * t);
-    }
-    torch::Tensor xs = torch::from_blob(x.data(), {b, t}, torch::kInt64);
-    torch::Tensor ys = torch::from_blob(y.data(), {b * t}, torch::kInt64);
     optimizer_->zero_grad();
-    torch::Tensor logits = model_->forward(xs);
-    torch::Tensor loss = torch::cross_entropy_loss(logits.view({b * t, logits.size(-1)}), ys);
+    torch::Tensor loss = BatchLoss(rng);
     loss.backward();
     // Gradients and the loss in one buffer: one collective per inner step.
     grads_.resize(numel_ + 2);
@@ -155,7 +143,37 @@ class TorchLocalModel final : public LocalModel {
     return grads_[numel_];
   }
 
+  float Eval(SplitMix& rng, uint32_t batches) override {
+    torch::NoGradGuard no_grad;
+    double sum = 0;
+    for (uint32_t i = 0; i < batches; ++i) sum += BatchLoss(rng).item<float>();
+    return batches == 0 ? 0.0f : static_cast<float>(sum / batches);
+  }
+
  private:
+  // Cross-entropy of the model on one batch of `batch` samples of `seq_len` characters drawn
+  // from `rng` (next-character targets).
+  torch::Tensor BatchLoss(SplitMix& rng) {
+    const int64_t b = options_.batch, t = options_.seq_len;
+    const size_t n = data_.tokens.size();
+    LK_CHECK(n > static_cast<size_t>(t) + 1) << "corpus shorter than one sample";
+    // Members, not locals: from_blob does not copy, and the backward pass reads the inputs and
+    // targets after this function returned.
+    std::vector<int64_t>& x = batch_x_;
+    std::vector<int64_t>& y = batch_y_;
+    x.resize(b * t);
+    y.resize(b * t);
+    for (int64_t i = 0; i < b; ++i) {
+      size_t start = rng.Below(n - t - 1);
+      std::copy_n(data_.tokens.begin() + start, t, x.begin() + i * t);
+      std::copy_n(data_.tokens.begin() + start + 1, t, y.begin() + i * t);
+    }
+    torch::Tensor xs = torch::from_blob(x.data(), {b, t}, torch::kInt64);
+    torch::Tensor ys = torch::from_blob(y.data(), {b * t}, torch::kInt64);
+    torch::Tensor logits = model_->forward(xs);
+    return torch::cross_entropy_loss(logits.view({b * t, logits.size(-1)}), ys);
+  }
+
   ModelOptions options_;
   const Encoded& data_;
   Gpt model_{nullptr};
@@ -163,6 +181,7 @@ class TorchLocalModel final : public LocalModel {
   size_t numel_ = 0;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::vector<float> grads_;
+  std::vector<int64_t> batch_x_, batch_y_;
 };
 
 }  // namespace

@@ -36,6 +36,10 @@ int main(int argc, char** argv) {
             "node-local directory for the live state the agent serves to healing peers "
             "(its --serve-dir); empty: none, healing peers get state over the communicator");
   flags.Add("log", &o.log_path, "JSON lines, one per committed outer step");
+  flags.Add("eval-batches", &o.eval_batches,
+            "after every commit, the loss of the new global weights on this many batches drawn "
+            "from --seed alone (the same batches in every trainer and run), logged as eval_loss; "
+            "0: none");
   flags.Add("model-width", &o.model.width, "embedding width");
   flags.Add("layers", &o.model.layers, "transformer blocks");
   flags.Add("heads", &o.model.heads, "attention heads (divides --model-width)");

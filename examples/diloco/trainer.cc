@@ -1,11 +1,14 @@
 #include "examples/diloco/trainer.h"
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "common/log.h"
+#include "examples/diloco/net_bytes.h"
 #include "examples/diloco/prefixed_store.h"
 #include "examples/diloco/state_io.h"
 #include "replica_agent/client/session.h"
@@ -17,6 +20,28 @@ namespace lk::diloco {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// Where the wall time and the bytes of one committed outer step went, from the commit before
+// (or the start of the process) to this one, retries of a failed attempt included. Logged with
+// the step, for bench/diloco_bench.sh: coordination (poll, join, commit) against training.
+struct StepStats {
+  double poll_ms = 0;       // in Session::Poll, waiting for the quorum
+  double join_ms = 0;       // joining a new quorum: communicator rebuild, heal, state sync
+  double inner_ms = 0;      // the H inner steps, with the intra-group gradient allreduces
+  double discarded_ms = 0;  // inner steps whose pseudo-gradient a heal threw away
+  double allreduce_ms = 0;  // the cross-group pseudo-gradient allreduce (all attempts)
+  double gather_ms = 0;     // outer update and the intra-group all-gather of the new weights
+  double publish_ms = 0;    // live state for healing peers
+  double commit_ms = 0;     // Session::Commit
+  double eval_ms = 0;       // --eval-batches
+  uint64_t cross_bytes = 0;  // TCP bytes sent by the cross-group allreduce
+  uint64_t sync_bytes = 0;   // TCP bytes sent while joining a quorum
+  uint64_t group_bytes = 0;  // TCP bytes sent inside the group (gradients, all-gather)
+};
 
 // The notice callback runs on the session's thread and may outlive the trainer's objects (the
 // session detaches that thread), so it reaches the communicator only through this holder.
@@ -78,6 +103,9 @@ class Trainer {
   uint32_t bad_quorum_id_ = 0;    // failed in this quorum: wait for the next one
   Clock::time_point bad_since_;
   std::FILE* log_ = nullptr;
+  StepStats stats_;
+  Clock::time_point last_commit_ = Clock::now();
+  std::optional<float> eval_loss_;
 };
 
 Status Trainer::Init() {
@@ -246,6 +274,10 @@ Status Trainer::JoinQuorum(const client::PollResult& pr) {
       << "trainers of one group disagree on the step after healing";
   healed_ = v[1] > 0;
   if (v[0] > 0) {
+    // Inner work since the last commit went into the pseudo-gradient thrown away here: it is
+    // not training that reached the model.
+    stats_.discarded_ms += stats_.inner_ms;
+    stats_.inner_ms = 0;
     pending_delta_.reset();
     LK_RETURN_IF_ERROR(LoadGlobalIntoModel());
     model_->ResetOptimizer();
@@ -273,10 +305,14 @@ Result<bool> Trainer::OuterStep(const client::PollResult& pr) {
       for (float& x : v) x /= static_cast<float>(o_.group_size);
       return Status::Ok();
     };
+    auto inner_t0 = Clock::now();
+    TcpSent inner_b0 = SnapshotTcpSent();
     for (uint32_t i = 0; i < o_.inner_steps && !drain; ++i) {
       LK_ASSIGN_OR_RETURN(float loss, model_->InnerStep(*rng_, average));
       loss_sum += loss;
     }
+    stats_.group_bytes += TcpSentBetween(inner_b0, SnapshotTcpSent());
+    stats_.inner_ms += MsSince(inner_t0);
     if (drain) {
       sink_->drain = true;
       return false;  // poll at once: it answers the drain
@@ -289,27 +325,48 @@ Result<bool> Trainer::OuterStep(const client::PollResult& pr) {
     pending_loss_ = loss_sum / static_cast<float>(std::max(1u, o_.inner_steps));
   }
   std::vector<float> avg = *pending_delta_;
+  auto ar_t0 = Clock::now();
+  TcpSent ar_b0 = SnapshotTcpSent();
   // Waiting on the other groups is not this group's stall (the lighthouse's progress timeout).
   (void)session_->SetPeerWait(true);
   Status st = slot_comm_->AllReduce(avg.data(), avg.size(), comm::DType::kFloat32, comm::ReduceOp::kAvg);
   (void)session_->SetPeerWait(false);
+  stats_.cross_bytes += TcpSentBetween(ar_b0, SnapshotTcpSent());
+  stats_.allreduce_ms += MsSince(ar_t0);
   LK_ASSIGN_OR_RETURN(bool all_ok, GroupAgree(st.ok()));
   if (!all_ok) {
     LK_LOG_WARN("outer_step_aborted step={} quorum_id={} error={}", state_.step + 1, pr.quorum_id,
                 Q(st.ok() ? std::string("another trainer of the group failed") : st.ToString()));
     return false;
   }
+  auto gather_t0 = Clock::now();
+  TcpSent gather_b0 = SnapshotTcpSent();
   OuterNesterovStep(state_.global, state_.momentum, avg, o_.outer);
   LK_RETURN_IF_ERROR(LoadGlobalIntoModel());
+  stats_.group_bytes += TcpSentBetween(gather_b0, SnapshotTcpSent());
+  stats_.gather_ms += MsSince(gather_t0);
   state_.step += 1;
   pending_delta_.reset();
+  auto publish_t0 = Clock::now();
   // Published before the commit: once the lighthouse hears of this step, peers may fetch it.
   if (Status p = state_io_->PublishLive(state_); !p.ok()) {
     LK_LOG_WARN("publish_live_failed step={} error={}", state_.step, Q(p.ToString()));
   }
+  stats_.publish_ms += MsSince(publish_t0);
   std::string hash = StateHash(state_.global);
+  auto commit_t0 = Clock::now();
   LK_RETURN_IF_ERROR(session_->Commit(state_.step, true, hash).WithContext("commit"));
+  stats_.commit_ms += MsSince(commit_t0);
   auto outer_ms = std::chrono::duration_cast<Millis>(Clock::now() - t0);
+  eval_loss_.reset();
+  if (o_.eval_batches > 0) {
+    // After the commit, so that the commit's latency does not include it; the model holds the
+    // new global weights now, identical in every member.
+    auto eval_t0 = Clock::now();
+    SplitMix eval_rng(MixSeed({o_.seed, 0x65766131}));  // the same batches at every step and run
+    eval_loss_ = model_->Eval(eval_rng, o_.eval_batches);
+    stats_.eval_ms += MsSince(eval_t0);
+  }
   WriteLogLine(pr, pending_loss_, outer_ms);
   LK_LOG_INFO("outer_committed step={} quorum_id={} world={} loss={:.4f} hash={} outer_ms={}",
               state_.step, pr.quorum_id, pr.replica_world_size, pending_loss_, hash,
@@ -335,14 +392,31 @@ void Trainer::RegisterDurable() {
 }
 
 void Trainer::WriteLogLine(const client::PollResult& pr, float loss, Millis outer_ms) {
+  const StepStats s = stats_;
+  const double step_ms = MsSince(last_commit_);
+  stats_ = StepStats();
+  last_commit_ = Clock::now();
   if (log_ == nullptr) return;
-  std::fputs(fmt::format("{{\"step\":{},\"quorum_id\":{},\"replica_world_size\":{},\"loss\":{:.6f},"
-                         "\"param_hash\":\"{}\",\"healed\":{},\"group_rank\":{},\"outer_ms\":{}}}\n",
-                         state_.step, pr.quorum_id, pr.replica_world_size, loss,
-                         StateHash(state_.global), healed_ ? "true" : "false", o_.group_rank,
-                         outer_ms.count())
-                 .c_str(),
-             log_);
+  const int64_t t_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count();
+  std::string eval = eval_loss_ ? fmt::format(",\"eval_loss\":{:.6f}", *eval_loss_) : "";
+  std::fputs(
+      fmt::format("{{\"step\":{},\"quorum_id\":{},\"replica_world_size\":{},\"loss\":{:.6f},"
+                  "\"param_hash\":\"{}\",\"healed\":{},\"group_rank\":{},\"outer_ms\":{}{},"
+                  "\"t_ms\":{},\"step_ms\":{:.1f},\"poll_ms\":{:.1f},\"join_ms\":{:.1f},"
+                  "\"inner_ms\":{:.1f},\"discarded_ms\":{:.1f},\"allreduce_ms\":{:.1f},\"gather_ms\":{:.1f},"
+                  "\"publish_ms\":{:.1f},\"commit_ms\":{:.1f},\"eval_ms\":{:.1f},"
+                  "\"cross_bytes\":{},\"sync_bytes\":{},\"group_bytes\":{},\"params\":{},"
+                  "\"shard\":{},\"inner_steps\":{},\"group_size\":{}}}\n",
+                  state_.step, pr.quorum_id, pr.replica_world_size, loss,
+                  StateHash(state_.global), healed_ ? "true" : "false", o_.group_rank,
+                  outer_ms.count(), eval, t_ms, step_ms, s.poll_ms, s.join_ms, s.inner_ms, s.discarded_ms,
+                  s.allreduce_ms, s.gather_ms, s.publish_ms, s.commit_ms, s.eval_ms,
+                  s.cross_bytes, s.sync_bytes, s.group_bytes, total_, shard_.size(),
+                  o_.inner_steps, o_.group_size)
+          .c_str(),
+      log_);
   std::fflush(log_);
 }
 
@@ -355,7 +429,9 @@ int Trainer::Run() {
   // lighthouse to notice a dead peer, short enough that a wedged run does not sit forever.
   const Millis stuck_max = o_.op_timeout + Millis(60'000);
   while (state_.step < o_.outer_steps) {
+    auto poll_t0 = Clock::now();
     auto pr = session_->Poll(state_.step);
+    stats_.poll_ms += MsSince(poll_t0);
     if (!pr.ok()) {
       LK_LOG_ERROR("poll_failed step={} error={}", state_.step, Q(pr.status().ToString()));
       return 1;
@@ -381,7 +457,12 @@ int Trainer::Run() {
       continue;
     }
     if (pr->quorum_id != ready_quorum_id_) {
-      if (Status st = JoinQuorum(*pr); !st.ok()) {
+      auto join_t0 = Clock::now();
+      TcpSent join_b0 = SnapshotTcpSent();
+      Status st = JoinQuorum(*pr);
+      stats_.sync_bytes += TcpSentBetween(join_b0, SnapshotTcpSent());
+      stats_.join_ms += MsSince(join_t0);
+      if (!st.ok()) {
         LK_LOG_WARN("quorum_join_failed quorum_id={} error={}", pr->quorum_id, Q(st.ToString()));
         if (group_failed_) return 1;
         bad_quorum_id_ = pr->quorum_id;

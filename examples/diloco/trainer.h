@@ -27,6 +27,7 @@ struct TrainerOptions {
   uint32_t ckpt_every = 0;   // save every K committed steps (0: only when draining)
   std::string live_dir;      // live state the agent serves to healing peers (--serve-dir)
   std::string log_path;      // JSON lines, one per committed outer step
+  uint32_t eval_batches = 0; // >0: log the global weights' loss on this many fixed batches
   uint32_t corpus_bytes = 64 << 10;
   ModelOptions model;
   OuterOptions outer;
