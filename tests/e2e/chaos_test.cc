@@ -3,38 +3,30 @@
 // a seeded random schedule of kill -9 of trainers and of agents, a kill -9 and restart of the
 // lighthouse, one group leaving (SIGTERM to its agent) and one joining. A killed group comes
 // back as a new incarnation (a fresh agent and both trainers: the group is one failure domain).
-// A failure-free run with the same seeds runs first. Asserted from the trainers' --log JSON
-// lines and the lighthouse's /status, polled throughout:
+// A failure-free reference with the same seeds runs after it, with the same leave and join at
+// the same committed steps, so that it differs from the chaos run by the failures alone.
+// Asserted from the trainers' --log JSON lines and the lighthouse's /status, polled throughout:
 //  - after every commit all members report the same param_hash per (step, shard);
 //  - quorum_id never decreases in any trainer's log, and one quorum_id never names two
 //    memberships (replica_world_size in the logs, members in /status);
 //  - no committed step is lost: the job's committed step never goes backwards, across the
 //    lighthouse restart too, and every surviving trainer reaches T;
 //  - every process that was not killed exits 0;
-//  - the final loss is within 5% of the failure-free run's.
+//  - the final loss is within 5% of the reference's, either way: the loss of the final global
+//    weights on fixed evaluation batches (eval_loss), which every member reports alike.
 // The seed is printed; LK_CHAOS_SEED=N replays a schedule. Every wait is bounded.
-#include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <fmt/format.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
 
-#include <boost/json.hpp>
-
-#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <random>
-#include <set>
 #include <thread>
 
+#include "tests/e2e/chaos_util.h"
 #include "tests/support/process.h"
 
 namespace lk::e2e {
@@ -48,130 +40,6 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kSteps = 36;      // T
 constexpr uint32_t kGroupSize = 2;   // trainers per group
 constexpr uint32_t kSeed = 11;       // the trainers' --seed (model init and data)
-
-struct LogLine {
-  uint32_t step = 0, quorum_id = 0, world = 0, group_rank = 0;
-  double loss = 0;
-  std::string hash;
-  bool healed = false;
-};
-
-// A killed process may leave a torn last line: lines that do not parse are skipped.
-std::vector<LogLine> ReadLog(const std::string& path) {
-  std::vector<LogLine> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    boost::system::error_code ec;
-    boost::json::value v = boost::json::parse(line, ec);
-    if (ec || !v.is_object()) continue;
-    const boost::json::object& o = v.as_object();
-    auto num = [&](const char* k) { return static_cast<uint32_t>(o.at(k).to_number<int64_t>()); };
-    out.push_back(LogLine{num("step"), num("quorum_id"), num("replica_world_size"),
-                          num("group_rank"), o.at("loss").to_number<double>(),
-                          std::string(o.at("param_hash").as_string()), o.at("healed").as_bool()});
-  }
-  return out;
-}
-
-// GET http://ADDRESS/status with a bound; empty when the lighthouse does not answer.
-std::string GetStatus(const std::string& address) {
-  size_t colon = address.rfind(':');
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
-  inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  timeval tv{1, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  std::string resp;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    std::string req = fmt::format(
-        "GET /status HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", address);
-    if (send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
-      char buf[16384];
-      ssize_t n;
-      while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) resp.append(buf, static_cast<size_t>(n));
-    }
-  }
-  close(fd);
-  if (resp.rfind("HTTP/1.1 200", 0) != 0) return "";
-  size_t body = resp.find("\r\n\r\n");
-  return body == std::string::npos ? "" : resp.substr(body + 4);
-}
-
-// Polls /status every 100 ms and keeps what the checks need: the job's committed step over time
-// and the membership each quorum_id named.
-class StatusWatch {
- public:
-  explicit StatusWatch(std::string address) : address_(std::move(address)) {
-    thread_ = std::thread([this] { Loop(); });
-  }
-  ~StatusWatch() { Stop(); }
-  void Stop() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-  }
-  uint32_t committed() const { return committed_.load(); }
-  std::vector<std::string> violations() const {
-    std::lock_guard<std::mutex> l(mu_);
-    return violations_;
-  }
-  std::map<uint32_t, std::string> quorums() const {
-    std::lock_guard<std::mutex> l(mu_);
-    return quorums_;
-  }
-  size_t polls() const { return polls_.load(); }
-
- private:
-  void Loop() {
-    while (!stop_) {
-      std::string body = GetStatus(address_);
-      if (!body.empty()) Record(body);
-      std::this_thread::sleep_for(100ms);
-    }
-  }
-  void Record(const std::string& body) {
-    boost::system::error_code ec;
-    boost::json::value v = boost::json::parse(body, ec);
-    if (ec) return;
-    for (const auto& j : v.at("jobs").as_array()) {
-      const auto& job = j.as_object();
-      if (job.at("job").as_string() != "chaos") continue;
-      uint32_t step = static_cast<uint32_t>(job.at("committed_step").to_number<int64_t>());
-      uint32_t qid = static_cast<uint32_t>(job.at("quorum_id").to_number<int64_t>());
-      std::set<std::string> members;
-      for (const auto& m : job.at("members").as_array()) {
-        members.insert(fmt::format("{}/{}", std::string(m.at("group_id").as_string()),
-                                   std::string(m.at("incarnation").as_string())));
-      }
-      std::string names = fmt::format("{}", fmt::join(members, ","));
-      std::lock_guard<std::mutex> l(mu_);
-      ++polls_;
-      if (step < committed_) {
-        violations_.push_back(fmt::format("committed_step went back {} -> {}", committed_.load(),
-                                          step));
-      }
-      committed_ = std::max(committed_.load(), step);
-      if (qid == 0) continue;
-      auto [it, fresh] = quorums_.emplace(qid, names);
-      if (!fresh && it->second != names) {
-        violations_.push_back(fmt::format("quorum {} named [{}] and [{}]", qid, it->second, names));
-      }
-    }
-  }
-
-  std::string address_;
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
-  std::atomic<uint32_t> committed_{0};
-  std::atomic<size_t> polls_{0};
-  mutable std::mutex mu_;
-  std::vector<std::string> violations_;
-  std::map<uint32_t, std::string> quorums_;
-};
 
 // One life of a group: an agent and its trainers. A group that comes back is a new life.
 struct Life {
@@ -222,7 +90,7 @@ struct Run {
               std::to_string(kSteps), "--seed", std::to_string(kSeed), "--ckpt-dir",
               dir + "/ckpt-" + name, "--log", log, "--model-width", "32", "--layers", "1",
               "--heads", "2", "--seq-len", "32", "--batch", "8", "--corpus-bytes", "16384",
-              "--op-timeout-ms", "20000", "--live-dir", live},
+              "--op-timeout-ms", "20000", "--live-dir", live, "--eval-batches", "8"},
           log + ".stderr",
           std::map<std::string, std::string>{{"LK_AGENT_SOCKET", socket},
                                              {"LK_GROUP_ID", name}}));
@@ -294,25 +162,11 @@ bool WaitCommitted(const StatusWatch& w, uint32_t step, std::chrono::seconds bou
   return false;
 }
 
-// Mean loss at step T over the trainers that logged it.
-double FinalLoss(const std::vector<std::string>& logs) {
-  double sum = 0;
-  int n = 0;
-  for (const auto& p : logs) {
-    for (const LogLine& l : ReadLog(p)) {
-      if (l.step == kSteps) {
-        sum += l.loss;
-        ++n;
-      }
-    }
+std::vector<TrainerLog> AllLogs(const Run& run) {
+  std::vector<TrainerLog> out;
+  for (const auto& l : run.lives) {
+    for (const std::string& p : l->logs) out.push_back({p, !l->killed && !l->left});
   }
-  REQUIRE(n > 0);
-  return sum / n;
-}
-
-std::vector<std::string> AllLogs(const Run& run) {
-  std::vector<std::string> out;
-  for (const auto& l : run.lives) out.insert(out.end(), l->logs.begin(), l->logs.end());
   return out;
 }
 
@@ -340,6 +194,22 @@ void WaitSurvivors(Run& run, std::chrono::seconds bound) {
   }
 }
 
+// SIGTERM to the agent of `g`: the group drains, its trainers and agent exit 0, it leaves.
+void Leave(Run& run, const std::string& g) {
+  Life* life = run.current[g];
+  life->left = true;
+  life->agent->Signal(SIGTERM);
+  for (auto& t : life->trainers) {
+    auto code = t->Wait(30s);
+    INFO("trainer stderr " << t->log_path());
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+  }
+  auto code = life->agent->Wait(10s);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+}
+
 TEST_CASE("chaos four groups of two trainers survive kills a lighthouse restart a leave and a join") {
   auto started = Clock::now();
   uint32_t seed = static_cast<uint32_t>(std::random_device{}());
@@ -349,27 +219,16 @@ TEST_CASE("chaos four groups of two trainers survive kills a lighthouse restart 
   MESSAGE("chaos seed " << seed);
   std::mt19937 rng(seed);
   auto pick = [&](uint32_t lo, uint32_t hi) { return lo + rng() % (hi - lo + 1); };
-
-  // The failure-free reference: the same four groups, seeds and steps.
-  double reference_loss = 0;
-  {
-    Run ref("chaos-reference");
-    for (const char* g : {"g0", "g1", "g2", "g3"}) ref.StartGroup(g);
-    WaitSurvivors(ref, 120s);
-    reference_loss = FinalLoss(AllLogs(ref));
-    fmt::print("reference: {} steps, final loss {:.4f}, {:.0f} s\n", kSteps, reference_loss,
-               std::chrono::duration<double>(Clock::now() - started).count());
-  }
+  auto secs = [&] { return std::chrono::duration<double>(Clock::now() - started).count(); };
 
   Run run("chaos");
-  StatusWatch watch(run.lh.address);
+  fmt::print("chaos logs in {}\n", run.dir);
+  StatusWatch watch(run.lh.address, "chaos");
   for (const char* g : {"g0", "g1", "g2", "g3"}) run.StartGroup(g);
   std::vector<std::string> groups = {"g0", "g1", "g2", "g3"};
   auto random_group = [&] { return groups[rng() % groups.size()]; };
   auto note = [&](const std::string& what) {
-    fmt::print("[{:5.1f} s] step {:2}: {}\n",
-               std::chrono::duration<double>(Clock::now() - started).count(), watch.committed(),
-               what);
+    fmt::print("[{:5.1f} s] step {:2}: {}\n", secs(), watch.committed(), what);
     std::fflush(stdout);
   };
 
@@ -404,23 +263,12 @@ TEST_CASE("chaos four groups of two trainers survive kills a lighthouse restart 
   run.RestartLighthouse(rng);
   REQUIRE_MESSAGE(WaitCommitted(watch, before + 2, 60s), "no progress after the restart");
   note("lighthouse back, training goes on");
-  {
-    std::string g = random_group();
-    note(fmt::format("SIGTERM agent of {}: the group drains and leaves", g));
-    Life* life = run.current[g];
-    life->left = true;
-    life->agent->Signal(SIGTERM);
-    for (auto& t : life->trainers) {
-      auto code = t->Wait(30s);
-      INFO("trainer stderr " << t->log_path());
-      REQUIRE(code.has_value());
-      CHECK(*code == 0);
-    }
-    auto code = life->agent->Wait(10s);
-    REQUIRE(code.has_value());
-    CHECK(*code == 0);
-    groups.erase(std::find(groups.begin(), groups.end(), g));
-  }
+  // The reference repeats this leave and join at the same committed step.
+  const std::string leaver = random_group();
+  const uint32_t leave_at = watch.committed();
+  note(fmt::format("SIGTERM agent of {}: the group drains and leaves", leaver));
+  Leave(run, leaver);
+  groups.erase(std::find(groups.begin(), groups.end(), leaver));
   note("g4 joins");
   Life* joiner = run.StartGroup("g4");
   groups.push_back("g4");
@@ -436,53 +284,45 @@ TEST_CASE("chaos four groups of two trainers survive kills a lighthouse restart 
   CHECK(watch.polls() > 10);
   for (const std::string& v : watch.violations()) FAIL_CHECK(v);
   CHECK(watch.committed() == kSteps);
+  LogSummary logs = CheckLogs(AllLogs(run), kSteps, kGroupSize);
+  FinalLosses loss = FinalLoss(AllLogs(run), kSteps);
+  double chaos_secs = secs();
 
-  // The logs: per trainer, steps increase and quorum_id never decreases; across all trainers,
-  // one param_hash per (step, shard) and one world size per quorum_id.
-  std::map<std::pair<uint32_t, uint32_t>, std::set<std::string>> hashes;
-  std::map<uint32_t, std::set<uint32_t>> worlds;
-  size_t lines = 0;
-  for (const auto& life : run.lives) {
-    for (const std::string& path : life->logs) {
-      std::vector<LogLine> log = ReadLog(path);
-      INFO("log " << path);
-      for (size_t i = 0; i < log.size(); ++i) {
-        ++lines;
-        hashes[{log[i].step, log[i].group_rank}].insert(log[i].hash);
-        worlds[log[i].quorum_id].insert(log[i].world);
-        if (i > 0) {
-          CHECK(log[i].step > log[i - 1].step);
-          CHECK(log[i].quorum_id >= log[i - 1].quorum_id);
-        }
-      }
-      if (!life->killed && !life->left) {
-        REQUIRE_FALSE(log.empty());
-        CHECK(log.back().step == kSteps);
-      }
-    }
+  // The failure-free reference: the same groups, seeds and steps, and the same leave and join
+  // at the same committed step, without the kills and the lighthouse restart.
+  FinalLosses ref_loss;
+  {
+    auto ref_started = Clock::now();
+    Run ref("chaos-reference");
+    fmt::print("reference logs in {}\n", ref.dir);
+    StatusWatch ref_watch(ref.lh.address, "chaos");
+    for (const char* g : {"g0", "g1", "g2", "g3"}) ref.StartGroup(g);
+    REQUIRE(WaitCommitted(ref_watch, leave_at, 120s));
+    Leave(ref, leaver);
+    ref.StartGroup("g4");
+    WaitSurvivors(ref, 150s);
+    ref_watch.Stop();
+    CheckLogs(AllLogs(ref), kSteps, kGroupSize);
+    ref_loss = FinalLoss(AllLogs(ref), kSteps);
+    fmt::print("reference: {} steps, {} left at step {}, g4 joined, final eval loss {:.4f}, {:.0f} s\n",
+               kSteps, leaver, leave_at, ref_loss.eval,
+               std::chrono::duration<double>(Clock::now() - ref_started).count());
   }
-  for (const auto& [key, hs] : hashes) {
-    INFO("step " << key.first << " shard " << key.second);
-    CHECK(hs.size() == 1);
-  }
-  for (const auto& [qid, ws] : worlds) {
-    INFO("quorum " << qid);
-    CHECK(ws.size() == 1);
-  }
-  CHECK(hashes.size() == kSteps * kGroupSize);  // every step committed, each shard logged
 
-  double loss = FinalLoss(AllLogs(run));
-  double secs = std::chrono::duration<double>(Clock::now() - started).count();
+  double total_secs = secs();
   fmt::print(
-      "chaos: {} lives of groups, {} log lines, {} quorums, final loss {:.4f} vs reference "
-      "{:.4f} ({:+.1f}%), {:.0f} s in all\n",
-      run.lives.size(), lines, watch.quorums().size(), loss, reference_loss,
-      100 * (loss - reference_loss) / reference_loss, secs);
-  // Not worse than 5% above the failure-free run. A lower loss is no failure: the groups at the
-  // end differ from the reference's (one left, one joined with its own data stream), which
-  // alone moves the mean by a few percent either way (seed 1: -5.3%).
-  CHECK(loss <= 1.05 * reference_loss);
-  CHECK(secs < 300);
+      "chaos: {} lives of groups, {} log lines ({} healed), {} quorums; final eval loss {:.4f} vs "
+      "reference {:.4f} ({:+.2f}%); last step's inner loss {:.4f} vs {:.4f} ({:+.2f}%); chaos "
+      "run {:.0f} s, {:.0f} s in all\n",
+      run.lives.size(), logs.lines, logs.healed_lines, watch.quorums().size(), loss.eval,
+      ref_loss.eval, 100 * (loss.eval - ref_loss.eval) / ref_loss.eval, loss.inner,
+      ref_loss.inner, 100 * (loss.inner - ref_loss.inner) / ref_loss.inner, chaos_secs,
+      total_secs);
+  // Issue 6: within 5% of the failure-free run, either way. The loss of the final global
+  // weights on fixed batches, not the groups' training loss of the last step, which depends on
+  // which groups ran it and how fresh their inner optimizer was (see README.md).
+  CHECK(std::abs(loss.eval - ref_loss.eval) <= 0.05 * ref_loss.eval);
+  CHECK(total_secs < 300);
 }
 
 }  // namespace
