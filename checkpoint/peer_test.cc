@@ -1,13 +1,19 @@
 // Peer recovery over real HTTP on 127.0.0.1 (port 0): shard server routes and codes, striping over
-// several donors, a donor process killed mid-transfer, a donor sending wrong bytes, and live state
-// published per rank and recovered onto another layout.
+// several donors, a donor process killed mid-transfer, a donor sending wrong bytes, short
+// answers or a body cut off mid-way, the client's read straight into the caller's buffer, and
+// live state published per rank and recovered onto another layout.
 #include <doctest/doctest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "checkpoint/live.h"
@@ -52,6 +58,124 @@ class TestServer {
   ShardServer shards_;
   http::Server server_;
   std::vector<std::thread> threads_;
+};
+
+// The shard server sends file bytes as a shared body tail; a tamper that edits bytes wants
+// them in the body.
+void Materialize(http::Response& r) {
+  if (!r.body_tail) return;
+  r.body += *r.body_tail;
+  r.body_tail.reset();
+}
+
+// A TCP proxy in front of a shard server, on real sockets: it relays every request and answer,
+// but answers a file request with the full header and only the first half of the body, then
+// closes the connection, as a peer that dies mid-body does.
+class CuttingProxy {
+ public:
+  explicit CuttingProxy(const std::string& upstream_url) {
+    auto colon = upstream_url.rfind(':');
+    upstream_port_ = static_cast<uint16_t>(std::stoi(upstream_url.substr(colon + 1)));
+    listen_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(listen_ >= 0);
+    sockaddr_in a = Loopback(0);
+    REQUIRE(::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(listen_, 16) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    port_ = ntohs(a.sin_port);
+    acceptor_ = std::thread([this] { Accept(); });
+  }
+  ~CuttingProxy() {
+    ::shutdown(listen_, SHUT_RDWR);  // wakes accept(2)
+    acceptor_.join();
+    {
+      std::lock_guard lock(mu_);
+      for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
+    }
+    for (auto& t : workers_) t.join();
+    for (int fd : fds_) ::close(fd);
+    ::close(listen_);
+  }
+  std::string url() const { return fmt::format("http://127.0.0.1:{}", port_); }
+  int cuts() const { return cuts_.load(); }
+
+ private:
+  static sockaddr_in Loopback(uint16_t port) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
+    return a;
+  }
+  // Reads until `in` holds a blank line; returns the head and leaves the rest in `in`.
+  static bool ReadHead(int fd, std::string& in, std::string* head) {
+    char buf[65536];
+    size_t end;
+    while ((end = in.find("\r\n\r\n")) == std::string::npos) {
+      ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n <= 0) return false;
+      in.append(buf, static_cast<size_t>(n));
+    }
+    *head = in.substr(0, end + 4);
+    in.erase(0, end + 4);
+    return true;
+  }
+  static bool SendAll(int fd, std::string_view s) {
+    while (!s.empty()) {
+      ssize_t n = ::send(fd, s.data(), s.size(), MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      s.remove_prefix(static_cast<size_t>(n));
+    }
+    return true;
+  }
+
+  void Accept() {
+    while (true) {
+      int fd = ::accept(listen_, nullptr, nullptr);
+      if (fd < 0) return;
+      int up = ::socket(AF_INET, SOCK_STREAM, 0);
+      std::lock_guard lock(mu_);
+      fds_.push_back(fd);
+      fds_.push_back(up);
+      workers_.emplace_back([this, fd, up] { Relay(fd, up); });
+    }
+  }
+
+  void Relay(int fd, int up) {
+    sockaddr_in a = Loopback(upstream_port_);
+    if (::connect(up, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return;
+    std::string from_client, from_server, req, head;
+    while (ReadHead(fd, from_client, &req) && SendAll(up, req) && ReadHead(up, from_server, &head)) {
+      auto at = head.find("Content-Length: ");
+      if (at == std::string::npos) return;
+      size_t length = std::stoul(head.substr(at + 16));
+      char buf[65536];
+      while (from_server.size() < length) {
+        ssize_t n = ::read(up, buf, sizeof buf);
+        if (n <= 0) return;
+        from_server.append(buf, static_cast<size_t>(n));
+      }
+      std::string body = from_server.substr(0, length);
+      from_server.erase(0, length);
+      bool cut = req.find(" /v1/shards/files/") != std::string::npos && length > 1;
+      if (!SendAll(fd, head) || !SendAll(fd, cut ? std::string_view(body).substr(0, length / 2) : body)) return;
+      if (cut) {
+        ++cuts_;
+        ::shutdown(fd, SHUT_RDWR);
+        return;
+      }
+    }
+  }
+
+  uint16_t upstream_port_ = 0;
+  uint16_t port_ = 0;
+  int listen_ = -1;
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::vector<int> fds_;
+  std::vector<std::thread> workers_;
+  std::atomic<int> cuts_{0};
 };
 
 // A donor process: `lk_checkpoint_tool serve ROOT`, killed with SIGKILL by the test.
@@ -175,6 +299,7 @@ TEST_CASE("a peer sending wrong bytes is caught by the checksum and dropped") {
   auto model = BigModel();
   SaveModel(tmp.path(), model, 5, 1, 256 << 10);
   auto flip = [](http::Response& r) {
+    Materialize(r);
     if (r.status == 206 && r.body.size() > 100) r.body[r.body.size() / 2] ^= 0x01;
   };
   TestServer honest1(tmp.path()), liar(tmp.path(), flip), honest2(tmp.path());
@@ -189,6 +314,84 @@ TEST_CASE("a peer sending wrong bytes is caught by the checksum and dropped") {
   // With only the liar left, recovery fails with data loss instead of returning bad bytes.
   auto alone = RecoverFromPeers({liar.url()}, Recovery(2, 0));
   CHECK(alone.status().code() == Code::kDataLoss);
+}
+
+TEST_CASE("a peer whose answer is shorter than the range asked for is dropped and its reads refetched") {
+  TempDir tmp;
+  auto model = BigModel();
+  SaveModel(tmp.path(), model, 6, 1, 256 << 10);
+  // The answer is consistent (Content-Length matches) but holds half the bytes asked for.
+  auto halve = [](http::Response& r) {
+    Materialize(r);
+    if (r.status == 206 && r.body.size() > 1) r.body.resize(r.body.size() / 2);
+  };
+  TestServer honest1(tmp.path()), short_peer(tmp.path(), halve), honest2(tmp.path());
+  FetchReport report;
+  auto state = RecoverFromPeers({honest1.url(), short_peer.url(), honest2.url()}, Recovery(1, 0), &report);
+  REQUIRE_MESSAGE(state.ok(), state.status().ToString());
+  CheckState(*state, model, 6);
+  CHECK(report.sources[1].dropped);
+  CHECK_MESSAGE(report.sources[1].reason.find("bytes instead of") != std::string::npos, report.sources[1].reason);
+  CHECK(report.sources[0].bytes + report.sources[2].bytes == report.bytes);
+  auto alone = RecoverFromPeers({short_peer.url()}, Recovery(1, 0));
+  CHECK(alone.status().code() == Code::kDataLoss);
+}
+
+TEST_CASE("a peer that closes the connection mid-body is dropped and its reads refetched") {
+  TempDir tmp;
+  auto model = BigModel();
+  SaveModel(tmp.path(), model, 7, 1, 256 << 10);
+  TestServer honest1(tmp.path()), behind_proxy(tmp.path()), honest2(tmp.path());
+  CuttingProxy proxy(behind_proxy.url());
+  FetchReport report;
+  auto state = RecoverFromPeers({honest1.url(), proxy.url(), honest2.url()}, Recovery(1, 0), &report);
+  REQUIRE_MESSAGE(state.ok(), state.status().ToString());
+  CheckState(*state, model, 7);
+  CHECK(proxy.cuts() >= 1);
+  CHECK(report.sources[1].dropped);
+  CHECK(report.sources[1].bytes == 0);
+  CHECK_MESSAGE(report.sources[1].reason.find("read body from") != std::string::npos, report.sources[1].reason);
+  CHECK(report.sources[0].bytes + report.sources[2].bytes == report.bytes);
+  auto alone = RecoverFromPeers({proxy.url()}, Recovery(1, 0));
+  CHECK(alone.status().code() == Code::kUnavailable);
+}
+
+TEST_CASE("GetInto reads a range into the caller's buffer - returns error answers - refuses a body too large") {
+  TempDir tmp;
+  std::string dir = SaveModel(tmp.path(), SmallModel(), 3, 1);
+  TestServer server(tmp.path());
+  auto client = http::Client::Create(server.url());
+  REQUIRE(client.ok());
+  std::string file = "/v1/shards/files/_/step-000000000003/shard-00000-of-00001.safetensors";
+  auto whole = (*client)->Do("GET", file);
+  REQUIRE(whole.ok());
+  REQUIRE(whole->status == 200);
+  REQUIRE(whole->body.size() > 4096);
+  // The same range twice on one keep-alive connection: the first answer was consumed exactly.
+  for (int i = 0; i < 2; ++i) {
+    std::vector<uint8_t> dst(5000, 0xee);
+    uint64_t got = 0;
+    auto r = (*client)->GetInto(file, dst.data(), 4000, &got, Millis(5000), "Range", "bytes=100-4099");
+    REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+    CHECK(r->status == 206);
+    CHECK(r->body.empty());
+    CHECK(got == 4000);
+    CHECK(std::memcmp(dst.data(), whole->body.data() + 100, 4000) == 0);
+    CHECK(dst[4000] == 0xee);  // nothing written past the body
+  }
+  uint64_t got = 0;
+  std::vector<uint8_t> dst(16);
+  auto bad = (*client)->GetInto(file, dst.data(), dst.size(), &got, Millis(5000), "Range", "bytes=999999999-");
+  REQUIRE(bad.ok());
+  CHECK(bad->status == 416);
+  CHECK(bad->body.find("range not satisfiable") != std::string::npos);
+  auto big = (*client)->GetInto(file, dst.data(), dst.size(), &got, Millis(5000), "Range", "bytes=0-99");
+  CHECK(big.status().code() == Code::kDataLoss);
+  // The client opens a new connection after refusing the body.
+  auto again = (*client)->GetInto(file, dst.data(), dst.size(), &got, Millis(5000), "Range", "bytes=0-15");
+  REQUIRE_MESSAGE(again.ok(), again.status().ToString());
+  CHECK(got == 16);
+  CHECK(std::memcmp(dst.data(), whole->body.data(), 16) == 0);
 }
 
 TEST_CASE("live state published per rank is recovered from several groups onto another layout") {

@@ -1,6 +1,9 @@
 #include "checkpoint/shard_server.h"
 
+#include <algorithm>
 #include <charconv>
+#include <mutex>
+#include <vector>
 
 #include "checkpoint/format.h"
 #include "checkpoint/manifest_proto.h"
@@ -57,8 +60,47 @@ Status ParseRange(std::string_view header, uint64_t size, uint64_t* begin, uint6
   return Status::Ok();
 }
 
+// Idle response buffers. A buffer is handed out as a shared_ptr whose deleter gives it back,
+// so it returns here when the http server has written the response and dropped it.
+struct ShardServer::BufferPool {
+  std::mutex mu;
+  std::vector<std::unique_ptr<std::string>> idle;
+  uint64_t idle_bytes = 0;
+  uint64_t idle_bytes_max = 0;
+
+  static std::shared_ptr<std::string> Take(const std::shared_ptr<BufferPool>& pool, size_t n) {
+    std::unique_ptr<std::string> s;
+    {
+      std::lock_guard lock(pool->mu);
+      // Reads are mostly of one size (the planner's read_bytes_max): a buffer of exactly that
+      // size is reused without touching a byte; another one is resized (fills only growth).
+      auto it = std::find_if(pool->idle.begin(), pool->idle.end(),
+                             [n](const auto& b) { return b->size() == n; });
+      if (it == pool->idle.end() && !pool->idle.empty()) it = pool->idle.end() - 1;
+      if (it != pool->idle.end()) {
+        s = std::move(*it);
+        pool->idle.erase(it);
+        pool->idle_bytes -= s->capacity();
+      }
+    }
+    if (!s) s = std::make_unique<std::string>();
+    s->resize(n);
+    return std::shared_ptr<std::string>(s.release(), [pool](std::string* b) {
+      std::unique_ptr<std::string> owned(b);
+      std::lock_guard lock(pool->mu);
+      if (pool->idle_bytes + owned->capacity() > pool->idle_bytes_max) return;
+      pool->idle_bytes += owned->capacity();
+      pool->idle.push_back(std::move(owned));
+    });
+  }
+};
+
 ShardServer::ShardServer(ShardServerOptions options)
-    : options_(std::move(options)), env_(options_.env ? options_.env : Env::Default()) {}
+    : options_(std::move(options)),
+      env_(options_.env ? options_.env : Env::Default()),
+      pool_(std::make_shared<BufferPool>()) {
+  pool_->idle_bytes_max = options_.idle_buffer_bytes_max;
+}
 
 http::Handler ShardServer::AsHandler() {
   return [this](http::Request&& req, http::Responder respond) { Handle(std::move(req), std::move(respond)); };
@@ -136,9 +178,10 @@ http::Response ShardServer::ServeFile(const http::Request& req, std::string_view
   http::Response r;
   r.status = ranged ? 206 : 200;
   r.content_type = "application/octet-stream";
-  r.body.resize(end - begin);
-  Status st = (*f)->Read(begin, end - begin, reinterpret_cast<uint8_t*>(r.body.data()));
+  auto body = BufferPool::Take(pool_, end - begin);
+  Status st = (*f)->Read(begin, end - begin, reinterpret_cast<uint8_t*>(body->data()));
   if (!st.ok()) return Text(503, st.ToString() + "\n");
+  r.body_tail = std::move(body);
   if (ranged) r.headers.emplace_back("Content-Range", fmt::format("bytes {}-{}/{}", begin, end - 1, size));
   bytes_served_ += end - begin;
   return r;

@@ -4,11 +4,13 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/read.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 
+#include <cstring>
 #include <optional>
 
 #include "common/http/codec.h"
@@ -73,6 +75,23 @@ class ClientImpl final : public Client {
       // A reused keep-alive connection may have been closed by the server while idle: retry
       // once on a fresh one. A fresh connection that fails, or a deadline, is final.
       if (fresh || r.status().code() == Code::kDeadlineExceeded) return r;
+    }
+    return Error(Code::kUnavailable, "request to {} failed", url_);
+  }
+
+  Result<Response> GetInto(std::string_view target, uint8_t* dst, uint64_t capacity,
+                           uint64_t* body_bytes, Millis timeout, std::string_view extra_name,
+                           std::string_view extra_value) override {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      bool fresh = !stream_.has_value();
+      if (fresh) LK_RETURN_IF_ERROR(Connect(deadline));
+      auto r = RoundTripInto(target, dst, capacity, body_bytes, extra_name, extra_value, deadline);
+      if (r.ok()) return r;
+      Close();
+      // As in Do, a reused keep-alive connection the server closed while idle gets one retry;
+      // an answer that was wrong (kDataLoss) would be just as wrong again.
+      if (fresh || r.status().code() != Code::kUnavailable) return r;
     }
     return Error(Code::kUnavailable, "request to {} failed", url_);
   }
@@ -145,10 +164,9 @@ class ClientImpl final : public Client {
     return Status::Ok();
   }
 
-  Result<Response> RoundTrip(std::string_view method, std::string_view target, std::string& body,
-                             std::string_view content_type, std::string_view extra_name,
-                             std::string_view extra_value,
-                             std::chrono::steady_clock::time_point deadline) {
+  Status SendRequest(std::string_view method, std::string_view target, std::string& body,
+                     std::string_view content_type, std::string_view extra_name,
+                     std::string_view extra_value, std::chrono::steady_clock::time_point deadline) {
     bhttp::request<bhttp::string_body> req;
     req.method_string(beast::string_view(method.data(), method.size()));
     req.target(beast::string_view(target.data(), target.size()));
@@ -171,20 +189,112 @@ class ClientImpl final : public Client {
     low.expires_at(deadline);
     auto ec = Run([&](auto h) { bhttp::async_write(*stream_, req, h); });
     if (ec) return FromEc(ec, "send to", url_);
-    bhttp::response_parser<bhttp::string_body> parser;
-    parser.body_limit(kResponseBodyBytesMax);
-    buffer_.reserve(kReadBufferBytes);
-    ec = Run([&](auto h) { bhttp::async_read(*stream_, buffer_, parser, h); });
-    if (ec) return FromEc(ec, "read from", url_);
-    auto& msg = parser.get();
+    return Status::Ok();
+  }
+
+  template <class Message>
+  static Response HeadOf(const Message& msg) {
     Response r;
     r.status = static_cast<int>(msg.result_int());
     r.content_type = std::string(msg[bhttp::field::content_type]);
     for (auto& f : msg) {
       r.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
     }
+    return r;
+  }
+
+  // Reads the rest of an answer whose header `head` already parsed, whole, through Beast.
+  Result<Response> ReadWhole(bhttp::response_parser<bhttp::empty_body>&& head) {
+    bhttp::response_parser<bhttp::string_body> parser(std::move(head));
+    parser.body_limit(kResponseBodyBytesMax);
+    auto ec = Run([&](auto h) { bhttp::async_read(*stream_, buffer_, parser, h); });
+    if (ec) return FromEc(ec, "read from", url_);
+    Response r = HeadOf(parser.get());
+    r.body = std::move(parser.get().body());
+    if (!parser.get().keep_alive()) Close();
+    return r;
+  }
+
+  Result<Response> RoundTrip(std::string_view method, std::string_view target, std::string& body,
+                             std::string_view content_type, std::string_view extra_name,
+                             std::string_view extra_value,
+                             std::chrono::steady_clock::time_point deadline) {
+    LK_RETURN_IF_ERROR(SendRequest(method, target, body, content_type, extra_name, extra_value, deadline));
+    bhttp::response_parser<bhttp::string_body> parser;
+    parser.body_limit(kResponseBodyBytesMax);
+    buffer_.reserve(kReadBufferBytes);
+    auto ec = Run([&](auto h) { bhttp::async_read(*stream_, buffer_, parser, h); });
+    if (ec) return FromEc(ec, "read from", url_);
+    auto& msg = parser.get();
+    Response r = HeadOf(msg);
     r.body = std::move(msg.body());
     if (!msg.keep_alive()) Close();
+    return r;
+  }
+
+  // Beast parses the header only; the body then goes from the socket straight into dst. Through
+  // a parser it would land in the read buffer, be copied into a string, and the caller would
+  // copy it again: three passes over every byte where one is needed.
+  Result<Response> RoundTripInto(std::string_view target, uint8_t* dst, uint64_t capacity,
+                                 uint64_t* body_bytes, std::string_view extra_name,
+                                 std::string_view extra_value,
+                                 std::chrono::steady_clock::time_point deadline) {
+    std::string no_body;
+    LK_RETURN_IF_ERROR(SendRequest("GET", target, no_body, "", extra_name, extra_value, deadline));
+    bhttp::response_parser<bhttp::empty_body> head;
+    head.body_limit(kResponseBodyBytesMax);
+    buffer_.reserve(kReadBufferBytes);
+    auto ec = Run([&](auto h) { bhttp::async_read_header(*stream_, buffer_, head, h); });
+    if (ec) return FromEc(ec, "read from", url_);
+    int status = static_cast<int>(head.get().result_int());
+    auto length = head.content_length();
+    bool chunked = head.chunked();
+    if (status < 200 || status >= 300 || chunked || !length) {
+      // Error texts are short, and a body without a length is not what a shard server sends:
+      // both are read whole through Beast, and a 2xx one is then copied out.
+      LK_ASSIGN_OR_RETURN(Response r, ReadWhole(std::move(head)));
+      if (r.status < 200 || r.status >= 300) return r;
+      if (r.body.size() > capacity) {
+        return Error(Code::kDataLoss, "{}{}: body of {} bytes, more than the {} expected", url_,
+                     target, r.body.size(), capacity);
+      }
+      std::memcpy(dst, r.body.data(), r.body.size());
+      *body_bytes = r.body.size();
+      r.body.clear();
+      return r;
+    }
+    uint64_t n = *length;
+    if (n > capacity) {
+      Close();  // the body is left unread, so the connection cannot be reused
+      return Error(Code::kDataLoss, "{}{}: body of {} bytes, more than the {} expected", url_,
+                   target, n, capacity);
+    }
+    Response r = HeadOf(head.get());
+    bool keep = head.keep_alive();
+    // The header read may have pulled in the first bytes of the body.
+    uint64_t got = asio::buffer_copy(asio::buffer(dst, n), buffer_.data());
+    buffer_.consume(got);
+    if (got < n) {
+      // Asio's default completion conditions cap each read at 64 KiB; asking for up to 16 MiB
+      // per read lets one recv(2) take whatever the socket holds.
+      auto large_reads = [](const beast::error_code& e, size_t) -> size_t { return e ? 0 : size_t{16} << 20; };
+      size_t done = 0;
+      ec = Run([&](auto h) {
+        asio::async_read(*stream_, asio::buffer(dst + got, n - got), large_reads,
+                         [&done, h](beast::error_code e, size_t k) mutable {
+                           done = k;
+                           h(e);
+                         });
+      });
+      if (ec) {
+        bool late = ec == beast::error::timeout;
+        return Error(late ? Code::kDeadlineExceeded : Code::kUnavailable,
+                     "read body from {}{}: {} of {} bytes, then {}", url_, target, got + done, n,
+                     late ? "deadline exceeded" : ec.message());
+      }
+    }
+    *body_bytes = n;
+    if (!keep) Close();
     return r;
   }
 

@@ -6,6 +6,7 @@
 
 #include <google/protobuf/message.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -33,6 +34,17 @@ class Client {
                               Millis timeout = Millis(10'000),
                               std::string_view extra_header_name = "",
                               std::string_view extra_header_value = "") = 0;
+  // A GET whose 2xx body is read straight into dst[0, capacity), for large binary bodies such
+  // as checkpoint shards: after the header, the body goes from the socket into dst in large
+  // reads, with no intermediate buffer or string (Do copies every byte twice more). On success
+  // *body_bytes is the body's length and the returned Response carries the status and headers
+  // with an empty body; a non-2xx answer (an error text) comes back in Response::body as with Do
+  // and dst is untouched. A 2xx body longer than capacity is a kDataLoss error (the connection is
+  // closed, not drained); a body cut short by the peer is a transport error (kUnavailable).
+  virtual Result<Response> GetInto(std::string_view target, uint8_t* dst, uint64_t capacity,
+                                   uint64_t* body_bytes, Millis timeout = Millis(10'000),
+                                   std::string_view extra_header_name = "",
+                                   std::string_view extra_header_value = "") = 0;
   virtual void Close() = 0;
   const std::string& url() const { return url_; }
 
