@@ -169,7 +169,10 @@ int Main(int argc, char** argv) {
   std::printf("| silent node death -> survivor's new quorum | %.0f ms | heartbeat_timeout_ms %u "
               "(agent heartbeats every 100 ms) | %.2fx |\n",
               to_quorum_ms, hb_timeout_ms, to_quorum_ms / hb_timeout_ms);
+  // _Exit skips the destructors (b_loop is blocked in a poll), so stop every child here.
   agent_b->Signal(SIGKILL);
+  agent_a->Signal(SIGKILL);
+  lh.process->Signal(SIGKILL);
   b_loop.detach();
   std::fflush(stdout);
   std::_Exit(0);

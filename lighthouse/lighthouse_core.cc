@@ -45,7 +45,7 @@ Result<HeartbeatResult> LighthouseCore::OnHeartbeat(const HeartbeatInput& in, Ti
   return r;
 }
 
-Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx) {
+Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx, bool evaluate) {
   Impl& s = *impl_;
   LK_RETURN_IF_ERROR(
       s.CheckAgent(in.job, in.group_id, in.incarnation, in.node_rank, in.nodes, in.address, ""));
@@ -126,8 +126,15 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx) {
       "asked={}/{}",
       Q(in.job), Q(in.group_id), Q(in.incarnation), in.node_rank, in.step, in.has_state,
       in.shrink_only, g.status.asked, g.status.agents.size()));
-  s.Evaluate(job, now, fx);
+  if (evaluate) s.Evaluate(job, now, fx);
   return Status::Ok();
+}
+
+void LighthouseCore::EvaluateJob(const std::string& job, TimePoint now, Effects* fx) {
+  auto j = impl_->jobs.find(job);
+  if (j == impl_->jobs.end()) return;
+  impl_->ApplyTimeouts(now, fx);
+  impl_->Evaluate(j->second, now, fx);
 }
 
 void LighthouseCore::OnJoinTimeout(const AgentKey& key) {

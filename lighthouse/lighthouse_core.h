@@ -78,6 +78,9 @@ struct JobRecordData {
   std::vector<MemberData> members; // the last quorum, sorted by group_id
   uint32_t committed_step = 0;
   uint32_t quorum_changes = 0;
+  // Ids up to this one may have been handed out (the store's synced reservation); after a
+  // restart new ids start above it. 0: none beyond quorum_id.
+  uint32_t quorum_id_reserved = 0;
 };
 
 struct HeartbeatInput {
@@ -203,7 +206,11 @@ class LighthouseCore {
   // timeout or a lighthouse restart) is answered at once with the current quorum.
   // Errors: as OnHeartbeat, plus kConflict when the agents of one group ask with different steps
   // (the reason names both steps).
-  Status OnJoin(const JoinInput& in, TimePoint now, Effects* fx);
+  // With evaluate=false the ask is only recorded: the caller runs EvaluateJob later, once for
+  // a burst of asks (at 1,024 groups one decision per ask made a round O(n^2)).
+  Status OnJoin(const JoinInput& in, TimePoint now, Effects* fx, bool evaluate = true);
+  // Runs the quorum decision of `job` (no-op for an unknown job).
+  void EvaluateJob(const std::string& job, TimePoint now, Effects* fx);
 
   // The waiting agent gave up (its request deadline passed); it stays a participant of the
   // round until the group leaves or is unhealthy, so a retry rejoins the same round.

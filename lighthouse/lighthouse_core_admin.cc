@@ -139,6 +139,7 @@ Status LighthouseCore::Load(std::vector<JobRecordData> jobs, std::vector<Checkpo
     Impl::Job& job = j->second;
     job.name = rec.job;
     job.quorum_id = rec.quorum_id;
+    job.id_floor = std::max(rec.quorum_id, rec.quorum_id_reserved);
     job.committed_step = rec.committed_step;
     job.quorum_changes = rec.quorum_changes;
     for (const MemberData& m : rec.members) {

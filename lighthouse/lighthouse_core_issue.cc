@@ -59,8 +59,9 @@ void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint no
               old[i].incarnation != members[i].incarnation;
   }
   if (changed) {
-    LK_CHECK(job.quorum_id < UINT32_MAX) << "quorum_id overflow in job " << job.name;
-    ++job.quorum_id;
+    LK_CHECK(std::max(job.quorum_id, job.id_floor) < UINT32_MAX)
+        << "quorum_id overflow in job " << job.name;
+    job.quorum_id = std::max(job.quorum_id, job.id_floor) + 1;
     ++job.quorum_changes;
     job.notices.clear();
     job.lost = false;

@@ -192,6 +192,20 @@ TEST_CASE("Load: ids continue - loaded members retry and rejoin on the fast path
   REQUIRE(h.Join("b", 0, "i9", 0, 1, false).ok());
   CHECK(h.Answer("b")->quorum_id == 3);  // never reused: continues after the loaded id
 
+  // A record whose later unsynced writes were lost (a machine crash) still carries the synced
+  // reservation: new ids continue above it, so an id handed out before the crash never repeats.
+  Harness crashed;
+  crashed.clock.Set(first.clock.Now() + Millis(500));
+  JobRecordData reserved = record;
+  reserved.quorum_id_reserved = 9;
+  REQUIRE(crashed.core.Load({reserved}, {}, crashed.clock.Now()).ok());
+  REQUIRE(crashed.Join("b", 1).ok());
+  CHECK(crashed.Answer("b")->quorum_id == 2);  // the loaded quorum itself keeps its id
+  REQUIRE(crashed.Beat("b", 2, "i9").ok());
+  REQUIRE(crashed.Join("a", 3, "i2").ok());
+  REQUIRE(crashed.Join("b", 0, "i9", 0, 1, false).ok());
+  CHECK(crashed.Answer("b")->quorum_id == 10);
+
   LighthouseCore bad({});
   JobRecordData unsorted = record;
   std::swap(unsorted.members[0], unsorted.members[1]);

@@ -38,6 +38,7 @@ struct Group {
 struct Job {
   std::string name;
   uint32_t quorum_id = 0;
+  uint32_t id_floor = 0;  // a new id is above this too (the reservation loaded at start)
   uint32_t committed_step = 0;
   uint32_t quorum_changes = 0;
   RecoveryPlan plan;      // the current quorum; plan.members is what gets persisted

@@ -41,6 +41,9 @@ int main(int argc, char** argv) {
             "a group whose agents have not all heartbeated within this is unhealthy");
   flags.Add("progress-timeout-ms", &progress_timeout_ms,
             "a member whose step does not advance for this long is failed (0 = off)");
+  flags.Add("quorum-id-block", &o.quorum_id_block,
+            "quorum_ids reserved per fsync: a new id inside the synced reservation costs no fsync "
+            "(1 = fsync every new id)");
   flags.Add("idle-timeout-ms", &idle_timeout_ms, "close keep-alive connections idle this long");
   flags.Add("request-timeout-ms", &request_timeout_ms,
             "a request must arrive in full within this once it started");
@@ -56,6 +59,7 @@ int main(int argc, char** argv) {
   }
   LogLevel level;
   if (st.ok() && !ParseLogLevel(log_level, &level)) st = InvalidArgument("bad --log-level {}", log_level);
+  if (st.ok() && o.quorum_id_block == 0) st = InvalidArgument("--quorum-id-block must be at least 1");
   if (st.ok() && !flags.positional().empty()) {
     st = InvalidArgument("unexpected argument '{}'", flags.positional()[0]);
   }

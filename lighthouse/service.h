@@ -34,6 +34,12 @@ struct ServiceOptions {
   uint32_t kv_value_bytes_max = 64 * 1024;
   // Rendezvous epochs kept per job: the current quorum_id and this many before it.
   uint32_t kv_epochs_kept = 1;
+  // quorum_ids are reserved on disk this many at a time: a new id within the synced
+  // reservation is handed out after an unsynced write (which survives a process kill), so most
+  // quorum changes cost no fsync. 1 syncs every new id. A machine crash may then forget the
+  // last quorum record written since the last sync, never an id: a restart continues above the
+  // reservation.
+  uint32_t quorum_id_block = 1024;
 };
 
 class Service {

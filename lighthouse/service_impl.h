@@ -8,6 +8,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "common/flags.h"
@@ -138,8 +139,9 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
   TimePoint started = SystemClock::Get().Now();
   bool stopping = false;
   uint64_t next_id = 1;
-  std::map<std::string, uint32_t> synced_quorum_id;
+  std::map<std::string, uint32_t> reserved_quorum_id;  // per job: synced reservation (see Persist)
   std::map<AgentKey, QuorumWaiter> quorum_waiters;
+  std::set<std::string> pending_evaluations;  // jobs with asks not yet decided on
   std::map<uint64_t, Watcher> watchers;
   std::map<uint64_t, KvWaiter> kv_waiters;
   // job -> quorum_id -> key -> value
@@ -236,21 +238,27 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
         fx.drop_checkpoints.empty()) {
       return;
     }
-    // Only a new quorum_id (and checkpoint registrations, and forgetting a job) must reach the
-    // disk before anyone hears of it; step updates ride along unsynced, which survives a
-    // process kill, and are written synced with the next quorum change.
+    // Only an id beyond the job's synced reservation (and checkpoint registrations, and
+    // forgetting a job) must reach the disk before anyone hears of it: the record then reserves
+    // the next quorum_id_block ids, synced. Everything else rides along unsynced, which survives
+    // a process kill; a machine crash can lose it, but never lets an id be handed out twice,
+    // because a restart continues above the synced reservation.
     bool sync = !fx.persist_checkpoints.empty() || !fx.forget_jobs.empty();
-    for (const auto& j : fx.persist_jobs) {
-      auto it = synced_quorum_id.find(j.job);
-      if (it == synced_quorum_id.end() || it->second != j.quorum_id) sync = true;
+    for (auto& j : fx.persist_jobs) {
+      uint32_t& reserved = reserved_quorum_id[j.job];
+      if (j.quorum_id > reserved) {
+        uint64_t top = uint64_t{j.quorum_id} + std::max<uint32_t>(options.quorum_id_block, 1) - 1;
+        reserved = static_cast<uint32_t>(std::min<uint64_t>(top, UINT32_MAX));
+        sync = true;
+      }
+      j.quorum_id_reserved = reserved;
     }
     Status st = store->Apply(fx.persist_jobs, fx.persist_checkpoints, fx.forget_jobs, sync);
     // A lighthouse that cannot persist must not answer: it stops, and a restart resumes from
     // what was synced. Answering would hand out a quorum_id that a restart could reissue.
     LK_CHECK(st.ok()) << "persist failed: " << st.ToString();
-    for (const auto& j : fx.persist_jobs) synced_quorum_id[j.job] = j.quorum_id;
     for (const auto& job : fx.forget_jobs) {
-      synced_quorum_id.erase(job);
+      reserved_quorum_id.erase(job);
       kv.erase(job);
     }
     for (const auto& c : fx.drop_checkpoints) {
@@ -393,7 +401,7 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
     LK_ASSIGN_OR_RETURN(auto jobs, store->LoadJobs());
     LK_ASSIGN_OR_RETURN(auto ckpts, store->LoadCheckpoints());
     LK_ASSIGN_OR_RETURN(auto kvs, store->LoadKv());
-    for (const auto& j : jobs) synced_quorum_id[j.job] = j.quorum_id;
+    for (const auto& j : jobs) reserved_quorum_id[j.job] = std::max(j.quorum_id, j.quorum_id_reserved);
     size_t njobs = jobs.size(), nckpts = ckpts.size();
     LK_RETURN_IF_ERROR(core.Load(std::move(jobs), std::move(ckpts), Now()));
     for (auto& e : kvs) kv[e.job][e.quorum_id][e.key] = std::move(e.value);
@@ -436,6 +444,7 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
   void Route(Request&& req, Responder respond);
   void HandleHeartbeat(const Request& req, Responder respond);
   void HandleQuorum(const Request& req, Responder respond);
+  void RunPendingEvaluations();
   void HandleLeave(const Request& req, Responder respond);
   void HandleCommit(const Request& req, Responder respond);
   void HandleWatch(const Request& req, Responder respond);

@@ -139,7 +139,7 @@ void Service::Impl::HandleQuorum(const Request& req, Responder respond) {
   JoinInput join{in.job(), in.group_id(), in.incarnation(), in.node_rank(), in.nodes(), in.step(),
                  in.shrink_only(), !in.fresh(), in.address()};
   Effects fx;
-  st = core.OnJoin(join, Now(), &fx);
+  st = core.OnJoin(join, Now(), &fx, /*evaluate=*/false);
   if (!st.ok()) {
     auto it = quorum_waiters.find(key);
     if (it != quorum_waiters.end() && it->second.id == id) {
@@ -148,6 +148,21 @@ void Service::Impl::HandleQuorum(const Request& req, Responder respond) {
     return;
   }
   ApplyEffects(fx);
+  // The decision runs once the io loop has handled every request it read in this batch: a
+  // burst of n asks then costs one decision, not n (each scans all groups of the job).
+  if (pending_evaluations.insert(in.job()).second && pending_evaluations.size() == 1) {
+    asio::post(ioc, [self = shared_from_this()] { self->RunPendingEvaluations(); });
+  }
+}
+
+void Service::Impl::RunPendingEvaluations() {
+  std::set<std::string> jobs;
+  jobs.swap(pending_evaluations);
+  for (const auto& job : jobs) {
+    Effects fx;
+    core.EvaluateJob(job, Now(), &fx);
+    ApplyEffects(fx);
+  }
 }
 
 void Service::Impl::HandleLeave(const Request& req, Responder respond) {

@@ -53,6 +53,7 @@ class RocksDbStore final : public StateStore {
       rec.set_quorum_id(j.quorum_id);
       rec.set_committed_step(j.committed_step);
       rec.set_quorum_changes(j.quorum_changes);
+      rec.set_quorum_id_reserved(j.quorum_id_reserved);
       for (const auto& m : j.members) ToProto(m, rec.add_members());
       batch.Put(JobKey(j.job), rec.SerializeAsString());
     }
@@ -78,6 +79,7 @@ class RocksDbStore final : public StateStore {
       j.quorum_id = rec.quorum_id();
       j.committed_step = rec.committed_step();
       j.quorum_changes = rec.quorum_changes();
+      j.quorum_id_reserved = rec.quorum_id_reserved();
       for (const auto& m : rec.members()) j.members.push_back(FromProto(m));
       out.push_back(std::move(j));
       return Status::Ok();

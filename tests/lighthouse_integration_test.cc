@@ -201,6 +201,56 @@ TEST_CASE("kill -9 and restart: ids continue upward and the previous quorum is k
   REQUIRE(fb.get().ok());
 }
 
+TEST_CASE("quorum ids reserved in blocks: unsynced ids survive kill -9 and a restart skips the block") {
+  auto dir = TempDir("lh-idblock");
+  std::vector<std::string> flags = {"--heartbeat-timeout-ms", "3000", "--join-timeout-ms", "300",
+                                    "--quorum-id-block", "4"};
+  auto lh = StartLighthouse(dir + "/data", flags, dir + "/lh.log");
+  auto q1 = AskAsync(lh.url(), Ask("j", "a", "a1", 0)).get();  // id 1 reserves 1..4 (synced)
+  REQUIRE(q1.ok());
+  auto fb = AskAsync(lh.url(), Ask("j", "b", "b1", 0));
+  std::this_thread::sleep_for(100ms);  // b waits first, so that a's ask takes it in
+  auto fa = AskAsync(lh.url(), Ask("j", "a", "a1", 1));
+  auto q2 = fa.get();  // a new membership inside the reservation: written without fsync
+  REQUIRE(q2.ok());
+  REQUIRE(fb.get().ok());
+  REQUIRE(q2->quorum_id() > q1->quorum_id());
+  REQUIRE(q2->quorum_id() <= 4);
+
+  lh.process->Signal(SIGKILL);
+  REQUIRE(lh.process->Wait(10s).has_value());
+  auto lh2 = StartLighthouse(dir + "/data", flags, dir + "/lh.log", lh.address);
+  // The unsynced record survived the kill: the same members get the same id on the fast path.
+  fa = AskAsync(lh2.url(), Ask("j", "a", "a1", 2));
+  fb = AskAsync(lh2.url(), Ask("j", "b", "b1", 2));
+  auto again = fa.get();
+  REQUIRE(again.ok());
+  REQUIRE(fb.get().ok());
+  CHECK(again->quorum_id() == q2->quorum_id());
+  // A new membership continues above the whole reservation, so no id can repeat even if the
+  // machine had lost the unsynced writes.
+  auto fc = AskAsync(lh2.url(), Ask("j", "c", "c1", 0));
+  std::this_thread::sleep_for(100ms);
+  fa = AskAsync(lh2.url(), Ask("j", "a", "a1", 3));
+  fb = AskAsync(lh2.url(), Ask("j", "b", "b1", 3));
+  auto q3 = fc.get();
+  REQUIRE(q3.ok());
+  REQUIRE(fa.get().ok());
+  REQUIRE(fb.get().ok());
+  CHECK(q3->quorum_id() > 4);
+}
+
+TEST_CASE("--quorum-id-block 0 is refused") {
+  auto dir = TempDir("lh-idblock0");
+  Process p({BinDir() + "/lighthouse", "--bind", "127.0.0.1:0", "--data-dir", dir + "/data",
+             "--quorum-id-block", "0"},
+            dir + "/lh.log");
+  auto code = p.Wait(10s);
+  REQUIRE(code.has_value());
+  CHECK(*code != 0);
+  CHECK(p.Log().find("--quorum-id-block must be at least 1") != std::string::npos);
+}
+
 TEST_CASE("SIGTERM answers every waiter and exits 0") {
   auto dir = TempDir("lh-term");
   auto lh = StartLighthouse(dir + "/data", {"--min-replicas", "2"}, dir + "/lh.log");
