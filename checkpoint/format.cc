@@ -5,6 +5,8 @@
 #include <boost/json.hpp>
 #include <charconv>
 
+#include "common/check.h"
+
 namespace lk::ckpt {
 namespace {
 
@@ -175,6 +177,17 @@ Result<ShardHeader> ParseShardHeader(std::string_view prefix, uint64_t file_size
 }
 
 uint64_t Xxh3(const void* data, uint64_t size) { return XXH3_64bits(data, size); }
+
+Xxh3Stream::Xxh3Stream() : state_(XXH3_createState()) {
+  LK_CHECK(state_ != nullptr) << "XXH3_createState failed";
+  Reset();
+}
+Xxh3Stream::~Xxh3Stream() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+void Xxh3Stream::Reset() { XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_)); }
+void Xxh3Stream::Update(const void* data, uint64_t size) {
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, size);
+}
+uint64_t Xxh3Stream::Digest() const { return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_)); }
 
 std::vector<uint64_t> ChunkHashes(const uint8_t* data, uint64_t size, uint64_t chunk_bytes) {
   std::vector<uint64_t> out;

@@ -49,6 +49,21 @@ Result<uint64_t> ParseHeaderLength(std::string_view first8, uint64_t file_size);
 Result<ShardHeader> ParseShardHeader(std::string_view prefix, uint64_t file_size);
 
 uint64_t Xxh3(const void* data, uint64_t size);
+// XXH3-64 fed in pieces; Digest equals Xxh3 over the pieces' concatenation. Lets a reader check a
+// chunk piece by piece as its bytes arrive, while each piece is still in cache.
+class Xxh3Stream {
+ public:
+  Xxh3Stream();
+  ~Xxh3Stream();
+  Xxh3Stream(const Xxh3Stream&) = delete;
+  Xxh3Stream& operator=(const Xxh3Stream&) = delete;
+  void Reset();
+  void Update(const void* data, uint64_t size);
+  uint64_t Digest() const;
+
+ private:
+  void* state_;  // XXH3_state_t, kept out of this header
+};
 // Checksums of consecutive `chunk_bytes` chunks of [data, data + size); the last may be short.
 std::vector<uint64_t> ChunkHashes(const uint8_t* data, uint64_t size, uint64_t chunk_bytes);
 inline uint64_t ChunkCount(uint64_t size, uint64_t chunk_bytes) {

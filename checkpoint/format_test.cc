@@ -2,6 +2,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "checkpoint/format.h"
 #include "checkpoint/manifest.h"
@@ -47,6 +49,32 @@ TEST_CASE("shard header parsing rejects truncation - holes and lying lengths") {
   holes.entries[1].end = 36;
   std::string h2 = EncodeShardHeader(&holes);
   CHECK(!ParseShardHeader(h2, h2.size() + 36).ok());
+}
+
+TEST_CASE("large buffers start on a huge page boundary and are usable to their last byte") {
+  for (uint64_t size : {uint64_t{0}, uint64_t{100}, (uint64_t{2} << 20) - 1, uint64_t{2} << 20,
+                        (uint64_t{5} << 20) + 3}) {
+    Buffer b(size);
+    CHECK(b.size() == size);
+    if (size >= (uint64_t{2} << 20)) CHECK(reinterpret_cast<uintptr_t>(b.data()) % (2 << 20) == 0);
+    if (size == 0) continue;
+    std::memset(b.data(), 0x5a, size);
+    CHECK(b.data()[size - 1] == 0x5a);
+    Buffer moved = std::move(b);  // freed once, by the new owner
+    CHECK(moved.data()[0] == 0x5a);
+  }
+}
+
+TEST_CASE("XXH3 fed in pieces equals XXH3 of the whole") {
+  std::vector<uint8_t> bytes(1 << 20);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 131 + (i >> 9));
+  Xxh3Stream h;
+  for (size_t at = 0, piece = 1; at < bytes.size(); at += piece, piece = piece * 3 + 7) {
+    h.Update(bytes.data() + at, std::min(piece, bytes.size() - at));
+  }
+  CHECK(h.Digest() == Xxh3(bytes.data(), bytes.size()));
+  h.Reset();
+  CHECK(h.Digest() == Xxh3(nullptr, 0));
 }
 
 TEST_CASE("Range header parsing") {

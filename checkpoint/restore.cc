@@ -79,7 +79,48 @@ class Fetch {
     }
   }
 
-  Status DoRead(size_t s, const ReadOp& r, Buffer* scratch) {
+  // Checks the read's chunks in order as their bytes land: each piece is hashed right after the
+  // socket put it in dst, while it is still in cache, instead of reading 16 MiB back from memory
+  // once the whole read is in.
+  class ChunkChecker {
+   public:
+    ChunkChecker(const ReadOp& r, const uint8_t* dst, Xxh3Stream* hash) : r_(r), dst_(dst), hash_(hash) {
+      hash_->Reset();
+    }
+    void Landed(uint64_t landed) {
+      while (next_ < r_.checks.size() && !bad_) {
+        const ChunkCheck& c = r_.checks[next_];
+        uint64_t from = c.offset + fed_, end = c.offset + c.length, to = std::min(landed, end);
+        if (to > from) {
+          hash_->Update(dst_ + from, to - from);
+          fed_ += to - from;
+        }
+        if (to < end) return;
+        if (hash_->Digest() != c.xxh3) {
+          bad_ = &c;
+          return;
+        }
+        ++next_;
+        fed_ = 0;
+        hash_->Reset();
+      }
+    }
+    // The first chunk that failed, or nullptr when every chunk landed and matched.
+    const ChunkCheck* Finish() {
+      Landed(r_.length);
+      return bad_;
+    }
+
+   private:
+    const ReadOp& r_;
+    const uint8_t* dst_;
+    Xxh3Stream* hash_;
+    size_t next_ = 0;   // the chunk being hashed
+    uint64_t fed_ = 0;  // its bytes hashed so far
+    const ChunkCheck* bad_ = nullptr;
+  };
+
+  Status DoRead(size_t s, const ReadOp& r, Buffer* scratch, Xxh3Stream* hash) {
     const std::string& file = m_.files[r.file].name;
     bool direct = r.copies.size() == 1 && r.copies[0].src_offset == 0 && r.copies[0].length == r.length;
     uint8_t* dst;
@@ -89,12 +130,12 @@ class Fetch {
       if (scratch->size() < r.length) *scratch = Buffer(r.length);
       dst = scratch->data();
     }
-    LK_RETURN_IF_ERROR(sources_[s]->Read(file, r.offset, r.length, dst));
-    for (const auto& c : r.checks) {
-      if (Xxh3(dst + c.offset, c.length) != c.xxh3) {
-        return Error(Code::kDataLoss, "{}: {} bytes {}..{}: chunk checksum mismatch",
-                     sources_[s]->name(), file, r.offset + c.offset, r.offset + c.offset + c.length);
-      }
+    ChunkChecker checker(r, dst, hash);
+    LK_RETURN_IF_ERROR(
+        sources_[s]->Read(file, r.offset, r.length, dst, [&](uint64_t n) { checker.Landed(n); }));
+    if (const ChunkCheck* c = checker.Finish()) {
+      return Error(Code::kDataLoss, "{}: {} bytes {}..{}: chunk checksum mismatch",
+                   sources_[s]->name(), file, r.offset + c->offset, r.offset + c->offset + c->length);
     }
     if (!direct) {
       for (const auto& c : r.copies) {
@@ -106,10 +147,11 @@ class Fetch {
 
   void Work(size_t s) {
     Buffer scratch;
+    Xxh3Stream hash;
     size_t idx;
     while (Take(s, &idx)) {
       const ReadOp& r = plan_.reads[idx];
-      Status st = DoRead(s, r, &scratch);
+      Status st = DoRead(s, r, &scratch, &hash);
       {
         std::lock_guard lock(mu_);
         if (st.ok()) {

@@ -62,6 +62,11 @@ PeerSource::PeerSource(std::string url, std::map<std::string, std::string> files
     : url_(std::move(url)), files_(std::move(files)), options_(std::move(options)) {}
 
 Status PeerSource::Read(const std::string& file, uint64_t offset, uint64_t length, uint8_t* dst) {
+  return Read(file, offset, length, dst, nullptr);
+}
+
+Status PeerSource::Read(const std::string& file, uint64_t offset, uint64_t length, uint8_t* dst,
+                        const Landed& landed) {
   auto where = files_.find(file);
   if (where == files_.end()) return Error(Code::kNotFound, "{} does not hold {}", url_, file);
   std::unique_ptr<http::Client> client;
@@ -80,7 +85,8 @@ Status PeerSource::Read(const std::string& file, uint64_t offset, uint64_t lengt
   // The body lands straight in dst: no copy between the socket and the caller's buffer.
   uint64_t got = 0;
   LK_ASSIGN_OR_RETURN(http::Response r, client->GetInto(target, dst, length, &got,
-                                                        options_.request_timeout, "Range", range));
+                                                        options_.request_timeout, "Range", range,
+                                                        landed));
   if (r.status != 206) {
     Status st = http::StatusFromResponse(r);
     if (st.ok()) st = Error(Code::kUnavailable, "HTTP {} instead of 206", r.status);

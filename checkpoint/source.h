@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,6 +21,10 @@
 
 namespace lk::ckpt {
 
+// Told, while a read is in progress, how many leading bytes of dst have landed so far (called on
+// the reading thread, with increasing counts).
+using Landed = std::function<void(uint64_t bytes)>;
+
 class Source {
  public:
   virtual ~Source() = default;
@@ -27,6 +32,15 @@ class Source {
   virtual bool Has(const std::string& file) const = 0;
   // Reads exactly [offset, offset + length) of shard file `file` into dst.
   virtual Status Read(const std::string& file, uint64_t offset, uint64_t length, uint8_t* dst) = 0;
+  // Read, reporting progress through `landed` so that the caller can check each chunk right
+  // after its bytes land, while they are still in cache. A source without finer progress
+  // reports once, at the end.
+  virtual Status Read(const std::string& file, uint64_t offset, uint64_t length, uint8_t* dst,
+                      const Landed& landed) {
+    Status st = Read(file, offset, length, dst);
+    if (st.ok() && landed) landed(length);
+    return st;
+  }
 };
 
 // A checkpoint directory on a local or shared filesystem.
@@ -36,6 +50,7 @@ class FileSource final : public Source {
   const std::string& name() const override { return name_; }
   bool Has(const std::string& file) const override { return files_.count(file) > 0; }
   Status Read(const std::string& file, uint64_t offset, uint64_t length, uint8_t* dst) override;
+  using Source::Read;
   // Evicts the shard files from the page cache, so a benchmark reads the disk.
   Status DropCaches();
 
@@ -71,6 +86,9 @@ class PeerSource final : public Source {
   const std::string& name() const override { return url_; }
   bool Has(const std::string& file) const override { return files_.count(file) > 0; }
   Status Read(const std::string& file, uint64_t offset, uint64_t length, uint8_t* dst) override;
+  // Reports progress after every read from the socket.
+  Status Read(const std::string& file, uint64_t offset, uint64_t length, uint8_t* dst,
+              const Landed& landed) override;
 
  private:
   std::string url_;

@@ -1,5 +1,7 @@
 #include "checkpoint/types.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 
 #include "common/check.h"
@@ -29,6 +31,43 @@ std::optional<DType> ParseDType(std::string_view name) {
     if (d.name == name) return d.dtype;
   }
   return std::nullopt;
+}
+
+namespace {
+constexpr uint64_t kHugePageBytes = uint64_t{2} << 20;
+}  // namespace
+
+Buffer::Buffer(uint64_t size) : size_(size) {
+  if (size >= kHugePageBytes) {
+    // Rounded to 4 KiB pages only: the kernel backs each whole 2 MiB of the mapping with a huge
+    // page and the rest with small ones, so no buffer grows by more than a small page.
+    uint64_t len = (size + 4095) / 4096 * 4096;
+    // One huge page more than needed, then the unaligned head and tail are given back, so the
+    // buffer starts on a huge page boundary.
+    void* p = ::mmap(nullptr, len + kHugePageBytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED) {
+      auto base = reinterpret_cast<uintptr_t>(p);
+      uintptr_t aligned = (base + kHugePageBytes - 1) & ~(kHugePageBytes - 1);
+      if (aligned > base) ::munmap(p, aligned - base);
+      uint64_t tail = base + len + kHugePageBytes - (aligned + len);
+      if (tail > 0) ::munmap(reinterpret_cast<void*>(aligned + len), tail);
+      // Only a hint: without huge pages (disabled, or none free) the buffer works as before.
+      ::madvise(reinterpret_cast<void*>(aligned), len, MADV_HUGEPAGE);
+      data_ = std::unique_ptr<uint8_t[], BufferFree>(reinterpret_cast<uint8_t*>(aligned),
+                                                     BufferFree{len});
+      return;
+    }
+  }
+  data_ = std::unique_ptr<uint8_t[], BufferFree>(new uint8_t[size], BufferFree{0});
+}
+
+void BufferFree::operator()(uint8_t* p) const {
+  if (mapped_bytes > 0) {
+    ::munmap(p, mapped_bytes);
+  } else {
+    delete[] p;
+  }
 }
 
 ConstBytes ConstBytes::Copy(const void* data, uint64_t size) {

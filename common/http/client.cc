@@ -4,7 +4,6 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
-#include <boost/asio/read.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -32,6 +31,8 @@ constexpr uint64_t kResponseBodyBytesMax = uint64_t{8} << 30;
 // a buffer that is consumed as it is filled never grows, so without this reserve every read of a
 // large body would take 512 bytes: 12x slower than curl on a 16 MiB shard.
 constexpr size_t kReadBufferBytes = 1 << 20;
+// The most one read of a body straight into the caller's buffer (GetInto) asks for.
+constexpr uint64_t kBodyReadBytes = 1 << 20;
 
 Status FromEc(const beast::error_code& ec, std::string_view what, const std::string& url) {
   if (ec == beast::error::timeout) {
@@ -81,12 +82,14 @@ class ClientImpl final : public Client {
 
   Result<Response> GetInto(std::string_view target, uint8_t* dst, uint64_t capacity,
                            uint64_t* body_bytes, Millis timeout, std::string_view extra_name,
-                           std::string_view extra_value) override {
+                           std::string_view extra_value,
+                           const std::function<void(uint64_t)>& landed) override {
     auto deadline = std::chrono::steady_clock::now() + timeout;
     for (int attempt = 0; attempt < 2; ++attempt) {
       bool fresh = !stream_.has_value();
       if (fresh) LK_RETURN_IF_ERROR(Connect(deadline));
-      auto r = RoundTripInto(target, dst, capacity, body_bytes, extra_name, extra_value, deadline);
+      auto r = RoundTripInto(target, dst, capacity, body_bytes, extra_name, extra_value, landed,
+                             deadline);
       if (r.ok()) return r;
       Close();
       // As in Do, a reused keep-alive connection the server closed while idle gets one retry;
@@ -238,6 +241,7 @@ class ClientImpl final : public Client {
   Result<Response> RoundTripInto(std::string_view target, uint8_t* dst, uint64_t capacity,
                                  uint64_t* body_bytes, std::string_view extra_name,
                                  std::string_view extra_value,
+                                 const std::function<void(uint64_t)>& landed,
                                  std::chrono::steady_clock::time_point deadline) {
     std::string no_body;
     LK_RETURN_IF_ERROR(SendRequest("GET", target, no_body, "", extra_name, extra_value, deadline));
@@ -274,25 +278,27 @@ class ClientImpl final : public Client {
     // The header read may have pulled in the first bytes of the body.
     uint64_t got = asio::buffer_copy(asio::buffer(dst, n), buffer_.data());
     buffer_.consume(got);
-    if (got < n) {
-      // Asio's default completion conditions cap each read at 64 KiB; asking for up to 16 MiB
-      // per read lets one recv(2) take whatever the socket holds.
-      auto large_reads = [](const beast::error_code& e, size_t) -> size_t { return e ? 0 : size_t{16} << 20; };
-      size_t done = 0;
+    // Each read takes what the socket holds, up to kBodyReadBytes: large enough for few system
+    // calls, small enough that `landed` sees the bytes while they are still in cache.
+    while (got < n) {
+      if (landed) landed(got);
+      size_t k = 0;
       ec = Run([&](auto h) {
-        asio::async_read(*stream_, asio::buffer(dst + got, n - got), large_reads,
-                         [&done, h](beast::error_code e, size_t k) mutable {
-                           done = k;
-                           h(e);
-                         });
+        stream_->async_read_some(asio::buffer(dst + got, std::min<uint64_t>(n - got, kBodyReadBytes)),
+                                 [&k, h](beast::error_code e, size_t m) mutable {
+                                   k = m;
+                                   h(e);
+                                 });
       });
+      got += k;
       if (ec) {
         bool late = ec == beast::error::timeout;
         return Error(late ? Code::kDeadlineExceeded : Code::kUnavailable,
-                     "read body from {}{}: {} of {} bytes, then {}", url_, target, got + done, n,
+                     "read body from {}{}: {} of {} bytes, then {}", url_, target, got, n,
                      late ? "deadline exceeded" : ec.message());
       }
     }
+    if (landed) landed(n);
     *body_bytes = n;
     if (!keep) Close();
     return r;

@@ -7,6 +7,7 @@
 #include <google/protobuf/message.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -41,10 +42,13 @@ class Client {
   // with an empty body; a non-2xx answer (an error text) comes back in Response::body as with Do
   // and dst is untouched. A 2xx body longer than capacity is a kDataLoss error (the connection is
   // closed, not drained); a body cut short by the peer is a transport error (kUnavailable).
+  // `landed`, when set, is called on this thread after each read from the socket with the
+  // number of body bytes in dst so far, so that the caller can work on them while in cache.
   virtual Result<Response> GetInto(std::string_view target, uint8_t* dst, uint64_t capacity,
                                    uint64_t* body_bytes, Millis timeout = Millis(10'000),
                                    std::string_view extra_header_name = "",
-                                   std::string_view extra_header_value = "") = 0;
+                                   std::string_view extra_header_value = "",
+                                   const std::function<void(uint64_t)>& landed = nullptr) = 0;
   virtual void Close() = 0;
   const std::string& url() const { return url_; }
 
