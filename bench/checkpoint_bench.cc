@@ -3,6 +3,7 @@
 // in the same run and reports ratios. Output: one "name=value" line per figure (bytes/second).
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 
 #include <chrono>
@@ -114,10 +115,17 @@ int Main(int argc, char** argv) {
   bool peers_only = false;
   flags.Add("peers_only", &peers_only, "skip save and restore (for profiling the peer path)",
             "LK_BENCH_PEERS_ONLY");
+  bool skip_peers = false;
+  flags.Add("skip_peers", &skip_peers, "stop after save and restore", "LK_BENCH_SKIP_PEERS");
+  bool huge_pages = true;
+  flags.Add("huge_pages", &huge_pages,
+            "let buffers use transparent huge pages (false: PR_SET_THP_DISABLE, for comparison)",
+            "LK_BENCH_HUGE_PAGES");
   if (Status st = flags.Parse(argc, argv); !st.ok() || flags.help_requested()) {
     std::fprintf(stderr, "%s\n%s", st.ToString().c_str(), flags.Help().c_str());
     return 2;
   }
+  if (!huge_pages) LK_CHECK(::prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0);
   SetLogLevel(LogLevel::kWarn);
   std::filesystem::remove_all(dir + "/ckpt");
   std::filesystem::remove_all(shm);
@@ -125,6 +133,10 @@ int Main(int argc, char** argv) {
 
   Snapshot state = MakeState(static_cast<uint64_t>(bytes), 1);
   if (!peers_only) SaveAndRestore(dir, state, bytes, streams);
+  if (skip_peers) {
+    std::filesystem::remove_all(dir + "/ckpt");
+    return 0;
+  }
 
   // Peers serve live state from node-local memory, as agents do.
   LiveStatePublisher pub(LivePublisherOptions{shm, 2, kDefaultChunkBytes, nullptr});

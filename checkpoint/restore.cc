@@ -84,10 +84,20 @@ class Fetch {
   // once the whole read is in.
   class ChunkChecker {
    public:
-    ChunkChecker(const ReadOp& r, const uint8_t* dst, Xxh3Stream* hash) : r_(r), dst_(dst), hash_(hash) {
+    ChunkChecker(const ReadOp& r, const uint8_t* dst, Xxh3Stream* hash)
+        : r_(r), dst_(dst), hash_(hash) {
       hash_->Reset();
     }
     void Landed(uint64_t landed) {
+      if (landed < landed_) {
+        // The source started over (a retry on a fresh connection rewrites dst from the start):
+        // every chunk is hashed again from the new bytes.
+        next_ = 0;
+        fed_ = 0;
+        bad_ = nullptr;
+        hash_->Reset();
+      }
+      landed_ = landed;
       while (next_ < r_.checks.size() && !bad_) {
         const ChunkCheck& c = r_.checks[next_];
         uint64_t from = c.offset + fed_, end = c.offset + c.length, to = std::min(landed, end);
@@ -115,6 +125,7 @@ class Fetch {
     const ReadOp& r_;
     const uint8_t* dst_;
     Xxh3Stream* hash_;
+    uint64_t landed_ = 0;
     size_t next_ = 0;   // the chunk being hashed
     uint64_t fed_ = 0;  // its bytes hashed so far
     const ChunkCheck* bad_ = nullptr;

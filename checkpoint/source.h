@@ -22,7 +22,8 @@
 namespace lk::ckpt {
 
 // Told, while a read is in progress, how many leading bytes of dst have landed so far (called on
-// the reading thread, with increasing counts).
+// the reading thread). Counts increase, except that a source that starts a read over (a retry)
+// counts again from 0; the bytes before the new count must then be treated as not yet landed.
 using Landed = std::function<void(uint64_t bytes)>;
 
 class Source {

@@ -43,7 +43,8 @@ class Client {
   // and dst is untouched. A 2xx body longer than capacity is a kDataLoss error (the connection is
   // closed, not drained); a body cut short by the peer is a transport error (kUnavailable).
   // `landed`, when set, is called on this thread after each read from the socket with the
-  // number of body bytes in dst so far, so that the caller can work on them while in cache.
+  // number of body bytes in dst so far, so that the caller can work on them while in cache. A
+  // retry on a fresh connection (see Do) rewrites dst and counts again from the start.
   virtual Result<Response> GetInto(std::string_view target, uint8_t* dst, uint64_t capacity,
                                    uint64_t* body_bytes, Millis timeout = Millis(10'000),
                                    std::string_view extra_header_name = "",
