@@ -35,6 +35,7 @@ std::string QuorumBody(const std::string& job, const std::string& group, uint32_
   // Longer than any bound of the load generator: a slow answer is measured, never a 504.
   r.set_timeout_ms(60'000);
   r.set_address(kAddress);
+  r.set_compact(true);  // as replica_agent asks
   return r.SerializeAsString();
 }
 
@@ -57,7 +58,7 @@ size_t CountParticipants(const std::string& status_body) {
 std::optional<QuorumSummary> ParseQuorum(const std::string& body) {
   pb::QuorumResponse q;
   if (!q.ParseFromString(body)) return std::nullopt;
-  return QuorumSummary{q.quorum_id(), static_cast<size_t>(q.members_size()), q.replica_rank(),
+  return QuorumSummary{q.quorum_id(), static_cast<size_t>(q.replica_world_size()), q.replica_rank(),
                        q.reason()};
 }
 

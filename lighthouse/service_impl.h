@@ -110,6 +110,7 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
     Format format;
     TimePoint since;
     std::unique_ptr<asio::steady_timer> timer;
+    bool compact = false;  // answer without the member list
   };
   struct Watcher {
     uint64_t id;
@@ -203,7 +204,7 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
       if (it == quorum_waiters.end()) continue;
       auto [rs, inserted] = round_start.emplace(key.job, it->second.since);
       if (!inserted && it->second.since < rs->second) rs->second = it->second.since;
-      AnswerQuorumWaiter(it, QuorumReply(answer, it->second.format, &members_wire));
+      AnswerQuorumWaiter(it, QuorumReply(answer, it->second.format, it->second.compact, &members_wire));
     }
     for (auto& [key, status] : fx.rejections) {
       auto it = quorum_waiters.find(key);
@@ -273,9 +274,22 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
   // One issue answers every member with the same member list: in binary protobuf the list is
   // encoded once and appended to each answer's own fields (concatenated protobuf encodings
   // merge, and repeated fields append), instead of n encodings of n members.
-  static Response QuorumReply(const QuorumAnswer& answer, Format f,
+  static Response QuorumReply(const QuorumAnswer& answer, Format f, bool compact,
                               std::map<const void*, std::shared_ptr<const std::string>>* members_wire) {
     pb::QuorumResponse resp;
+    if (compact && answer.members_shared) {
+      // The member's own fields, and only the donors it needs when it heals.
+      QuorumAnswer own = answer;
+      own.members_shared.reset();
+      own.members.clear();
+      ToProto(own, &resp);
+      const auto& members = *answer.members_shared;
+      resp.set_replica_world_size(static_cast<uint32_t>(members.size()));
+      for (uint32_t r : answer.source_ranks) {
+        if (r < members.size()) ToProto(members[r], resp.add_sources());
+      }
+      return http::Reply(resp, f);
+    }
     if (f != Format::kProto || !answer.members_shared) {
       ToProto(answer, &resp);
       return http::Reply(resp, f);

@@ -135,7 +135,7 @@ void Service::Impl::HandleQuorum(const Request& req, Responder respond) {
                                     "quorum not ready before timeout_ms; ask again"),
                              it->second.format));
   });
-  quorum_waiters.emplace(key, QuorumWaiter{id, std::move(respond), f, Now(), std::move(timer)});
+  quorum_waiters.emplace(key, QuorumWaiter{id, std::move(respond), f, Now(), std::move(timer), in.compact()});
   JoinInput join{in.job(), in.group_id(), in.incarnation(), in.node_rank(), in.nodes(), in.step(),
                  in.shrink_only(), !in.fresh(), in.address()};
   Effects fx;

@@ -191,6 +191,7 @@ void Agent::Impl::QuorumLoop() {
     q.set_timeout_ms(static_cast<uint32_t>(options.quorum_timeout.count()));
     q.set_address(options.advertise);
     q.set_fresh(fresh);
+    q.set_compact(true);  // the agent needs its donors' addresses, not the whole member list
     pb::QuorumResponse resp;
     Status st = client->Call("POST", "/v1/quorum", q, &resp, options.quorum_timeout + Millis(5000));
     if (st.ok()) {
@@ -222,6 +223,13 @@ void Agent::Impl::QuorumLoop() {
     if (st.code() == Code::kDeadlineExceeded) continue;  // the round is still open: ask again
     if (st.code() == Code::kConflict && st.message().find("stale") != std::string::npos) {
       Fail("replaced: " + st.message());
+      return;
+    }
+    // Evicted for stalled progress while this ask waited: asking again would readmit the group
+    // (an ask counts as coming back), and an ask made ahead says nothing about whether the
+    // trainers still progress. The group fails, as when a heartbeat brings the eviction.
+    if (st.code() == Code::kAborted && st.message().find("evicted") != std::string::npos) {
+      Fail("evicted");
       return;
     }
     if (failures++ == 0) LK_LOG_WARN("quorum_failed error={}", Q(st.ToString()));
@@ -281,7 +289,21 @@ void Agent::Impl::WatchLoop() {
     for (const auto& n : w.notices()) who += (who.empty() ? "" : ",") + n.group_id() + ":" + n.reason();
     LK_LOG_INFO("quorum_lost quorum_id={} notices={}", qid, Q(who));
     lost_quorums.insert(qid);
-    if (ahead && ahead->quorum_id() == qid) {
+    // A loss that names this group itself (evicted, or its own leave) is not a reason to ask
+    // again: an ask would readmit a group whose trainers stalled.
+    bool self_named = false, evicted = false;
+    for (const auto& n : w.notices()) {
+      if (n.group_id() != options.group_id || n.incarnation() != options.incarnation) continue;
+      self_named = true;
+      evicted |= n.reason() == "progress_stalled";
+    }
+    if (evicted) {
+      ahead.reset();
+      AnswerNoticesLocked(false);
+      boost::asio::post(ioc, [self = shared_from_this()] { self->Fail("evicted"); });
+      continue;
+    }
+    if (ahead && ahead->quorum_id() == qid && !self_named) {
       // The quorum fetched ahead lost a member before the trainers polled: fetch another.
       uint32_t step = ahead_step;
       ahead.reset();

@@ -164,12 +164,17 @@ pb::TrainerPollResponse Agent::Impl::PollAnswerLocked(Trainer& t, bool fresh_ans
   if (fresh_answer && q.heal()) t.heal_answered_quorum_id = q.quorum_id();
   r.set_heal(heal);
   if (heal) {
-    for (uint32_t src : q.recovery().source_ranks()) {
-      if (src < static_cast<uint32_t>(q.members_size())) {
-        const auto& m = q.members(static_cast<int>(src));
-        if (options.node_rank < static_cast<uint32_t>(m.addresses_size())) {
-          r.add_heal_sources(m.addresses(static_cast<int>(options.node_rank)));
-        }
+    // Donors come in `sources` (compact answers) or are looked up in the member list.
+    auto add_source = [&](const pb::Member& m) {
+      if (options.node_rank < static_cast<uint32_t>(m.addresses_size())) {
+        r.add_heal_sources(m.addresses(static_cast<int>(options.node_rank)));
+      }
+    };
+    if (q.sources_size() > 0) {
+      for (const auto& m : q.sources()) add_source(m);
+    } else {
+      for (uint32_t src : q.recovery().source_ranks()) {
+        if (src < static_cast<uint32_t>(q.members_size())) add_source(q.members(static_cast<int>(src)));
       }
     }
     if (q.recovery().has_restore_checkpoint()) {

@@ -9,6 +9,7 @@
 
 #include <fstream>
 #include <future>
+#include <set>
 #include <thread>
 
 #include "common/http/client.h"
@@ -249,6 +250,46 @@ TEST_CASE("--quorum-id-block 0 is refused") {
   REQUIRE(code.has_value());
   CHECK(*code != 0);
   CHECK(p.Log().find("--quorum-id-block must be at least 1") != std::string::npos);
+}
+
+TEST_CASE("compact asks: no member list - a healer gets its donors in sources") {
+  auto dir = TempDir("lh-compact");
+  auto lh = StartLighthouse(dir + "/data", {"--join-timeout-ms", "300", "--min-replicas", "2"},
+                            dir + "/lh.log");
+  auto with_address = [](pb::QuorumRequest q, const std::string& address, bool compact) {
+    q.set_address(address);
+    q.set_compact(compact);
+    return q;
+  };
+  auto fa = AskAsync(lh.url(), with_address(Ask("j", "a", "a1", 5), "10.0.0.1:1", true));
+  auto fb = AskAsync(lh.url(), with_address(Ask("j", "b", "b1", 5), "10.0.0.2:1", false));
+  auto qa = fa.get();
+  auto qb = fb.get();
+  REQUIRE(qa.ok());
+  REQUIRE(qb.ok());
+  CHECK(qa->members_size() == 0);  // compact
+  CHECK(qb->members_size() == 2);  // the full answer is unchanged for other clients
+  CHECK(qa->replica_world_size() == 2);
+  CHECK(qa->quorum_id() == qb->quorum_id());
+  // A fresh group joins compact: told to heal, with both donors' addresses.
+  auto fc = AskAsync(lh.url(), with_address(Ask("j", "c", "c1", 0), "10.0.0.3:1", true));
+  std::this_thread::sleep_for(100ms);
+  fa = AskAsync(lh.url(), with_address(Ask("j", "a", "a1", 6), "10.0.0.1:1", true));
+  fb = AskAsync(lh.url(), with_address(Ask("j", "b", "b1", 6), "10.0.0.2:1", true));
+  auto qc = fc.get();
+  REQUIRE(qc.ok());
+  REQUIRE(fa.get().ok());
+  REQUIRE(fb.get().ok());
+  CHECK(qc->heal());
+  CHECK(qc->members_size() == 0);
+  CHECK(qc->replica_world_size() == 3);
+  REQUIRE(qc->sources_size() == qc->recovery().source_ranks_size());
+  std::set<std::string> donors;
+  for (const auto& m : qc->sources()) {
+    REQUIRE(m.addresses_size() == 1);
+    donors.insert(m.addresses(0));
+  }
+  CHECK(donors == std::set<std::string>{"10.0.0.1:1", "10.0.0.2:1"});
 }
 
 TEST_CASE("SIGTERM answers every waiter and exits 0") {
