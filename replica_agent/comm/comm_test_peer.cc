@@ -4,7 +4,7 @@
 //
 //   reconfigure QUORUM_ID RANK WORLD          rendezvous and build the communicator
 //   allreduce f32|bf16 sum|avg COUNT ROUNDS   fill with known values, allreduce, verify each round
-//   bench COUNT ROUNDS                        float32 sum allreduces without verification
+//   bench COUNT ROUNDS [f32|bf16 [sum|avg]]   allreduces without verification (f32 sum default)
 //   abort_in MS                               call Abort from another thread after MS
 //   exit
 //
@@ -133,12 +133,12 @@ struct Peer {
     return fmt::format("ok allreduce ms={}", ToMillis(SteadyClock::now() - start));
   }
 
-  std::string Bench(size_t count, int rounds) {
-    Buffer buf(backend, count * sizeof(float));
+  std::string Bench(size_t count, int rounds, DType dtype, ReduceOp op) {
+    Buffer buf(backend, count * DTypeBytes(dtype));
     void* data = buf.Upload();
     auto start = SteadyClock::now();
     for (int round = 0; round < rounds; ++round) {
-      Status st = comm->AllReduce(data, count, DType::kFloat32, ReduceOp::kSum);
+      Status st = comm->AllReduce(data, count, dtype, op);
       if (!st.ok()) return Err(st);
     }
     auto us = std::chrono::duration_cast<std::chrono::microseconds>(SteadyClock::now() - start);
@@ -169,8 +169,10 @@ struct Peer {
     if (cmd == "bench") {
       size_t count = 0;
       int rounds = 1;
-      in >> count >> rounds;
-      return Bench(count, rounds);
+      std::string dtype = "f32", op = "sum";
+      in >> count >> rounds >> dtype >> op;
+      return Bench(count, rounds, dtype == "bf16" ? DType::kBFloat16 : DType::kFloat32,
+                   op == "avg" ? ReduceOp::kAvg : ReduceOp::kSum);
     }
     if (cmd == "abort_in") {
       int ms = 0;

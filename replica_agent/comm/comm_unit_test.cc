@@ -33,6 +33,25 @@ TEST_CASE("bfloat16 rounds to nearest even and keeps NaN and infinities") {
   CHECK(Bf16ToFloat(FloatToBf16(-2.5f)) == -2.5f);
 }
 
+// The first reduce-scatter step adds bfloat16 inputs straight from the wire; that must be the
+// very same float32 arithmetic as widening them first. Odd lengths cover the vector loop's tail.
+TEST_CASE("AddBf16Into equals widening then AddInto, bit for bit") {
+  for (size_t count : {1, 7, 64, 1001}) {
+    std::vector<float> a(count), b(count);
+    std::vector<uint16_t> in(count);
+    for (size_t i = 0; i < count; ++i) {
+      a[i] = b[i] = static_cast<float>(i) * 0.37f - 11.0f;
+      in[i] = FloatToBf16(static_cast<float>(i % 13) * 1.7f - 3.3f);
+    }
+    in[0] = 0xffc0;  // a NaN stays a NaN
+    std::vector<float> widened(count);
+    WidenBf16(in.data(), widened.data(), count);
+    AddInto(a.data(), widened.data(), count);
+    AddBf16Into(b.data(), in.data(), count);
+    CHECK(std::memcmp(a.data(), b.data(), count * sizeof(float)) == 0);
+  }
+}
+
 TEST_CASE("ring chunks cover every element once and sizes differ by at most one") {
   for (size_t count : {0, 1, 5, 7, 64, 1001}) {
     for (size_t parts : {1, 2, 3, 4, 8}) {

@@ -132,7 +132,10 @@ class GlooCommManager final : public CommManager {
   void StopMonitor();
   Status Connect(std::shared_ptr<GlooContext> ctx, uint32_t quorum_id, uint32_t rank,
                  uint32_t world, TimePoint deadline);
-  Status Ring(GlooContext& ctx, float* data, size_t count, size_t rank, size_t world);
+  // `user` is the caller's buffer; `acc` the float32 accumulator (the same memory for float32,
+  // the widened copy for bfloat16).
+  Status Ring(GlooContext& ctx, void* user, float* acc, size_t count, DType dtype, ReduceOp op,
+              size_t rank, size_t world);
   Status WaitRecv(GlooBuffer& buf);
   Status WaitSend(GlooBuffer& buf);
   Status Interrupted() {
@@ -357,10 +360,11 @@ Status GlooCommManager::AllReduce(void* data, size_t count, DType dtype, ReduceO
     WidenBf16(static_cast<const uint16_t*>(data), widened_.data(), count);
     values = widened_.data();
   }
-  Status st;
   if (world > 1 && count > 0) {
+    // The ring itself divides and narrows each chunk where it is finished (see Ring).
+    Status st;
     try {
-      st = Ring(*ctx, values, count, rank, world);
+      st = Ring(*ctx, data, values, count, dtype, op, rank, world);
     } catch (const std::exception& e) {
       st = Error(Code::kAborted, "peer failure: {}", e.what());
     }
@@ -368,6 +372,7 @@ Status GlooCommManager::AllReduce(void* data, size_t count, DType dtype, ReduceO
     armed_ = false;
     if (!st.ok()) FailLocked(st);
     if (phase_ == Phase::kFailed) return status_;
+    return Status::Ok();
   }
   if (op == ReduceOp::kAvg) Divide(values, count, static_cast<float>(world));
   if (dtype == DType::kBFloat16) NarrowToBf16(values, static_cast<uint16_t*>(data), count);
@@ -399,38 +404,59 @@ Status GlooCommManager::WaitSend(GlooBuffer& buf) {
 // (wait for the last send, then a recv-ready round trip before the next step's data may flow);
 // with 2 members the reduce-scatter and the allgather thus become one continuous exchange.
 //
+// Each chunk is finished where its reduction ends (the last reduce-scatter step): divided for
+// an average and, for bfloat16, rounded into the caller's buffer right after its last addition,
+// while the segment is still in cache, instead of in two more passes over the whole buffer. The
+// allgather then copies finished values only, so every member holds the same bits, and they are
+// the bits of "sum in float32, divide, round once" as before.
+//
+// bfloat16 travels as bfloat16 wherever that is exact: the first reduce-scatter step sends the
+// members' own inputs (widening is exact) and the allgather sends rounded results; only the
+// partial sums in between need float32. With 2 members every byte on the wire is bfloat16.
+//
 // Buffers and ordering:
 //  - Reduce-scatter segments arrive in a small staging ring (kStagingSegments segments), each
 //    slot posted again as soon as its segment is reduced: memory stays bounded whatever the
 //    size, and the segment the kernel has just written is still in cache when it is added.
-//  - Allgather segments go straight into `data`; their receives are all posted up front. That
-//    is safe: segment k of a chunk can only come back in the allgather after this member's
-//    reduce-scatter send of the same segment has been read by the right neighbour, i.e. after
-//    the kernel has copied it out of `data`.
+//  - Allgather segments go straight into the caller's buffer; their receives are all posted up
+//    front. That is safe: segment k of a chunk can only come back in the allgather after this
+//    member's reduce-scatter send of the same segment has been read by the right neighbour,
+//    i.e. after the kernel has copied it out.
 //  - Each step has its own Gloo slot. Gloo sends a message once both the send and the peer's
 //    recv are posted; both sides post in step-then-segment order, so every buffer's receives
 //    complete in that order and the n-th completed wait is the n-th posted receive.
-Status GlooCommManager::Ring(GlooContext& ctx, float* data, size_t count, size_t rank,
-                             size_t world) {
+Status GlooCommManager::Ring(GlooContext& ctx, void* user, float* acc, size_t count, DType dtype,
+                             ReduceOp op, size_t rank, size_t world) {
   constexpr size_t kStagingSegments = 4;
+  const bool bf16 = dtype == DType::kBFloat16;
   const size_t seg = std::max<size_t>(1, options_.segment_bytes / sizeof(float));
   const size_t steps = RingSteps(world);
+  const size_t last_reduce = world - 2;
   auto segments = [seg](size_t n) { return (n + seg - 1) / seg; };
   auto seg_len = [seg](size_t n, size_t k) { return std::min(seg, n - k * seg); };
   auto in_chunk = [&](size_t step) {
     return RingChunk(count, world, RingRecvChunk(rank, world, step));
   };
+  // Whether step s carries bfloat16 (the caller's buffer) or float32 (the accumulator).
+  auto wire16 = [&](size_t step) {
+    return bf16 && (step == 0 || !RingStepReduces(world, step));
+  };
+  auto wire_bytes = [&](size_t step) { return wire16(step) ? sizeof(uint16_t) : sizeof(float); };
   const size_t depth =
       std::max<size_t>(1, std::min(kStagingSegments, segments(RingChunk(count, world, 0).size)));
   if (scratch_.size() < depth * seg) scratch_.resize(depth * seg);
   const int left = static_cast<int>((rank + world - 1) % world);
   const int right = static_cast<int>((rank + 1) % world);
-  auto dbuf = ctx.createUnboundBuffer(data, count * sizeof(float));
+  auto ubuf = ctx.createUnboundBuffer(user, count * DTypeBytes(dtype));
+  std::unique_ptr<GlooBuffer> abuf_owned;
+  if (bf16) abuf_owned = ctx.createUnboundBuffer(acc, count * sizeof(float));
+  GlooBuffer* abuf = bf16 ? abuf_owned.get() : ubuf.get();
   auto sbuf = ctx.createUnboundBuffer(scratch_.data(), depth * seg * sizeof(float));
   {
     std::lock_guard lock(mu_);
     if (phase_ == Phase::kFailed) return status_;
-    inflight_ = {dbuf.get(), sbuf.get()};
+    inflight_ = {ubuf.get(), sbuf.get()};
+    if (bf16) inflight_.push_back(abuf);
   }
   // Declared after the buffers, so it runs first: Abort must never touch a freed buffer.
   struct Unregister {
@@ -452,7 +478,7 @@ Status GlooCommManager::Ring(GlooContext& ctx, float* data, size_t count, size_t
     if (!RingStepReduces(world, post_step)) return;
     const size_t n = seg_len(in_chunk(post_step).size, post_seg);
     sbuf->recv(left, slot_base + post_step, (staged_posted % depth) * seg * sizeof(float),
-               n * sizeof(float));
+               n * wire_bytes(post_step));
     ++post_seg;
     ++staged_posted;
   };
@@ -460,36 +486,50 @@ Status GlooCommManager::Ring(GlooContext& ctx, float* data, size_t count, size_t
   for (size_t step = world - 1; step < steps; ++step) {
     Chunk in = in_chunk(step);
     for (size_t k = 0; k < segments(in.size); ++k) {
-      dbuf->recv(left, slot_base + step, (in.begin + k * seg) * sizeof(float),
-                 seg_len(in.size, k) * sizeof(float));
+      ubuf->recv(left, slot_base + step, (in.begin + k * seg) * DTypeBytes(dtype),
+                 seg_len(in.size, k) * DTypeBytes(dtype));
     }
   }
-  size_t sends = 0;
+  size_t user_sends = 0, acc_sends = 0;
   auto send = [&](size_t step, const Chunk& out, size_t k) {
-    dbuf->send(right, slot_base + step, (out.begin + k * seg) * sizeof(float),
-               seg_len(out.size, k) * sizeof(float));
-    ++sends;
+    const size_t bytes = wire_bytes(step);
+    GlooBuffer* from = wire16(step) ? ubuf.get() : abuf;
+    from->send(right, slot_base + step, (out.begin + k * seg) * bytes,
+               seg_len(out.size, k) * bytes);
+    ++(from == ubuf.get() ? user_sends : acc_sends);
   };
   Chunk first = RingChunk(count, world, RingSendChunk(rank, world, 0));
   for (size_t k = 0; k < segments(first.size); ++k) send(0, first, k);
 
+  const float divisor = static_cast<float>(world);
   size_t staged_done = 0;
   for (size_t step = 0; step < steps; ++step) {
     Chunk in = in_chunk(step);
     for (size_t k = 0; k < segments(in.size); ++k) {
+      const size_t begin = in.begin + k * seg;
+      const size_t n = seg_len(in.size, k);
       if (RingStepReduces(world, step)) {
         LK_RETURN_IF_ERROR(WaitRecv(*sbuf));
-        AddInto(data + in.begin + k * seg, scratch_.data() + (staged_done % depth) * seg,
-                seg_len(in.size, k));
+        const float* staged = scratch_.data() + (staged_done % depth) * seg;
+        if (wire16(step)) {
+          AddBf16Into(acc + begin, reinterpret_cast<const uint16_t*>(staged), n);
+        } else {
+          AddInto(acc + begin, staged, n);
+        }
         ++staged_done;
         post_staged();  // the slot just read is free again
+        if (step == last_reduce) {  // this segment is final: finish it here, once
+          if (op == ReduceOp::kAvg) Divide(acc + begin, n, divisor);
+          if (bf16) NarrowToBf16(acc + begin, static_cast<uint16_t*>(user) + begin, n);
+        }
       } else {
-        LK_RETURN_IF_ERROR(WaitRecv(*dbuf));
+        LK_RETURN_IF_ERROR(WaitRecv(*ubuf));
       }
       if (step + 1 < steps) send(step + 1, in, k);
     }
   }
-  for (size_t i = 0; i < sends; ++i) LK_RETURN_IF_ERROR(WaitSend(*dbuf));
+  for (size_t i = 0; i < user_sends; ++i) LK_RETURN_IF_ERROR(WaitSend(*ubuf));
+  for (size_t i = 0; i < acc_sends; ++i) LK_RETURN_IF_ERROR(WaitSend(*abuf));
   return Status::Ok();
 }
 

@@ -18,6 +18,10 @@ void AddInto(float* __restrict acc, const float* __restrict in, size_t count) {
   for (size_t i = 0; i < count; ++i) acc[i] += in[i];
 }
 
+void AddBf16Into(float* __restrict acc, const uint16_t* __restrict in, size_t count) {
+  for (size_t i = 0; i < count; ++i) acc[i] += Bf16ToFloat(in[i]);
+}
+
 void Divide(float* data, size_t count, float divisor) {
   for (size_t i = 0; i < count; ++i) data[i] /= divisor;
 }
