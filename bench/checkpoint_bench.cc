@@ -42,34 +42,46 @@ Snapshot MakeState(uint64_t bytes, int64_t step) {
   return s;
 }
 
+// Shard servers as replica agents run them: each peer has its own io_context, run by
+// `threads` threads (an agent uses one).
 class Servers {
  public:
-  Servers(const std::string& base, int count) {
+  Servers(const std::string& base, int count, uint32_t threads) {
     for (int i = 0; i < count; ++i) {
-      shards_.push_back(std::make_unique<ShardServer>(ShardServerOptions{base}));
+      auto p = std::make_unique<Peer>();
+      p->shards = std::make_unique<ShardServer>(ShardServerOptions{base});
       http::ServerOptions o;
       o.write_timeout = Millis(120'000);
-      servers_.push_back(std::make_unique<http::Server>(ioc_, o, shards_.back()->AsHandler()));
-      LK_CHECK(servers_.back()->Listen("127.0.0.1:0").ok());
-      urls_.push_back("http://" + servers_.back()->LocalAddress());
+      o.single_thread = threads == 1;
+      p->server = std::make_unique<http::Server>(p->ioc, o, p->shards->AsHandler());
+      LK_CHECK(p->server->Listen("127.0.0.1:0").ok());
+      urls_.push_back("http://" + p->server->LocalAddress());
+      for (uint32_t t = 0; t < threads; ++t) {
+        p->threads.emplace_back([ioc = &p->ioc] { ioc->run(); });
+      }
+      peers_.push_back(std::move(p));
     }
-    for (int i = 0; i < 4; ++i) threads_.emplace_back([this] { ioc_.run(); });
   }
   ~Servers() {
-    boost::asio::post(ioc_, [this] {
-      for (auto& s : servers_) s->Stop();
-      ioc_.stop();
-    });
-    for (auto& t : threads_) t.join();
+    for (auto& p : peers_) {
+      boost::asio::post(p->ioc, [p = p.get()] {
+        p->server->Stop();
+        p->ioc.stop();
+      });
+      for (auto& t : p->threads) t.join();
+    }
   }
   const std::vector<std::string>& urls() const { return urls_; }
 
  private:
-  boost::asio::io_context ioc_;
-  std::vector<std::unique_ptr<ShardServer>> shards_;
-  std::vector<std::unique_ptr<http::Server>> servers_;
+  struct Peer {
+    boost::asio::io_context ioc;
+    std::unique_ptr<ShardServer> shards;
+    std::unique_ptr<http::Server> server;
+    std::vector<std::thread> threads;
+  };
+  std::vector<std::unique_ptr<Peer>> peers_;
   std::vector<std::string> urls_;
-  std::vector<std::thread> threads_;
 };
 
 void SaveAndRestore(const std::string& dir, const Snapshot& state, int64_t bytes, uint32_t streams) {
@@ -115,6 +127,10 @@ int Main(int argc, char** argv) {
   bool peers_only = false;
   flags.Add("peers_only", &peers_only, "skip save and restore (for profiling the peer path)",
             "LK_BENCH_PEERS_ONLY");
+  // The replica agent runs its io_context, and so its shard server, on one thread.
+  uint32_t server_threads = 1;
+  flags.Add("server_threads", &server_threads, "io threads of each peer's shard server",
+            "LK_BENCH_SERVER_THREADS");
   bool skip_peers = false;
   flags.Add("skip_peers", &skip_peers, "stop after save and restore", "LK_BENCH_SKIP_PEERS");
   bool huge_pages = true;
@@ -144,7 +160,7 @@ int Main(int argc, char** argv) {
   LK_CHECK(pub.Publish(state).ok());
   std::printf("publish_shm_bytes_per_s=%.0f\n", bytes / Seconds(t0));
   state = Snapshot();
-  Servers servers(shm, 3);
+  Servers servers(shm, 3, std::max<uint32_t>(1, server_threads));
   for (size_t n = 1; n <= 3; ++n) {
     std::vector<std::string> urls(servers.urls().begin(), servers.urls().begin() + n);
     PeerRecoveryOptions po;
