@@ -6,18 +6,22 @@
 //  2. Kill -9: one member is killed mid-collective; time until every survivor's allreduce has
 //     returned Aborted, and until the survivors' first allreduce on the new quorum is done.
 //  3. Throughput: ring allreduce bus bandwidth (2(n-1)/n * bytes / time, what each member's
-//     links carry) against iperf3 on the same loopback in the same run.
+//     links carry) against iperf3 on the same loopback in the same run, and bytes moved per
+//     CPU second against iperf3's (on loopback the link is the CPU).
 //
 // Usage: comm_bench [--rounds N] [--mib M] [--iperf-seconds S]; prints Markdown to stdout.
 #include <fmt/format.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -151,8 +155,38 @@ void BenchKill(testing::Lighthouse* lh, const std::string& dir, uint32_t rounds)
   std::fflush(stdout);
 }
 
-// iperf3 over loopback: the sum received in bits/s, in GB/s (1e9 bytes).
-double Iperf(const std::string& dir, uint32_t seconds, bool bidir) {
+// CPU seconds (user + system) a process has used so far, from /proc/PID/stat. Loopback TCP
+// traffic is processed in the sending and receiving processes' own system time, so this counts
+// the copies as well as the reduction.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Fields after the command name (which may hold spaces) start at its closing parenthesis;
+  // utime and stime are fields 14 and 15, i.e. the 12th and 13th after it.
+  auto at = stat.rfind(')');
+  if (at == std::string::npos) Die("cannot read /proc/" + std::to_string(pid) + "/stat");
+  std::istringstream fields(stat.substr(at + 2));
+  std::string skip;
+  for (int i = 0; i < 11; ++i) fields >> skip;
+  double utime = 0, stime = 0;
+  fields >> utime >> stime;
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// A JSON number field after `key` (and after position `from`), or 0.
+double JsonNumber(const std::string& json, const std::string& key, size_t from = 0) {
+  auto at = json.find("\"" + key + "\":", from);
+  if (at == std::string::npos) return 0;
+  return std::strtod(json.c_str() + at + key.size() + 3, nullptr);
+}
+
+struct IperfResult {
+  double gbps = 0;             // received, all directions summed, GB/s (1e9 bytes)
+  double gb_per_cpu_s = 0;     // received bytes per CPU second of client and server together
+};
+
+// iperf3 over loopback.
+IperfResult Iperf(const std::string& dir, uint32_t seconds, bool bidir) {
   static int next = 0;
   int port = 20000 + static_cast<int>((getpid() * 2 + next++) % 20000);
   Child server({"/usr/bin/iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", std::to_string(port)},
@@ -172,46 +206,78 @@ double Iperf(const std::string& dir, uint32_t seconds, bool bidir) {
     if (out.find("unable to connect") == std::string::npos) break;
   }
   (void)server.Wait(std::chrono::seconds(5));
-  // end.sum_received (and, with --bidir, end.sum_received_bidir_reverse) carry the rates.
+  // end.sum_received (and, with --bidir, end.sum_received_bidir_reverse) carry the rates;
+  // end.cpu_utilization_percent the client's (host) and server's (remote) CPU use over the
+  // test, in percent of one CPU.
   double total = 0;
   for (const char* key : {"\"sum_received\"", "\"sum_received_bidir_reverse\""}) {
     auto at = out.rfind(key);
     if (at == std::string::npos) continue;
-    auto bps = out.find("\"bits_per_second\":", at);
-    total += std::strtod(out.c_str() + bps + 18, nullptr);
+    total += JsonNumber(out, "bits_per_second", at);
   }
   if (total == 0) Die("no iperf3 figure: " + out.substr(0, 300));
-  return total / 8 / 1e9;
+  auto cpu_at = out.rfind("\"cpu_utilization_percent\"");
+  double cpus = cpu_at == std::string::npos
+                    ? 0
+                    : (JsonNumber(out, "host_total", cpu_at) + JsonNumber(out, "remote_total", cpu_at)) /
+                          100;
+  IperfResult r;
+  r.gbps = total / 8 / 1e9;
+  r.gb_per_cpu_s = cpus > 0 ? r.gbps / cpus : 0;
+  return r;
 }
 
 void BenchThroughput(testing::Lighthouse* lh, const std::string& dir, uint32_t mib,
                      uint32_t iperf_seconds) {
-  double one_way = Iperf(dir, iperf_seconds, false);
-  double both_ways = Iperf(dir, iperf_seconds, true);
+  IperfResult one_way = Iperf(dir, iperf_seconds, false);
+  IperfResult both_ways = Iperf(dir, iperf_seconds, true);
   fmt::print("\n### Allreduce throughput vs raw loopback TCP (iperf3, same run)\n\n");
-  fmt::print("iperf3 one stream: {:.2f} GB/s; --bidir (both directions summed): {:.2f} GB/s\n\n",
-             one_way, both_ways);
   fmt::print(
-      "| members | MiB | busbw GB/s | / iperf3 one stream | total moved GB/s | / iperf3 "
-      "bidir |\n|---|---|---|---|---|---|\n");
-  for (size_t n : {2, 4}) {
+      "iperf3 one stream: {:.2f} GB/s, {:.2f} GB per CPU-second; --bidir (both directions "
+      "summed): {:.2f} GB/s, {:.2f} GB per CPU-second\n\n",
+      one_way.gbps, one_way.gb_per_cpu_s, both_ways.gbps, both_ways.gb_per_cpu_s);
+  fmt::print(
+      "| members | dtype op | MiB | busbw GB/s | / iperf3 one stream | total moved GB/s | / iperf3 "
+      "one stream | / iperf3 bidir | GB per CPU-s | / iperf3 one stream |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
+  struct Case {
+    size_t n;
+    const char* dtype;
+    const char* op;
+  };
+  for (Case c : {Case{2, "f32", "sum"}, Case{4, "f32", "sum"}, Case{2, "bf16", "avg"},
+                 Case{4, "bf16", "avg"}}) {
+    const size_t n = c.n;
     Peers peers(lh, dir, n);
     peers.Rebuild(Range(n), peers.NewQuorum());
-    const size_t count = static_cast<size_t>(mib) * 1024 * 1024 / 4;
+    const size_t elem_bytes = std::string(c.dtype) == "bf16" ? 2 : 4;
+    const size_t count = static_cast<size_t>(mib) * 1024 * 1024 / elem_bytes;
     const uint32_t rounds = 20;
-    for (auto& c : peers.p) c->Send(fmt::format("bench {} 2", count));  // warm-up
-    for (auto& c : peers.p) Peers::Expect(*c, "ok bench");
+    for (auto& p : peers.p) p->Send(fmt::format("bench {} 2 {} {}", count, c.dtype, c.op));
+    for (auto& p : peers.p) Peers::Expect(*p, "ok bench");  // warm-up
+    double cpu_before = 0;
+    for (auto& p : peers.p) cpu_before += CpuSeconds(p->pid());
     auto start = SteadyClock::now();
-    for (auto& c : peers.p) c->Send(fmt::format("bench {} {}", count, rounds));
-    for (auto& c : peers.p) Peers::Expect(*c, "ok bench");
+    for (auto& p : peers.p) p->Send(fmt::format("bench {} {} {} {}", count, rounds, c.dtype, c.op));
+    for (auto& p : peers.p) Peers::Expect(*p, "ok bench");
     double seconds = MsSince(start) / 1000 / rounds;
-    double bytes = static_cast<double>(count) * 4;
+    double cpu = 0;
+    for (auto& p : peers.p) cpu += CpuSeconds(p->pid());
+    cpu = (cpu - cpu_before) / rounds;
+    // Bytes of the caller's buffer: for bfloat16 that is half of a float32 buffer of the same
+    // element count, whatever the ring puts on the wire.
+    double bytes = static_cast<double>(count * elem_bytes);
     // busbw: what each member sends (and receives) per second; total: all members together,
     // which is what the one loopback (the same CPUs) carries.
     double busbw = bytes * 2 * static_cast<double>(n - 1) / static_cast<double>(n) / seconds / 1e9;
     double total = busbw * static_cast<double>(n);
-    fmt::print("| {} | {} | {:.2f} | {:.2f}x | {:.2f} | {:.2f}x |\n", n, mib, busbw,
-               busbw / one_way, total, total / both_ways);
+    // Bytes per CPU second of all members: the copies, the reduction and every wake-up,
+    // independent of how much CPU the other tenants of the machine left us.
+    double per_cpu = total * seconds / cpu;
+    fmt::print(
+        "| {} | {} {} | {} | {:.2f} | {:.2f}x | {:.2f} | {:.2f}x | {:.2f}x | {:.2f} | {:.2f}x |\n",
+        n, c.dtype, c.op, mib, busbw, busbw / one_way.gbps, total, total / one_way.gbps,
+        total / both_ways.gbps, per_cpu, per_cpu / one_way.gb_per_cpu_s);
     std::fflush(stdout);
   }
 }
