@@ -6,11 +6,13 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
 
+#include "checkpoint/format.h"
 #include "checkpoint/live.h"
 #include "checkpoint/restore.h"
 #include "checkpoint/shard_server.h"
@@ -115,6 +117,36 @@ double CpuSeconds() {
   return s(u.ru_utime) + s(u.ru_stime);
 }
 
+// The work any recovery of this state does without a network: pread the served shard from
+// /dev/shm into fresh memory and hash it, on one thread. iperf3 moves bytes between two
+// cache-resident 128 KiB buffers; a recovery cannot avoid reading the state from memory,
+// writing it to fresh pages and checksumming it, so this shows how much of its time those take.
+void LocalCopyFloor(const std::string& shm) {
+  std::vector<std::string> shards;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(shm)) {
+    if (e.path().extension() == ".safetensors") shards.push_back(e.path().string());
+  }
+  LK_CHECK(!shards.empty());
+  std::sort(shards.begin(), shards.end());
+  Env* env = Env::Default();
+  auto f = env->NewRandomAccessFile(shards.back());  // the newest step
+  LK_CHECK(f.ok()) << f.status().ToString();
+  uint64_t size = (*f)->size();
+  auto t0 = std::chrono::steady_clock::now();
+  double cpu0 = CpuSeconds();
+  Buffer dst(size);
+  constexpr uint64_t kRead = uint64_t{16} << 20, kChunk = uint64_t{4} << 20;
+  uint64_t sum = 0;
+  for (uint64_t at = 0; at < size; at += kRead) {
+    uint64_t n = std::min(kRead, size - at);
+    LK_CHECK((*f)->Read(at, n, dst.data() + at).ok());
+    for (uint64_t c = 0; c < n; c += kChunk) sum ^= Xxh3(dst.data() + at + c, std::min(kChunk, n - c));
+  }
+  double s = Seconds(t0), cpu = CpuSeconds() - cpu0;
+  std::printf("local_copy_bytes_per_s=%.0f\nlocal_copy_cpu_s_per_gb=%.3f\nlocal_copy_sum=%llx\n",
+              size / s, cpu / (size / 1e9), static_cast<unsigned long long>(sum));
+}
+
 int Main(int argc, char** argv) {
   std::string dir = "/tmp/lk-ckpt-bench", shm = "/dev/shm/lk-ckpt-bench";
   int64_t bytes = int64_t{2} << 30;
@@ -160,6 +192,7 @@ int Main(int argc, char** argv) {
   LK_CHECK(pub.Publish(state).ok());
   std::printf("publish_shm_bytes_per_s=%.0f\n", bytes / Seconds(t0));
   state = Snapshot();
+  LocalCopyFloor(shm);
   Servers servers(shm, 3, std::max<uint32_t>(1, server_threads));
   for (size_t n = 1; n <= 3; ++n) {
     std::vector<std::string> urls(servers.urls().begin(), servers.urls().begin() + n);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checkpoint throughput next to its yardsticks, in one run on one machine:
 #   save / restore of a 2 GiB state  vs  fio sequential write (with fsync) / read, same directory
-#   peer recovery from 1, 2, 3 sources vs iperf3 on loopback (one stream)
+#   peer recovery from 1, 2, 3 sources vs iperf3 on loopback (one stream, run before and after)
 # usage: bench/checkpoint_bench.sh [BUILD_DIR] [DISK_DIR]      (LK_BENCH_BYTES overrides 2 GiB)
 set -euo pipefail
 BUILD=${1:-build}
@@ -18,12 +18,17 @@ fio --name=fio --directory="$DIR" --filename=fio.0.0 --rw=read --bs=16M --size="
     --ioengine=psync --invalidate=1 --output-format=json >"$OUT/fio-read.json"
 rm -f "$DIR/fio.0.0"
 
+# iperf3 right before and right after ours; the yardstick is their mean, so a load that comes or
+# goes during the run weighs on both sides alike.
+iperf() {
+  iperf3 -s -1 -p "$PORT" >/dev/null 2>&1 &
+  sleep 0.5
+  iperf3 -c 127.0.0.1 -p "$PORT" -t 5 -J >"$OUT/$1"
+  wait
+}
+iperf iperf-before.json
 "$BUILD/bin/checkpoint_bench" --dir "$DIR" --bytes "$BYTES" | tee "$OUT/ours.txt"
-
-iperf3 -s -1 -p "$PORT" >/dev/null 2>&1 &
-sleep 0.5
-iperf3 -c 127.0.0.1 -p "$PORT" -t 5 -J >"$OUT/iperf.json"
-wait
+iperf iperf-after.json
 
 python3 - "$OUT" "$BYTES" <<'PY'
 import json, sys
@@ -33,7 +38,16 @@ def fio_rate(name, kind):
     return size / (job["job_runtime"] / 1000.0)  # runtime includes the final fsync
 ours = dict(l.strip().split("=", 1) for l in open(f"{out}/ours.txt") if "=" in l and not l.startswith("effective"))
 w, r = fio_rate("fio-write.json", "write"), fio_rate("fio-read.json", "read")
-ip = json.load(open(f"{out}/iperf.json"))["end"]["sum_received"]["bits_per_second"] / 8
+ipends = [json.load(open(f"{out}/{n}"))["end"] for n in ("iperf-before.json", "iperf-after.json")]
+ips = [e["sum_received"]["bits_per_second"] / 8 for e in ipends]
+ip = sum(ips) / len(ips)
+print(f"iperf3 before {ips[0]/1e9:.2f} GB/s, after {ips[1]/1e9:.2f} GB/s")
+# iperf3's CPU (sender + receiver, % of one core over the run) per GB moved, to set against
+# ours: CPU per byte depends less on what else the machine runs than bytes per second do.
+def cpu_per_gb(e):
+    c, r = e["cpu_utilization_percent"], e["sum_received"]
+    return (c["host_total"] + c["remote_total"]) / 100 * r["seconds"] / (r["bytes"] / 1e9)
+ip_cpu = sum(cpu_per_gb(e) for e in ipends) / len(ipends)
 G = 1e9
 rows = [("save (write+fsync+commit)", float(ours["save_bytes_per_s"]), "fio write+fsync", w),
         ("restore (pread, cold cache)", float(ours["restore_bytes_per_s"]), "fio read", r)]
@@ -42,4 +56,8 @@ for n in (1, 2, 3):
 print(f"\n| figure | ours GB/s | yardstick | GB/s | ratio |\n|---|---|---|---|---|")
 for name, v, yname, y in rows:
     print(f"| {name} | {v/G:.2f} | {yname} | {y/G:.2f} | {v/y:.2f}x |")
+print(f"\n| CPU s per GB | ours | iperf3 | local copy floor (pread from /dev/shm + XXH3, fresh memory) |\n|---|---|---|---|")
+for n in (1, 2, 3):
+    print(f"| peer recovery, {n} source(s) | {float(ours[f'peer{n}_cpu_s_per_gb']):.2f} | {ip_cpu:.2f} | {float(ours['local_copy_cpu_s_per_gb']):.2f} |")
+print(f"\nlocal copy floor: {float(ours['local_copy_bytes_per_s'])/G:.2f} GB/s on one thread")
 PY
