@@ -1,6 +1,12 @@
 #include "checkpoint/format.h"
 
 #include <xxhash.h>
+#if defined(__x86_64__)
+// libxxhash's dispatch entry points pick SSE2, AVX2 or AVX-512 at run time: the plain ones are
+// built for baseline x86-64, and checksums took about a tenth of a peer recovery's CPU.
+// Including this header makes the XXH3_64bits* calls below use them; the hashes are the same.
+#include <xxh_x86dispatch.h>
+#endif
 
 #include <boost/json.hpp>
 #include <charconv>
