@@ -33,22 +33,31 @@ TEST_CASE("bfloat16 rounds to nearest even and keeps NaN and infinities") {
   CHECK(Bf16ToFloat(FloatToBf16(-2.5f)) == -2.5f);
 }
 
-// The first reduce-scatter step adds bfloat16 inputs straight from the wire; that must be the
-// very same float32 arithmetic as widening them first. Odd lengths cover the vector loop's tail.
-TEST_CASE("AddBf16Into equals widening then AddInto, bit for bit") {
+// The ring sets each bfloat16 member's accumulator segment to its own input plus what arrived
+// (bfloat16 at the first step, float32 partial sums later); that must be the very same float32
+// arithmetic as widening first and adding into it. Odd lengths cover the vector loop's tail.
+TEST_CASE("SumBf16 and SumBf16Float equal widening then AddInto, bit for bit") {
   for (size_t count : {1, 7, 64, 1001}) {
-    std::vector<float> a(count), b(count);
-    std::vector<uint16_t> in(count);
+    std::vector<uint16_t> mine(count), in(count);
+    std::vector<float> in_f(count);
     for (size_t i = 0; i < count; ++i) {
-      a[i] = b[i] = static_cast<float>(i) * 0.37f - 11.0f;
+      mine[i] = FloatToBf16(static_cast<float>(i) * 0.37f - 11.0f);
       in[i] = FloatToBf16(static_cast<float>(i % 13) * 1.7f - 3.3f);
+      in_f[i] = static_cast<float>(i % 11) * 0.013f - 0.05f;
     }
-    in[0] = 0xffc0;  // a NaN stays a NaN
-    std::vector<float> widened(count);
-    WidenBf16(in.data(), widened.data(), count);
-    AddInto(a.data(), widened.data(), count);
-    AddBf16Into(b.data(), in.data(), count);
-    CHECK(std::memcmp(a.data(), b.data(), count * sizeof(float)) == 0);
+    mine[0] = 0xffc1;  // NaNs stay NaNs, with the payload of the first operand
+    in[0] = 0xffc2;
+    std::vector<float> want(count), want_f(count), widened_in(count);
+    WidenBf16(mine.data(), want.data(), count);
+    WidenBf16(mine.data(), want_f.data(), count);
+    WidenBf16(in.data(), widened_in.data(), count);
+    AddInto(want.data(), widened_in.data(), count);
+    AddInto(want_f.data(), in_f.data(), count);
+    std::vector<float> got(count), got_f(count);
+    SumBf16(mine.data(), in.data(), got.data(), count);
+    SumBf16Float(mine.data(), in_f.data(), got_f.data(), count);
+    CHECK(std::memcmp(want.data(), got.data(), count * sizeof(float)) == 0);
+    CHECK(std::memcmp(want_f.data(), got_f.data(), count * sizeof(float)) == 0);
   }
 }
 

@@ -356,8 +356,8 @@ Status GlooCommManager::AllReduce(void* data, size_t count, DType dtype, ReduceO
   }
   float* values = static_cast<float*>(data);
   if (dtype == DType::kBFloat16) {
+    // The ring fills the float32 accumulator itself, segment by segment, as it adds into it.
     widened_.resize(count);
-    WidenBf16(static_cast<const uint16_t*>(data), widened_.data(), count);
     values = widened_.data();
   }
   if (world > 1 && count > 0) {
@@ -374,6 +374,7 @@ Status GlooCommManager::AllReduce(void* data, size_t count, DType dtype, ReduceO
     if (phase_ == Phase::kFailed) return status_;
     return Status::Ok();
   }
+  if (dtype == DType::kBFloat16) WidenBf16(static_cast<const uint16_t*>(data), values, count);
   if (op == ReduceOp::kAvg) Divide(values, count, static_cast<float>(world));
   if (dtype == DType::kBFloat16) NarrowToBf16(values, static_cast<uint16_t*>(data), count);
   return Status::Ok();
@@ -409,6 +410,9 @@ Status GlooCommManager::WaitSend(GlooBuffer& buf) {
 // while the segment is still in cache, instead of in two more passes over the whole buffer. The
 // allgather then copies finished values only, so every member holds the same bits, and they are
 // the bits of "sum in float32, divide, round once" as before.
+//
+// For bfloat16 the float32 accumulator is not filled up front: each segment is set to the
+// member's own widened input plus what arrived the one time the ring adds into it.
 //
 // bfloat16 travels as bfloat16 wherever that is exact: the first reduce-scatter step sends the
 // members' own inputs (widening is exact) and the allgather sends rounded results; only the
@@ -511,10 +515,18 @@ Status GlooCommManager::Ring(GlooContext& ctx, void* user, float* acc, size_t co
       if (RingStepReduces(world, step)) {
         LK_RETURN_IF_ERROR(WaitRecv(*sbuf));
         const float* staged = scratch_.data() + (staged_done % depth) * seg;
-        if (wire16(step)) {
-          AddBf16Into(acc + begin, reinterpret_cast<const uint16_t*>(staged), n);
-        } else {
+        if (!bf16) {
           AddInto(acc + begin, staged, n);
+        } else {
+          // Each chunk is reduced into once per member, so this is the first time this
+          // segment of the accumulator is written: it is set to this member's own input plus
+          // what arrived, without a widening pass over the whole buffer beforehand.
+          const uint16_t* mine = static_cast<const uint16_t*>(user) + begin;
+          if (wire16(step)) {
+            SumBf16(mine, reinterpret_cast<const uint16_t*>(staged), acc + begin, n);
+          } else {
+            SumBf16Float(mine, staged, acc + begin, n);
+          }
         }
         ++staged_done;
         post_staged();  // the slot just read is free again

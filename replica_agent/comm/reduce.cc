@@ -18,8 +18,14 @@ void AddInto(float* __restrict acc, const float* __restrict in, size_t count) {
   for (size_t i = 0; i < count; ++i) acc[i] += in[i];
 }
 
-void AddBf16Into(float* __restrict acc, const uint16_t* __restrict in, size_t count) {
-  for (size_t i = 0; i < count; ++i) acc[i] += Bf16ToFloat(in[i]);
+void SumBf16(const uint16_t* __restrict mine, const uint16_t* __restrict in, float* __restrict out,
+             size_t count) {
+  for (size_t i = 0; i < count; ++i) out[i] = Bf16ToFloat(mine[i]) + Bf16ToFloat(in[i]);
+}
+
+void SumBf16Float(const uint16_t* __restrict mine, const float* __restrict in,
+                  float* __restrict out, size_t count) {
+  for (size_t i = 0; i < count; ++i) out[i] = Bf16ToFloat(mine[i]) + in[i];
 }
 
 void Divide(float* data, size_t count, float divisor) {

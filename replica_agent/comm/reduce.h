@@ -22,8 +22,10 @@ inline uint16_t FloatToBf16(float f) {
 void WidenBf16(const uint16_t* in, float* out, size_t count);
 void NarrowToBf16(const float* in, uint16_t* out, size_t count);
 void AddInto(float* acc, const float* in, size_t count);
-// acc[i] += widened in[i]: adds bfloat16 values exactly as if they had been widened first.
-void AddBf16Into(float* acc, const uint16_t* in, size_t count);
+// out[i] = widened mine[i] + widened in[i] (resp. + in[i]): the same float32 additions, in the
+// same operand order, as widening `mine` into `out` first and then adding into it.
+void SumBf16(const uint16_t* mine, const uint16_t* in, float* out, size_t count);
+void SumBf16Float(const uint16_t* mine, const float* in, float* out, size_t count);
 // Divides rather than multiplying by the reciprocal, so that an average is exactly sum / n.
 void Divide(float* data, size_t count, float divisor);
 
