@@ -86,7 +86,8 @@ class Servers {
   std::vector<std::string> urls_;
 };
 
-void SaveAndRestore(const std::string& dir, const Snapshot& state, int64_t bytes, uint32_t streams) {
+void SaveAndRestore(const std::string& dir, const Snapshot& state, int64_t bytes,
+                    uint32_t streams) {
   WriterOptions w;
   w.root = dir + "/ckpt";
   w.keep = 1;
@@ -140,7 +141,8 @@ void LocalCopyFloor(const std::string& shm) {
   for (uint64_t at = 0; at < size; at += kRead) {
     uint64_t n = std::min(kRead, size - at);
     LK_CHECK((*f)->Read(at, n, dst.data() + at).ok());
-    for (uint64_t c = 0; c < n; c += kChunk) sum ^= Xxh3(dst.data() + at + c, std::min(kChunk, n - c));
+    for (uint64_t c = 0; c < n; c += kChunk)
+      sum ^= Xxh3(dst.data() + at + c, std::min(kChunk, n - c));
   }
   double s = Seconds(t0), cpu = CpuSeconds() - cpu0;
   std::printf("local_copy_bytes_per_s=%.0f\nlocal_copy_cpu_s_per_gb=%.3f\nlocal_copy_sum=%llx\n",
@@ -204,7 +206,8 @@ int Main(int argc, char** argv) {
     double s = Seconds(t0), cpu = CpuSeconds() - cpu0;
     LK_CHECK(got.ok()) << got.status().ToString();
     LK_CHECK(got->bytes() == static_cast<uint64_t>(bytes));
-    std::printf("peer%zu_bytes_per_s=%.0f\npeer%zu_cpu_s_per_gb=%.3f\n", n, bytes / s, n, cpu / (bytes / 1e9));
+    std::printf("peer%zu_bytes_per_s=%.0f\npeer%zu_cpu_s_per_gb=%.3f\n", n, bytes / s, n,
+                cpu / (bytes / 1e9));
   }
   std::filesystem::remove_all(dir + "/ckpt");
   std::filesystem::remove_all(shm);

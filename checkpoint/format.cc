@@ -193,7 +193,9 @@ void Xxh3Stream::Reset() { XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_))
 void Xxh3Stream::Update(const void* data, uint64_t size) {
   XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, size);
 }
-uint64_t Xxh3Stream::Digest() const { return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_)); }
+uint64_t Xxh3Stream::Digest() const {
+  return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_));
+}
 
 std::vector<uint64_t> ChunkHashes(const uint8_t* data, uint64_t size, uint64_t chunk_bytes) {
   std::vector<uint64_t> out;

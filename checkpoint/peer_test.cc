@@ -147,7 +147,8 @@ class CuttingProxy {
     if (::connect(up, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return;
     std::string from_client, from_server, req, head;
     int file_requests = 0;
-    while (ReadHead(fd, from_client, &req) && SendAll(up, req) && ReadHead(up, from_server, &head)) {
+    while (ReadHead(fd, from_client, &req) && SendAll(up, req) &&
+           ReadHead(up, from_server, &head)) {
       auto at = head.find("Content-Length: ");
       if (at == std::string::npos) return;
       size_t length = std::stoul(head.substr(at + 16));
@@ -161,7 +162,8 @@ class CuttingProxy {
       from_server.erase(0, length);
       bool file = req.find(" /v1/shards/files/") != std::string::npos;
       bool cut = file && ++file_requests == cut_at_ && length > 1;
-      if (!SendAll(fd, head) || !SendAll(fd, cut ? std::string_view(body).substr(0, length / 2) : body)) return;
+      std::string_view send = cut ? std::string_view(body).substr(0, length / 2) : body;
+      if (!SendAll(fd, head) || !SendAll(fd, send)) return;
       if (cut) {
         ++cuts_;
         ::shutdown(fd, SHUT_RDWR);
@@ -319,7 +321,7 @@ TEST_CASE("a peer sending wrong bytes is caught by the checksum and dropped") {
   CHECK(alone.status().code() == Code::kDataLoss);
 }
 
-TEST_CASE("a peer whose answer is shorter than the range asked for is dropped and its reads refetched") {
+TEST_CASE("a peer answering fewer bytes than asked is dropped and its reads refetched") {
   TempDir tmp;
   auto model = BigModel();
   SaveModel(tmp.path(), model, 6, 1, 256 << 10);
@@ -330,11 +332,13 @@ TEST_CASE("a peer whose answer is shorter than the range asked for is dropped an
   };
   TestServer honest1(tmp.path()), short_peer(tmp.path(), halve), honest2(tmp.path());
   FetchReport report;
-  auto state = RecoverFromPeers({honest1.url(), short_peer.url(), honest2.url()}, Recovery(1, 0), &report);
+  auto state =
+      RecoverFromPeers({honest1.url(), short_peer.url(), honest2.url()}, Recovery(1, 0), &report);
   REQUIRE_MESSAGE(state.ok(), state.status().ToString());
   CheckState(*state, model, 6);
   CHECK(report.sources[1].dropped);
-  CHECK_MESSAGE(report.sources[1].reason.find("bytes instead of") != std::string::npos, report.sources[1].reason);
+  CHECK_MESSAGE(report.sources[1].reason.find("bytes instead of") != std::string::npos,
+                report.sources[1].reason);
   CHECK(report.sources[0].bytes + report.sources[2].bytes == report.bytes);
   auto alone = RecoverFromPeers({short_peer.url()}, Recovery(1, 0));
   CHECK(alone.status().code() == Code::kDataLoss);
@@ -347,19 +351,21 @@ TEST_CASE("a peer that closes the connection mid-body is dropped and its reads r
   TestServer honest1(tmp.path()), behind_proxy(tmp.path()), honest2(tmp.path());
   CuttingProxy proxy(behind_proxy.url());
   FetchReport report;
-  auto state = RecoverFromPeers({honest1.url(), proxy.url(), honest2.url()}, Recovery(1, 0), &report);
+  auto state =
+      RecoverFromPeers({honest1.url(), proxy.url(), honest2.url()}, Recovery(1, 0), &report);
   REQUIRE_MESSAGE(state.ok(), state.status().ToString());
   CheckState(*state, model, 7);
   CHECK(proxy.cuts() >= 1);
   CHECK(report.sources[1].dropped);
   CHECK(report.sources[1].bytes == 0);
-  CHECK_MESSAGE(report.sources[1].reason.find("read body from") != std::string::npos, report.sources[1].reason);
+  CHECK_MESSAGE(report.sources[1].reason.find("read body from") != std::string::npos,
+                report.sources[1].reason);
   CHECK(report.sources[0].bytes + report.sources[2].bytes == report.bytes);
   auto alone = RecoverFromPeers({proxy.url()}, Recovery(1, 0));
   CHECK(alone.status().code() == Code::kUnavailable);
 }
 
-TEST_CASE("a body cut off on a reused connection is fetched again on a fresh one and checked anew") {
+TEST_CASE("a body cut off on a reused connection is fetched again and checked anew") {
   TempDir tmp;
   auto model = BigModel();
   SaveModel(tmp.path(), model, 8, 1, 256 << 10);
@@ -376,7 +382,7 @@ TEST_CASE("a body cut off on a reused connection is fetched again on a fresh one
   CHECK(report.sources[0].bytes == report.bytes);
 }
 
-TEST_CASE("GetInto reads a range into the caller's buffer - returns error answers - refuses a body too large") {
+TEST_CASE("GetInto fills the caller's buffer - returns error answers - refuses too large a body") {
   TempDir tmp;
   std::string dir = SaveModel(tmp.path(), SmallModel(), 3, 1);
   TestServer server(tmp.path());
@@ -391,7 +397,8 @@ TEST_CASE("GetInto reads a range into the caller's buffer - returns error answer
   for (int i = 0; i < 2; ++i) {
     std::vector<uint8_t> dst(5000, 0xee);
     uint64_t got = 0;
-    auto r = (*client)->GetInto(file, dst.data(), 4000, &got, Millis(5000), "Range", "bytes=100-4099");
+    auto r =
+        (*client)->GetInto(file, dst.data(), 4000, &got, Millis(5000), "Range", "bytes=100-4099");
     REQUIRE_MESSAGE(r.ok(), r.status().ToString());
     CHECK(r->status == 206);
     CHECK(r->body.empty());
@@ -401,20 +408,23 @@ TEST_CASE("GetInto reads a range into the caller's buffer - returns error answer
   }
   uint64_t got = 0;
   std::vector<uint8_t> dst(16);
-  auto bad = (*client)->GetInto(file, dst.data(), dst.size(), &got, Millis(5000), "Range", "bytes=999999999-");
+  auto bad = (*client)->GetInto(file, dst.data(), dst.size(), &got, Millis(5000), "Range",
+                                "bytes=999999999-");
   REQUIRE(bad.ok());
   CHECK(bad->status == 416);
   CHECK(bad->body.find("range not satisfiable") != std::string::npos);
-  auto big = (*client)->GetInto(file, dst.data(), dst.size(), &got, Millis(5000), "Range", "bytes=0-99");
+  auto big =
+      (*client)->GetInto(file, dst.data(), dst.size(), &got, Millis(5000), "Range", "bytes=0-99");
   CHECK(big.status().code() == Code::kDataLoss);
   // The client opens a new connection after refusing the body.
-  auto again = (*client)->GetInto(file, dst.data(), dst.size(), &got, Millis(5000), "Range", "bytes=0-15");
+  auto again =
+      (*client)->GetInto(file, dst.data(), dst.size(), &got, Millis(5000), "Range", "bytes=0-15");
   REQUIRE_MESSAGE(again.ok(), again.status().ToString());
   CHECK(got == 16);
   CHECK(std::memcmp(dst.data(), whole->body.data(), 16) == 0);
 }
 
-TEST_CASE("GetInto reads bodies larger than its wake-up size and then short answers on the same connection") {
+TEST_CASE("GetInto reads bodies around its wake-up size then tiny ones on one connection") {
   TempDir tmp;
   SaveModel(tmp.path(), BigModel(), 9, 1);
   TestServer server(tmp.path());
@@ -431,8 +441,7 @@ TEST_CASE("GetInto reads bodies larger than its wake-up size and then short answ
     std::vector<uint8_t> dst(size);
     uint64_t got = 0, last_landed = 0;
     auto r = (*client)->GetInto(file, dst.data(), size, &got, Millis(5000), "Range",
-                                fmt::format("bytes=0-{}", size - 1),
-                                [&](uint64_t n) {
+                                fmt::format("bytes=0-{}", size - 1), [&](uint64_t n) {
                                   CHECK(n >= last_landed);
                                   last_landed = n;
                                 });

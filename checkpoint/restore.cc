@@ -146,7 +146,8 @@ class Fetch {
         sources_[s]->Read(file, r.offset, r.length, dst, [&](uint64_t n) { checker.Landed(n); }));
     if (const ChunkCheck* c = checker.Finish()) {
       return Error(Code::kDataLoss, "{}: {} bytes {}..{}: chunk checksum mismatch",
-                   sources_[s]->name(), file, r.offset + c->offset, r.offset + c->offset + c->length);
+                   sources_[s]->name(), file, r.offset + c->offset,
+                   r.offset + c->offset + c->length);
     }
     if (!direct) {
       for (const auto& c : r.copies) {

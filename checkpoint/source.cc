@@ -84,16 +84,17 @@ Status PeerSource::Read(const std::string& file, uint64_t offset, uint64_t lengt
   std::string range = fmt::format("bytes={}-{}", offset, offset + length - 1);
   // The body lands straight in dst: no copy between the socket and the caller's buffer.
   uint64_t got = 0;
-  LK_ASSIGN_OR_RETURN(http::Response r, client->GetInto(target, dst, length, &got,
-                                                        options_.request_timeout, "Range", range,
-                                                        landed));
+  LK_ASSIGN_OR_RETURN(
+      http::Response r,
+      client->GetInto(target, dst, length, &got, options_.request_timeout, "Range", range, landed));
   if (r.status != 206) {
     Status st = http::StatusFromResponse(r);
     if (st.ok()) st = Error(Code::kUnavailable, "HTTP {} instead of 206", r.status);
     return st.WithContext(fmt::format("{}{} {}", url_, target, range));
   }
   if (got != length) {
-    return Error(Code::kDataLoss, "{}{} {}: {} bytes instead of {}", url_, target, range, got, length);
+    return Error(Code::kDataLoss, "{}{} {}: {} bytes instead of {}", url_, target, range, got,
+                 length);
   }
   // The checksums would catch bytes from the wrong place too, but this names the fault.
   std::string want = fmt::format("bytes {}-{}/", offset, offset + length - 1);

@@ -227,7 +227,8 @@ class ClientImpl final : public Client {
                              std::string_view content_type, std::string_view extra_name,
                              std::string_view extra_value,
                              std::chrono::steady_clock::time_point deadline) {
-    LK_RETURN_IF_ERROR(SendRequest(method, target, body, content_type, extra_name, extra_value, deadline));
+    LK_RETURN_IF_ERROR(
+        SendRequest(method, target, body, content_type, extra_name, extra_value, deadline));
     bhttp::response_parser<bhttp::string_body> parser;
     parser.body_limit(kResponseBodyBytesMax);
     buffer_.reserve(kReadBufferBytes);
@@ -290,11 +291,12 @@ class ClientImpl final : public Client {
       WakeAfter(std::min<uint64_t>(n - got, kBodyWakeBytes));
       size_t k = 0;
       ec = Run([&](auto h) {
-        stream_->async_read_some(asio::buffer(dst + got, std::min<uint64_t>(n - got, kBodyReadBytes)),
-                                 [&k, h](beast::error_code e, size_t m) mutable {
-                                   k = m;
-                                   h(e);
-                                 });
+        stream_->async_read_some(
+            asio::buffer(dst + got, std::min<uint64_t>(n - got, kBodyReadBytes)),
+            [&k, h](beast::error_code e, size_t m) mutable {
+              k = m;
+              h(e);
+            });
       });
       got += k;
       if (ec) {
