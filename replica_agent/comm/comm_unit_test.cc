@@ -310,6 +310,47 @@ TEST_CASE("gloo in one process: Abort wakes a blocked allreduce and the peer fai
   CHECK(ring.members[1]->Reconfigure(6, 1, 2).code() == Code::kInvalidArgument);
 }
 
+// An abort in the middle of the pipeline: members 0 and 1 have exchanged segments and are
+// blocked on segments that depend on member 2, which never joins; staging receives, sends from
+// the float32 accumulator and from the caller's bfloat16 buffer are all posted. The notice must
+// end member 0's wait at once, the reset must fail member 1 and 2, and the next quorum must work.
+TEST_CASE("gloo in one process: Abort mid-pipeline of a bfloat16 average fails every member") {
+  LocalRing ring(3, Millis(20'000), /*segment_bytes=*/4096);
+  for (const Status& st : ring.Reconfigure(3)) REQUIRE(st.ok());
+  const size_t count = 300'001;
+  std::vector<std::vector<uint16_t>> bufs(3, std::vector<uint16_t>(count, FloatToBf16(1.5f)));
+  auto start = std::chrono::steady_clock::now();
+  std::thread notice([&] {
+    std::this_thread::sleep_for(200ms);
+    ring.members[0]->Abort("failure notice");
+  });
+  auto peer1 = std::async(std::launch::async, [&] {
+    return ring.members[1]->AllReduce(bufs[1].data(), count, DType::kBFloat16, ReduceOp::kAvg);
+  });
+  Status st = ring.members[0]->AllReduce(bufs[0].data(), count, DType::kBFloat16, ReduceOp::kAvg);
+  auto waited = std::chrono::steady_clock::now() - start;
+  notice.join();
+  CHECK(st.code() == Code::kAborted);
+  CHECK(waited < 10s);  // the op timeout is 20 s: only a hang gets here
+  CHECK(peer1.get().code() == Code::kAborted);
+  Status late = ring.members[2]->AllReduce(bufs[2].data(), count, DType::kBFloat16, ReduceOp::kAvg);
+  CHECK(late.code() == Code::kAborted);
+
+  for (const Status& s : ring.Reconfigure(4)) REQUIRE(s.ok());
+  std::vector<std::future<Status>> fs;
+  for (size_t r = 0; r < 3; ++r) {
+    bufs[r].assign(count, FloatToBf16(static_cast<float>(r + 1)));
+    fs.push_back(std::async(std::launch::async, [&, r] {
+      return ring.members[r]->AllReduce(bufs[r].data(), count, DType::kBFloat16, ReduceOp::kAvg);
+    }));
+  }
+  for (auto& f : fs) CHECK(f.get().ok());
+  for (size_t r = 0; r < 3; ++r) {
+    CHECK(std::count(bufs[r].begin(), bufs[r].end(), FloatToBf16(2.0f)) ==
+          static_cast<std::ptrdiff_t>(count));
+  }
+}
+
 TEST_CASE("gloo in one process: a collective past op_timeout is DeadlineExceeded") {
   LocalRing ring(2, Millis(300));
   for (const Status& st : ring.Reconfigure(1)) REQUIRE(st.ok());
