@@ -181,8 +181,8 @@ double JsonNumber(const std::string& json, const std::string& key, size_t from =
 }
 
 struct IperfResult {
-  double gbps = 0;             // received, all directions summed, GB/s (1e9 bytes)
-  double gb_per_cpu_s = 0;     // received bytes per CPU second of client and server together
+  double gbps = 0;          // received, all directions summed, GB/s (1e9 bytes)
+  double gb_per_cpu_s = 0;  // received bytes per CPU second of client and server together
 };
 
 // iperf3 over loopback.
@@ -217,10 +217,10 @@ IperfResult Iperf(const std::string& dir, uint32_t seconds, bool bidir) {
   }
   if (total == 0) Die("no iperf3 figure: " + out.substr(0, 300));
   auto cpu_at = out.rfind("\"cpu_utilization_percent\"");
-  double cpus = cpu_at == std::string::npos
-                    ? 0
-                    : (JsonNumber(out, "host_total", cpu_at) + JsonNumber(out, "remote_total", cpu_at)) /
-                          100;
+  double cpus =
+      cpu_at == std::string::npos
+          ? 0
+          : (JsonNumber(out, "host_total", cpu_at) + JsonNumber(out, "remote_total", cpu_at)) / 100;
   IperfResult r;
   r.gbps = total / 8 / 1e9;
   r.gb_per_cpu_s = cpus > 0 ? r.gbps / cpus : 0;

@@ -129,10 +129,10 @@ TEST_CASE("2 3 and 4 members allreduce float32 and bfloat16 sum and avg exactly"
   }
 }
 
-// 4 KiB segments (1024 floats, the smallest allowed): every chunk is many segments, so the pipelined ring's staging
-// ring wraps and segments are forwarded while later ones of the same step are on the wire; the
-// peers check every element against the exact sum. Up to 8 members, and sizes below the world
-// size (empty chunks).
+// 4 KiB segments (1024 floats, the smallest allowed): every chunk is many segments, so the
+// pipelined ring's staging ring wraps and segments are forwarded while later ones of the same step
+// are on the wire; the peers check every element against the exact sum. Up to 8 members, and sizes
+// below the world size (empty chunks).
 TEST_CASE("1 to 8 members with small segments allreduce exactly (pipelined ring)") {
   for (size_t n : {1, 5, 8}) {
     CAPTURE(n);

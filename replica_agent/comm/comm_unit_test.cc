@@ -235,10 +235,10 @@ TEST_CASE("gloo in one process: sum and avg of float32 and bfloat16 repeated") {
   for (const Status& st : ring.Reconfigure(1)) CHECK(st.ok());
 }
 
-// The smallest segments (4 KiB, 1024 floats) make every chunk many segments long, so the staging ring (4 segments) wraps
-// many times, segments are forwarded while later ones of the same step are still in flight,
-// and sizes below the world size leave chunks empty. Inputs differ per member and element and
-// their sums are exact, so every member must hold exactly the same bits.
+// The smallest segments (4 KiB, 1024 floats) make every chunk many segments long, so the staging
+// ring (4 segments) wraps many times, segments are forwarded while later ones of the same step are
+// still in flight, and sizes below the world size leave chunks empty. Inputs differ per member and
+// element and their sums are exact, so every member must hold exactly the same bits.
 TEST_CASE("gloo in one process: pipelined ring with small segments, 2 to 5 members, odd sizes") {
   for (size_t world : {2, 3, 5}) {
     LocalRing ring(world, Millis(20'000), /*segment_bytes=*/4096);

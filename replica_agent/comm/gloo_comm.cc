@@ -442,9 +442,7 @@ Status GlooCommManager::Ring(GlooContext& ctx, void* user, float* acc, size_t co
     return RingChunk(count, world, RingRecvChunk(rank, world, step));
   };
   // Whether step s carries bfloat16 (the caller's buffer) or float32 (the accumulator).
-  auto wire16 = [&](size_t step) {
-    return bf16 && (step == 0 || !RingStepReduces(world, step));
-  };
+  auto wire16 = [&](size_t step) { return bf16 && (step == 0 || !RingStepReduces(world, step)); };
   auto wire_bytes = [&](size_t step) { return wire16(step) ? sizeof(uint16_t) : sizeof(float); };
   const size_t depth =
       std::max<size_t>(1, std::min(kStagingSegments, segments(RingChunk(count, world, 0).size)));
@@ -529,7 +527,7 @@ Status GlooCommManager::Ring(GlooContext& ctx, void* user, float* acc, size_t co
           }
         }
         ++staged_done;
-        post_staged();  // the slot just read is free again
+        post_staged();              // the slot just read is free again
         if (step == last_reduce) {  // this segment is final: finish it here, once
           if (op == ReduceOp::kAvg) Divide(acc + begin, n, divisor);
           if (bf16) NarrowToBf16(acc + begin, static_cast<uint16_t*>(user) + begin, n);
