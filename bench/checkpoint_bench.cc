@@ -48,10 +48,13 @@ Snapshot MakeState(uint64_t bytes, int64_t step) {
 // `threads` threads (an agent uses one).
 class Servers {
  public:
-  Servers(const std::string& base, int count, uint32_t threads) {
+  Servers(const std::string& base, int count, uint32_t threads, uint32_t read_threads) {
     for (int i = 0; i < count; ++i) {
       auto p = std::make_unique<Peer>();
-      p->shards = std::make_unique<ShardServer>(ShardServerOptions{base});
+      ShardServerOptions so;
+      so.base_dir = base;
+      so.read_threads = read_threads;
+      p->shards = std::make_unique<ShardServer>(so);
       http::ServerOptions o;
       o.write_timeout = Millis(120'000);
       o.single_thread = threads == 1;
@@ -165,6 +168,9 @@ int Main(int argc, char** argv) {
   uint32_t server_threads = 1;
   flags.Add("server_threads", &server_threads, "io threads of each peer's shard server",
             "LK_BENCH_SERVER_THREADS");
+  uint32_t read_threads = ShardServerOptions().read_threads;
+  flags.Add("read_threads", &read_threads, "each shard server's reader threads (0: io thread)",
+            "LK_BENCH_READ_THREADS");
   bool skip_peers = false;
   flags.Add("skip_peers", &skip_peers, "stop after save and restore", "LK_BENCH_SKIP_PEERS");
   bool huge_pages = true;
@@ -195,7 +201,7 @@ int Main(int argc, char** argv) {
   std::printf("publish_shm_bytes_per_s=%.0f\n", bytes / Seconds(t0));
   state = Snapshot();
   LocalCopyFloor(shm);
-  Servers servers(shm, 3, std::max<uint32_t>(1, server_threads));
+  Servers servers(shm, 3, std::max<uint32_t>(1, server_threads), read_threads);
   for (size_t n = 1; n <= 3; ++n) {
     std::vector<std::string> urls(servers.urls().begin(), servers.urls().begin() + n);
     PeerRecoveryOptions po;

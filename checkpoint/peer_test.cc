@@ -12,7 +12,9 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <cstdio>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -297,6 +299,38 @@ TEST_CASE("peer recovery completes from the others when a donor is killed mid-tr
   CHECK(report.sources[1].bytes > 0);
   CHECK(report.sources[2].bytes > 0);
   CHECK(report.sources[0].bytes + report.sources[1].bytes + report.sources[2].bytes == report.bytes);
+}
+
+TEST_CASE("shard server answers on the calling thread or on its reader threads alike") {
+  TempDir tmp;
+  SaveModel(tmp.path(), SmallModel(), 3, 1);
+  std::string path = tmp.Sub("step-000000000003/shard-00000-of-00001.safetensors");
+  std::string want(16, '\0');
+  {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    REQUIRE(f != nullptr);
+    REQUIRE(std::fread(want.data(), 1, want.size(), f) == want.size());
+    std::fclose(f);
+  }
+  for (uint32_t readers : {0u, 2u}) {
+    ShardServerOptions o;
+    o.base_dir = tmp.path();
+    o.read_threads = readers;
+    ShardServer shards(o);
+    http::Request req;
+    req.method = "GET";
+    req.path = "/v1/shards/files/_/step-000000000003/shard-00000-of-00001.safetensors";
+    req.range = "bytes=0-15";
+    std::promise<std::pair<http::Response, std::thread::id>> answer;
+    shards.Handle(std::move(req), [&answer](http::Response r) {
+      answer.set_value({std::move(r), std::this_thread::get_id()});
+    });
+    auto [r, thread] = answer.get_future().get();
+    CHECK(r.status == 206);
+    Materialize(r);
+    CHECK(r.body == want);
+    CHECK((thread == std::this_thread::get_id()) == (readers == 0));
+  }
 }
 
 TEST_CASE("a peer sending wrong bytes is caught by the checksum and dropped") {

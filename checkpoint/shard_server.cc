@@ -111,6 +111,32 @@ ShardServer::ShardServer(ShardServerOptions options)
       env_(options_.env ? options_.env : Env::Default()),
       pool_(std::make_shared<BufferPool>()) {
   pool_->idle_bytes_max = options_.idle_buffer_bytes_max;
+  for (uint32_t i = 0; i < options_.read_threads; ++i) {
+    readers_.emplace_back([this] { ReadLoop(); });
+  }
+}
+
+ShardServer::~ShardServer() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : readers_) t.join();
+}
+
+void ShardServer::ReadLoop() {
+  while (true) {
+    std::function<void()> job;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !work_.empty(); });
+      if (work_.empty()) return;  // stopping, and every request handed over is answered
+      job = std::move(work_.front());
+      work_.pop_front();
+    }
+    job();
+  }
 }
 
 http::Handler ShardServer::AsHandler() {
@@ -119,7 +145,13 @@ http::Handler ShardServer::AsHandler() {
 
 void ShardServer::Handle(http::Request&& req, http::Responder respond) {
   ++requests_;
-  respond(Serve(req));
+  if (readers_.empty()) return respond(Serve(req));
+  {
+    std::lock_guard lock(mu_);
+    work_.push_back(
+        [this, req = std::move(req), respond = std::move(respond)] { respond(Serve(req)); });
+  }
+  cv_.notify_one();
 }
 
 http::Response ShardServer::Serve(const http::Request& req) {

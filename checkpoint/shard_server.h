@@ -15,15 +15,25 @@
 // A file's bytes go out as the response's shared body tail (http::Response::body_tail), read
 // with one pread into a pooled buffer: one copy in user space, none by the http server.
 //
-// Thread-safety: Handle may run on several io threads at once. It reads the file synchronously
-// on the calling thread (page cache or /dev/shm in the live case), so run the io_context with a
-// few threads when serving several peers.
+// Requests are answered on the server's own reader threads (`read_threads`), not on the
+// calling io thread: the replica agent runs its io_context on one thread, and a 16 MiB pread
+// there both held up its heartbeats and left that one thread doing the copy out of the page
+// cache and the sending, which capped a recovery from one peer at what one core could do.
+//
+// Thread-safety: Handle may be called from several threads at once; the Responder is called
+// from a reader thread (or the calling thread when read_threads is 0).
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "checkpoint/env.h"
 #include "common/http/http.h"
@@ -39,12 +49,18 @@ struct ShardServerOptions {
   // to this many bytes of them are kept while idle. A fresh 16 MiB string per request cost a
   // page fault per 4 KiB and a memset before the read: more CPU than sending the bytes.
   uint64_t idle_buffer_bytes_max = uint64_t{64} << 20;
+  // Threads that read files and answer; 0 answers on the calling thread.
+  uint32_t read_threads = 2;
   Env* env = nullptr;  // nullptr: Env::Default()
 };
 
 class ShardServer {
  public:
   explicit ShardServer(ShardServerOptions options);
+  // Answers the requests already handed over, then stops the reader threads.
+  ~ShardServer();
+  ShardServer(const ShardServer&) = delete;
+  ShardServer& operator=(const ShardServer&) = delete;
   void Handle(http::Request&& req, http::Responder respond);
   // A handler that forwards to this server; the server must outlive it.
   http::Handler AsHandler();
@@ -57,12 +73,18 @@ class ShardServer {
   http::Response ServeFile(const http::Request& req, std::string_view rest);
 
   struct BufferPool;
+  void ReadLoop();
 
   ShardServerOptions options_;
   Env* env_;
   // Shared with the buffers' deleters, which run when the http server is done with a response,
   // possibly after this ShardServer is gone.
   std::shared_ptr<BufferPool> pool_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> work_;
+  bool stopping_ = false;
+  std::vector<std::thread> readers_;
   std::atomic<uint64_t> bytes_served_{0};
   std::atomic<uint64_t> requests_{0};
 };
