@@ -51,10 +51,10 @@ TEST_CASE("shard header parsing rejects truncation - holes and lying lengths") {
   CHECK(!ParseShardHeader(h2, h2.size() + 36).ok());
 }
 
-TEST_CASE("large buffers start on a huge page boundary and are usable to their last byte") {
+TEST_CASE("huge page buffers start on a 2 MiB boundary and are usable to their last byte") {
   for (uint64_t size : {uint64_t{0}, uint64_t{100}, (uint64_t{2} << 20) - 1, uint64_t{2} << 20,
                         (uint64_t{5} << 20) + 3}) {
-    Buffer b(size);
+    Buffer b(size, /*huge_pages=*/true);
     CHECK(b.size() == size);
     if (size >= (uint64_t{2} << 20)) CHECK(reinterpret_cast<uintptr_t>(b.data()) % (2 << 20) == 0);
     if (size == 0) continue;

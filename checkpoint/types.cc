@@ -37,8 +37,8 @@ namespace {
 constexpr uint64_t kHugePageBytes = uint64_t{2} << 20;
 }  // namespace
 
-Buffer::Buffer(uint64_t size) : size_(size) {
-  if (size >= kHugePageBytes) {
+Buffer::Buffer(uint64_t size, bool huge_pages) : size_(size) {
+  if (huge_pages && size >= kHugePageBytes) {
     // Rounded to 4 KiB pages only: the kernel backs each whole 2 MiB of the mapping with a huge
     // page and the rest with small ones, so no buffer grows by more than a small page.
     uint64_t len = (size + 4095) / 4096 * 4096;

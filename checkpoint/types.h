@@ -23,9 +23,10 @@ std::optional<DType> ParseDType(std::string_view name);
 uint32_t DTypeBytes(DType dtype);
 
 // Owned bytes that are not zero-filled on allocation (a 2 GiB restore should not memset first).
-// Large buffers are mapped on 2 MiB boundaries and asked for transparent huge pages: the first
-// write to a fresh 4 KiB page costs a page fault, and filling restored tensors from the network
-// spent about a quarter of its CPU in those faults.
+// With `huge_pages`, a buffer of 2 MiB or more is mapped on a 2 MiB boundary and asked for
+// transparent huge pages: the first write to a fresh 4 KiB page costs a page fault, and filling
+// restored tensors from the network spent about a quarter of its CPU in those faults. Restore
+// asks for it; it is off by default because saves from huge-page snapshots measured slower.
 struct BufferFree {
   uint64_t mapped_bytes = 0;  // 0: allocated with new[]
   void operator()(uint8_t* p) const;
@@ -34,7 +35,7 @@ struct BufferFree {
 class Buffer {
  public:
   Buffer() = default;
-  explicit Buffer(uint64_t size);
+  explicit Buffer(uint64_t size, bool huge_pages = false);
   uint8_t* data() { return data_.get(); }
   const uint8_t* data() const { return data_.get(); }
   uint64_t size() const { return size_; }
