@@ -405,14 +405,16 @@ void Trainer::WriteLogLine(const client::PollResult& pr, float loss, Millis oute
       fmt::format("{{\"step\":{},\"quorum_id\":{},\"replica_world_size\":{},\"loss\":{:.6f},"
                   "\"param_hash\":\"{}\",\"healed\":{},\"group_rank\":{},\"outer_ms\":{}{},"
                   "\"t_ms\":{},\"step_ms\":{:.1f},\"poll_ms\":{:.1f},\"join_ms\":{:.1f},"
-                  "\"inner_ms\":{:.1f},\"discarded_ms\":{:.1f},\"allreduce_ms\":{:.1f},\"gather_ms\":{:.1f},"
-                  "\"publish_ms\":{:.1f},\"commit_ms\":{:.1f},\"eval_ms\":{:.1f},"
+                  "\"inner_ms\":{:.1f},\"discarded_ms\":{:.1f},\"allreduce_ms\":{:.1f},"
+                  "\"gather_ms\":{:.1f},\"publish_ms\":{:.1f},\"commit_ms\":{:.1f},"
+                  "\"eval_ms\":{:.1f},"
                   "\"cross_bytes\":{},\"sync_bytes\":{},\"group_bytes\":{},\"params\":{},"
                   "\"shard\":{},\"inner_steps\":{},\"group_size\":{}}}\n",
                   state_.step, pr.quorum_id, pr.replica_world_size, loss,
                   StateHash(state_.global), healed_ ? "true" : "false", o_.group_rank,
-                  outer_ms.count(), eval, t_ms, step_ms, s.poll_ms, s.join_ms, s.inner_ms, s.discarded_ms,
-                  s.allreduce_ms, s.gather_ms, s.publish_ms, s.commit_ms, s.eval_ms,
+                  outer_ms.count(), eval, t_ms, step_ms, s.poll_ms, s.join_ms, s.inner_ms,
+                  s.discarded_ms, s.allreduce_ms, s.gather_ms, s.publish_ms, s.commit_ms,
+                  s.eval_ms,
                   s.cross_bytes, s.sync_bytes, s.group_bytes, total_, shard_.size(),
                   o_.inner_steps, o_.group_size)
           .c_str(),
