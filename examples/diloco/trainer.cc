@@ -71,6 +71,9 @@ class Trainer {
   // True when every trainer of the group reports ok.
   Result<bool> GroupAgree(bool ok);
   Result<bool> OuterStep(const client::PollResult& pr);
+  // The inner steps of the next outer step; the pseudo-gradient is left in pending_delta_.
+  // False when a drain, seen by any trainer of the group, stopped them.
+  Result<bool> InnerSteps();
   Status LoadGlobalIntoModel();
   void RegisterDurable();
   void WriteLogLine(const client::PollResult& pr, float loss, Millis outer_ms);
@@ -288,41 +291,47 @@ Status Trainer::JoinQuorum(const client::PollResult& pr) {
   return Status::Ok();
 }
 
+Result<bool> Trainer::InnerSteps() {
+  float loss_sum = 0;
+  // A drain seen by any trainer of the group travels in the gradients' collective, so that
+  // all of them stop after the same inner step (one stopping alone would leave the others
+  // waiting in the next collective).
+  bool drain = false;
+  GroupAverage average = [this, &drain](std::span<float> v) {
+    v.back() = sink_->drain ? 1.0f : 0.0f;
+    LK_RETURN_IF_ERROR(GroupSum(v));
+    drain = v.back() > 0;
+    for (float& x : v) x /= static_cast<float>(o_.group_size);
+    return Status::Ok();
+  };
+  auto inner_t0 = Clock::now();
+  TcpSent inner_b0 = SnapshotTcpSent();
+  for (uint32_t i = 0; i < o_.inner_steps && !drain; ++i) {
+    LK_ASSIGN_OR_RETURN(float loss, model_->InnerStep(*rng_, average));
+    loss_sum += loss;
+  }
+  stats_.group_bytes += TcpSentBetween(inner_b0, SnapshotTcpSent());
+  stats_.inner_ms += MsSince(inner_t0);
+  if (drain) {
+    sink_->drain = true;
+    return false;
+  }
+  std::vector<float> local(total_);
+  model_->Flatten(local);
+  std::vector<float> delta = TakeShard(local, shard_);
+  for (size_t i = 0; i < delta.size(); ++i) delta[i] = state_.global[i] - delta[i];
+  pending_delta_ = std::move(delta);
+  pending_loss_ = loss_sum / static_cast<float>(std::max(1u, o_.inner_steps));
+  return true;
+}
+
 // One outer step. Returns false when its allreduce was cut short (the caller polls for the
 // next quorum and retries with the same pseudo-gradient), an error when the trainer must stop.
 Result<bool> Trainer::OuterStep(const client::PollResult& pr) {
   auto t0 = Clock::now();
   if (!pending_delta_) {
-    float loss_sum = 0;
-    // A drain seen by any trainer of the group travels in the gradients' collective, so that
-    // all of them stop after the same inner step (one stopping alone would leave the others
-    // waiting in the next collective).
-    bool drain = false;
-    GroupAverage average = [this, &drain](std::span<float> v) {
-      v.back() = sink_->drain ? 1.0f : 0.0f;
-      LK_RETURN_IF_ERROR(GroupSum(v));
-      drain = v.back() > 0;
-      for (float& x : v) x /= static_cast<float>(o_.group_size);
-      return Status::Ok();
-    };
-    auto inner_t0 = Clock::now();
-    TcpSent inner_b0 = SnapshotTcpSent();
-    for (uint32_t i = 0; i < o_.inner_steps && !drain; ++i) {
-      LK_ASSIGN_OR_RETURN(float loss, model_->InnerStep(*rng_, average));
-      loss_sum += loss;
-    }
-    stats_.group_bytes += TcpSentBetween(inner_b0, SnapshotTcpSent());
-    stats_.inner_ms += MsSince(inner_t0);
-    if (drain) {
-      sink_->drain = true;
-      return false;  // poll at once: it answers the drain
-    }
-    std::vector<float> local(total_);
-    model_->Flatten(local);
-    std::vector<float> delta = TakeShard(local, shard_);
-    for (size_t i = 0; i < delta.size(); ++i) delta[i] = state_.global[i] - delta[i];
-    pending_delta_ = std::move(delta);
-    pending_loss_ = loss_sum / static_cast<float>(std::max(1u, o_.inner_steps));
+    LK_ASSIGN_OR_RETURN(bool ran, InnerSteps());
+    if (!ran) return false;  // poll at once: it answers the drain
   }
   std::vector<float> avg = *pending_delta_;
   auto ar_t0 = Clock::now();
@@ -431,6 +440,18 @@ int Trainer::Run() {
   // lighthouse to notice a dead peer, short enough that a wedged run does not sit forever.
   const Millis stuck_max = o_.op_timeout + Millis(60'000);
   while (state_.step < o_.outer_steps) {
+    // With state, the inner steps come before the poll: the agent asked the lighthouse for this
+    // step's round as soon as the last step was committed, so the round ran during them and the
+    // poll is answered from the agent's memory, with the freshest membership right before the
+    // outer sync. (Every trainer of the group takes this branch alike: the flags are agreed in
+    // JoinQuorum and OuterStep, and a drain travels inside InnerSteps' collectives.)
+    if (has_state_ && ready_quorum_id_ != 0 && !pending_delta_) {
+      auto ran = InnerSteps();
+      if (!ran.ok()) {
+        LK_LOG_ERROR("inner_steps_failed step={} error={}", state_.step + 1, Q(ran.status().ToString()));
+        return 1;
+      }
+    }
     auto poll_t0 = Clock::now();
     auto pr = session_->Poll(state_.step);
     stats_.poll_ms += MsSince(poll_t0);
