@@ -212,6 +212,10 @@ TEST_CASE("diloco a group that joins mid-run heals from the others and then matc
   CHECK(first.front().world == 2);
   CHECK(first.back().world == 3);
   for (size_t i = 1; i < first.size(); ++i) CHECK(first[i].quorum_id >= first[i - 1].quorum_id);
+  // Without --ckpt-every the final weights are still saved durably, by every group.
+  for (const char* g : {"g0", "g1", "g2"}) {
+    CHECK(std::ifstream(run.dir + "/ckpt-" + g + "/step-000000000014/MANIFEST").good());
+  }
 }
 
 }  // namespace

@@ -517,6 +517,16 @@ int Trainer::Run() {
       !st.ok()) {
     LK_LOG_WARN("final_barrier_failed error={}", Q(st.ToString()));
   }
+  // The run's result is the final weights: they are saved durably (and registered) unless
+  // --ckpt-every just did, so that a group coming back after every other group finished
+  // restores the final step rather than an older checkpoint, and the user has the model.
+  if (!o_.ckpt_dir.empty() && has_state_ && !(o_.ckpt_every > 0 && state_.step % o_.ckpt_every == 0)) {
+    if (Status st = state_io_->SaveDurable(state_, ready_quorum_id_); !st.ok()) {
+      LK_LOG_ERROR("final_save_failed step={} error={}", state_.step, Q(st.ToString()));
+      return 1;
+    }
+    RegisterDurable();
+  }
   LK_LOG_INFO("trainer_done step={} hash={}", state_.step, StateHash(state_.global));
   // Without the goodbye the agent would take this exit for a crash and fail the group.
   if (Status st = session_->Finish(); !st.ok()) {
