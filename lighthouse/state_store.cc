@@ -168,6 +168,10 @@ Result<std::unique_ptr<StateStore>> OpenRocksDbStore(const std::string& dir) {
   options.max_open_files = 64;
   options.keep_log_file_num = 4;
   options.IncreaseParallelism(1);
+  // RocksDB preallocates each write-ahead log at 1.1x the memtable size: 70 MB of disk per
+  // lighthouse with the 64 MB default, for state that fits in a few MB. 4 MB memtables keep the
+  // log near 4.4 MB and flush to sorted files often enough for a restart to replay little.
+  options.write_buffer_size = 4 << 20;
   rocksdb::DB* raw = nullptr;
   auto st = rocksdb::DB::Open(options, dir, &raw);
   if (!st.ok()) return FromRocks(st, "open " + dir);
