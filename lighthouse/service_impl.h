@@ -277,34 +277,30 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
   static Response QuorumReply(const QuorumAnswer& answer, Format f, bool compact,
                               std::map<const void*, std::shared_ptr<const std::string>>* members_wire) {
     pb::QuorumResponse resp;
-    if (compact && answer.members_shared) {
-      // The member's own fields, and only the donors it needs when it heals.
-      QuorumAnswer own = answer;
-      own.members_shared.reset();
-      own.members.clear();
-      ToProto(own, &resp);
-      const auto& members = *answer.members_shared;
-      resp.set_replica_world_size(static_cast<uint32_t>(members.size()));
+    bool shared_tail = f == Format::kProto && answer.members_shared;
+    if (!answer.members_shared || (!compact && !shared_tail)) {
+      ToProto(answer, &resp);
+      return http::Reply(resp, f);
+    }
+    // The member's own fields; the members follow as donors only (compact) or as a shared tail.
+    const auto& members = *answer.members_shared;
+    QuorumAnswer own = answer;
+    own.members_shared.reset();
+    own.members.clear();
+    ToProto(own, &resp);
+    resp.set_replica_world_size(static_cast<uint32_t>(members.size()));
+    if (compact) {
       for (uint32_t r : answer.source_ranks) {
         if (r < members.size()) ToProto(members[r], resp.add_sources());
       }
       return http::Reply(resp, f);
     }
-    if (f != Format::kProto || !answer.members_shared) {
-      ToProto(answer, &resp);
-      return http::Reply(resp, f);
-    }
-    auto [it, fresh] = members_wire->emplace(answer.members_shared.get(), nullptr);
+    auto [it, fresh] = members_wire->emplace(&members, nullptr);
     if (fresh) {
       pb::QuorumResponse only_members;
-      for (const auto& m : *answer.members_shared) ToProto(m, only_members.add_members());
+      for (const auto& m : members) ToProto(m, only_members.add_members());
       it->second = std::make_shared<const std::string>(only_members.SerializeAsString());
     }
-    QuorumAnswer own = answer;
-    own.members_shared.reset();
-    own.members.clear();
-    ToProto(own, &resp);
-    resp.set_replica_world_size(static_cast<uint32_t>(answer.members_shared->size()));
     Response r = http::Reply(resp, f);
     // The member list goes out as a shared tail: n answers, one copy in memory.
     r.body_tail = it->second;
