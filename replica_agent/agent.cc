@@ -137,9 +137,7 @@ void Agent::Impl::HeartbeatLoop() {
       if (failures > 0) LK_LOG_INFO("lighthouse_reachable after_failures={}", failures);
       failures = 0;
       bool evicted = false;
-      for (const auto& n : resp.notices()) {
-        evicted |= n.group_id() == options.group_id && n.incarnation() == options.incarnation;
-      }
+      for (const auto& n : resp.notices()) evicted |= NamesThisGroup(n);
       if (evicted) {
         Fail("evicted");
         return;
@@ -293,7 +291,7 @@ void Agent::Impl::WatchLoop() {
     // again: an ask would readmit a group whose trainers stalled.
     bool self_named = false, evicted = false;
     for (const auto& n : w.notices()) {
-      if (n.group_id() != options.group_id || n.incarnation() != options.incarnation) continue;
+      if (!NamesThisGroup(n)) continue;
       self_named = true;
       evicted |= n.reason() == "progress_stalled";
     }

@@ -95,8 +95,14 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   uint32_t ExpectedLocalTrainersLocked() const;
   // The quorum the watch thread follows: the one fetched ahead if any, else the trainers' own.
   std::optional<uint32_t> WatchTargetLocked() const;
-  // Starts an ask ahead for `step` (the node just committed it, or the one fetched ahead was lost).
+  // Starts an ask for `step` (any quorum fetched ahead is dropped); `ahead_of_trainers` when no
+  // trainer polls it yet.
+  void AskLocked(uint32_t step, bool ahead_of_trainers);
+  // An ask ahead for `step` (the node just committed it, or the one fetched ahead was lost),
+  // unless --ask-ahead is off or the node drains.
   void AskAheadLocked(uint32_t step);
+  // Whether a failure notice is about this agent's own group life.
+  bool NamesThisGroup(const pb::FailureNotice& n) const;
 
   AgentOptions options;
   std::string token;

@@ -251,19 +251,23 @@ void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) 
     cv.notify_all();
     return;
   }
+  AskLocked(in.step(), /*ahead_of_trainers=*/false);
+}
+
+void Agent::Impl::AskLocked(uint32_t step, bool ahead_of_trainers) {
+  ahead.reset();
   ask_needed = true;
-  ask_step = in.step();
-  ask_ahead = false;
+  ask_step = step;
+  ask_ahead = ahead_of_trainers;
   cv.notify_all();
 }
 
 void Agent::Impl::AskAheadLocked(uint32_t step) {
-  if (!options.ask_ahead || draining) return;
-  ahead.reset();
-  ask_needed = true;
-  ask_step = step;
-  ask_ahead = true;
-  cv.notify_all();
+  if (options.ask_ahead && !draining) AskLocked(step, /*ahead_of_trainers=*/true);
+}
+
+bool Agent::Impl::NamesThisGroup(const pb::FailureNotice& n) const {
+  return n.group_id() == options.group_id && n.incarnation() == options.incarnation;
 }
 
 std::optional<uint32_t> Agent::Impl::WatchTargetLocked() const {
