@@ -34,15 +34,7 @@ using namespace std::chrono_literals;
 using namespace lk::slurm::testing;  // NOLINT
 namespace pb = lightkeeper::v1;
 
-// The raw text of "key":VALUE in a one-line JSON object (numbers, booleans, strings unquoted).
-std::string Field(const std::string& line, const std::string& key) {
-  auto pos = line.find("\"" + key + "\":");
-  if (pos == std::string::npos) return "";
-  pos += key.size() + 3;
-  if (line[pos] == '"') return line.substr(pos + 1, line.find('"', pos + 1) - pos - 1);
-  auto end = line.find_first_of(",}", pos);
-  return line.substr(pos, end - pos);
-}
+using lk::test::JsonField;
 
 // Epoch milliseconds of a log line that starts "2026-11-29T19:02:03.646Z " (agent and batch
 // script lines); -1 for any other line.
@@ -276,8 +268,8 @@ class SlurmRun {
 };
 
 bool IsCorrectAllreduce(const std::string& line, const std::string& world) {
-  return Field(line, "event") == "allreduce" && Field(line, "world") == world &&
-         Field(line, "correct") == "true";
+  return JsonField(line, "event") == "allreduce" && JsonField(line, "world") == world &&
+         JsonField(line, "correct") == "true";
 }
 
 // The two groups run together, every trainer's allreduce correct with world 2.
@@ -298,17 +290,17 @@ void CheckComesBackHealed(SlurmRun& run, const std::string& group,
                           const std::vector<std::string>& members, uint32_t step_before) {
   REQUIRE_MESSAGE(run.RestartNow(group, 1, 90s), run.Logs());
   auto heal =
-      run.WaitTrainerLine(group, 1, 60s, [](auto& l) { return Field(l, "event") == "heal"; });
+      run.WaitTrainerLine(group, 1, 60s, [](auto& l) { return JsonField(l, "event") == "heal"; });
   REQUIRE_MESSAGE(!heal.empty(), run.Logs());
-  CHECK_MESSAGE(std::stoul(Field(heal, "step")) >= step_before, heal);
-  CHECK(std::stoul(Field(heal, "sources")) >= 1);
+  CHECK_MESSAGE(std::stoul(JsonField(heal, "step")) >= step_before, heal);
+  CHECK(std::stoul(JsonField(heal, "sources")) >= 1);
   REQUIRE_MESSAGE(run.WaitMembers(members, 60s), run.Logs());
   CHECK_MESSAGE(run.WaitGroup(group, 1, "member", 10s), run.Logs());
   auto joined = run.WaitTrainerLine(group, 1, 30s, [&](auto& l) {
     return IsCorrectAllreduce(l, std::to_string(members.size()));
   });
   REQUIRE_MESSAGE(!joined.empty(), run.Logs());
-  CHECK(Field(joined, "healed") == "true");
+  CHECK(JsonField(joined, "healed") == "true");
   const std::string& job = run.Job(group);
   CHECK(run.BatchHas(group, "event=start job=" + job + " restart_count=1 "));
   CHECK(!run.BatchLine(group, 1, "slurm job=" + job + " restart_count=1").empty());
@@ -318,9 +310,9 @@ void CheckComesBackHealed(SlurmRun& run, const std::string& group,
 // The durable save comes before the leave: the trainer drained (and exited) first.
 void CheckDrainedThenLeft(SlurmRun& run, const std::string& group, const std::string& reason) {
   auto drain =
-      run.WaitTrainerLine(group, 0, 10s, [](auto& l) { return Field(l, "event") == "drain"; });
+      run.WaitTrainerLine(group, 0, 10s, [](auto& l) { return JsonField(l, "event") == "drain"; });
   REQUIRE_MESSAGE(!drain.empty(), run.Logs());
-  CHECK(Field(drain, "reason") == reason);
+  CHECK(JsonField(drain, "reason") == reason);
   std::string exited = run.BatchLine(group, 0, "trainer_exited group_rank=0");
   std::string left = run.BatchLine(group, 0, "left reason=" + reason);
   REQUIRE_MESSAGE(!left.empty(), run.Logs());
@@ -367,7 +359,7 @@ TEST_CASE(
     auto first =
         run.WaitTrainerLine("g1", 1, 5s, [](auto& l) { return IsCorrectAllreduce(l, "2"); });
     REQUIRE(!first.empty());
-    int64_t allreduce = std::stoll(Field(first, "t_ms"));
+    int64_t allreduce = std::stoll(JsonField(first, "t_ms"));
     std::ofstream(out, std::ios::app) << fmt::format(
         R"({{"warning_to_trap_ms":{},"warning_to_classified_ms":{},"warning_to_saved_ms":{},)"
         R"("warning_to_left_ms":{},)"
@@ -425,9 +417,9 @@ TEST_CASE("slurm e2e: scancel shrinks the quorum at once and a later job joins a
   run.Submit("g2");
   REQUIRE_MESSAGE(run.WaitMembers({"g0", "g2"}, 90s), run.Logs());
   auto heal =
-      run.WaitTrainerLine("g2", 0, 30s, [](auto& l) { return Field(l, "event") == "heal"; });
+      run.WaitTrainerLine("g2", 0, 30s, [](auto& l) { return JsonField(l, "event") == "heal"; });
   REQUIRE_MESSAGE(!heal.empty(), run.Logs());
-  CHECK(std::stoul(Field(heal, "step")) >= step_before);
+  CHECK(std::stoul(JsonField(heal, "step")) >= step_before);
   CHECK(!run.WaitTrainerLine("g2", 0, 30s, [](auto& l) { return IsCorrectAllreduce(l, "2"); })
              .empty());
   CHECK_FALSE(run.StepsWentBackwards());

@@ -28,15 +28,6 @@ std::vector<std::string> ReadLines(const std::string& path) {
   return out;
 }
 
-// The raw text of "key":VALUE in a one-line JSON object (numbers, booleans, strings unquoted).
-std::string Field(const std::string& line, const std::string& key) {
-  auto pos = line.find("\"" + key + "\":");
-  if (pos == std::string::npos) return "";
-  pos += key.size() + 3;
-  if (line[pos] == '"') return line.substr(pos + 1, line.find('"', pos + 1) - pos - 1);
-  auto end = line.find_first_of(",}", pos);
-  return line.substr(pos, end - pos);
-}
 
 struct Group {
   std::string name;
@@ -129,10 +120,10 @@ TEST_CASE("3 groups x 2 trainers: kill -9 a trainer - survivors abort and regrou
   for (auto& [name, g] : c.groups) {
     for (const auto& log : g.logs) {
       auto line = WaitForLine(log, 30s, [&](const std::string& l) {
-        return Field(l, "event") == "allreduce" && Field(l, "world") == "3";
+        return JsonField(l, "event") == "allreduce" && JsonField(l, "world") == "3";
       });
       REQUIRE_FALSE(line.empty());
-      CHECK(Field(line, "correct") == "true");
+      CHECK(JsonField(line, "correct") == "true");
     }
   }
   auto killed_at = std::chrono::system_clock::now();
@@ -148,12 +139,12 @@ TEST_CASE("3 groups x 2 trainers: kill -9 a trainer - survivors abort and regrou
   for (auto name : {"g0", "g1"}) {
     for (const auto& log : c.groups[name].logs) {
       auto line = WaitForLine(log, 10s, [&](const std::string& l) {
-        return Field(l, "event") == "allreduce" && Field(l, "world") == "2" &&
-               Field(l, "ok") == "true" && std::stoll(Field(l, "t_ms")) >= killed_ms;
+        return JsonField(l, "event") == "allreduce" && JsonField(l, "world") == "2" &&
+               JsonField(l, "ok") == "true" && std::stoll(JsonField(l, "t_ms")) >= killed_ms;
       });
       REQUIRE_FALSE(line.empty());
-      CHECK(Field(line, "correct") == "true");
-      auto t_ms = std::stoll(Field(line, "t_ms"));
+      CHECK(JsonField(line, "correct") == "true");
+      auto t_ms = std::stoll(JsonField(line, "t_ms"));
       MESSAGE("first allreduce on the new quorum " << (t_ms - killed_ms) << " ms after the kill");
     }
   }
@@ -162,11 +153,11 @@ TEST_CASE("3 groups x 2 trainers: kill -9 a trainer - survivors abort and regrou
   c.WaitForMembers({"g0", "g1", "g2"}, 30s);
   for (const auto& log : c.groups["g2"].logs) {
     CHECK_FALSE(WaitForLine(log, 20s, [](const std::string& l) {
-                  return Field(l, "event") == "heal";
+                  return JsonField(l, "event") == "heal";
                 }).empty());
     CHECK_FALSE(WaitForLine(log, 20s, [](const std::string& l) {
-                  return Field(l, "event") == "allreduce" && Field(l, "world") == "3" &&
-                         Field(l, "correct") == "true";
+                  return JsonField(l, "event") == "allreduce" && JsonField(l, "world") == "3" &&
+                         JsonField(l, "correct") == "true";
                 }).empty());
   }
 }
@@ -189,7 +180,7 @@ TEST_CASE("a quorum asked ahead that loses a member before the poll is never han
   while (ahead == 0 && std::chrono::steady_clock::now() < deadline) {
     auto r = (*agent)->Do("GET", "/v1/agent/status", "", "", Millis(2000));
     REQUIRE(r.ok());
-    std::string v = Field(r->body, "ahead_quorum_id");
+    std::string v = JsonField(r->body, "ahead_quorum_id");
     ahead = v.empty() ? 0 : static_cast<uint32_t>(std::stoul(v));
     if (ahead == 0) std::this_thread::sleep_for(5ms);
   }
@@ -201,13 +192,13 @@ TEST_CASE("a quorum asked ahead that loses a member before the poll is never han
   // g0's trainer never sees the stale two-group quorum: its first allreduce after the kill is
   // already on a quorum of one, and nothing was aborted or failed on the way.
   auto after = WaitForLine(c.groups["g0"].logs[0], 20s, [&](const std::string& l) {
-    return Field(l, "event") == "allreduce" && std::stoll(Field(l, "t_ms")) >= killed_ms;
+    return JsonField(l, "event") == "allreduce" && std::stoll(JsonField(l, "t_ms")) >= killed_ms;
   });
   REQUIRE_FALSE(after.empty());
-  CHECK(Field(after, "world") == "1");
-  CHECK(Field(after, "ok") == "true");
-  CHECK(Field(after, "correct") == "true");
-  CHECK(std::stoul(Field(after, "quorum_id")) > ahead);
+  CHECK(JsonField(after, "world") == "1");
+  CHECK(JsonField(after, "ok") == "true");
+  CHECK(JsonField(after, "correct") == "true");
+  CHECK(std::stoul(JsonField(after, "quorum_id")) > ahead);
   CHECK_FALSE(c.groups["g0"].agent->WaitForLog("quorum_lost quorum_id=" + std::to_string(ahead), 1s).empty());
 }
 
@@ -236,12 +227,12 @@ TEST_CASE("kill -9 the lighthouse mid-run and restart it: no trainer exits - ids
   auto ok_steps = [&] {
     size_t n = 0;
     for (const auto& l : ReadLines(c.groups["a"].logs[0])) {
-      n += Field(l, "event") == "allreduce" && Field(l, "ok") == "true";
+      n += JsonField(l, "event") == "allreduce" && JsonField(l, "ok") == "true";
     }
     return n;
   };
   REQUIRE_FALSE(WaitForLine(c.groups["a"].logs[0], 20s, [](const std::string& l) {
-                  return Field(l, "event") == "allreduce" && Field(l, "step") == "3";
+                  return JsonField(l, "event") == "allreduce" && JsonField(l, "step") == "3";
                 }).empty());
   c.lh.process->Signal(SIGKILL);
   REQUIRE(c.lh.process->Wait(10s).has_value());
@@ -272,7 +263,7 @@ TEST_CASE("a hung trainer whose agent still heartbeats is evicted after progress
   c.WaitForMembers({"a", "b"}, 30s);
   for (auto name : {"a", "b"}) {
     REQUIRE_FALSE(WaitForLine(c.groups[name].logs[0], 20s, [](const std::string& l) {
-                    return Field(l, "event") == "allreduce" && Field(l, "step") == "3";
+                    return JsonField(l, "event") == "allreduce" && JsonField(l, "step") == "3";
                   }).empty());
   }
   c.groups["b"].trainers[0]->Signal(SIGSTOP);  // hung: alive, but no progress
@@ -311,7 +302,7 @@ TEST_CASE("bad input on the trainer socket: a clear error - nothing changes") {
   // A real poll works, then a step that goes backwards is refused.
   r = call("POST", "/v1/trainer/poll", R"({"group_rank":0,"group_size":1,"step":0})");
   REQUIRE(r.status == 200);
-  CHECK(Field(r.body, "quorum_id") == "1");
+  CHECK(JsonField(r.body, "quorum_id") == "1");
   r = call("POST", "/v1/trainer/commit", R"({"group_rank":0,"step":1})");
   REQUIRE(r.status == 200);
   r = call("POST", "/v1/trainer/commit", R"({"group_rank":0,"step":1})");

@@ -143,4 +143,13 @@ Lighthouse StartLighthouse(const std::string& data_dir, const std::vector<std::s
   return lh;
 }
 
+std::string JsonField(const std::string& line, const std::string& key) {
+  auto pos = line.find("\"" + key + "\":");
+  if (pos == std::string::npos) return "";
+  pos += key.size() + 3;
+  if (line[pos] == '"') return line.substr(pos + 1, line.find('"', pos + 1) - pos - 1);
+  auto end = line.find_first_of(",}", pos);
+  return line.substr(pos, end - pos);
+}
+
 }  // namespace lk::test

@@ -19,6 +19,9 @@ std::string BinDir();
 std::string SourceDir();
 // A fresh empty directory under /tmp for this test.
 std::string TempDir(const std::string& tag);
+// The raw text of "key":VALUE in a one-line JSON object (numbers, booleans, strings unquoted);
+// empty when the key is missing. For the JSON-lines logs of trainers and tests.
+std::string JsonField(const std::string& line, const std::string& key);
 
 class Process {
  public:
