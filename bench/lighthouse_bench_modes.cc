@@ -308,6 +308,19 @@ class BarrierRounds {
   std::vector<std::shared_ptr<tcp::socket>> socks_;
 };
 
+// `reps` rounds of the raw TCP barrier with n members, given up after a fourth failure.
+LatencyStats BarrierFigures(Loop& loop, const BarrierServer& barrier, uint32_t n, size_t reps) {
+  BarrierRounds br(loop, barrier, n);
+  std::vector<double> ms;
+  size_t failures = 0;
+  for (size_t r = 0; r < reps && failures <= 3; ++r) {
+    auto t = br.Round();
+    if (t.ok()) ms.push_back(*t);
+    else ++failures;
+  }
+  return Summarize(ms, failures, "");
+}
+
 }  // namespace
 
 std::vector<FormationFigures> RunFormation(Loop& loop, const BenchOptions& o,
@@ -347,15 +360,7 @@ std::vector<FormationFigures> RunFormation(Loop& loop, const BenchOptions& o,
     f.lighthouse.reason = reason;
     conns.push_back(control);
     CloseAll(loop, conns);
-    BarrierRounds br(loop, barrier, n);
-    std::vector<double> bms;
-    size_t bfail = 0;
-    for (size_t rep = 0; rep < Reps(o, n); ++rep) {
-      auto t = br.Round();
-      if (t.ok()) bms.push_back(*t);
-      else if (++bfail > 3) break;
-    }
-    f.barrier = Summarize(bms, bfail, "");
+    f.barrier = BarrierFigures(loop, barrier, n, Reps(o, n));
     out.push_back(f);
   }
   lh.process->Signal(SIGTERM);
@@ -395,15 +400,7 @@ FormationFigures RunUnchanged(Loop& loop, const BenchOptions& o, uint32_t n) {
   f.lighthouse.reason = reason;
   conns.push_back(control);
   CloseAll(loop, conns);
-  BarrierRounds br(loop, barrier, n);
-  std::vector<double> bms;
-  size_t bfail = 0;
-  for (size_t r = 0; r < rounds_n && bfail <= 3; ++r) {
-    auto t = br.Round();
-    if (t.ok()) bms.push_back(*t);
-    else ++bfail;
-  }
-  f.barrier = Summarize(bms, bfail, "");
+  f.barrier = BarrierFigures(loop, barrier, n, rounds_n);
   lh.process->Signal(SIGTERM);
   lh.process->Wait(10s);
   return f;
