@@ -91,21 +91,31 @@ Status Session::Finish() {
   return client_->Call("POST", "/v1/trainer/goodbye", req, nullptr, Millis(10'000));
 }
 
-Status Session::KvPut(uint32_t quorum_id, const std::string& key, const std::string& value) {
+Status TrainerKvPut(http::Client& agent, uint32_t quorum_id, const std::string& key,
+                    const std::string& value) {
   LK_ASSIGN_OR_RETURN(http::Response r,
-                      client_->Do("PUT", fmt::format("/v1/trainer/kv/{}/{}", quorum_id, key), value,
-                                  "application/octet-stream", Millis(30'000)));
+                      agent.Do("PUT", fmt::format("/v1/trainer/kv/{}/{}", quorum_id, key), value,
+                               "application/octet-stream", Millis(30'000)));
   return http::StatusFromResponse(r);
 }
 
-Result<std::string> Session::KvGet(uint32_t quorum_id, const std::string& key, Millis timeout) {
+Result<std::string> TrainerKvGet(http::Client& agent, uint32_t quorum_id, const std::string& key,
+                                 Millis timeout) {
   LK_ASSIGN_OR_RETURN(
       http::Response r,
-      client_->Do("GET", fmt::format("/v1/trainer/kv/{}/{}?timeout_ms={}", quorum_id, key,
-                                     timeout.count()),
-                  "", "application/octet-stream", timeout + Millis(5000)));
+      agent.Do("GET", fmt::format("/v1/trainer/kv/{}/{}?timeout_ms={}", quorum_id, key,
+                                  timeout.count()),
+               "", "application/octet-stream", timeout + Millis(5000)));
   LK_RETURN_IF_ERROR(http::StatusFromResponse(r));
   return std::move(r.body);
+}
+
+Status Session::KvPut(uint32_t quorum_id, const std::string& key, const std::string& value) {
+  return TrainerKvPut(*client_, quorum_id, key, value);
+}
+
+Result<std::string> Session::KvGet(uint32_t quorum_id, const std::string& key, Millis timeout) {
+  return TrainerKvGet(*client_, quorum_id, key, timeout);
 }
 
 Status Session::SetPeerWait(bool waiting) {

@@ -101,4 +101,11 @@ class Session {
   bool notice_started_ = false;
 };
 
+// The agent's rendezvous KV over one of its socket connections (Session and SessionKvStore
+// each keep their own, so that a waiting GET never holds up a poll).
+Status TrainerKvPut(http::Client& agent, uint32_t quorum_id, const std::string& key,
+                    const std::string& value);
+Result<std::string> TrainerKvGet(http::Client& agent, uint32_t quorum_id, const std::string& key,
+                                 Millis timeout);
+
 }  // namespace lk::client

@@ -16,21 +16,12 @@ class SessionKvStore final : public comm::RendezvousStore {
 
   Status Put(uint32_t quorum_id, const std::string& key, const std::string& value) override {
     LK_RETURN_IF_ERROR(Open());
-    LK_ASSIGN_OR_RETURN(http::Response r,
-                        client_->Do("PUT", fmt::format("/v1/trainer/kv/{}/{}", quorum_id, key),
-                                    value, "application/octet-stream", Millis(30'000)));
-    return http::StatusFromResponse(r);
+    return TrainerKvPut(*client_, quorum_id, key, value);
   }
 
   Result<std::string> Get(uint32_t quorum_id, const std::string& key, Millis timeout) override {
     LK_RETURN_IF_ERROR(Open());
-    LK_ASSIGN_OR_RETURN(
-        http::Response r,
-        client_->Do("GET", fmt::format("/v1/trainer/kv/{}/{}?timeout_ms={}", quorum_id, key,
-                                       timeout.count()),
-                    "", "application/octet-stream", timeout + Millis(5000)));
-    LK_RETURN_IF_ERROR(http::StatusFromResponse(r));
-    return std::move(r.body);
+    return TrainerKvGet(*client_, quorum_id, key, timeout);
   }
 
  private:
