@@ -23,14 +23,10 @@ namespace {
 namespace pb = lightkeeper::v1;
 using namespace std::chrono_literals;
 
+// A plain TCP connection for raw-socket checks of the framing; the test stops when it fails.
 int RawConnect(const std::string& hostport) {
-  auto colon = hostport.rfind(':');
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(hostport.substr(colon + 1))));
-  inet_pton(AF_INET, hostport.substr(0, colon).c_str(), &addr.sin_addr);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  int fd = test::ConnectTcp(hostport);
+  REQUIRE(fd >= 0);
   return fd;
 }
 

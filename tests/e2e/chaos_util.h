@@ -3,13 +3,9 @@
 // checks of issue 6 on both. Test-only; include after doctest.
 #pragma once
 
-#include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <boost/json.hpp>
@@ -25,6 +21,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "common/http/client.h"
 
 namespace lk::e2e {
 
@@ -58,30 +56,11 @@ inline std::vector<LogLine> ReadLog(const std::string& path) {
 
 // GET http://ADDRESS/status with a bound; empty when the lighthouse does not answer.
 inline std::string GetStatus(const std::string& address) {
-  size_t colon = address.rfind(':');
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
-  inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  timeval tv{1, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  std::string resp;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    std::string req = fmt::format(
-        "GET /status HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", address);
-    if (send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
-      char buf[16384];
-      ssize_t n;
-      while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) resp.append(buf, static_cast<size_t>(n));
-    }
-  }
-  close(fd);
-  if (resp.rfind("HTTP/1.1 200", 0) != 0) return "";
-  size_t body = resp.find("\r\n\r\n");
-  return body == std::string::npos ? "" : resp.substr(body + 4);
+  auto client = http::Client::Create("http://" + address);
+  if (!client.ok()) return "";
+  auto r = (*client)->Do("GET", "/status", "", "", Millis(1000));
+  if (!r.ok() || r->status != 200) return "";
+  return std::move(r->body);
 }
 
 // Polls /status every 100 ms and keeps what the checks need: the job's committed step over time

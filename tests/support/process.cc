@@ -1,7 +1,10 @@
 #include "tests/support/process.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -150,6 +153,22 @@ std::string JsonField(const std::string& line, const std::string& key) {
   if (line[pos] == '"') return line.substr(pos + 1, line.find('"', pos + 1) - pos - 1);
   auto end = line.find_first_of(",}", pos);
   return line.substr(pos, end - pos);
+}
+
+int ConnectTcp(const std::string& hostport) {
+  auto colon = hostport.rfind(':');
+  if (colon == std::string::npos) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(hostport.substr(colon + 1))));
+  if (inet_pton(AF_INET, hostport.substr(0, colon).c_str(), &addr.sin_addr) != 1) return -1;
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 }  // namespace lk::test

@@ -22,6 +22,8 @@ std::string TempDir(const std::string& tag);
 // The raw text of "key":VALUE in a one-line JSON object (numbers, booleans, strings unquoted);
 // empty when the key is missing. For the JSON-lines logs of trainers and tests.
 std::string JsonField(const std::string& line, const std::string& key);
+// A blocking TCP connection to "IPV4:PORT"; -1 when it cannot be made.
+int ConnectTcp(const std::string& hostport);
 
 class Process {
  public:
