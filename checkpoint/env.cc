@@ -90,6 +90,7 @@ class PosixRandomAccessFile final : public RandomAccessFile {
   uint64_t size() const override { return size_; }
   const std::string& path() const override { return path_; }
   void DropCache() const override { ::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED); }
+  int fd() const override { return fd_; }
 
  private:
   std::string path_;

@@ -35,6 +35,9 @@ class RandomAccessFile {
   virtual const std::string& path() const = 0;
   // Drops the file's pages from the page cache (for benchmarks that mean to read the disk).
   virtual void DropCache() const {}
+  // The open descriptor, for sendfile(2); -1 when the file is not a plain POSIX one (a test Env
+  // that injects faults keeps every read going through Read).
+  virtual int fd() const { return -1; }
 };
 
 class Env {

@@ -33,8 +33,14 @@ using namespace testing;
 // A ShardServer on its own io_context and threads; `tamper` may rewrite responses (a liar).
 class TestServer {
  public:
-  TestServer(const std::string& base_dir, std::function<void(http::Response&)> tamper = nullptr)
-      : shards_(ShardServerOptions{base_dir}),
+  TestServer(const std::string& base_dir, std::function<void(http::Response&)> tamper = nullptr,
+             bool sendfile = true)
+      : shards_([&] {
+          ShardServerOptions o;
+          o.base_dir = base_dir;
+          o.sendfile = sendfile;
+          return o;
+        }()),
         server_(ioc_, http::ServerOptions{},
                 [this, tamper](http::Request&& req, http::Responder respond) {
                   shards_.Handle(std::move(req), [respond, tamper](http::Response r) {
@@ -62,12 +68,20 @@ class TestServer {
   std::vector<std::thread> threads_;
 };
 
-// The shard server sends file bytes as a shared body tail; a tamper that edits bytes wants
-// them in the body.
+// The shard server sends file bytes as a file body (sendfile) or a shared body tail; a tamper
+// that edits bytes wants them in the body.
 void Materialize(http::Response& r) {
-  if (!r.body_tail) return;
-  r.body += *r.body_tail;
-  r.body_tail.reset();
+  if (r.body_tail) {
+    r.body += *r.body_tail;
+    r.body_tail.reset();
+  }
+  if (r.body_file) {
+    std::string bytes(r.body_file->length, '\0');
+    REQUIRE(::pread(r.body_file->fd, bytes.data(), bytes.size(),
+                    static_cast<off_t>(r.body_file->offset)) == static_cast<ssize_t>(bytes.size()));
+    r.body += bytes;
+    r.body_file.reset();
+  }
 }
 
 // A TCP proxy in front of a shard server, on real sockets: it relays every request and answer,
@@ -313,23 +327,59 @@ TEST_CASE("shard server answers on the calling thread or on its reader threads a
     std::fclose(f);
   }
   for (uint32_t readers : {0u, 2u}) {
-    ShardServerOptions o;
-    o.base_dir = tmp.path();
-    o.read_threads = readers;
-    ShardServer shards(o);
-    http::Request req;
-    req.method = "GET";
-    req.path = "/v1/shards/files/_/step-000000000003/shard-00000-of-00001.safetensors";
-    req.range = "bytes=0-15";
-    std::promise<std::pair<http::Response, std::thread::id>> answer;
-    shards.Handle(std::move(req), [&answer](http::Response r) {
-      answer.set_value({std::move(r), std::this_thread::get_id()});
-    });
-    auto [r, thread] = answer.get_future().get();
-    CHECK(r.status == 206);
-    Materialize(r);
-    CHECK(r.body == want);
-    CHECK((thread == std::this_thread::get_id()) == (readers == 0));
+    for (bool sendfile : {false, true}) {
+      ShardServerOptions o;
+      o.base_dir = tmp.path();
+      o.read_threads = readers;
+      o.sendfile = sendfile;
+      ShardServer shards(o);
+      http::Request req;
+      req.method = "GET";
+      req.path = "/v1/shards/files/_/step-000000000003/shard-00000-of-00001.safetensors";
+      req.range = "bytes=0-15";
+      req.file_body_ok = true;
+      std::promise<std::pair<http::Response, std::thread::id>> answer;
+      shards.Handle(std::move(req), [&answer](http::Response r) {
+        answer.set_value({std::move(r), std::this_thread::get_id()});
+      });
+      auto [r, thread] = answer.get_future().get();
+      CHECK(r.status == 206);
+      // With sendfile the range is an open file for the server to send, not bytes read here.
+      CHECK(r.body_file.has_value() == sendfile);
+      CHECK(!r.body_tail == sendfile);
+      Materialize(r);
+      CHECK(r.body == want);
+      CHECK((thread == std::this_thread::get_id()) == (readers == 0));
+    }
+  }
+}
+
+TEST_CASE("peer recovery fills the caller's tensors in place - from servers with and without sendfile") {
+  TempDir tmp;
+  auto model = BigModel();
+  SaveModel(tmp.path(), model, 9, 2, 256 << 10);
+  TestServer with(tmp.path()), without(tmp.path(), nullptr, /*sendfile=*/false);
+  for (uint32_t rank : {0u, 1u}) {
+    // The caller's memory for "w" only; the other tensors get fresh buffers.
+    std::vector<uint8_t> mine;
+    PeerRecoveryOptions o = Recovery(2, rank);
+    o.fetch.into = [&](const TargetTensor& t) -> uint8_t* {
+      if (t.name != "w") return nullptr;
+      mine.assign(t.bytes, 0xAB);
+      return mine.data();
+    };
+    FetchReport report;
+    auto state = RecoverFromPeers({with.url(), without.url()}, o, &report);
+    REQUIRE_MESSAGE(state.ok(), state.status().ToString());
+    CheckState(*state, model, 9);
+    const RestoredTensor* w = state->Find("w");
+    REQUIRE(w != nullptr);
+    CHECK(w->data.data() == mine.data());  // in place: no buffer of its own
+    CHECK(state->Find("b")->data.data() != nullptr);
+    CHECK(report.sources[0].bytes > 0);
+    CHECK(report.sources[1].bytes > 0);
+    CHECK(!report.sources[0].dropped);
+    CHECK(!report.sources[1].dropped);
   }
 }
 

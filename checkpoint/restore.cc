@@ -214,9 +214,11 @@ Result<RestoredState> ExecutePlan(const Manifest& m, const RestorePlan& plan,
   out.rank = plan.layout.rank;
   out.metadata = m.metadata;
   for (const auto& t : plan.tensors) {
-    // Huge pages: the tensors are fresh memory filled once, by the fetch.
-    out.tensors.push_back(
-        RestoredTensor{t.name, t.dtype, t.shape, t.rows, Buffer(t.bytes, /*huge_pages=*/true)});
+    uint8_t* dst = options.into ? options.into(t) : nullptr;
+    // Huge pages: a fresh buffer is filled once, by the fetch.
+    out.tensors.push_back(RestoredTensor{
+        t.name, t.dtype, t.shape, t.rows,
+        dst != nullptr ? Buffer::Borrow(dst, t.bytes) : Buffer(t.bytes, /*huge_pages=*/true)});
   }
   if (sources.empty() && !plan.reads.empty()) return InvalidArgument("restore with no source");
   Fetch fetch(m, plan, sources, options, &out);

@@ -24,6 +24,12 @@ struct FetchOptions {
   uint32_t streams_per_source = 4;
   // Called after each verified read (from a worker thread): source index and bytes.
   std::function<void(size_t source, uint64_t bytes)> on_read_done;
+  // Where a tensor's bytes go: memory of the caller's for exactly `t.bytes` (this rank's rows),
+  // or nullptr for a fresh buffer. Filling memory the caller already has (the model's own
+  // tensors, touched before) skips the page faults and zeroing that a fresh buffer costs, about
+  // a fifth of a peer recovery's CPU, and the copy out of it afterwards. The memory must stay
+  // valid while the RestoredState lives; after a failed restore it holds partial data.
+  std::function<uint8_t*(const TargetTensor& t)> into;
 };
 
 struct SourceReport {

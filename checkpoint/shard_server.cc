@@ -221,10 +221,18 @@ http::Response ShardServer::ServeFile(const http::Request& req, std::string_view
   http::Response r;
   r.status = ranged ? 206 : 200;
   r.content_type = "application/octet-stream";
-  auto body = BufferPool::Take(pool_, end - begin);
-  Status st = (*f)->Read(begin, end - begin, reinterpret_cast<uint8_t*>(body->data()));
-  if (!st.ok()) return Text(503, st.ToString() + "\n");
-  r.body_tail = std::move(body);
+  if (options_.sendfile && req.file_body_ok && (*f)->fd() >= 0) {
+    // The kernel sends the file's pages itself: no read into a buffer and, on loopback, no copy
+    // on this side at all. The response owns the open file until the write ends; a file
+    // replaced or removed meanwhile keeps its pages (live state is never rewritten in place).
+    std::shared_ptr<const RandomAccessFile> file(std::move(*f));
+    r.body_file = http::FileBody{file, file->fd(), begin, end - begin};
+  } else {
+    auto body = BufferPool::Take(pool_, end - begin);
+    Status st = (*f)->Read(begin, end - begin, reinterpret_cast<uint8_t*>(body->data()));
+    if (!st.ok()) return Text(503, st.ToString() + "\n");
+    r.body_tail = std::move(body);
+  }
   if (ranged) r.headers.emplace_back("Content-Range", fmt::format("bytes {}-{}/{}", begin, end - 1, size));
   bytes_served_ += end - begin;
   return r;

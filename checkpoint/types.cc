@@ -62,7 +62,15 @@ Buffer::Buffer(uint64_t size, bool huge_pages) : size_(size) {
   data_ = std::unique_ptr<uint8_t[], BufferFree>(new uint8_t[size], BufferFree{0});
 }
 
+Buffer Buffer::Borrow(uint8_t* data, uint64_t size) {
+  Buffer b;
+  b.data_ = std::unique_ptr<uint8_t[], BufferFree>(data, BufferFree{0, /*borrowed=*/true});
+  b.size_ = size;
+  return b;
+}
+
 void BufferFree::operator()(uint8_t* p) const {
+  if (borrowed) return;
   if (mapped_bytes > 0) {
     ::munmap(p, mapped_bytes);
   } else {

@@ -29,6 +29,7 @@ uint32_t DTypeBytes(DType dtype);
 // asks for it; it is off by default because saves from huge-page snapshots measured slower.
 struct BufferFree {
   uint64_t mapped_bytes = 0;  // 0: allocated with new[]
+  bool borrowed = false;      // the caller's memory: nothing to free
   void operator()(uint8_t* p) const;
 };
 
@@ -36,6 +37,9 @@ class Buffer {
  public:
   Buffer() = default;
   explicit Buffer(uint64_t size, bool huge_pages = false);
+  // A view of memory the caller owns and keeps alive for as long as the Buffer (a restore into
+  // a trainer's existing tensors).
+  static Buffer Borrow(uint8_t* data, uint64_t size);
   uint8_t* data() { return data_.get(); }
   const uint8_t* data() const { return data_.get(); }
   uint64_t size() const { return size_; }

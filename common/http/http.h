@@ -3,9 +3,11 @@
 // Thread-safety: plain values.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +24,19 @@ struct Request {
   std::string range;  // the Range header, for shard transfers
   std::string body;
   std::string peer;  // remote address, for logs
+  // Set by the server when it can send a file-backed body (FileBody) with sendfile(2): plain TCP
+  // and Unix sockets, not TLS. A handler that serves files offers one only then.
+  bool file_body_ok = false;
+};
+
+// A byte range of an open file sent as (the end of) a response body with sendfile(2): the kernel
+// hands the file's pages to the socket, and on loopback the receiver's copy is the only one.
+// `owner` keeps whatever owns the descriptor alive until the write ends.
+struct FileBody {
+  std::shared_ptr<const void> owner;
+  int fd = -1;
+  uint64_t offset = 0;
+  uint64_t length = 0;
 };
 
 struct Response {
@@ -32,6 +47,8 @@ struct Response {
   // Sent right after body, not copied: many answers can share one large tail (every member of
   // a quorum receives the same member list).
   std::shared_ptr<const std::string> body_tail;
+  // Sent after body_tail; only when the request said file_body_ok.
+  std::optional<FileBody> body_file;
 };
 
 // Answers one request. It may be called from any thread, at most once; the server writes the

@@ -1,12 +1,14 @@
 #include <doctest/doctest.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 
@@ -21,6 +23,34 @@ namespace lk::http {
 namespace {
 
 namespace pb = lightkeeper::v1;
+
+// A file for the file-body routes: 8 MiB, more than a socket buffer holds, so that sendfile has
+// to wait for room.
+constexpr uint64_t kFileBodyBytes = uint64_t{8} << 20;
+
+const std::string& FileBodyPath() {
+  struct TempFile {
+    std::string path;
+    ~TempFile() { ::unlink(path.c_str()); }
+  };
+  static const TempFile file{[] {
+    std::string p = "/tmp/lk_http_file_body_" + std::to_string(getpid());
+    std::string data(kFileBodyBytes, '\0');
+    for (uint64_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 7919) >> 3);
+    FILE* f = std::fopen(p.c_str(), "wb");
+    REQUIRE(f != nullptr);
+    REQUIRE(std::fwrite(data.data(), 1, data.size(), f) == data.size());
+    std::fclose(f);
+    return p;
+  }()};
+  return file.path;
+}
+
+std::string FileBodyExpected() {
+  std::string want = "F:";
+  for (uint64_t i = 10; i < kFileBodyBytes; ++i) want += static_cast<char>((i * 7919) >> 3);
+  return want;
+}
 
 // Runs a Server on its own thread; answers /echo with the HeartbeatRequest it got (step + 1),
 // /later after 50 ms from another thread, and anything else with 404.
@@ -42,6 +72,18 @@ struct TestServer {
         Response r = TextReply(200, "text/plain", "head-");
         r.headers.emplace_back("X-Extra", "1");
         r.body_tail = std::make_shared<const std::string>(std::string(100'000, 't'));
+        return respond(std::move(r));
+      }
+      if (req.path == "/file" || req.path == "/shortfile") {
+        // "F:" then bytes [10, 10 + n) of the test file, as a file body; /shortfile promises
+        // more than the file holds.
+        int fd = ::open(FileBodyPath().c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return respond(TextReply(500, "text/plain", "no test file"));
+        auto owner = std::shared_ptr<const void>(nullptr, [fd](const void*) { ::close(fd); });
+        Response r = TextReply(200, "application/octet-stream", "F:");
+        r.headers.emplace_back("X-File-Body-Ok", req.file_body_ok ? "1" : "0");
+        uint64_t n = kFileBodyBytes - 10 + (req.path == "/shortfile" ? 4096 : 0);
+        r.body_file = FileBody{owner, fd, 10, n};
         return respond(std::move(r));
       }
       if (req.path == "/later") {
@@ -115,6 +157,51 @@ TEST_CASE("a shared body tail follows the body and counts in Content-Length") {
     CHECK(r->body.substr(0, 5) == "head-");
     CHECK(r->body.find_first_not_of('t', 5) == std::string::npos);
   }
+}
+
+TEST_CASE("a file body goes out with sendfile after the body - TCP and Unix sockets - keep-alive intact") {
+  std::string path = "/tmp/lk_http_test_file_" + std::to_string(getpid()) + ".sock";
+  std::string want = FileBodyExpected();
+  for (std::string address : {std::string("127.0.0.1:0"), "unix:" + path}) {
+    TestServer ts({}, address);
+    auto c = Client::Create(ts.Url());
+    REQUIRE(c.ok());
+    for (int i = 0; i < 3; ++i) {
+      auto r = (*c)->Do("GET", "/file", "", "");
+      REQUIRE(r.ok());
+      CHECK(r->status == 200);
+      CHECK(r->body.size() == want.size());
+      CHECK(r->body == want);
+    }
+    CHECK(ts.server->connections() == 1);
+  }
+  unlink(path.c_str());
+}
+
+TEST_CASE("a file body that ends early cuts the connection - never a short body taken as whole") {
+  TestServer ts;
+  auto c = Client::Create(ts.Url());
+  REQUIRE(c.ok());
+  auto r = (*c)->Do("GET", "/shortfile", "", "", Millis(5000));
+  CHECK_FALSE(r.ok());
+  // The server goes on serving other connections.
+  auto again = Client::Create(ts.Url());
+  REQUIRE(again.ok());
+  auto ok = (*again)->Do("GET", "/file", "", "");
+  REQUIRE(ok.ok());
+  CHECK(ok->body == FileBodyExpected());
+}
+
+TEST_CASE("HEAD of a file body gets its Content-Length and no bytes") {
+  TestServer ts;
+  int fd = RawConnect(ts.server->LocalAddress());
+  std::string req = "HEAD /file HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  REQUIRE(::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()));
+  std::string got = ReadAll(fd);
+  ::close(fd);
+  CHECK(got.find(fmt::format("Content-Length: {}\r\n", 2 + kFileBodyBytes - 10)) != std::string::npos);
+  CHECK(got.find("X-File-Body-Ok: 1\r\n") != std::string::npos);
+  CHECK(got.size() == got.find("\r\n\r\n") + 4);
 }
 
 TEST_CASE("HTTP/1.0 closes after the response and HEAD gets headers only") {
@@ -263,6 +350,14 @@ TEST_CASE("TLS: the same protocol over HTTPS with a self-signed certificate") {
   req.set_step(9);
   REQUIRE((*c)->Call("POST", "/echo", req, &resp).ok());
   CHECK(resp.step() == 10);
+  // TLS cannot use sendfile: the server says so to handlers, and a file body offered anyway is
+  // read and encrypted like any other.
+  auto file = (*c)->Do("GET", "/file", "", "");
+  REQUIRE(file.ok());
+  CHECK(file->body == FileBodyExpected());
+  bool said_no = false;
+  for (const auto& [k, v] : file->headers) said_no |= k == "X-File-Body-Ok" && v == "0";
+  CHECK(said_no);
   // A client that does not trust the certificate is refused, and plain HTTP gets nowhere.
   auto untrusting = Client::Create("https://" + ts.server->LocalAddress());
   REQUIRE(untrusting.ok());

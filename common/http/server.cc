@@ -5,11 +5,16 @@
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/ssl.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
+#include <sys/sendfile.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <array>
 #include <atomic>
@@ -165,6 +170,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     req.range = std::string(msg[bhttp::field::range]);
     req.body = std::move(msg.body());
     req.peer = peer_;
+    req.file_body_ok = kCanSendFile;
     version_ = msg.version();
     keep_alive_ = msg.keep_alive();
     head_only_ = msg.method() == bhttp::verb::head;
@@ -183,14 +189,25 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     server_->handler(std::move(req), std::move(respond));
   }
 
-  // The response goes out as one gather write of up to three buffers (head, body, shared
-  // tail) built here by hand: Beast's serializer spent about a third of a small request's CPU
-  // in its buffer-sequence adaptors, and would need the tail copied into the body.
+  // The response goes out as one gather write of up to four buffers (head, body, shared tail,
+  // a file range read into memory) built here by hand: Beast's serializer spent about a third of
+  // a small request's CPU in its buffer-sequence adaptors, and would need the tail copied into
+  // the body. A file range goes after them with sendfile(2) where the stream allows it.
   void Write(Response r) {
     busy_ = true;
     out_ = std::move(r);
     bool keep = keep_alive_ && !server_->stopping;
-    size_t length = out_.body.size() + (out_.body_tail ? out_.body_tail->size() : 0);
+    file_copy_.clear();
+    // The length promised is the file range's even if reading it fails below: the client then
+    // sees the connection close before the body ends, never a short body taken for whole.
+    uint64_t file_length = out_.body_file ? out_.body_file->length : 0;
+    if (out_.body_file && !kCanSendFile && !head_only_) {
+      // TLS encrypts in user space, so the range is read here; handlers offer file bodies only
+      // when the request says file_body_ok, which TLS connections never do.
+      if (!ReadFileRange(*out_.body_file, &file_copy_)) keep = false;
+      out_.body_file.reset();
+    }
+    size_t length = out_.body.size() + (out_.body_tail ? out_.body_tail->size() : 0) + file_length;
     head_.clear();
     auto reason = bhttp::obsolete_reason(static_cast<bhttp::status>(out_.status));
     fmt::format_to(std::back_inserter(head_),
@@ -203,18 +220,101 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     if (!keep && version_ != 10) head_ += "Connection: close\r\n";
     if (keep && version_ == 10) head_ += "Connection: keep-alive\r\n";
     head_ += "\r\n";
-    std::array<asio::const_buffer, 3> buffers{asio::buffer(head_), asio::buffer(out_.body),
-                                              asio::const_buffer()};
+    std::array<asio::const_buffer, 4> buffers{asio::buffer(head_), asio::buffer(out_.body),
+                                              asio::const_buffer(), asio::buffer(file_copy_)};
     if (out_.body_tail) buffers[2] = asio::buffer(*out_.body_tail);
-    if (head_only_) buffers[1] = buffers[2] = asio::const_buffer();
+    if (head_only_) {
+      buffers[1] = buffers[2] = buffers[3] = asio::const_buffer();
+      out_.body_file.reset();
+    }
     Lowest(stream_).expires_after(server_->options.write_timeout);
     asio::async_write(stream_, buffers,
                       [self = this->shared_from_this(), keep](beast::error_code ec, size_t) {
-                        self->busy_ = false;
-                        self->out_ = Response();
-                        if (ec || !keep) return self->Close();
-                        self->WaitForRequest();
+                        if (ec || !self->out_.body_file) return self->FinishWrite(ec, keep);
+                        self->StartSendFile(keep);
                       });
+  }
+
+  void FinishWrite(beast::error_code ec, bool keep) {
+    busy_ = false;
+    out_ = Response();
+    file_copy_ = std::string();
+    if (ec || !keep) return Close();
+    WaitForRequest();
+  }
+
+  static constexpr bool kCanSendFile = !std::is_same_v<Stream, TlsStream>;
+
+  static bool ReadFileRange(const FileBody& f, std::string* out) {
+    out->resize(f.length);
+    uint64_t done = 0;
+    while (done < f.length) {
+      ssize_t n = ::pread(f.fd, out->data() + done, f.length - done, static_cast<off_t>(f.offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        LK_LOG_WARN("http_file_body_failed error={}", Q(n < 0 ? std::strerror(errno) : "file ends early"));
+        out->resize(done);  // the peer sees a short body and drops the connection
+        return false;
+      }
+      done += static_cast<uint64_t>(n);
+    }
+    return true;
+  }
+
+  // sendfile(2) on the non-blocking socket until the range is out, waiting for room between
+  // calls; the whole write keeps the one write_timeout deadline, enforced by a timer because
+  // the wait bypasses Beast's stream.
+  void StartSendFile(bool keep) {
+    file_sent_ = 0;
+    Lowest(stream_).expires_never();
+    if (!file_timer_) file_timer_.emplace(stream_.get_executor());
+    file_timer_->expires_after(server_->options.write_timeout);
+    file_timer_->async_wait([weak = this->weak_from_this()](beast::error_code ec) {
+      if (ec) return;
+      if (auto self = weak.lock()) {
+        LK_LOG_WARN("http_write_timeout peer={}", self->peer_);
+        self->Close();
+      }
+    });
+    beast::error_code ec;
+    Lowest(stream_).socket().native_non_blocking(true, ec);
+    if (ec) return EndSendFile(ec, keep);
+    SendFileSome(keep);
+  }
+
+  void SendFileSome(bool keep) {
+    if constexpr (kCanSendFile) {
+      auto& sock = Lowest(stream_).socket();
+      const FileBody& f = *out_.body_file;
+      while (file_sent_ < f.length) {
+        off_t off = static_cast<off_t>(f.offset + file_sent_);
+        ssize_t n = ::sendfile(sock.native_handle(), f.fd, &off,
+                               std::min<uint64_t>(f.length - file_sent_, uint64_t{1} << 30));
+        if (n > 0) {
+          file_sent_ += static_cast<uint64_t>(n);
+          continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+          sock.async_wait(asio::socket_base::wait_write,
+                          [self = this->shared_from_this(), keep](beast::error_code ec) {
+                            if (ec) return self->EndSendFile(ec, keep);
+                            self->SendFileSome(keep);
+                          });
+          return;
+        }
+        // The file ended early (truncated under us) or the peer went away: the body cannot be
+        // completed, so the connection goes.
+        if (n == 0) LK_LOG_WARN("http_file_body_failed peer={} error=\"file ends early\"", peer_);
+        return EndSendFile(beast::error_code(n == 0 ? EIO : errno, beast::system_category()), keep);
+      }
+    }
+    EndSendFile({}, keep);
+  }
+
+  void EndSendFile(beast::error_code ec, bool keep) {
+    if (file_timer_) file_timer_->cancel();
+    FinishWrite(ec, keep);
   }
 
   void Close() {
@@ -230,6 +330,9 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   Response out_;      // the response being written; its buffers must live until the write ends
   std::string head_;  // its status line and headers
+  std::string file_copy_;  // a file body read into memory where sendfile cannot be used
+  uint64_t file_sent_ = 0;
+  std::optional<asio::steady_timer> file_timer_;
   bool head_only_ = false;
   unsigned version_ = 11;
   bool keep_alive_ = true;
