@@ -55,7 +55,14 @@ Result<RestoredState> ExecutePlan(const Manifest& m, const RestorePlan& plan,
 struct RestoreOptions {
   TargetLayout layout;
   PlanOptions plan;
-  FetchOptions fetch;
+  // One read at a time per file source: with the kernel's sequential readahead that matched fio
+  // on the disks measured (bench/checkpoint.md), while four interleaved streams ran at 0.7x of
+  // it. A parallel filesystem (Lustre, GPFS) wants more: raise streams_per_source there.
+  FetchOptions fetch = [] {
+    FetchOptions f;
+    f.streams_per_source = 1;
+    return f;
+  }();
   Env* env = nullptr;       // nullptr: Env::Default()
   bool drop_cache = false;  // evict the shards from the page cache first (benchmarks)
 };
