@@ -72,6 +72,8 @@ for name, v, yname, y in rows:
 print(f"\n| CPU s per GB | ours | iperf3 | local copy floor (pread from /dev/shm + XXH3, same destination) |\n|---|---|---|---|")
 for name, key, floor in peer_rows:
     print(f"| {name} | {float(ours[f'{key}_cpu_s_per_gb']):.2f} | {ip_cpu:.2f} | {float(ours[f'{floor}_cpu_s_per_gb']):.2f} |")
-print(f"\nlocal copy floor on one thread: {float(ours['local_copy_fresh_bytes_per_s'])/G:.2f} GB/s into fresh memory, "
+print(f"\nfilling fresh memory in this process: {float(ours['memory_first_touch_bytes_per_s'])/G:.2f} GB/s the first time, "
+      f"{float(ours['memory_second_touch_bytes_per_s'])/G:.2f} GB/s once freed and taken again")
+print(f"local copy floor on one thread: {float(ours['local_copy_fresh_bytes_per_s'])/G:.2f} GB/s into fresh memory, "
       f"{float(ours['local_copy_bytes_per_s'])/G:.2f} GB/s into touched memory")
 PY
