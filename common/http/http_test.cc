@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -267,6 +268,146 @@ TEST_CASE("a client that stalls mid-request is cut off by the request timeout") 
   ssize_t n = read(fd, buf, sizeof(buf));
   CHECK(n == 0);  // closed by the server, not our 5 s bound
   close(fd);
+}
+
+// Writes all of `data` to fd.
+void WriteAll(int fd, std::string_view data) {
+  REQUIRE(::write(fd, data.data(), data.size()) == static_cast<ssize_t>(data.size()));
+}
+
+// Sends `request` on a fresh connection and reads until the server closes it.
+std::string RawExchange(const std::string& hostport, std::string_view request) {
+  int fd = RawConnect(hostport);
+  WriteAll(fd, request);
+  std::string got = ReadAll(fd);
+  ::close(fd);
+  return got;
+}
+
+TEST_CASE("pipelined requests on one connection are answered in order") {
+  TestServer ts;
+  std::string one = R"({"job":"j","step":1})", two = R"({"job":"j","step":2})";
+  std::string reqs = fmt::format(
+      "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}"
+      "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
+      "Connection: close\r\n\r\n{}",
+      one.size(), one, two.size(), two);
+  std::string got = RawExchange(ts.server->LocalAddress(), reqs);
+  auto first = got.find("\"step\":2"), second = got.find("\"step\":3");
+  REQUIRE(first != std::string::npos);
+  REQUIRE(second != std::string::npos);
+  CHECK(first < second);
+  CHECK(got.find("HTTP/1.1 200 OK") == 0);
+  CHECK(got.find("HTTP/1.1 200 OK", 1) != std::string::npos);
+}
+
+TEST_CASE("a request arriving a byte at a time is answered once whole") {
+  TestServer ts;
+  int fd = RawConnect(ts.server->LocalAddress());
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  std::string body = R"({"job":"j","step":41})";
+  std::string req = fmt::format(
+      "\r\nPOST /echo HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+      "content-length: {}\r\nconnection: Close\r\n\r\n{}",
+      body.size(), body);
+  for (char c : req) {
+    WriteAll(fd, std::string_view(&c, 1));
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  std::string got = ReadAll(fd);
+  ::close(fd);
+  CHECK(got.find("HTTP/1.1 200 OK") == 0);
+  CHECK(got.find("\"step\":42") != std::string::npos);
+}
+
+TEST_CASE("Expect: 100-continue gets the interim answer before the body is sent") {
+  TestServer ts;
+  int fd = RawConnect(ts.server->LocalAddress());
+  std::string body = R"({"job":"j","step":7})";
+  WriteAll(fd, fmt::format("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           "Content-Length: {}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n",
+                           body.size()));
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string interim(25, '\0');
+  REQUIRE(::recv(fd, interim.data(), interim.size(), MSG_WAITALL) == 25);
+  CHECK(interim == "HTTP/1.1 100 Continue\r\n\r\n");
+  WriteAll(fd, body);
+  std::string got = ReadAll(fd);
+  ::close(fd);
+  CHECK(got.find("HTTP/1.1 200 OK") == 0);
+  CHECK(got.find("\"step\":8") != std::string::npos);
+}
+
+TEST_CASE("bad framing gets a 4xx with its reason and the connection closes") {
+  TestServer ts;
+  std::string hp = ts.server->LocalAddress();
+  struct Case {
+    std::string request;
+    std::string status, reason;
+  };
+  std::vector<Case> cases = {
+      {"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+       "400", "Transfer-Encoding is not supported"},
+      {"POST /echo HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}", "400",
+       "conflicting Content-Length"},
+      {"POST /echo HTTP/1.1\r\nContent-Length: -2\r\n\r\n{}", "400", "bad Content-Length"},
+      {"GET /echo HTTP/2.0\r\n\r\n", "400", "bad version"},
+      {"GET /echo HTTP/1.1\r\nNo colon here\r\n\r\n", "400", "bad header line"},
+      {"GET /echo HTTP/1.1\r\nX-Big: " + std::string(20'000, 'a') + "\r\n\r\n", "431",
+       "request head over"},
+      {"GET /echo HTTP/1.1\r\nX-Big: " + std::string(20'000, 'a'), "431", "request head over"},
+  };
+  for (const auto& c : cases) {
+    std::string got = RawExchange(hp, c.request);  // returns because the server closes
+    CHECK_MESSAGE(got.rfind("HTTP/1.1 " + c.status, 0) == 0, got.substr(0, 200));
+    CHECK_MESSAGE(got.find(c.reason) != std::string::npos, got.substr(0, 400));
+    CHECK(got.find("Connection: close\r\n") != std::string::npos);
+  }
+  // The server is unharmed.
+  auto c = Client::Create(ts.Url());
+  REQUIRE(c.ok());
+  pb::HeartbeatRequest req, resp;
+  req.set_step(1);
+  REQUIRE((*c)->Call("POST", "/echo", req, &resp).ok());
+  CHECK(resp.step() == 2);
+}
+
+TEST_CASE("an idle keep-alive connection is closed after idle_timeout") {
+  ServerOptions opts;
+  opts.idle_timeout = Millis(200);
+  TestServer ts(opts);
+  int fd = RawConnect(ts.server->LocalAddress());
+  WriteAll(fd, "GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n");
+  auto t0 = std::chrono::steady_clock::now();
+  std::string got = ReadAll(fd);  // the answer, then the close (ReadAll gives up after 5 s)
+  ::close(fd);
+  // Closed by the server, not ended by ReadAll's own 5 s bound.
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4));
+  CHECK(got.find("HTTP/1.1 404") == 0);
+  CHECK(got.find("Connection: close") == std::string::npos);  // it was kept, then timed out
+}
+
+TEST_CASE("a client that never reads its answer is cut off by the write timeout") {
+  ServerOptions opts;
+  opts.write_timeout = Millis(300);
+  TestServer ts(opts);
+  for (const char* path : {"/file", "/tail"}) {
+    int fd = RawConnect(ts.server->LocalAddress());
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    // Many requests pipelined, never read: the answers fill the socket buffers and stall.
+    std::string reqs;
+    for (int i = 0; i < 200; ++i) reqs += fmt::format("GET {} HTTP/1.1\r\nHost: x\r\n\r\n", path);
+    WriteAll(fd, reqs);
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (ts.server->connections() > 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    CHECK_MESSAGE(ts.server->connections() == 0, path);
+    ::close(fd);
+  }
 }
 
 TEST_CASE("garbage instead of HTTP gets 400") {

@@ -7,17 +7,19 @@
 #include <boost/asio/ssl.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
-#include <boost/beast/ssl.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/http/status.hpp>
 #include <sys/sendfile.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
-
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cstring>
 #include <list>
 #include <mutex>
 #include <optional>
@@ -29,20 +31,142 @@ namespace lk::http {
 namespace {
 
 namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace bhttp = beast::http;
+namespace bhttp = boost::beast::http;
+using ErrorCode = boost::system::error_code;
 using tcp = asio::ip::tcp;
 using unix_proto = asio::local::stream_protocol;
-using UnixStream = beast::basic_stream<unix_proto, asio::any_io_executor, beast::unlimited_rate_policy>;
-using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+using IoExecutor = asio::io_context::executor_type;
+using StrandExecutor = asio::strand<IoExecutor>;
+using SteadyClock = std::chrono::steady_clock;
 
 constexpr size_t kHeaderBytesMax = 16 * 1024;
+constexpr size_t kReadBytes = 16 * 1024;  // room asked of the kernel per read, at least
 
 class SessionBase {
  public:
   virtual ~SessionBase() = default;
   virtual void CloseIfIdle() = 0;
+  // Called by the server's sweeper (any thread): closes the connection if its deadline passed.
+  virtual void CheckDeadline(int64_t now_ns) = 0;
 };
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now().time_since_epoch())
+      .count();
+}
+
+bool IEquals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool TokenChar(char c) {
+  // RFC 9110 tchar.
+  if (std::isalnum(static_cast<unsigned char>(c))) return true;
+  return std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+}
+
+std::string_view Trim(std::string_view v) {
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  return v;
+}
+
+// One request head, parsed in place from the connection's buffer.
+struct Head {
+  std::string_view method, target;
+  unsigned version = 11;
+  bool keep_alive = true;
+  bool expect_continue = false;
+  uint64_t content_length = 0;
+  std::string_view content_type, accept, authorization, range;
+};
+
+// Parses "METHOD SP TARGET SP HTTP/1.x CRLF (NAME: VALUE CRLF)* CRLF" (`text` ends after the
+// blank line). Returns an empty string or why the head is malformed. Only what the services
+// use is kept; every header line is still checked for shape.
+std::string ParseHead(std::string_view text, Head* h) {
+  auto eol = text.find("\r\n");
+  std::string_view line = text.substr(0, eol);
+  text.remove_prefix(eol + 2);
+  auto sp1 = line.find(' ');
+  auto sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
+  if (sp2 == std::string_view::npos) return "bad request line";
+  h->method = line.substr(0, sp1);
+  h->target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+  std::string_view version = line.substr(sp2 + 1);
+  if (h->method.empty() || !std::all_of(h->method.begin(), h->method.end(), TokenChar)) {
+    return "bad method";
+  }
+  if (h->target.empty() || std::any_of(h->target.begin(), h->target.end(), [](char c) {
+        return static_cast<unsigned char>(c) <= 0x20 || c == 0x7f;
+      })) {
+    return "bad target";
+  }
+  if (version == "HTTP/1.1") {
+    h->version = 11;
+  } else if (version == "HTTP/1.0") {
+    h->version = 10;
+  } else {
+    return "bad version";
+  }
+  bool close = false, keep = false, have_length = false;
+  while (!text.empty()) {
+    eol = text.find("\r\n");
+    line = text.substr(0, eol);
+    text.remove_prefix(eol + 2);
+    if (line.empty()) break;  // the blank line
+    auto colon = line.find(':');
+    if (colon == 0 || colon == std::string_view::npos) return "bad header line";
+    std::string_view name = line.substr(0, colon);
+    if (!std::all_of(name.begin(), name.end(), TokenChar)) return "bad header name";
+    std::string_view value = Trim(line.substr(colon + 1));
+    if (std::any_of(value.begin(), value.end(), [](char c) {
+          return (static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f;
+        })) {
+      return "bad header value";
+    }
+    if (IEquals(name, "content-length")) {
+      uint64_t n = 0;
+      auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+      if (value.empty() || ec != std::errc() || end != value.data() + value.size()) {
+        return "bad Content-Length";
+      }
+      if (have_length && n != h->content_length) return "conflicting Content-Length";
+      h->content_length = n;
+      have_length = true;
+    } else if (IEquals(name, "transfer-encoding")) {
+      return "Transfer-Encoding is not supported: send the body with Content-Length";
+    } else if (IEquals(name, "connection")) {
+      while (!value.empty()) {
+        auto comma = value.find(',');
+        std::string_view token = Trim(value.substr(0, comma));
+        close |= IEquals(token, "close");
+        keep |= IEquals(token, "keep-alive");
+        value.remove_prefix(comma == std::string_view::npos ? value.size() : comma + 1);
+      }
+    } else if (IEquals(name, "content-type")) {
+      h->content_type = value;
+    } else if (IEquals(name, "accept")) {
+      h->accept = value;
+    } else if (IEquals(name, "authorization")) {
+      h->authorization = value;
+    } else if (IEquals(name, "range")) {
+      h->range = value;
+    } else if (IEquals(name, "expect")) {
+      if (!IEquals(value, "100-continue")) return "unsupported Expect";
+      h->expect_continue = true;
+    }
+  }
+  // HTTP/1.1 keeps the connection unless told; HTTP/1.0 closes it unless told.
+  h->keep_alive = h->version == 11 ? !close : keep && !close;
+  return {};
+}
 
 }  // namespace
 
@@ -57,9 +181,12 @@ struct Server::Impl {
   std::atomic<bool> stopping{false};
   std::mutex sessions_mu;
   std::list<std::weak_ptr<SessionBase>> sessions;
+  // On a strand of its own: Stop may cancel it while another thread runs its handler.
+  asio::steady_timer sweeper;
+  bool sweeping = false;
 
   Impl(asio::io_context& c, ServerOptions o, Handler h)
-      : ioc(c), options(std::move(o)), handler(std::move(h)) {}
+      : ioc(c), options(std::move(o)), handler(std::move(h)), sweeper(asio::make_strand(c)) {}
 
   void Track(const std::shared_ptr<SessionBase>& s) {
     std::lock_guard<std::mutex> lock(sessions_mu);
@@ -69,29 +196,68 @@ struct Server::Impl {
     }
     sessions.push_back(s);
   }
+
+  // Deadlines are enforced by one sweep over the connections every so often instead of a timer
+  // per connection re-armed around every read and write: arming and cancelling those timers
+  // (and the type-erased handlers around them) cost more than parsing a small request. A
+  // deadline is therefore late by up to one sweep period, a quarter of the shortest timeout.
+  Millis SweepPeriod() const {
+    auto shortest = std::min({options.idle_timeout, options.request_timeout, options.write_timeout});
+    return std::clamp(Millis(shortest.count() / 4), Millis(5), Millis(250));
+  }
+
+  static void Sweep(const std::shared_ptr<Impl>& self) {
+    self->sweeper.expires_after(self->SweepPeriod());
+    self->sweeper.async_wait([weak = std::weak_ptr<Impl>(self)](ErrorCode ec) {
+      auto impl = weak.lock();
+      if (ec || !impl || impl->stopping) return;
+      int64_t now = NowNs();
+      {
+        std::lock_guard<std::mutex> lock(impl->sessions_mu);
+        for (auto it = impl->sessions.begin(); it != impl->sessions.end();) {
+          if (auto s = it->lock()) {
+            s->CheckDeadline(now);
+            ++it;
+          } else {
+            it = impl->sessions.erase(it);
+          }
+        }
+      }
+      Sweep(impl);
+    });
+  }
 };
 
 namespace {
 
-template <class Stream>
-auto& Lowest(Stream& s) {
-  return beast::get_lowest_layer(s);
-}
+enum class Wait : int { kNone, kIdle, kRequest, kWrite };
 
+template <class T>
+struct IsTls : std::false_type {};
+template <class S>
+struct IsTls<asio::ssl::stream<S>> : std::true_type {};
+
+// One connection. Stream is a socket (TCP or Unix) or a TLS stream over a TCP socket, all on a
+// concrete executor type (the io_context's, or a strand of it when several threads run it).
+// The request head is parsed by hand in the connection's own buffer, which is reused from one
+// request to the next; bytes that follow a request (a pipelined one) stay in it.
 template <class Stream>
 class Session : public SessionBase, public std::enable_shared_from_this<Session<Stream>> {
  public:
-  Session(std::shared_ptr<Server::Impl> server, Stream stream, std::string peer)
-      : server_(std::move(server)), stream_(std::move(stream)), peer_(std::move(peer)) {
+  static constexpr bool kTls = IsTls<Stream>::value;
+
+  template <class... Args>
+  Session(std::shared_ptr<Server::Impl> server, std::string peer, Args&&... stream_args)
+      : server_(std::move(server)), stream_(std::forward<Args>(stream_args)...), peer_(std::move(peer)) {
     ++server_->connections;
   }
   ~Session() override { --server_->connections; }
 
   void Start() {
-    if constexpr (std::is_same_v<Stream, TlsStream>) {
-      Lowest(stream_).expires_after(server_->options.request_timeout);
+    if constexpr (kTls) {
+      SetDeadline(Wait::kRequest);
       stream_.async_handshake(asio::ssl::stream_base::server,
-                              [self = this->shared_from_this()](beast::error_code ec) {
+                              [self = this->shared_from_this()](ErrorCode ec) {
                                 if (ec) return self->Close();
                                 self->WaitForRequest();
                               });
@@ -106,82 +272,148 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     });
   }
 
+  void CheckDeadline(int64_t now_ns) override {
+    int64_t d = deadline_ns_.load(std::memory_order_relaxed);
+    if (d == 0 || now_ns < d) return;
+    asio::post(stream_.get_executor(), [self = this->shared_from_this()] {
+      int64_t d = self->deadline_ns_.load(std::memory_order_relaxed);
+      if (d == 0 || NowNs() < d) return;  // it moved on meanwhile
+      if (self->wait_ == Wait::kRequest) LK_LOG_WARN("http_request_timeout peer={}", self->peer_);
+      if (self->wait_ == Wait::kWrite) LK_LOG_WARN("http_write_timeout peer={}", self->peer_);
+      self->Close();
+    });
+  }
+
  private:
-  // Waits for the first byte of the next request under the idle timeout; the rest of the request
-  // then has request_timeout to arrive, so a stalled client is cut off sooner than an idle one.
+  using Socket = typename Stream::lowest_layer_type;
+  Socket& Lowest() { return stream_.lowest_layer(); }
+
+  void SetDeadline(Wait w) {
+    wait_ = w;
+    Millis t = w == Wait::kIdle      ? server_->options.idle_timeout
+               : w == Wait::kRequest ? server_->options.request_timeout
+                                     : server_->options.write_timeout;
+    deadline_ns_.store(w == Wait::kNone ? 0 : NowNs() + std::chrono::nanoseconds(t).count(),
+                       std::memory_order_relaxed);
+  }
+
+  // Parses what the buffer holds; reads more while a request is incomplete. An idle connection
+  // (nothing of the next request yet) has idle_timeout; once its first byte came, the rest has
+  // request_timeout, so a client that stalls mid-request is cut off sooner than an idle one.
   void WaitForRequest() {
     if (server_->stopping) return Close();
-    if (buffer_.size() > 0) return ReadRequest();
-    Lowest(stream_).expires_after(server_->options.idle_timeout);
+    if (Parse()) return;
+    SetDeadline(end_ == begin_ ? Wait::kIdle : Wait::kRequest);
+    ReadMore();
+  }
+
+  void ReadMore() {
+    if (begin_ > 0 && (begin_ == end_ || buf_.size() - end_ < kReadBytes)) {
+      // Move what is left of the buffer to its front before reading behind it.
+      std::memmove(buf_.data(), buf_.data() + begin_, end_ - begin_);
+      end_ -= begin_;
+      begin_ = 0;
+      scanned_ = 0;
+    }
+    if (buf_.size() - end_ < kReadBytes) buf_.resize(std::max(buf_.size() * 2, end_ + kReadBytes));
     stream_.async_read_some(
-        buffer_.prepare(4096),
-        [self = this->shared_from_this()](beast::error_code ec, size_t n) {
+        asio::buffer(buf_.data() + end_, buf_.size() - end_),
+        [self = this->shared_from_this()](ErrorCode ec, size_t n) {
           if (ec) return self->Close();
-          self->buffer_.commit(n);
-          self->ReadRequest();
+          self->end_ += n;
+          self->WaitForRequest();
         });
   }
 
-  void ReadRequest() {
-    head_only_ = false;
-    parser_.emplace();
-    parser_->body_limit(server_->options.body_bytes_max);
-    parser_->header_limit(kHeaderBytesMax);
-    Lowest(stream_).expires_after(server_->options.request_timeout);
-    bhttp::async_read(stream_, buffer_, *parser_,
-                      [self = this->shared_from_this()](beast::error_code ec, size_t) {
-                        self->OnRead(ec);
+  // True when it handled something (a request went to the handler, or an error answer went
+  // out); false when more bytes are needed.
+  bool Parse() {
+    std::string_view data(buf_.data() + begin_, end_ - begin_);
+    if (head_bytes_ == 0) {
+      // Lenient about empty lines between requests, as RFC 9112 asks.
+      while (data.substr(0, 2) == "\r\n") {
+        begin_ += 2;
+        data.remove_prefix(2);
+      }
+      auto end = data.find("\r\n\r\n", scanned_ > 3 ? scanned_ - 3 : 0);
+      if (end == std::string_view::npos) {
+        scanned_ = data.size();
+        if (data.size() > kHeaderBytesMax) {
+          Fail(431, InvalidArgument("request head over {} bytes", kHeaderBytesMax));
+          return true;
+        }
+        return false;
+      }
+      head_bytes_ = end + 4;
+    }
+    if (head_bytes_ > kHeaderBytesMax) {
+      Fail(431, InvalidArgument("request head over {} bytes", kHeaderBytesMax));
+      return true;
+    }
+    // Parsed again whenever more of the body arrived: the views point into buf_, which moves.
+    Head h;
+    std::string why = ParseHead(data.substr(0, head_bytes_), &h);
+    if (!why.empty()) {
+      LK_LOG_WARN("http_bad_request peer={} error={}", peer_, Q(why));
+      Fail(400, InvalidArgument("malformed HTTP request: {}", why));
+      return true;
+    }
+    if (h.content_length > server_->options.body_bytes_max) {
+      LK_LOG_WARN("http_body_too_large peer={} limit_bytes={}", peer_, server_->options.body_bytes_max);
+      Fail(413, Error(Code::kTooLarge, "request body over {} bytes", server_->options.body_bytes_max));
+      return true;
+    }
+    if (data.size() < head_bytes_ + h.content_length) {
+      if (h.expect_continue && !continue_sent_) {
+        // The client waits for this before it sends the body (curl does for larger ones).
+        continue_sent_ = true;
+        SendContinue();
+        return true;
+      }
+      return false;
+    }
+    Dispatch(data, h);
+    return true;
+  }
+
+  void SendContinue() {
+    static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+    SetDeadline(Wait::kWrite);
+    asio::async_write(stream_, asio::buffer(kContinue.data(), kContinue.size()),
+                      [self = this->shared_from_this()](ErrorCode ec, size_t) {
+                        if (ec) return self->Close();
+                        self->WaitForRequest();
                       });
   }
 
-  void OnRead(beast::error_code ec) {
-    if (ec == bhttp::error::end_of_stream || ec == asio::error::eof) return Close();
-    if (ec == beast::error::timeout) {
-      LK_LOG_WARN("http_request_timeout peer={}", peer_);
-      return Close();
-    }
-    if (ec == bhttp::error::body_limit) {
-      LK_LOG_WARN("http_body_too_large peer={} limit_bytes={}", peer_,
-                  server_->options.body_bytes_max);
-      keep_alive_ = false;
-      return Write(ErrorReply(Error(Code::kTooLarge, "request body over {} bytes",
-                                    server_->options.body_bytes_max),
-                              Format::kJson));
-    }
-    if (ec) {
-      if (ec.category() == bhttp::make_error_code(bhttp::error::bad_target).category()) {
-        LK_LOG_WARN("http_bad_request peer={} error={}", peer_, Q(ec.message()));
-        keep_alive_ = false;
-        return Write(ErrorReply(InvalidArgument("malformed HTTP request: {}", ec.message()),
-                                Format::kJson));
-      }
-      return Close();
-    }
-    auto& msg = parser_->get();
+  void Dispatch(std::string_view data, const Head& h) {
     Request req;
-    req.method = std::string(msg.method_string());
-    std::string_view target(msg.target().data(), msg.target().size());
-    auto q = target.find('?');
-    req.path = PercentDecode(target.substr(0, q));
-    if (q != std::string_view::npos) req.query = ParseQuery(target.substr(q + 1));
-    req.content_type = std::string(msg[bhttp::field::content_type]);
-    req.accept = std::string(msg[bhttp::field::accept]);
-    req.authorization = std::string(msg[bhttp::field::authorization]);
-    req.range = std::string(msg[bhttp::field::range]);
-    req.body = std::move(msg.body());
+    req.method = std::string(h.method);
+    auto q = h.target.find('?');
+    req.path = PercentDecode(h.target.substr(0, q));
+    if (q != std::string_view::npos) req.query = ParseQuery(h.target.substr(q + 1));
+    req.content_type = std::string(h.content_type);
+    req.accept = std::string(h.accept);
+    req.authorization = std::string(h.authorization);
+    req.range = std::string(h.range);
+    req.body = std::string(data.substr(head_bytes_, h.content_length));
     req.peer = peer_;
-    req.file_body_ok = kCanSendFile;
-    version_ = msg.version();
-    keep_alive_ = msg.keep_alive();
-    head_only_ = msg.method() == bhttp::verb::head;
+    req.file_body_ok = !kTls;
+    version_ = h.version;
+    keep_alive_ = h.keep_alive;
+    head_only_ = h.method == "HEAD";
+    begin_ += head_bytes_ + h.content_length;
+    head_bytes_ = 0;
+    scanned_ = 0;
+    continue_sent_ = false;
     busy_ = true;
-    // A handler may hold the request for a long-poll: no read deadline while it does.
-    Lowest(stream_).expires_never();
+    // A handler may hold the request for a long-poll: no deadline while it does.
+    SetDeadline(Wait::kNone);
     auto self = this->shared_from_this();
     auto answered = std::make_shared<std::atomic<bool>>(false);
     Responder respond = [self, answered](Response r) {
       if (answered->exchange(true)) return;
-      // dispatch, not post: a handler that answers on the connection's own strand (most do)
+      // dispatch, not post: a handler that answers on the connection's own executor (most do)
       // writes at once instead of paying for a trip through the executor's queue.
       asio::dispatch(self->stream_.get_executor(),
                      [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
@@ -189,6 +421,15 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     server_->handler(std::move(req), std::move(respond));
   }
 
+  // An answer to a request that could not be parsed; the connection closes after it.
+  void Fail(int status, const Status& st) {
+    keep_alive_ = false;
+    version_ = 11;
+    head_only_ = false;
+    Response r = ErrorReply(st, Format::kJson);
+    r.status = status;
+    Write(std::move(r));
+  }
   // The response goes out as one gather write of up to four buffers (head, body, shared tail,
   // a file range read into memory) built here by hand: Beast's serializer spent about a third of
   // a small request's CPU in its buffer-sequence adaptors, and would need the tail copied into
@@ -201,7 +442,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     // The length promised is the file range's even if reading it fails below: the client then
     // sees the connection close before the body ends, never a short body taken for whole.
     uint64_t file_length = out_.body_file ? out_.body_file->length : 0;
-    if (out_.body_file && !kCanSendFile && !head_only_) {
+    if (out_.body_file && kTls && !head_only_) {
       // TLS encrypts in user space, so the range is read here; handlers offer file bodies only
       // when the request says file_body_ok, which TLS connections never do.
       if (!ReadFileRange(*out_.body_file, &file_copy_)) keep = false;
@@ -227,23 +468,21 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
       buffers[1] = buffers[2] = buffers[3] = asio::const_buffer();
       out_.body_file.reset();
     }
-    Lowest(stream_).expires_after(server_->options.write_timeout);
+    SetDeadline(Wait::kWrite);
     asio::async_write(stream_, buffers,
-                      [self = this->shared_from_this(), keep](beast::error_code ec, size_t) {
+                      [self = this->shared_from_this(), keep](ErrorCode ec, size_t) {
                         if (ec || !self->out_.body_file) return self->FinishWrite(ec, keep);
                         self->StartSendFile(keep);
                       });
   }
 
-  void FinishWrite(beast::error_code ec, bool keep) {
+  void FinishWrite(ErrorCode ec, bool keep) {
     busy_ = false;
     out_ = Response();
     file_copy_ = std::string();
     if (ec || !keep) return Close();
     WaitForRequest();
   }
-
-  static constexpr bool kCanSendFile = !std::is_same_v<Stream, TlsStream>;
 
   static bool ReadFileRange(const FileBody& f, std::string* out) {
     out->resize(f.length);
@@ -262,29 +501,18 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   }
 
   // sendfile(2) on the non-blocking socket until the range is out, waiting for room between
-  // calls; the whole write keeps the one write_timeout deadline, enforced by a timer because
-  // the wait bypasses Beast's stream.
+  // calls; the whole response keeps the one write deadline set in Write.
   void StartSendFile(bool keep) {
     file_sent_ = 0;
-    Lowest(stream_).expires_never();
-    if (!file_timer_) file_timer_.emplace(stream_.get_executor());
-    file_timer_->expires_after(server_->options.write_timeout);
-    file_timer_->async_wait([weak = this->weak_from_this()](beast::error_code ec) {
-      if (ec) return;
-      if (auto self = weak.lock()) {
-        LK_LOG_WARN("http_write_timeout peer={}", self->peer_);
-        self->Close();
-      }
-    });
-    beast::error_code ec;
-    Lowest(stream_).socket().native_non_blocking(true, ec);
-    if (ec) return EndSendFile(ec, keep);
+    ErrorCode ec;
+    Lowest().native_non_blocking(true, ec);
+    if (ec) return FinishWrite(ec, keep);
     SendFileSome(keep);
   }
 
   void SendFileSome(bool keep) {
-    if constexpr (kCanSendFile) {
-      auto& sock = Lowest(stream_).socket();
+    if constexpr (!kTls) {
+      auto& sock = Lowest();
       const FileBody& f = *out_.body_file;
       while (file_sent_ < f.length) {
         off_t off = static_cast<off_t>(f.offset + file_sent_);
@@ -296,9 +524,9 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
         }
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-          sock.async_wait(asio::socket_base::wait_write,
-                          [self = this->shared_from_this(), keep](beast::error_code ec) {
-                            if (ec) return self->EndSendFile(ec, keep);
+          sock.async_wait(Socket::wait_write,
+                          [self = this->shared_from_this(), keep](ErrorCode ec) {
+                            if (ec) return self->FinishWrite(ec, keep);
                             self->SendFileSome(keep);
                           });
           return;
@@ -306,33 +534,34 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
         // The file ended early (truncated under us) or the peer went away: the body cannot be
         // completed, so the connection goes.
         if (n == 0) LK_LOG_WARN("http_file_body_failed peer={} error=\"file ends early\"", peer_);
-        return EndSendFile(beast::error_code(n == 0 ? EIO : errno, beast::system_category()), keep);
+        return FinishWrite(ErrorCode(n == 0 ? EIO : errno, boost::system::system_category()), keep);
       }
     }
-    EndSendFile({}, keep);
-  }
-
-  void EndSendFile(beast::error_code ec, bool keep) {
-    if (file_timer_) file_timer_->cancel();
-    FinishWrite(ec, keep);
+    FinishWrite({}, keep);
   }
 
   void Close() {
-    beast::error_code ec;
-    Lowest(stream_).socket().shutdown(asio::socket_base::shutdown_both, ec);
-    Lowest(stream_).socket().close(ec);
+    SetDeadline(Wait::kNone);
+    ErrorCode ec;
+    Lowest().shutdown(asio::socket_base::shutdown_both, ec);
+    Lowest().close(ec);
   }
 
   std::shared_ptr<Server::Impl> server_;
   Stream stream_;
   std::string peer_;
-  beast::flat_buffer buffer_;
-  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  // Received bytes live in buf_[begin_, end_); the head being parsed starts at begin_.
+  std::vector<char> buf_;
+  size_t begin_ = 0, end_ = 0;
+  size_t scanned_ = 0;     // bytes after begin_ already searched for the blank line
+  size_t head_bytes_ = 0;  // the current request's head length, once its blank line came
+  bool continue_sent_ = false;
+  std::atomic<int64_t> deadline_ns_{0};
+  Wait wait_ = Wait::kNone;
   Response out_;      // the response being written; its buffers must live until the write ends
   std::string head_;  // its status line and headers
   std::string file_copy_;  // a file body read into memory where sendfile cannot be used
   uint64_t file_sent_ = 0;
-  std::optional<asio::steady_timer> file_timer_;
   bool head_only_ = false;
   unsigned version_ = 11;
   bool keep_alive_ = true;
@@ -347,58 +576,61 @@ class Listener : public std::enable_shared_from_this<Listener<Protocol>> {
 
   void Accept() {
     // One strand per connection when several threads run the io_context; with one thread the
-    // io_context's own executor already serialises everything.
-    auto executor = server_->options.single_thread ? asio::any_io_executor(server_->ioc.get_executor())
-                                                   : asio::any_io_executor(asio::make_strand(server_->ioc));
-    acceptor_.async_accept(
-        executor,
-        [self = this->shared_from_this()](beast::error_code ec, typename Protocol::socket sock) {
-          self->OnAccept(ec, std::move(sock));
-        });
+    // io_context's own executor already serialises everything. Either way the connection's
+    // socket has a concrete executor type: a type-erased one was copied and destroyed around
+    // every operation, a measurable part of a small request.
+    if (server_->options.single_thread) {
+      AcceptWith(server_->ioc.get_executor());
+    } else {
+      AcceptWith(asio::make_strand(server_->ioc));
+    }
   }
 
   void Close() {
     asio::post(acceptor_.get_executor(), [self = this->shared_from_this()] {
-      beast::error_code ec;
+      ErrorCode ec;
       self->acceptor_.close(ec);
     });
   }
 
  private:
-  void OnAccept(beast::error_code ec, typename Protocol::socket sock) {
-    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    if (!ec) Serve(std::move(sock));
-    else LK_LOG_WARN("http_accept_failed error={}", Q(ec.message()));
-    Accept();
+  template <class Executor>
+  void AcceptWith(Executor ex) {
+    acceptor_.async_accept(ex, [self = this->shared_from_this()](ErrorCode ec, auto sock) {
+      if (ec == asio::error::operation_aborted || !self->acceptor_.is_open()) return;
+      if (!ec) self->Serve(std::move(sock));
+      else LK_LOG_WARN("http_accept_failed error={}", Q(ec.message()));
+      self->Accept();
+    });
   }
 
-  void Serve(typename Protocol::socket sock) {
+  template <class Socket>
+  void Serve(Socket sock) {
     if (server_->connections.load() >= server_->options.connections_max) {
       LK_LOG_WARN("http_connection_refused reason=connections_max limit={}",
                   server_->options.connections_max);
-      beast::error_code ec;
+      ErrorCode ec;
       sock.close(ec);
       return;
     }
     std::shared_ptr<SessionBase> session;
     if constexpr (std::is_same_v<Protocol, tcp>) {
-      beast::error_code ec;
+      ErrorCode ec;
       sock.set_option(tcp::no_delay(true), ec);
       auto ep = sock.remote_endpoint(ec);
       std::string peer = ec ? "?" : fmt::format("{}:{}", ep.address().to_string(), ep.port());
       if (server_->ssl) {
-        auto s = std::make_shared<Session<TlsStream>>(
-            server_, TlsStream(beast::tcp_stream(std::move(sock)), *server_->ssl), peer);
+        auto s = std::make_shared<Session<asio::ssl::stream<Socket>>>(server_, peer, std::move(sock),
+                                                                      *server_->ssl);
         s->Start();
         session = s;
       } else {
-        auto s = std::make_shared<Session<beast::tcp_stream>>(
-            server_, beast::tcp_stream(std::move(sock)), peer);
+        auto s = std::make_shared<Session<Socket>>(server_, peer, std::move(sock));
         s->Start();
         session = s;
       }
     } else {
-      auto s = std::make_shared<Session<UnixStream>>(server_, UnixStream(std::move(sock)), "unix");
+      auto s = std::make_shared<Session<Socket>>(server_, "unix", std::move(sock));
       s->Start();
       session = s;
     }
@@ -434,7 +666,7 @@ Server::Server(asio::io_context& ioc, ServerOptions options, Handler handler)
 Server::~Server() { Stop(); }
 
 Status Server::Listen(const std::string& address) {
-  beast::error_code ec;
+  ErrorCode ec;
   if (address.rfind("unix:", 0) == 0) {
     std::string path = address.substr(5);
     if (path.empty()) return InvalidArgument("unix address needs a path");
@@ -448,6 +680,7 @@ Status Server::Listen(const std::string& address) {
     l->Accept();
     impl_->closers.push_back([l] { l->Close(); });
     if (impl_->local_address.empty()) impl_->local_address = address;
+    StartSweeping();
     return Status::Ok();
   }
   std::string host;
@@ -480,7 +713,14 @@ Status Server::Listen(const std::string& address) {
   l->Accept();
   impl_->closers.push_back([l] { l->Close(); });
   if (impl_->local_address.empty()) impl_->local_address = bound_text;
+  StartSweeping();
   return Status::Ok();
+}
+
+void Server::StartSweeping() {
+  if (impl_->sweeping) return;
+  impl_->sweeping = true;
+  asio::post(impl_->sweeper.get_executor(), [impl = impl_] { Impl::Sweep(impl); });
 }
 
 std::string Server::LocalAddress() const { return impl_->local_address; }
@@ -490,6 +730,7 @@ uint64_t Server::connections() const { return impl_->connections.load(); }
 void Server::Stop() {
   if (impl_->stopping.exchange(true)) return;
   for (auto& close : impl_->closers) close();
+  asio::post(impl_->sweeper.get_executor(), [impl = impl_] { impl->sweeper.cancel(); });
   std::lock_guard<std::mutex> lock(impl_->sessions_mu);
   for (auto& w : impl_->sessions) {
     if (auto s = w.lock()) s->CloseIfIdle();

@@ -1,4 +1,4 @@
-// An HTTP/1.1 server on Boost.Beast for every Lightkeeper process: keep-alive, a bound on the
+// An HTTP/1.1 server on Boost.Asio for every Lightkeeper process: keep-alive, a bound on the
 // body size, a timeout while idle and another once a request has started (so a client that stalls
 // mid-request is cut off), a limit on connections, Nagle off, optional TLS, and TCP or Unix-domain
 // listeners. Handlers answer through a Responder, possibly later (long-polls).
@@ -57,6 +57,7 @@ class Server {
   struct Impl;  // public so that the connection classes in server.cc can name it
 
  private:
+  void StartSweeping();
   std::shared_ptr<Impl> impl_;
 };
 
