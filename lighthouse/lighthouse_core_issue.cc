@@ -101,6 +101,16 @@ void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint no
   }
   fx->persist_jobs.push_back(Record(job));
   fx->issued.push_back({job.name, job.quorum_id, changed, static_cast<uint32_t>(groups.size())});
+  // No live member holds the committed state and the newest durable checkpoint is older: the
+  // run goes on, but the steps between are trained again. Said loudly, once per such quorum,
+  // so that whoever watches the log learns that checkpoints are too far apart.
+  if (job.plan.restore && job.plan.restore->step < job.committed_step) {
+    fx->events.push_back(fmt::format(
+        "recovery_behind_committed job={} quorum_id={} committed_step={} restore_step={} "
+        "lost_steps={} location={}",
+        Q(job.name), job.quorum_id, job.committed_step, job.plan.restore->step,
+        job.committed_step - job.plan.restore->step, Q(job.plan.restore->location)));
+  }
   fx->events.push_back(fmt::format(
       "quorum_issued job={} quorum_id={} changed={} members={} healing={} max_step={}{}{} "
       "reason={}",

@@ -311,6 +311,36 @@ TEST_CASE("checkpoint registry: newest first - bounded - and restored when no st
   }
 }
 
+TEST_CASE("a restore from a checkpoint older than the committed step is reported with the steps lost") {
+  Harness h;
+  h.Form({"a", "b"});
+  uint32_t q = h.Answer("a")->quorum_id;
+  REQUIRE(h.Commit("a", q, 8).ok());
+  REQUIRE(h.Commit("b", q, 8).ok());
+  h.views = h.core.View(h.clock.Now());
+  REQUIRE(h.views.size() == 1);
+  REQUIRE(h.views[0].committed_step == 8);
+  REQUIRE(h.core.OnRegisterCheckpoint({"j", 5, "/c/5", "d", "a", 0}, &h.fx).ok());
+  REQUIRE(h.Leave("a").ok());
+  REQUIRE(h.Leave("b").ok());
+  // Two new groups without state: the newest durable checkpoint (step 5) is all there is.
+  REQUIRE(h.Beat("c").ok());
+  REQUIRE(h.Beat("d").ok());
+  REQUIRE(h.Join("c", 0, "i1", 0, 1, false).ok());
+  REQUIRE(h.Join("d", 0, "i1", 0, 1, false).ok());
+  REQUIRE(h.fx.answers.size() == 2);
+  CHECK(h.Answer("c")->restore_checkpoint->step == 5);
+  CHECK(h.HasEvent("recovery_behind_committed job=j quorum_id=2 committed_step=8 restore_step=5 "
+                   "lost_steps=3 location=/c/5"));
+  // A restore that is not behind says nothing.
+  Harness fresh;
+  REQUIRE(fresh.core.OnRegisterCheckpoint({"j", 5, "/c/5", "d", "a", 0}, &fresh.fx).ok());
+  REQUIRE(fresh.Beat("a").ok());
+  REQUIRE(fresh.Join("a", 0, "i1", 0, 1, false).ok());
+  REQUIRE(fresh.Answer("a")->restore_checkpoint.has_value());
+  CHECK(!fresh.HasEvent("recovery_behind_committed"));
+}
+
 TEST_CASE("view: group states and events quote values with spaces") {
   Harness h;
   h.Form({"a", "b"});

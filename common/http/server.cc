@@ -9,6 +9,7 @@
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/status.hpp>
+#include <signal.h>
 #include <sys/sendfile.h>
 #include <unistd.h>
 
@@ -661,7 +662,12 @@ Status SplitHostPort(const std::string& address, std::string* host, uint16_t* po
 }  // namespace
 
 Server::Server(asio::io_context& ioc, ServerOptions options, Handler handler)
-    : impl_(std::make_shared<Impl>(ioc, std::move(options), std::move(handler))) {}
+    : impl_(std::make_shared<Impl>(ioc, std::move(options), std::move(handler))) {
+  // sendfile(2) has no MSG_NOSIGNAL: a client that goes away in the middle of a file body would
+  // raise SIGPIPE and kill the whole process. Ignored unless the program installed a handler.
+  struct sigaction old {};
+  if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+}
 
 Server::~Server() { Stop(); }
 
