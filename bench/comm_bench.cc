@@ -49,6 +49,18 @@ double Percentile(std::vector<double> v, double p) {
   std::exit(1);
 }
 
+// With --netns PREFIX, member i runs in network namespace PREFIX{i} at 10.77.0.{i+2} and the
+// lighthouse listens on the bridge at 10.77.0.1 (bench/comm_netns.sh sets this up, with every
+// member's link shaped like a NIC); otherwise everything is on 127.0.0.1.
+std::string g_netns;
+std::string MemberIp(size_t i) { return g_netns.empty() ? "127.0.0.1" : fmt::format("10.77.0.{}", i + 2); }
+std::vector<std::string> InNetns(size_t i, std::vector<std::string> argv) {
+  if (g_netns.empty()) return argv;
+  std::vector<std::string> out{"/usr/sbin/ip", "netns", "exec", fmt::format("{}{}", g_netns, i)};
+  out.insert(out.end(), argv.begin(), argv.end());
+  return out;
+}
+
 struct Peers {
   std::string dir;
   testing::Lighthouse* lh;
@@ -62,9 +74,9 @@ struct Peers {
   }
   void Spawn(size_t i) {
     auto child = std::make_unique<Child>(
-        std::vector<std::string>{testing::BinDir() + "/comm_test_peer", "--store", lh->url(),
-                                 "--job", "bench", "--op-timeout-ms", "60000", "--segment-kib",
-                                 std::to_string(segment_kib)},
+        InNetns(i, {testing::BinDir() + "/comm_test_peer", "--store", lh->url(), "--job", "bench",
+                    "--op-timeout-ms", "60000", "--segment-kib", std::to_string(segment_kib),
+                    "--bind", MemberIp(i)}),
         fmt::format("{}/peer{}.log", dir, i));
     if (i < p.size()) {
       p[i] = std::move(child);
@@ -189,10 +201,12 @@ struct IperfResult {
 IperfResult Iperf(const std::string& dir, uint32_t seconds, bool bidir) {
   static int next = 0;
   int port = 20000 + static_cast<int>((getpid() * 2 + next++) % 20000);
-  Child server({"/usr/bin/iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", std::to_string(port)},
+  // Between members 0 and 1's places: the same loopback, or the same two shaped links.
+  Child server(InNetns(0, {"/usr/bin/iperf3", "-s", "-1", "-B", MemberIp(0), "-p", std::to_string(port)}),
                dir + "/iperf-server.log");
-  std::string cmd = fmt::format("iperf3 -c 127.0.0.1 -p {} -t {} -J {} 2>/dev/null", port, seconds,
-                                bidir ? "--bidir" : "");
+  std::string cmd = fmt::format("{}iperf3 -c {} -p {} -t {} -J {} 2>/dev/null",
+                                g_netns.empty() ? "" : fmt::format("ip netns exec {}1 ", g_netns),
+                                MemberIp(0), port, seconds, bidir ? "--bidir" : "");
   std::string out;
   // The server may take a moment to listen on a loaded machine: retry the connect.
   for (int attempt = 0; attempt < 50; ++attempt) {
@@ -231,7 +245,9 @@ void BenchThroughput(testing::Lighthouse* lh, const std::string& dir, uint32_t m
                      uint32_t iperf_seconds) {
   IperfResult one_way = Iperf(dir, iperf_seconds, false);
   IperfResult both_ways = Iperf(dir, iperf_seconds, true);
-  fmt::print("\n### Allreduce throughput vs raw loopback TCP (iperf3, same run)\n\n");
+  fmt::print("\n### Allreduce throughput vs {}\n\n",
+             g_netns.empty() ? "raw loopback TCP (iperf3, same run)"
+                             : "iperf3 between two members' namespaces (same shaped links, same run)");
   fmt::print(
       "iperf3 one stream: {:.2f} GB/s, {:.2f} GB per CPU-second; --bidir (both directions "
       "summed): {:.2f} GB/s, {:.2f} GB per CPU-second\n\n",
@@ -291,13 +307,16 @@ int Main(int argc, char** argv) {
   flags.Add("iperf-seconds", &iperf_seconds, "iperf3 run length");
   flags.Add("only", &only, "rebuild, kill or throughput (default: all)");
   flags.Add("segment-kib", &Peers::segment_kib, "Gloo ring segment size, KiB");
+  flags.Add("netns", &g_netns,
+            "run member i in network namespace NETNS{i} at 10.77.0.{i+2}, the lighthouse on "
+            "10.77.0.1 (see bench/comm_netns.sh)");
   if (Status st = flags.Parse(argc, argv); !st.ok()) Die(st.ToString());
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
     return 0;
   }
   std::string dir = testing::TempDir("bench");
-  auto lh = testing::StartLighthouse(dir);
+  auto lh = testing::StartLighthouse(dir, g_netns.empty() ? "127.0.0.1:0" : "10.77.0.1:0");
   if (!lh.ok()) Die(lh.status().ToString());
   fmt::print(
       "comm_bench: lighthouse KV rendezvous, Gloo backend, {} CPUs, rounds={}, "
@@ -308,6 +327,7 @@ int Main(int argc, char** argv) {
   std::string load1;
   loadavg >> load1;
   fmt::print("load average (1 min) at start: {}\n", load1);
+  if (!g_netns.empty()) fmt::print("members in network namespaces {}0.., links shaped (see the script)\n", g_netns);
   if (only.empty() || only == "rebuild") BenchRebuild(&*lh, dir, rounds);
   if (only.empty() || only == "kill") BenchKill(&*lh, dir, rounds);
   if (only.empty() || only == "throughput") BenchThroughput(&*lh, dir, mib, iperf_seconds);

@@ -142,11 +142,11 @@ std::string Child::Log() const {
   return ss.str();
 }
 
-Result<Lighthouse> StartLighthouse(const std::string& dir) {
+Result<Lighthouse> StartLighthouse(const std::string& dir, const std::string& bind) {
   Lighthouse lh;
   std::string log = dir + "/lighthouse.log";
   lh.process = std::make_unique<Child>(
-      std::vector<std::string>{BinDir() + "/lighthouse", "--bind", "127.0.0.1:0", "--data-dir",
+      std::vector<std::string>{BinDir() + "/lighthouse", "--bind", bind, "--data-dir",
                                dir + "/lh-data"},
       log);
   auto deadline = SteadyClock::now() + std::chrono::seconds(20);

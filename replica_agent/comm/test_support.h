@@ -53,8 +53,8 @@ struct Lighthouse {
   std::string address;  // "127.0.0.1:PORT"
   std::string url() const { return "http://" + address; }
 };
-// Starts ${LK_BIN_DIR}/lighthouse on 127.0.0.1:0 and waits for its listening address.
-Result<Lighthouse> StartLighthouse(const std::string& dir);
+// Starts ${LK_BIN_DIR}/lighthouse on `bind` (port 0: any) and waits for its listening address.
+Result<Lighthouse> StartLighthouse(const std::string& dir, const std::string& bind = "127.0.0.1:0");
 
 // Makes the lighthouse issue a new quorum for `job` (one group asking with a fresh incarnation
 // each time) and returns its quorum_id: the epoch that the KV then accepts keys under.
