@@ -301,6 +301,27 @@ TEST_CASE("pipelined requests on one connection are answered in order") {
   CHECK(got.find("HTTP/1.1 200 OK", 1) != std::string::npos);
 }
 
+TEST_CASE("a large body and then small ones share one keep-alive connection") {
+  ServerOptions opts;
+  opts.body_bytes_max = 8 << 20;
+  TestServer ts(opts);
+  auto c = Client::Create(ts.Url());
+  REQUIRE(c.ok());
+  std::string job(3 << 20, 'j');
+  for (int round = 0; round < 2; ++round) {
+    auto big = (*c)->Do("POST", "/echo", fmt::format(R"({{"job":"{}","step":1}})", job), kJsonType);
+    REQUIRE(big.ok());
+    CHECK(big->status == 200);
+    CHECK(big->body.find(job) != std::string::npos);
+    for (int i = 0; i < 3; ++i) {
+      auto small = (*c)->Do("POST", "/echo", R"({"job":"k","step":5})", kJsonType);
+      REQUIRE(small.ok());
+      CHECK(small->body.find("\"step\":6") != std::string::npos);
+    }
+  }
+  CHECK(ts.server->connections() == 1);
+}
+
 TEST_CASE("a request arriving a byte at a time is answered once whole") {
   TestServer ts;
   int fd = RawConnect(ts.server->LocalAddress());

@@ -42,6 +42,7 @@ using SteadyClock = std::chrono::steady_clock;
 
 constexpr size_t kHeaderBytesMax = 16 * 1024;
 constexpr size_t kReadBytes = 16 * 1024;  // room asked of the kernel per read, at least
+constexpr size_t kKeepBufferBytes = 64 * 1024;  // a connection's buffer shrinks back to this
 
 class SessionBase {
  public:
@@ -309,6 +310,16 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   }
 
   void ReadMore() {
+    if (buf_.size() > kKeepBufferBytes && end_ - begin_ <= kKeepBufferBytes / 2) {
+      // A large request body grew the buffer: give the memory back rather than keep megabytes
+      // per idle keep-alive connection.
+      std::vector<char> small(kKeepBufferBytes);
+      std::memcpy(small.data(), buf_.data() + begin_, end_ - begin_);
+      end_ -= begin_;
+      begin_ = 0;
+      scanned_ = 0;
+      buf_.swap(small);
+    }
     if (begin_ > 0 && (begin_ == end_ || buf_.size() - end_ < kReadBytes)) {
       // Move what is left of the buffer to its front before reading behind it.
       std::memmove(buf_.data(), buf_.data() + begin_, end_ - begin_);
