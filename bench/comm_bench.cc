@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/flags.h"
+#include "replica_agent/comm/comm.h"
 #include "replica_agent/comm/test_support.h"
 
 namespace lk::comm {
@@ -67,6 +68,7 @@ struct Peers {
   std::vector<std::unique_ptr<Child>> p;
 
   static inline uint32_t segment_kib = 1024;
+  static inline uint32_t inflight_kib = static_cast<uint32_t>(CommOptions().inflight_bytes / 1024);
 
   Peers(testing::Lighthouse* lighthouse, const std::string& d, size_t n) : dir(d), lh(lighthouse) {
     for (size_t i = 0; i < n; ++i) Spawn(i);
@@ -76,6 +78,7 @@ struct Peers {
     auto child = std::make_unique<Child>(
         InNetns(i, {testing::BinDir() + "/comm_test_peer", "--store", lh->url(), "--job", "bench",
                     "--op-timeout-ms", "60000", "--segment-kib", std::to_string(segment_kib),
+                    "--inflight-kib", std::to_string(inflight_kib),
                     "--bind", MemberIp(i)}),
         fmt::format("{}/peer{}.log", dir, i));
     if (i < p.size()) {
@@ -307,6 +310,7 @@ int Main(int argc, char** argv) {
   flags.Add("iperf-seconds", &iperf_seconds, "iperf3 run length");
   flags.Add("only", &only, "rebuild, kill or throughput (default: all)");
   flags.Add("segment-kib", &Peers::segment_kib, "Gloo ring segment size, KiB");
+  flags.Add("inflight-kib", &Peers::inflight_kib, "Gloo reduce-scatter receives posted ahead, KiB");
   flags.Add("netns", &g_netns,
             "run member i in network namespace NETNS{i} at 10.77.0.{i+2}, the lighthouse on "
             "10.77.0.1 (see bench/comm_netns.sh)");

@@ -36,6 +36,7 @@ Status CommOptions::Validate() const {
   if (op_timeout <= Millis(0)) return InvalidArgument("op_timeout must be positive");
   if (device_index < 0) return InvalidArgument("device_index must be >= 0");
   if (segment_bytes < 4096) return InvalidArgument("segment_bytes must be at least 4096");
+  if (inflight_bytes > (size_t{1} << 30)) return InvalidArgument("inflight_bytes must be at most 1 GiB");
   return Status::Ok();
 }
 

@@ -57,6 +57,11 @@ struct CommOptions {
   // Gloo: the ring moves each chunk in segments of this size so that the reduction of one
   // segment overlaps the transfer of the next.
   size_t segment_bytes = 1 << 20;
+  // Gloo: reduce-scatter receives kept posted ahead, in bytes (at least four segments). A link
+  // carries at most this much of the ring at a time, so it must cover the link's bandwidth
+  // times its round trip: with four 1 MiB segments a 4-member ring on 2-4 Gbit/s links with a
+  // few milliseconds of queueing ran at 0.8x of iperf3, with 16 MiB at 0.98x (bench/comm.md).
+  size_t inflight_bytes = 16 << 20;
 
   Status Validate() const;
 };

@@ -201,6 +201,8 @@ int Main(int argc, char** argv) {
   flags.Add("op-timeout-ms", &op_timeout_ms, "allreduce deadline");
   flags.Add("device", &device, "CUDA device (nccl)");
   flags.Add("segment-kib", &segment_kib, "Gloo ring segment size, KiB");
+  uint32_t inflight_kib = static_cast<uint32_t>(CommOptions().inflight_bytes / 1024);
+  flags.Add("inflight-kib", &inflight_kib, "Gloo reduce-scatter receives posted ahead, KiB");
   if (Status st = flags.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "%s\n", st.ToString().c_str());
     return 2;
@@ -223,6 +225,7 @@ int Main(int argc, char** argv) {
   options.op_timeout = Millis(op_timeout_ms);
   options.device_index = static_cast<int>(device);
   options.segment_bytes = size_t{segment_kib} * 1024;
+  options.inflight_bytes = size_t{inflight_kib} * 1024;
   auto comm = CommManager::Create(backend, store->get(), options);
   if (!comm.ok()) {
     Answer(Err(comm.status()));

@@ -419,7 +419,7 @@ Status GlooCommManager::WaitSend(GlooBuffer& buf) {
 // partial sums in between need float32. With 2 members every byte on the wire is bfloat16.
 //
 // Buffers and ordering:
-//  - Reduce-scatter segments arrive in a small staging ring (kStagingSegments segments), each
+//  - Reduce-scatter segments arrive in a staging ring (inflight_bytes of segments, at least four), each
 //    slot posted again as soon as its segment is reduced: memory stays bounded whatever the
 //    size, and the segment the kernel has just written is still in cache when it is added.
 //  - Allgather segments go straight into the caller's buffer; their receives are all posted up
@@ -431,7 +431,8 @@ Status GlooCommManager::WaitSend(GlooBuffer& buf) {
 //    complete in that order and the n-th completed wait is the n-th posted receive.
 Status GlooCommManager::Ring(GlooContext& ctx, void* user, float* acc, size_t count, DType dtype,
                              ReduceOp op, size_t rank, size_t world) {
-  constexpr size_t kStagingSegments = 4;
+  const size_t staging_segments =
+      std::max<size_t>(4, options_.inflight_bytes / std::max<size_t>(1, options_.segment_bytes));
   const bool bf16 = dtype == DType::kBFloat16;
   const size_t seg = std::max<size_t>(1, options_.segment_bytes / sizeof(float));
   const size_t steps = RingSteps(world);
@@ -445,7 +446,7 @@ Status GlooCommManager::Ring(GlooContext& ctx, void* user, float* acc, size_t co
   auto wire16 = [&](size_t step) { return bf16 && (step == 0 || !RingStepReduces(world, step)); };
   auto wire_bytes = [&](size_t step) { return wire16(step) ? sizeof(uint16_t) : sizeof(float); };
   const size_t depth =
-      std::max<size_t>(1, std::min(kStagingSegments, segments(RingChunk(count, world, 0).size)));
+      std::max<size_t>(1, std::min(staging_segments, segments(RingChunk(count, world, 0).size)));
   if (scratch_.size() < depth * seg) scratch_.resize(depth * seg);
   const int left = static_cast<int>((rank + world - 1) % world);
   const int right = static_cast<int>((rank + 1) % world);
