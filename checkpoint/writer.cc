@@ -135,7 +135,12 @@ Result<SaveResult> CheckpointWriter::Save(const Snapshot& s) {
     r.committed = true;
   } else {
     std::string receipt = JoinPath(tmp, fmt::format("rank-{:05}{}", s.rank, kReceiptSuffix));
-    LK_RETURN_IF_ERROR(WriteFileAtomic(env_, receipt, EncodeManifestFile(own)));
+    Status wrote = WriteFileAtomic(env_, receipt, EncodeManifestFile(own));
+    // Once this receipt is visible the last rank may commit and rename the directory under
+    // our feet (the directory sync that ends WriteFileAtomic then finds it gone): the
+    // checkpoint is then committed, by another rank.
+    if (!wrote.ok() && env_->Exists(final_dir)) return r;
+    LK_RETURN_IF_ERROR(wrote);
     LK_ASSIGN_OR_RETURN(r.committed, TryCommit(s, tmp, own));
     if (!r.committed) return r;
   }
@@ -147,15 +152,20 @@ Result<SaveResult> CheckpointWriter::Save(const Snapshot& s) {
 
 Result<bool> CheckpointWriter::TryCommit(const Snapshot& s, const std::string& tmp,
                                          const Manifest& own) {
-  LK_ASSIGN_OR_RETURN(auto names, env_->ListDir(tmp));
+  std::string final_dir = JoinPath(options_.root, StepDirName(s.step));
+  auto names = env_->ListDir(tmp);
+  // Another rank saw every receipt first and has committed (renamed the directory): done.
+  if (!names.ok() && env_->Exists(final_dir)) return false;
+  LK_RETURN_IF_ERROR(names.status());
   std::vector<std::string> receipts;
-  for (auto& n : names) {
+  for (auto& n : *names) {
     if (EndsWith(n, kReceiptSuffix)) receipts.push_back(n);
   }
   if (receipts.size() < s.ranks) return false;
   auto lock = env_->NewExclusiveFile(JoinPath(tmp, kLockFile));
   if (!lock.ok()) {
     if (lock.status().code() == Code::kConflict) return false;  // another rank commits
+    if (env_->Exists(final_dir)) return false;                  // another rank committed
     return lock.status();
   }
   LK_RETURN_IF_ERROR((*lock)->Close());
@@ -179,8 +189,14 @@ Result<bool> CheckpointWriter::TryCommit(const Snapshot& s, const std::string& t
   for (const auto& n : receipts) {
     LK_RETURN_IF_ERROR(env_->RemoveFile(JoinPath(tmp, n)));
   }
-  LK_RETURN_IF_ERROR(env_->RemoveFile(JoinPath(tmp, kLockFile)));
-  LK_RETURN_IF_ERROR(Commit(*merged, tmp, JoinPath(options_.root, StepDirName(s.step))));
+  // The lock stays until the directory is renamed: removed earlier, a rank that had counted
+  // every receipt just before could take it and commit a second time. It goes along with the
+  // rename and is removed from the committed directory after (readers ignore files the
+  // manifest does not name, so a crash in between leaves a valid checkpoint).
+  LK_RETURN_IF_ERROR(Commit(*merged, tmp, final_dir));
+  if (Status st = env_->RemoveFile(JoinPath(final_dir, kLockFile)); !st.ok()) {
+    LK_LOG_WARN("checkpoint_lock_left dir={} error={}", final_dir, Q(st.ToString()));
+  }
   return true;
 }
 
