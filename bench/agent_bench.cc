@@ -73,6 +73,30 @@ std::vector<double> TcpPingPong(int rounds, int gap_ms = 0) {
   return us;
 }
 
+// The same over a Unix-domain socket pair, the transport between a trainer and its agent.
+std::vector<double> UnixPingPong(int rounds, int gap_ms) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return {};
+  std::thread echo([fd = sv[1], rounds] {
+    char buf[64];
+    for (int i = 0; i < rounds; ++i) {
+      if (read(fd, buf, sizeof(buf)) != 64 || write(fd, buf, 64) != 64) break;
+    }
+  });
+  std::vector<double> us;
+  char buf[64] = {};
+  for (int i = 0; i < rounds; ++i) {
+    if (gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
+    auto t0 = Clock::now();
+    if (write(sv[0], buf, 64) != 64 || read(sv[0], buf, 64) != 64) break;
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  echo.join();
+  close(sv[0]);
+  close(sv[1]);
+  return us;
+}
+
 std::unique_ptr<test::Process> StartAgent(const std::string& dir, const std::string& url,
                                           const std::string& group) {
   auto p = std::make_unique<test::Process>(
@@ -123,11 +147,18 @@ int Main(int argc, char** argv) {
   if (!poll_us || !poll_now_us) return 1;
   auto tcp_gap_us = TcpPingPong(rounds, inner_ms);
   auto tcp_us = TcpPingPong(rounds);
+  auto unix_gap_us = UnixPingPong(rounds, inner_ms);
   std::printf("| Poll round trip, nothing changed (1 group, %d ms inner steps) | p50 %.0f us, p99 %.0f us | "
               "raw loopback TCP RTT after the same %d ms idle: p50 %.0f us, p99 %.0f us | %.1fx / %.1fx |\n",
               inner_ms, Pct(*poll_us, 0.5), Pct(*poll_us, 0.99), inner_ms, Pct(tcp_gap_us, 0.5),
               Pct(tcp_gap_us, 0.99), Pct(*poll_us, 0.5) / Pct(tcp_gap_us, 0.5),
               Pct(*poll_us, 0.99) / Pct(tcp_gap_us, 0.99));
+  if (!unix_gap_us.empty()) {
+    std::printf("| (the same poll) | | raw Unix-socket round trip after the same %d ms idle: p50 %.0f us, "
+                "p99 %.0f us | %.1fx / %.1fx |\n",
+                inner_ms, Pct(unix_gap_us, 0.5), Pct(unix_gap_us, 0.99),
+                Pct(*poll_us, 0.5) / Pct(unix_gap_us, 0.5), Pct(*poll_us, 0.99) / Pct(unix_gap_us, 0.99));
+  }
   std::printf("| Poll right after the commit (no inner steps: the lighthouse round is waited for) | "
               "p50 %.0f us, p99 %.0f us | raw loopback TCP RTT back to back: p50 %.0f us, p99 %.0f us | %.1fx / %.1fx |\n",
               Pct(*poll_now_us, 0.5), Pct(*poll_now_us, 0.99), Pct(tcp_us, 0.5), Pct(tcp_us, 0.99),
