@@ -33,9 +33,30 @@ double Pct(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
 }
 
-// Round trips of 64 bytes over one loopback TCP connection with Nagle off, in microseconds,
-// each after gap_ms of idleness (as a poll comes after the inner steps): an idle virtual CPU
-// takes far longer to wake than a busy one, and both sides of the comparison should pay that.
+// Answers `rounds` 64-byte messages on fd with the same bytes.
+void Echo(int fd, int rounds) {
+  char buf[64];
+  for (int i = 0; i < rounds; ++i) {
+    if (read(fd, buf, sizeof(buf)) != 64 || write(fd, buf, 64) != 64) break;
+  }
+}
+
+// Round trips of 64 bytes on fd against an Echo, in microseconds, each after gap_ms of idleness
+// (as a poll comes after the inner steps): an idle virtual CPU takes far longer to wake than a
+// busy one, and both sides of the comparison should pay that.
+std::vector<double> RoundTrips(int fd, int rounds, int gap_ms) {
+  std::vector<double> us;
+  char buf[64] = {};
+  for (int i = 0; i < rounds; ++i) {
+    if (gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
+    auto t0 = Clock::now();
+    if (write(fd, buf, 64) != 64 || read(fd, buf, 64) != 64) break;
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  return us;
+}
+
+// Over one loopback TCP connection with Nagle off.
 std::vector<double> TcpPingPong(int rounds, int gap_ms = 0) {
   int ls = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -49,48 +70,26 @@ std::vector<double> TcpPingPong(int rounds, int gap_ms = 0) {
     int c = accept(ls, nullptr, nullptr);
     int one = 1;
     setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    char buf[64];
-    for (int i = 0; i < rounds; ++i) {
-      if (read(c, buf, sizeof(buf)) != 64 || write(c, buf, 64) != 64) break;
-    }
+    Echo(c, rounds);
     close(c);
   });
   int s = socket(AF_INET, SOCK_STREAM, 0);
   int one = 1;
   setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  std::vector<double> us;
-  char buf[64] = {};
-  for (int i = 0; i < rounds; ++i) {
-    if (gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
-    auto t0 = Clock::now();
-    if (write(s, buf, 64) != 64 || read(s, buf, 64) != 64) break;
-    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-  }
+  auto us = RoundTrips(s, rounds, gap_ms);
   close(s);
   echo.join();
   close(ls);
   return us;
 }
 
-// The same over a Unix-domain socket pair, the transport between a trainer and its agent.
+// Over a Unix-domain socket pair, the transport between a trainer and its agent.
 std::vector<double> UnixPingPong(int rounds, int gap_ms) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return {};
-  std::thread echo([fd = sv[1], rounds] {
-    char buf[64];
-    for (int i = 0; i < rounds; ++i) {
-      if (read(fd, buf, sizeof(buf)) != 64 || write(fd, buf, 64) != 64) break;
-    }
-  });
-  std::vector<double> us;
-  char buf[64] = {};
-  for (int i = 0; i < rounds; ++i) {
-    if (gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
-    auto t0 = Clock::now();
-    if (write(sv[0], buf, 64) != 64 || read(sv[0], buf, 64) != 64) break;
-    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-  }
+  std::thread echo([fd = sv[1], rounds] { Echo(fd, rounds); });
+  auto us = RoundTrips(sv[0], rounds, gap_ms);
   echo.join();
   close(sv[0]);
   close(sv[1]);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "checkpoint/format.h"
@@ -91,6 +92,25 @@ class Servers {
   std::vector<std::string> urls_;
 };
 
+// Stand-ins for a model's tensors, as a trainer holds them when it heals: allocated and touched
+// once, then every restore writes into them (FetchOptions::into).
+class ModelTensors {
+ public:
+  std::function<uint8_t*(const TargetTensor&)> Into() {
+    return [this](const TargetTensor& t) -> uint8_t* {
+      auto& b = tensors_[t.name];
+      if (b.size() != t.bytes) {
+        b = Buffer(t.bytes, /*huge_pages=*/true);
+        std::memset(b.data(), 0, b.size());
+      }
+      return b.data();
+    };
+  }
+
+ private:
+  std::map<std::string, Buffer> tensors_;
+};
+
 void SaveAndRestore(const std::string& dir, const Snapshot& state, int64_t bytes,
                     uint32_t restore_streams) {
   WriterOptions w;
@@ -105,21 +125,12 @@ void SaveAndRestore(const std::string& dir, const Snapshot& state, int64_t bytes
   // Cold cache every time. The first restore goes into fresh memory, as a process that has no
   // model yet; then three into the model's tensors (touched once before, as a trainer's are),
   // of which the median counts: the virtual disk's speed swings from one second to the next.
-  std::map<std::string, Buffer> model;
+  ModelTensors model;
   auto restore = [&](bool into_model) {
     RestoreOptions ro;
     ro.drop_cache = true;
     if (restore_streams > 0) ro.fetch.streams_per_source = restore_streams;
-    if (into_model) {
-      ro.fetch.into = [&](const TargetTensor& t) -> uint8_t* {
-        auto& b = model[t.name];
-        if (b.size() != t.bytes) {
-          b = Buffer(t.bytes, /*huge_pages=*/true);
-          std::memset(b.data(), 0, b.size());
-        }
-        return b.data();
-      };
-    }
+    if (into_model) ro.fetch.into = model.Into();
     auto t0 = std::chrono::steady_clock::now();
     auto restored = RestoreLatest(w.root, ro);
     double seconds = Seconds(t0);
@@ -251,22 +262,12 @@ int Main(int argc, char** argv) {
   std::printf("publish_shm_bytes_per_s=%.0f\n", bytes / Seconds(t0));
   state = Snapshot();
   Servers servers(shm, 3, std::max<uint32_t>(1, server_threads), read_threads);
-  // A healing trainer already holds its model's tensors: the restore writes into them. These
-  // stand in for them, allocated and touched once, as a model's are before it heals.
-  std::map<std::string, Buffer> model;
-  auto into = [&](const TargetTensor& t) -> uint8_t* {
-    auto& b = model[t.name];
-    if (b.size() != t.bytes) {
-      b = Buffer(t.bytes, /*huge_pages=*/true);
-      std::memset(b.data(), 0, b.size());
-    }
-    return b.data();
-  };
+  ModelTensors model;
   auto recover = [&](size_t n, bool into_model) {
     std::vector<std::string> urls(servers.urls().begin(), servers.urls().begin() + n);
     PeerRecoveryOptions po;
     po.fetch.streams_per_source = std::max<uint32_t>(1, streams / static_cast<uint32_t>(n));
-    if (into_model) po.fetch.into = into;
+    if (into_model) po.fetch.into = model.Into();
     auto t0 = std::chrono::steady_clock::now();
     double cpu0 = CpuSeconds();
     auto got = RecoverFromPeers(urls, po);

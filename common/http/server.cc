@@ -23,7 +23,6 @@
 #include <cstring>
 #include <list>
 #include <mutex>
-#include <optional>
 
 #include "common/http/codec.h"
 #include "common/log.h"
@@ -36,8 +35,6 @@ namespace bhttp = boost::beast::http;
 using ErrorCode = boost::system::error_code;
 using tcp = asio::ip::tcp;
 using unix_proto = asio::local::stream_protocol;
-using IoExecutor = asio::io_context::executor_type;
-using StrandExecutor = asio::strand<IoExecutor>;
 using SteadyClock = std::chrono::steady_clock;
 
 constexpr size_t kHeaderBytesMax = 16 * 1024;
@@ -191,11 +188,8 @@ struct Server::Impl {
       : ioc(c), options(std::move(o)), handler(std::move(h)), sweeper(asio::make_strand(c)) {}
 
   void Track(const std::shared_ptr<SessionBase>& s) {
+    // Closed connections' entries are dropped by the next sweep.
     std::lock_guard<std::mutex> lock(sessions_mu);
-    // Drop expired entries as we go so that the list stays bounded by live connections.
-    if (sessions.size() > 64 && sessions.size() > 2 * connections.load()) {
-      sessions.remove_if([](const std::weak_ptr<SessionBase>& w) { return w.expired(); });
-    }
     sessions.push_back(s);
   }
 
@@ -310,22 +304,19 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   }
 
   void ReadMore() {
-    if (buf_.size() > kKeepBufferBytes && end_ - begin_ <= kKeepBufferBytes / 2) {
-      // A large request body grew the buffer: give the memory back rather than keep megabytes
-      // per idle keep-alive connection.
-      std::vector<char> small(kKeepBufferBytes);
-      std::memcpy(small.data(), buf_.data() + begin_, end_ - begin_);
-      end_ -= begin_;
-      begin_ = 0;
-      scanned_ = 0;
-      buf_.swap(small);
-    }
-    if (begin_ > 0 && (begin_ == end_ || buf_.size() - end_ < kReadBytes)) {
+    // A large request body grew the buffer: give the memory back rather than keep megabytes per
+    // idle keep-alive connection.
+    bool shrink = buf_.size() > kKeepBufferBytes && end_ - begin_ <= kKeepBufferBytes / 2;
+    if (begin_ > 0 && (shrink || begin_ == end_ || buf_.size() - end_ < kReadBytes)) {
       // Move what is left of the buffer to its front before reading behind it.
       std::memmove(buf_.data(), buf_.data() + begin_, end_ - begin_);
       end_ -= begin_;
       begin_ = 0;
       scanned_ = 0;
+    }
+    if (shrink) {
+      buf_.resize(kKeepBufferBytes);
+      buf_.shrink_to_fit();
     }
     if (buf_.size() - end_ < kReadBytes) buf_.resize(std::max(buf_.size() * 2, end_ + kReadBytes));
     stream_.async_read_some(
@@ -348,17 +339,15 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
         data.remove_prefix(2);
       }
       auto end = data.find("\r\n\r\n", scanned_ > 3 ? scanned_ - 3 : 0);
-      if (end == std::string_view::npos) {
+      if (end != std::string_view::npos) {
+        head_bytes_ = end + 4;
+      } else if (data.size() <= kHeaderBytesMax) {
         scanned_ = data.size();
-        if (data.size() > kHeaderBytesMax) {
-          Fail(431, InvalidArgument("request head over {} bytes", kHeaderBytesMax));
-          return true;
-        }
         return false;
       }
-      head_bytes_ = end + 4;
     }
-    if (head_bytes_ > kHeaderBytesMax) {
+    // No blank line within the limit (head_bytes_ still 0), or one beyond it.
+    if (head_bytes_ == 0 || head_bytes_ > kHeaderBytesMax) {
       Fail(431, InvalidArgument("request head over {} bytes", kHeaderBytesMax));
       return true;
     }

@@ -214,12 +214,7 @@ void Leave(Run& run, const std::string& g) {
 
 TEST_CASE("chaos four groups of two trainers survive kills a lighthouse restart a leave and a join") {
   auto started = Clock::now();
-  uint32_t seed = static_cast<uint32_t>(std::random_device{}());
-  if (const char* s = std::getenv("LK_CHAOS_SEED")) seed = static_cast<uint32_t>(std::stoul(s));
-  fmt::print("chaos seed {} (replay: LK_CHAOS_SEED={})\n", seed, seed);
-  std::fflush(stdout);
-  MESSAGE("chaos seed " << seed);
-  std::mt19937 rng(seed);
+  std::mt19937 rng(ChaosSeed("chaos"));
   auto pick = [&](uint32_t lo, uint32_t hi) { return lo + rng() % (hi - lo + 1); };
   auto secs = [&] { return std::chrono::duration<double>(Clock::now() - started).count(); };
 

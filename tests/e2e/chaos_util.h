@@ -13,10 +13,13 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -33,6 +36,17 @@ struct LogLine {
   std::string hash;
   bool healed = false;
 };
+
+// A fresh random seed, or LK_CHAOS_SEED's; printed (and attached to the test's messages) so that
+// a failing run can be replayed.
+inline uint32_t ChaosSeed(const std::string& name) {
+  uint32_t seed = static_cast<uint32_t>(std::random_device{}());
+  if (const char* s = std::getenv("LK_CHAOS_SEED")) seed = static_cast<uint32_t>(std::stoul(s));
+  fmt::print("{} seed {} (replay: LK_CHAOS_SEED={})\n", name, seed, seed);
+  std::fflush(stdout);
+  MESSAGE(name << " seed " << seed);
+  return seed;
+}
 
 // A killed process may leave a torn last line: lines that do not parse are skipped.
 inline std::vector<LogLine> ReadLog(const std::string& path) {

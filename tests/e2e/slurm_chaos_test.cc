@@ -276,12 +276,7 @@ TEST_CASE("slurm chaos: two groups as Slurm jobs survive a warning with requeue 
   WaitFor([] { return Sh("squeue -h -o %i 2>/dev/null").out.empty(); }, 60s);
   auto started = Clock::now();
   auto secs = [&] { return std::chrono::duration<double>(Clock::now() - started).count(); };
-  uint32_t seed = static_cast<uint32_t>(std::random_device{}());
-  if (const char* s = std::getenv("LK_CHAOS_SEED")) seed = static_cast<uint32_t>(std::stoul(s));
-  fmt::print("slurm chaos seed {} (replay: LK_CHAOS_SEED={})\n", seed, seed);
-  std::fflush(stdout);
-  MESSAGE("slurm chaos seed " << seed);
-  std::mt19937 rng(seed);
+  std::mt19937 rng(ChaosSeed("slurm chaos"));
   auto pick = [&](uint32_t lo, uint32_t hi) { return lo + rng() % (hi - lo + 1); };
 
   std::string dir = test::TempDir("slurm-chaos");
