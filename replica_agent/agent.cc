@@ -80,6 +80,15 @@ Status Agent::Impl::Start() {
         self->Route(std::move(r), std::move(w));
       });
   LK_RETURN_IF_ERROR(socket_server->Listen("unix:" + options.socket));
+  if (options.poll_board) {
+    // Without a board the trainers poll over the socket, slower but the same answers.
+    auto b = board::Board::Create(options.socket + ".board");
+    if (b.ok()) {
+      board = std::move(*b);
+    } else {
+      LK_LOG_WARN("poll_board_unavailable error={}", Q(b.status().ToString()));
+    }
+  }
   if (!options.serve_dir.empty()) {
     ckpt::ShardServerOptions so;
     so.base_dir = options.serve_dir;
@@ -121,6 +130,7 @@ void Agent::Impl::HeartbeatLoop() {
       std::lock_guard<std::mutex> lock(mu);
       // After a drain the group has left: a heartbeat now would only be refused as stale.
       if (draining) return;
+      SyncBoardLocked();
       hb.set_step(committed_step);
       hb.set_phase(phase);
     }
@@ -195,6 +205,7 @@ void Agent::Impl::QuorumLoop() {
     if (st.ok()) {
       failures = 0;
       std::lock_guard<std::mutex> lock(mu);
+      SyncBoardLocked();
       uint32_t known = ahead ? ahead->quorum_id() : quorum ? quorum->quorum_id() : 0;
       if (known != resp.quorum_id()) {
         LK_LOG_INFO("quorum quorum_id={} replica_rank={} world_size={} heal={} max_step={} ahead={} reason={}",
@@ -209,6 +220,7 @@ void Agent::Impl::QuorumLoop() {
         ask_ahead = false;
         ahead = std::move(resp);
         ahead_step = step;
+        PublishAheadLocked();
         cv.notify_all();  // the watch thread follows the quorum fetched ahead
         continue;
       }
@@ -280,6 +292,7 @@ void Agent::Impl::WatchLoop() {
     failures = 0;
     if (!w.lost()) continue;
     std::lock_guard<std::mutex> lock(mu);
+    SyncBoardLocked();
     // Superseded by the quorum this agent fetched ahead: not a loss the trainers must hear of
     // (they are between outer steps, and their next poll hands them the newer quorum).
     if (ahead && qid < ahead->quorum_id()) continue;
@@ -296,11 +309,15 @@ void Agent::Impl::WatchLoop() {
       evicted |= n.reason() == "progress_stalled";
     }
     if (evicted) {
+      WithdrawBoardLocked();
       ahead.reset();
       AnswerNoticesLocked(false);
       boost::asio::post(ioc, [self = shared_from_this()] { self->Fail("evicted"); });
       continue;
     }
+    // Off the board first: if a trainer took it already, it stands for the node (WithdrawBoard
+    // makes it the trainers' quorum), and the notices below abort their step on it.
+    if (ahead && ahead->quorum_id() == qid) WithdrawBoardLocked();
     if (ahead && ahead->quorum_id() == qid && !self_named) {
       // The quorum fetched ahead lost a member before the trainers polled: fetch another.
       uint32_t step = ahead_step;
@@ -445,6 +462,10 @@ void Agent::Impl::Finish(int code) {
     if (self->socket_server) self->socket_server->Stop();
     if (self->peer_server) self->peer_server->Stop();
     std::lock_guard<std::mutex> lock(self->mu);
+    if (self->board) {
+      self->board->Close();
+      self->board->Unlink();
+    }
     self->AnswerNoticesLocked(true);
     for (auto& [r, t] : self->trainers) {
       if (t.pidfd) t.pidfd->close();

@@ -37,6 +37,9 @@ struct AgentOptions {
   // Ask the lighthouse for the next outer step's quorum as soon as the node commits, so that
   // the round overlaps the inner steps and the trainers' next poll is answered at once.
   bool ask_ahead = true;
+  // Publish the answer to the trainers' next poll on the poll board (SOCKET.board) when
+  // nothing changed, so that their poll reads it from memory instead of a socket round trip.
+  bool poll_board = true;
 };
 
 class Agent {

@@ -23,6 +23,7 @@
 #include "common/proto/lightkeeper.pb.h"
 #include "checkpoint/shard_server.h"
 #include "replica_agent/agent.h"
+#include "replica_agent/client/poll_board.h"
 
 namespace lk::agent {
 
@@ -42,7 +43,8 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
     std::string state_hash;
     bool finished = false;  // said goodbye: its exit is not a crash
     bool exited = false;
-    bool peer_wait = false;  // blocked in the cross-group collective    // its pidfd fired: gone, even if its parent has not reaped it yet
+    bool peer_wait = false;  // blocked in the cross-group collective
+    std::optional<uint32_t> slot;  // its place on the poll board
   };
   struct NoticeWaiter {
     uint64_t id;
@@ -101,6 +103,18 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   // An ask ahead for `step` (the node just committed it, or the one fetched ahead was lost),
   // unless --ask-ahead is off or the node drains.
   void AskAheadLocked(uint32_t step);
+  // ---- the poll board (agent_routes.cc) ----
+  // With mu held: applies an answer trainers took from the board since the last look, as the
+  // socket's answer to their polls would have been applied. Every path that reads or changes
+  // the quorum state calls it first.
+  void SyncBoardLocked();
+  // With mu held: puts `ahead` on the board when it is the unchanged case and every local
+  // trainer can take it from there.
+  void PublishAheadLocked();
+  // With mu held: takes the answer off the board before `ahead` is dropped or replaced. One
+  // that trainers took first stands and is applied (`ahead` then is the trainers' quorum).
+  void WithdrawBoardLocked();
+
   // Whether a failure notice is about this agent's own group life.
   bool NamesThisGroup(const pb::FailureNotice& n) const;
 
@@ -139,6 +153,11 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   std::map<uint64_t, NoticeWaiter> notice_waiters;
   uint64_t next_id = 1;
   std::vector<std::thread> threads;
+  // The poll board (null with --poll-board=false) and the last answer trainers took from it
+  // that the agent applied.
+  std::unique_ptr<board::Board> board;
+  std::optional<board::Ticket> handed;
+  uint32_t next_slot = 0;
 };
 
 }  // namespace lk::agent

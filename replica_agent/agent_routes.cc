@@ -75,6 +75,7 @@ Status Agent::Impl::Register(uint32_t group_rank, uint32_t size, uint32_t pid) {
   group_size = size;
   Trainer& t = trainers[group_rank];
   t.group_rank = group_rank;
+  if (board && !t.slot && next_slot < board::kMaxSlots) t.slot = next_slot++;
   if (pid != 0 && t.pid != static_cast<int>(pid)) {
     t.pid = static_cast<int>(pid);
     WatchPid(t);
@@ -119,7 +120,13 @@ void Agent::Impl::HandleHello(const http::Request& req, http::Responder respond)
   std::lock_guard<std::mutex> lock(mu);
   if (st.ok()) st = Register(in.group_rank(), in.group_size(), in.pid());
   if (!st.ok()) return respond(http::ErrorReply(st, f));
-  respond(http::Reply(pb::Empty(), f));
+  pb::TrainerHelloResponse out;
+  const Trainer& t = trainers[in.group_rank()];
+  if (board && t.slot) {
+    out.set_poll_board(board->path());
+    out.set_poll_slot(*t.slot);
+  }
+  respond(http::Reply(out, f));
 }
 
 void Agent::Impl::HandleGoodbye(const http::Request& req, http::Responder respond) {
@@ -222,6 +229,22 @@ void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) 
   if (t.poll_respond) {
     t.poll_respond(http::ErrorReply(Status(Code::kConflict, "superseded by a newer poll"), t.poll_format));
   }
+  SyncBoardLocked();
+  if (board && t.slot && !draining) {
+    // The node's answer for this step is on the board (up, or taken by another local trainer)
+    // and this trainer has not had it: it gets that answer at once, as if it had read the
+    // board itself. A trainer that had it already polls again because its step failed, and
+    // goes through the barrier below to a new round.
+    if (!handed || handed->step != in.step()) {
+      if (board->TakeFor(in.step())) SyncBoardLocked();
+    }
+    if (handed && handed->step == in.step() && board->Consumed(*t.slot) != handed->gen) {
+      board->SetConsumed(*t.slot, handed->gen);
+      t.polled_step = in.step();
+      if (t.poll_respond) t.poll_respond = nullptr;  // superseded above
+      return respond(http::Reply(PollAnswerLocked(t, false), f));
+    }
+  }
   t.polled_step = in.step();
   t.poll_respond = std::move(respond);
   t.poll_format = f;
@@ -236,13 +259,17 @@ void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) 
   // the agent asked right after the node committed (AskAheadLocked), while the trainers ran
   // their inner steps, and the poll is answered from that.
   if (ahead && ahead_step == in.step() && !lost_quorums.count(ahead->quorum_id())) {
-    quorum = std::move(*ahead);
-    ahead.reset();
+    WithdrawBoardLocked();
+    if (ahead) {
+      quorum = std::move(*ahead);
+      ahead.reset();
+    }
     phase = "training";
     AnswerPollsLocked(true);
     cv.notify_all();
     return;
   }
+  WithdrawBoardLocked();
   ahead.reset();  // lost, or fetched for another step
   if (ask_needed && ask_step == in.step()) {
     // The ask is on its way: its answer now goes to these polls.
@@ -255,6 +282,7 @@ void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) 
 }
 
 void Agent::Impl::AskLocked(uint32_t step, bool ahead_of_trainers) {
+  WithdrawBoardLocked();
   ahead.reset();
   ask_needed = true;
   ask_step = step;
@@ -264,6 +292,52 @@ void Agent::Impl::AskLocked(uint32_t step, bool ahead_of_trainers) {
 
 void Agent::Impl::AskAheadLocked(uint32_t step) {
   if (options.ask_ahead && !draining) AskLocked(step, /*ahead_of_trainers=*/true);
+}
+
+void Agent::Impl::SyncBoardLocked() {
+  if (!board) return;
+  auto taken = board->Taken();
+  if (!taken || (handed && handed->gen == taken->gen)) return;
+  handed = taken;
+  // What answering the node's polls from `ahead` does on the socket path (HandlePoll).
+  if (ahead && ahead_step == taken->step) {
+    quorum = std::move(*ahead);
+    ahead.reset();
+  }
+  if (!draining) phase = "training";
+  for (auto& [rank, t] : trainers) t.polled_step = taken->step;
+  cv.notify_all();
+}
+
+void Agent::Impl::PublishAheadLocked() {
+  if (!board || draining) return;
+  SyncBoardLocked();
+  if (!ahead || !quorum || lost_quorums.count(ahead->quorum_id())) return;
+  // Only the unchanged case: a new quorum_id (the trainers rebuild their communicator) or a
+  // heal carries more than the board holds, and goes over the socket.
+  if (ahead->quorum_id() != quorum->quorum_id() || ahead->heal()) return;
+  if (handed && handed->step == ahead_step) return;  // the node had its answer for this step
+  if (trainers.size() < ExpectedLocalTrainersLocked()) return;
+  for (auto& [rank, t] : trainers) {
+    // A trainer already waiting on the socket is answered there, with the others (barrier).
+    if (!t.slot || t.poll_respond || t.exited || t.seen_quorum_id != ahead->quorum_id()) return;
+  }
+  board::Answer a;
+  a.step = ahead_step;
+  a.quorum_id = ahead->quorum_id();
+  a.replica_rank = ahead->replica_rank();
+  a.replica_world_size = ahead->replica_world_size();
+  a.max_step = ahead->max_step();
+  a.reason = ahead->reason();
+  board->Publish(a);
+}
+
+void Agent::Impl::WithdrawBoardLocked() {
+  if (!board) return;
+  if (board->Withdraw()) {
+    LK_LOG_INFO("poll_answer_withdrawn step={} quorum_id={}", ahead_step, ahead ? ahead->quorum_id() : 0);
+  }
+  SyncBoardLocked();
 }
 
 bool Agent::Impl::NamesThisGroup(const pb::FailureNotice& n) const {
@@ -281,6 +355,7 @@ void Agent::Impl::HandleCommit(const http::Request& req, http::Responder respond
   pb::TrainerCommitRequest in;
   Status st = DecodeAs(req, &in);
   std::lock_guard<std::mutex> lock(mu);
+  SyncBoardLocked();
   if (st.ok() && !trainers.count(in.group_rank())) {
     st = InvalidArgument("group_rank {} has not polled yet", in.group_rank());
   }
@@ -363,6 +438,12 @@ void Agent::Impl::AnswerNoticesLocked(bool force) {
 }
 
 void Agent::Impl::DrainTrainersLocked() {
+  if (board) {
+    // Trainers now poll over the socket and hear of the drain there; one that took the answer
+    // already runs its step and hears of it from its notice.
+    board->Close();
+    SyncBoardLocked();
+  }
   AnswerPollsLocked(false);
   AnswerNoticesLocked(false);
 }
@@ -379,6 +460,7 @@ void Agent::Impl::HandleNotice(const http::Request& req, http::Responder respond
     return respond(http::ErrorReply(InvalidArgument("quorum_id and timeout_ms must be integers"), f));
   }
   std::lock_guard<std::mutex> lock(mu);
+  SyncBoardLocked();
   uint64_t id = next_id++;
   auto timer = std::make_unique<boost::asio::steady_timer>(ioc, Millis(std::min(timeout_ms, 300'000u)));
   timer->async_wait([self = shared_from_this(), id, qid](const boost::system::error_code& ec) {
@@ -402,6 +484,7 @@ void Agent::Impl::HandlePhase(const http::Request& req, http::Responder respond)
   pb::TrainerPhaseRequest in;
   Status st = DecodeAs(req, &in);
   std::lock_guard<std::mutex> lock(mu);
+  SyncBoardLocked();
   if (st.ok() && !trainers.count(in.group_rank())) {
     st = InvalidArgument("group_rank {} never said hello", in.group_rank());
   }
@@ -453,13 +536,18 @@ void Agent::Impl::HandleKv(const http::Request& req, http::Responder respond) {
 void Agent::Impl::HandleStatus(const http::Request& req, http::Responder respond) {
   (void)req;
   std::lock_guard<std::mutex> lock(mu);
+  SyncBoardLocked();
+  auto ready = board ? board->Ready() : std::nullopt;
   std::string body = fmt::format(
       "{{\"job\":\"{}\",\"group_id\":\"{}\",\"incarnation\":\"{}\",\"node_rank\":{},"
       "\"quorum_id\":{},\"committed_step\":{},\"trainers\":{},\"phase\":\"{}\",\"draining\":{},"
-      "\"ahead_quorum_id\":{},\"ahead_step\":{}}}",
+      "\"ahead_quorum_id\":{},\"ahead_step\":{},\"board\":{},\"board_ready_step\":{},"
+      "\"board_taken_step\":{}}}",
       options.job, options.group_id, options.incarnation, options.node_rank,
       quorum ? quorum->quorum_id() : 0, committed_step, trainers.size(), phase,
-      draining ? "true" : "false", ahead ? ahead->quorum_id() : 0, ahead ? ahead_step : 0);
+      draining ? "true" : "false", ahead ? ahead->quorum_id() : 0, ahead ? ahead_step : 0,
+      board ? "true" : "false", ready ? static_cast<int64_t>(ready->step) : -1,
+      handed ? static_cast<int64_t>(handed->step) : -1);
   respond(http::TextReply(200, http::kJsonType, body));
 }
 

@@ -45,6 +45,9 @@ int main(int argc, char** argv) {
   flags.Add("ask-ahead", &o.ask_ahead,
             "ask for the next outer step's quorum right after the node commits (the round then "
             "overlaps the inner steps); false asks when the trainers poll");
+  flags.Add("poll-board", &o.poll_board,
+            "publish the next poll's answer in shared memory (the file SOCKET.board) when nothing "
+            "changed, so that trainers read it without a socket round trip");
   flags.Add("quorum-timeout-ms", &quorum_timeout_ms, "one quorum long-poll (retried while pending)");
   flags.Add("backoff-max-ms", &backoff_max_ms, "cap of the jittered retry backoff");
   flags.Add("drain-timeout-ms", &drain_timeout_ms, "how long trainers get to exit after a drain");

@@ -12,6 +12,7 @@
 #include "common/http/client.h"
 #include "common/http/codec.h"
 #include "common/proto/lightkeeper.pb.h"
+#include "replica_agent/client/session.h"
 #include "tests/support/process.h"
 
 namespace lk::test {
@@ -42,6 +43,7 @@ struct Cluster {
   Lighthouse lh;
   std::map<std::string, Group> groups;
   int starts = 0;
+  std::vector<std::string> agent_flags;  // added to every agent's command line
 
   Cluster(const std::string& tag, std::vector<std::string> lh_flags) : dir(TempDir(tag)) {
     lh = StartLighthouse(dir + "/data", lh_flags, dir + "/lighthouse.log");
@@ -54,12 +56,12 @@ struct Cluster {
     g.name = name;
     g.socket = fmt::format("{}/{}-{}.sock", dir, name, n);
     std::string agent_log = fmt::format("{}/agent-{}-{}.log", dir, name, n);
-    g.agent = std::make_unique<Process>(
-        std::vector<std::string>{BinDir() + "/replica_agent", "--lighthouse", lh.url(), "--job",
-                                 "t", "--group-id", name, "--socket", g.socket, "--serve",
-                                 "127.0.0.1:0", "--heartbeat-interval-ms", "100",
-                                 "--drain-timeout-ms", "5000"},
-        agent_log);
+    std::vector<std::string> argv{BinDir() + "/replica_agent", "--lighthouse", lh.url(), "--job",
+                                  "t", "--group-id", name, "--socket", g.socket, "--serve",
+                                  "127.0.0.1:0", "--heartbeat-interval-ms", "100",
+                                  "--drain-timeout-ms", "5000"};
+    argv.insert(argv.end(), agent_flags.begin(), agent_flags.end());
+    g.agent = std::make_unique<Process>(argv, agent_log);
     REQUIRE_FALSE(g.agent->WaitForLog("agent_listening", 10s).empty());
     for (uint32_t r = 0; r < trainers; ++r) {
       std::string log = fmt::format("{}/trainer-{}-{}-{}.jsonl", dir, name, n, r);
@@ -200,6 +202,8 @@ TEST_CASE("a quorum asked ahead that loses a member before the poll is never han
   CHECK(JsonField(after, "correct") == "true");
   CHECK(std::stoul(JsonField(after, "quorum_id")) > ahead);
   CHECK_FALSE(c.groups["g0"].agent->WaitForLog("quorum_lost quorum_id=" + std::to_string(ahead), 1s).empty());
+  // It had been put on the poll board (nothing else had changed) and was taken off it.
+  CHECK_FALSE(c.groups["g0"].agent->WaitForLog("poll_answer_withdrawn", 1s).empty());
 }
 
 TEST_CASE("SIGTERM an agent: graceful leave - the quorum shrinks at once - exit 0") {
@@ -331,6 +335,106 @@ TEST_CASE("a trainer that finishes says goodbye: the group leaves with reason fi
   CHECK(*code == 0);
   CHECK_FALSE(c.groups["a"].agent->WaitForLog("left reason=finished", 1s).empty());
   for (auto& t : c.groups["a"].trainers) CHECK(t->Wait(10s) == 0);
+}
+
+// The poll board as a node with two trainers sees it: one reads the board through the client
+// library, the other polls over the socket in JSON (as a trainer in another language could).
+// Whichever polls first, both get the node's one answer for the step, at once.
+TEST_CASE("unchanged polls come from the poll board - a socket poller on the node gets the same answer") {
+  Cluster c("agent-board", {"--heartbeat-timeout-ms", "3000"});
+  auto& g = c.Start("a", 0, 0);
+  auto raw = http::Client::Create("unix:" + g.socket);
+  REQUIRE(raw.ok());
+  auto raw_poll = [&](uint32_t step) {
+    auto r = (*raw)->Do("POST", "/v1/trainer/poll",
+                        fmt::format(R"({{"group_rank":1,"group_size":2,"step":{}}})", step),
+                        http::kJsonType, Millis(10'000));
+    REQUIRE(r.ok());
+    REQUIRE(r->status == 200);
+    return r->body;
+  };
+  auto raw_commit = [&](uint32_t step) {
+    auto r = (*raw)->Do("POST", "/v1/trainer/commit",
+                        fmt::format(R"({{"group_rank":1,"step":{}}})", step), http::kJsonType,
+                        Millis(10'000));
+    REQUIRE(r.ok());
+    REQUIRE(r->status == 200);
+  };
+  // Waits until the agent has the answer for `step` up on the board.
+  auto wait_ready = [&](uint32_t step) {
+    auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto r = (*raw)->Do("GET", "/v1/agent/status", "", "", Millis(2000));
+      REQUIRE(r.ok());
+      if (JsonField(r->body, "board_ready_step") == std::to_string(step)) return;
+      std::this_thread::sleep_for(5ms);
+    }
+    FAIL("the answer for step " << step << " never went up on the board");
+  };
+  auto session = client::Session::Connect(g.socket, 0, 2);
+  REQUIRE(session.ok());
+  CHECK(access((g.socket + ".board").c_str(), F_OK) == 0);
+
+  // Step 0: the first round, over the socket for both (it is a barrier: one thread each).
+  std::optional<Result<client::PollResult>> first;
+  std::thread t([&] { first = (*session)->Poll(0, Millis(10'000)); });
+  std::string body = raw_poll(0);
+  t.join();
+  REQUIRE(first->ok());
+  CHECK_FALSE((*first)->from_board);
+  uint32_t qid = (*first)->quorum_id;
+  CHECK(JsonField(body, "quorum_id") == std::to_string(qid));
+  REQUIRE((*session)->Commit(1, true).ok());
+  raw_commit(1);
+
+  // Step 1: the board reader first, from memory; then the socket poller, answered at once
+  // with the same quorum (no barrier wait: the node's answer was taken).
+  wait_ready(1);
+  auto p1 = (*session)->Poll(1, Millis(10'000));
+  REQUIRE(p1.ok());
+  CHECK(p1->from_board);
+  CHECK(p1->quorum_id == qid);
+  CHECK_FALSE(p1->reconfigure);
+  CHECK_FALSE(p1->heal);
+  CHECK(JsonField(raw_poll(1), "quorum_id") == std::to_string(qid));
+  REQUIRE((*session)->Commit(2, true).ok());
+  raw_commit(2);
+
+  // Step 2: the socket poller first (the agent takes the answer for it); the board reader
+  // then gets that same answer from memory.
+  wait_ready(2);
+  CHECK(JsonField(raw_poll(2), "quorum_id") == std::to_string(qid));
+  auto p2 = (*session)->Poll(2, Millis(10'000));
+  REQUIRE(p2.ok());
+  CHECK(p2->from_board);
+  CHECK(p2->quorum_id == qid);
+
+  // Step 2 again, as after a failed outer step: the board is not read twice for a step; both
+  // go over the socket to a new round.
+  std::optional<Result<client::PollResult>> again;
+  std::thread t2([&] { again = (*session)->Poll(2, Millis(10'000)); });
+  body = raw_poll(2);
+  t2.join();
+  REQUIRE(again->ok());
+  CHECK_FALSE((*again)->from_board);
+  CHECK(JsonField(body, "quorum_id") == std::to_string((*again)->quorum_id));
+  CHECK(g.agent->Running());
+}
+
+TEST_CASE("an agent run with --poll-board=false answers every poll over the socket") {
+  Cluster c("agent-noboard", {"--heartbeat-timeout-ms", "3000"});
+  c.agent_flags = {"--poll-board=false"};
+  auto& g = c.Start("a", 0, 0);
+  CHECK(access((g.socket + ".board").c_str(), F_OK) != 0);
+  auto session = client::Session::Connect(g.socket, 0, 1);
+  REQUIRE(session.ok());
+  for (uint32_t step = 0; step < 20; ++step) {
+    if (step > 0) std::this_thread::sleep_for(10ms);  // the ask ahead has time to come back
+    auto p = (*session)->Poll(step, Millis(10'000));
+    REQUIRE(p.ok());
+    CHECK_FALSE(p->from_board);
+    REQUIRE((*session)->Commit(step + 1, true).ok());
+  }
 }
 
 }  // namespace

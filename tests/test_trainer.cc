@@ -102,9 +102,9 @@ int main(int argc, char** argv) {
     bool correct = st.ok();
     for (float v : buf) correct &= st.ok() && v == static_cast<float>(w * (w + 1) / 2);
     emit(fmt::format(R"({{"event":"allreduce","step":{},"quorum_id":{},"world":{},"ok":{},)"
-                     R"("aborted":{},"correct":{},"ms":{:.2f},"healed":{},"t_ms":{}}})",
+                     R"("aborted":{},"correct":{},"ms":{:.2f},"healed":{},"from_board":{},"t_ms":{}}})",
                      step, p->quorum_id, w, st.ok(), st.code() == Code::kAborted, correct, ms,
-                     healed,
+                     healed, p->from_board,
                      std::chrono::duration_cast<std::chrono::milliseconds>(
                          std::chrono::system_clock::now().time_since_epoch()).count()));
     if (!st.ok()) {

@@ -50,6 +50,7 @@ int lk_session_poll(lk_session* s, uint32_t step, lk_poll_result* out) {
   out->initial = r->initial;
   out->checkpoint_now = r->checkpoint_now;
   out->heal_source_count = static_cast<uint32_t>(r->heal_sources.size());
+  out->from_board = r->from_board;
   return 0;
 }
 

@@ -25,6 +25,7 @@ typedef struct lk_poll_result {
   int initial;
   int checkpoint_now;
   uint32_t heal_source_count; /* read each with lk_session_heal_source */
+  int from_board; /* answered from the agent's shared memory, without a socket round trip */
 } lk_poll_result;
 
 /* socket_path NULL: use $LK_AGENT_SOCKET. Returns NULL on error. */

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "common/http/codec.h"
+#include "common/log.h"
 #include "common/proto/lightkeeper.pb.h"
 
 namespace lk::client {
@@ -25,8 +26,19 @@ Result<std::unique_ptr<Session>> Session::Connect(const std::string& socket_path
   hello.set_group_rank(group_rank);
   hello.set_group_size(group_size);
   hello.set_pid(static_cast<uint32_t>(getpid()));
-  LK_RETURN_IF_ERROR(s->client_->Call("POST", "/v1/trainer/hello", hello, nullptr, Millis(10'000))
+  pb::TrainerHelloResponse welcome;
+  LK_RETURN_IF_ERROR(s->client_->Call("POST", "/v1/trainer/hello", hello, &welcome, Millis(10'000))
                          .WithContext("hello to agent at " + socket_path));
+  if (!welcome.poll_board().empty()) {
+    // Without the board (another version, a file this process cannot map) every poll goes over
+    // the socket: slower, same answers.
+    auto view = board::View::Open(welcome.poll_board(), welcome.poll_slot());
+    if (view.ok()) {
+      s->board_ = std::move(*view);
+    } else {
+      LK_LOG_WARN("poll_board_unused error={}", Q(view.status().ToString()));
+    }
+  }
   return s;
 }
 
@@ -43,7 +55,29 @@ Session::~Session() {
   notice_->cv.notify_all();
 }
 
+void Session::Watch(uint32_t quorum_id) {
+  {
+    std::lock_guard<std::mutex> lock(notice_->mu);
+    if (notice_->watched_quorum_id == quorum_id) return;
+    notice_->watched_quorum_id = quorum_id;
+  }
+  notice_->cv.notify_all();
+}
+
 Result<PollResult> Session::Poll(uint32_t step, Millis timeout) {
+  if (board_) {
+    if (auto a = board_->Take(step)) {
+      PollResult r;
+      r.quorum_id = a->quorum_id;
+      r.replica_rank = a->replica_rank;
+      r.replica_world_size = a->replica_world_size;
+      r.max_step = a->max_step;
+      r.reason = std::move(a->reason);
+      r.from_board = true;
+      Watch(r.quorum_id);
+      return r;
+    }
+  }
   pb::TrainerPollRequest req;
   req.set_group_rank(group_rank_);
   req.set_group_size(group_size_);
@@ -66,11 +100,7 @@ Result<PollResult> Session::Poll(uint32_t step, Millis timeout) {
     r.restore_step = resp.restore_checkpoint().step();
   }
   r.reason = resp.reason();
-  {
-    std::lock_guard<std::mutex> lock(notice_->mu);
-    if (!r.drain) notice_->watched_quorum_id = r.quorum_id;
-  }
-  notice_->cv.notify_all();
+  if (!r.drain) Watch(r.quorum_id);
   return r;
 }
 

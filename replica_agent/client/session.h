@@ -19,6 +19,7 @@
 #include "common/clock.h"
 #include "common/http/client.h"
 #include "common/status.h"
+#include "replica_agent/client/poll_board.h"
 
 namespace lk::client {
 
@@ -36,6 +37,9 @@ struct PollResult {
   std::string restore_location;           // durable checkpoint to restore when no live source
   uint32_t restore_step = 0;
   std::string reason;
+  // Read from the agent's poll board (shared memory) instead of asked over the socket: the
+  // answer was known before the poll, and nothing changed.
+  bool from_board = false;
 };
 
 struct Notice {
@@ -96,7 +100,11 @@ class Session {
   std::string socket_;
   uint32_t group_rank_;
   uint32_t group_size_;
+  // Tells the notice thread which quorum this trainer's step runs on.
+  void Watch(uint32_t quorum_id);
+
   std::unique_ptr<http::Client> client_;
+  std::unique_ptr<board::View> board_;  // null: every poll goes over the socket
   std::shared_ptr<NoticeState> notice_;
   bool notice_started_ = false;
 };
