@@ -132,7 +132,7 @@ void Agent::Impl::HeartbeatLoop() {
       if (draining) return;
       SyncBoardLocked();
       hb.set_step(committed_step);
-      hb.set_phase(phase);
+      hb.set_phase(ReportedPhaseLocked());
     }
     hb.set_job(options.job);
     hb.set_group_id(options.group_id);

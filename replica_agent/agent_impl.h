@@ -115,6 +115,10 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   // that trainers took first stands and is applied (`ahead` then is the trainers' quorum).
   void WithdrawBoardLocked();
 
+  // With mu held: the phase heartbeats report: `phase`, or peer_wait while every local trainer
+  // waits in the cross-group collective (said over the socket or on the board).
+  std::string ReportedPhaseLocked() const;
+
   // Whether a failure notice is about this agent's own group life.
   bool NamesThisGroup(const pb::FailureNotice& n) const;
 

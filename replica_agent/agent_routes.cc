@@ -489,14 +489,18 @@ void Agent::Impl::HandlePhase(const http::Request& req, http::Responder respond)
     st = InvalidArgument("group_rank {} never said hello", in.group_rank());
   }
   if (!st.ok()) return respond(http::ErrorReply(st, f));
-  trainers[in.group_rank()].peer_wait = in.peer_wait();
   // The node waits on peers when every local trainer does; the next heartbeat says so.
-  bool all = trainers.size() >= ExpectedLocalTrainersLocked();
-  for (auto& [r, t] : trainers) all &= t.peer_wait;
-  if (phase == "training" || phase == lighthouse_phase_peer_wait) {
-    phase = all ? lighthouse_phase_peer_wait : "training";
-  }
+  trainers[in.group_rank()].peer_wait = in.peer_wait();
   respond(http::Reply(pb::Empty(), f));
+}
+
+std::string Agent::Impl::ReportedPhaseLocked() const {
+  if (phase != "training") return phase;
+  bool all = trainers.size() >= ExpectedLocalTrainersLocked();
+  for (const auto& [r, t] : trainers) {
+    all &= t.peer_wait || (board && t.slot && board->PeerWait(*t.slot));
+  }
+  return all ? lighthouse_phase_peer_wait : phase;
 }
 
 void Agent::Impl::HandleCheckpoint(const http::Request& req, http::Responder respond) {
@@ -544,7 +548,7 @@ void Agent::Impl::HandleStatus(const http::Request& req, http::Responder respond
       "\"ahead_quorum_id\":{},\"ahead_step\":{},\"board\":{},\"board_ready_step\":{},"
       "\"board_taken_step\":{}}}",
       options.job, options.group_id, options.incarnation, options.node_rank,
-      quorum ? quorum->quorum_id() : 0, committed_step, trainers.size(), phase,
+      quorum ? quorum->quorum_id() : 0, committed_step, trainers.size(), ReportedPhaseLocked(),
       draining ? "true" : "false", ahead ? ahead->quorum_id() : 0, ahead ? ahead_step : 0,
       board ? "true" : "false", ready ? static_cast<int64_t>(ready->step) : -1,
       handed ? static_cast<int64_t>(handed->step) : -1);

@@ -281,6 +281,14 @@ TEST_CASE("a hung trainer whose agent still heartbeats is evicted after progress
                (g.state() == "evicted" || (g.state() == "left" && g.reason() == "evicted"));
   }
   CHECK(evicted);
+  // a waited on b in the allreduce all that time (its trainer said so: peer_wait, on the poll
+  // board), which is not a stall of its own: a stays and goes on alone.
+  CHECK_FALSE(WaitForLine(c.groups["a"].logs[0], 20s, [](const std::string& l) {
+                return JsonField(l, "event") == "allreduce" && JsonField(l, "world") == "1" &&
+                       JsonField(l, "ok") == "true";
+              }).empty());
+  CHECK(c.groups["a"].agent->Running());
+  CHECK(c.groups["a"].agent->WaitForLog("group_failed", 100ms).empty());
   c.groups["b"].trainers[0]->Signal(SIGCONT);
 }
 

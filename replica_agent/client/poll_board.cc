@@ -32,6 +32,7 @@ uint32_t StepOf(uint64_t t) { return static_cast<uint32_t>(t); }
 
 struct alignas(64) Slot {
   std::atomic<uint32_t> consumed;
+  std::atomic<uint32_t> peer_wait;
 };
 
 // Every field is written by the agent only, except the ticket (trainers CAS READY -> TAKEN) and
@@ -160,6 +161,10 @@ void Board::SetConsumed(uint32_t slot, uint32_t gen) {
   if (slot < kMaxSlots) L(mem_)->slots[slot].consumed.store(gen, std::memory_order_release);
 }
 
+bool Board::PeerWait(uint32_t slot) const {
+  return slot < kMaxSlots && L(mem_)->slots[slot].peer_wait.load(std::memory_order_relaxed) != 0;
+}
+
 void Board::Close() {
   L(mem_)->closed.store(1, std::memory_order_release);
   Withdraw();
@@ -188,6 +193,10 @@ Result<std::unique_ptr<View>> View::Open(const std::string& path, uint32_t slot)
 }
 
 View::~View() { ::munmap(mem_, sizeof(Layout)); }
+
+void View::SetPeerWait(bool waiting) {
+  L(mem_)->slots[slot_].peer_wait.store(waiting ? 1 : 0, std::memory_order_relaxed);
+}
 
 std::optional<Answer> View::Take(uint32_t step) {
   Layout* l = L(mem_);

@@ -75,6 +75,8 @@ class Board {
   // The gen of the last answer the trainer in `slot` consumed (from the board or the socket).
   uint32_t Consumed(uint32_t slot) const;
   void SetConsumed(uint32_t slot, uint32_t gen);
+  // Whether the trainer in `slot` said it waits in the cross-group collective.
+  bool PeerWait(uint32_t slot) const;
   // From now on trainers go through the socket (the agent drains or exits); withdraws a
   // READY answer.
   void Close();
@@ -98,6 +100,9 @@ class View {
 
   // The answer to the poll of `step` if the board has one this trainer has not consumed yet.
   std::optional<Answer> Take(uint32_t step);
+  // Marks this trainer as waiting in (or out of) the cross-group collective. The agent reads
+  // it when it heartbeats, which is when the socket's /v1/trainer/phase would take effect too.
+  void SetPeerWait(bool waiting);
 
  private:
   View(void* mem, uint32_t slot) : mem_(mem), slot_(slot) {}

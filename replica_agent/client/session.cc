@@ -149,6 +149,10 @@ Result<std::string> Session::KvGet(uint32_t quorum_id, const std::string& key, M
 }
 
 Status Session::SetPeerWait(bool waiting) {
+  if (board_) {
+    board_->SetPeerWait(waiting);
+    return Status::Ok();
+  }
   pb::TrainerPhaseRequest req;
   req.set_group_rank(group_rank_);
   req.set_peer_wait(waiting);
