@@ -1,6 +1,8 @@
 // Agent and client-library figures, each beside its physical floor measured in the same run:
-//   1. Poll round trip when nothing changed (trainer -> agent -> lighthouse round -> trainer),
-//      against a raw loopback TCP ping-pong of the same machine.
+//   1. Poll when nothing changed, answered from the poll board (shared memory), against taking
+//      a value another process wrote into shared memory after the same idle gap; and the same
+//      poll over the socket (an agent run with --poll-board=false) against raw Unix-socket and
+//      loopback TCP round trips after that gap.
 //   2. A node that dies silently (its agent and trainer stopped with SIGSTOP: no socket closes):
 //      time from the stop until the survivor's Poll returns the new quorum, against the
 //      lighthouse's --heartbeat-timeout-ms.
@@ -9,8 +11,12 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <algorithm>
 #include <cstdio>
@@ -96,13 +102,56 @@ std::vector<double> UnixPingPong(int rounds, int gap_ms) {
   return us;
 }
 
+// The floor of an answer read from memory: another process publishes a word in a shared page
+// (as the agent does on the board) and this one, after gap_ms of sleep, takes it with a
+// compare-and-swap and reads the 64-byte line it sits in. The line was last written by the
+// other process's core, so the take pays the cache-line transfer, as a poll does.
+std::vector<double> SharedMemoryTakes(int rounds, int gap_ms) {
+  struct alignas(64) Line {
+    std::atomic<uint64_t> word;
+    uint64_t payload[7];
+  };
+  void* mem = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) return {};
+  auto* line = new (mem) Line{};
+  pid_t child = fork();
+  if (child == 0) {
+    // Publishes 2i+1 once the parent took 2i-1 (it wrote 2i), checking every 200 us: long
+    // before the parent's next gap ends.
+    for (uint64_t i = 0; i < static_cast<uint64_t>(rounds); ++i) {
+      while (line->word.load(std::memory_order_acquire) != 2 * i) usleep(200);
+      for (auto& p : line->payload) p = i;
+      line->word.store(2 * i + 1, std::memory_order_release);
+    }
+    _exit(0);
+  }
+  std::vector<double> us;
+  uint64_t sink = 0;
+  for (uint64_t i = 0; i < static_cast<uint64_t>(rounds); ++i) {
+    if (gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
+    while (line->word.load(std::memory_order_relaxed) != 2 * i + 1) {
+    }
+    auto t0 = Clock::now();
+    uint64_t want = 2 * i + 1;
+    bool took = line->word.compare_exchange_strong(want, 2 * i + 2, std::memory_order_acq_rel);
+    for (auto p : line->payload) sink += p;
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    if (!took) break;
+  }
+  waitpid(child, nullptr, 0);
+  munmap(mem, 4096);
+  if (sink == 1) std::puts("");  // keeps the payload reads
+  return us;
+}
+
 std::unique_ptr<test::Process> StartAgent(const std::string& dir, const std::string& url,
-                                          const std::string& group) {
-  auto p = std::make_unique<test::Process>(
-      std::vector<std::string>{test::BinDir() + "/replica_agent", "--lighthouse", url, "--job",
-                               "bench", "--group-id", group, "--socket", dir + "/" + group + ".sock",
-                               "--heartbeat-interval-ms", "100"},
-      dir + "/agent-" + group + ".log");
+                                          const std::string& group, const std::string& job = "bench",
+                                          std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv{test::BinDir() + "/replica_agent", "--lighthouse", url, "--job",
+                                job, "--group-id", group, "--socket", dir + "/" + group + ".sock",
+                                "--heartbeat-interval-ms", "100"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  auto p = std::make_unique<test::Process>(argv, dir + "/agent-" + group + ".log");
   if (p->WaitForLog("agent_listening", 10s).empty()) {
     std::fprintf(stderr, "agent %s did not start\n", group.c_str());
     std::exit(1);
@@ -120,44 +169,63 @@ int Main(int argc, char** argv) {
                                   {"--heartbeat-timeout-ms", std::to_string(hb_timeout_ms),
                                    "--join-timeout-ms", "200"},
                                   dir + "/lighthouse.log");
-  // 1. Poll round trip, one group, nothing changes between steps. A trainer polls after its
-  // inner steps (modelled as inner_ms of sleep): the agent asked the lighthouse for the round
-  // right after the commit, so the poll is answered from that. For reference, the same with no
-  // inner work at all, where the poll waits for the whole lighthouse round.
+  // 1. Poll, one group, nothing changes between steps. A trainer polls after its inner steps
+  // (modelled as inner_ms of sleep): the agent asked the lighthouse for the round right after
+  // the commit, so the answer is known before the poll. With the board (the default) it is
+  // read from shared memory; an agent of another job, run with --poll-board=false, answers the
+  // same poll over its socket. For reference, the same with no inner work at all, where the
+  // poll waits for the whole lighthouse round.
   auto agent_a = StartAgent(dir, lh.url(), "a");
+  auto agent_s = StartAgent(dir, lh.url(), "s", "bench-socket", {"--poll-board=false"});
   auto sa = client::Session::Connect(dir + "/a.sock", 0, 1);
-  if (!sa.ok()) return 1;
-  uint32_t step = 0;
-  auto poll_loop = [&](int n, int inner_ms) -> std::optional<std::vector<double>> {
+  auto ss = client::Session::Connect(dir + "/s.sock", 0, 1);
+  if (!sa.ok() || !ss.ok()) return 1;
+  uint32_t step = 0, socket_step = 0;
+  int from_board = 0;
+  auto poll_loop = [&](client::Session& session, uint32_t& at, int n,
+                       int inner_ms) -> std::optional<std::vector<double>> {
     std::vector<double> us;
+    from_board = 0;
     for (int i = 0; i < n + 50; ++i) {
       if (inner_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(inner_ms));
       auto t0 = Clock::now();
-      auto p = (*sa)->Poll(step);
+      auto p = session.Poll(at);
       double t = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
       if (!p.ok()) return std::nullopt;
-      if (i >= 50) us.push_back(t);  // the first rounds warm connections up
-      if (!(*sa)->Commit(++step, true).ok()) return std::nullopt;
+      if (i >= 50) {  // the first rounds warm connections up
+        us.push_back(t);
+        from_board += p->from_board;
+      }
+      if (!session.Commit(++at, true).ok()) return std::nullopt;
     }
     return us;
   };
-  auto poll_us = poll_loop(rounds, inner_ms);
-  auto poll_now_us = poll_loop(std::min(rounds, 500), 0);
-  if (!poll_us || !poll_now_us) return 1;
+  auto poll_us = poll_loop(**sa, step, rounds, inner_ms);
+  int board_share = from_board;
+  auto socket_us = poll_loop(**ss, socket_step, rounds, inner_ms);
+  auto poll_now_us = poll_loop(**sa, step, std::min(rounds, 500), 0);
+  if (!poll_us || !socket_us || !poll_now_us) return 1;
+  auto shm_gap_us = SharedMemoryTakes(rounds, inner_ms);
   auto tcp_gap_us = TcpPingPong(rounds, inner_ms);
   auto tcp_us = TcpPingPong(rounds);
   auto unix_gap_us = UnixPingPong(rounds, inner_ms);
-  std::printf("| Poll round trip, nothing changed (1 group, %d ms inner steps) | p50 %.0f us, p99 %.0f us | "
-              "raw loopback TCP RTT after the same %d ms idle: p50 %.0f us, p99 %.0f us | %.1fx / %.1fx |\n",
-              inner_ms, Pct(*poll_us, 0.5), Pct(*poll_us, 0.99), inner_ms, Pct(tcp_gap_us, 0.5),
-              Pct(tcp_gap_us, 0.99), Pct(*poll_us, 0.5) / Pct(tcp_gap_us, 0.5),
-              Pct(*poll_us, 0.99) / Pct(tcp_gap_us, 0.99));
-  if (!unix_gap_us.empty()) {
-    std::printf("| (the same poll) | | raw Unix-socket round trip after the same %d ms idle: p50 %.0f us, "
-                "p99 %.0f us | %.1fx / %.1fx |\n",
-                inner_ms, Pct(unix_gap_us, 0.5), Pct(unix_gap_us, 0.99),
-                Pct(*poll_us, 0.5) / Pct(unix_gap_us, 0.5), Pct(*poll_us, 0.99) / Pct(unix_gap_us, 0.99));
-  }
+  if (shm_gap_us.empty() || unix_gap_us.empty()) return 1;
+  std::printf("| Poll, nothing changed, from the poll board (1 group, %d ms inner steps; %d of %d "
+              "polls from the board) | p50 %.1f us, p99 %.1f us | a compare-and-swap on a line another "
+              "process wrote, after the same %d ms idle: p50 %.1f us, p99 %.1f us | %.1fx / %.1fx |\n",
+              inner_ms, board_share, rounds, Pct(*poll_us, 0.5), Pct(*poll_us, 0.99), inner_ms,
+              Pct(shm_gap_us, 0.5), Pct(shm_gap_us, 0.99), Pct(*poll_us, 0.5) / Pct(shm_gap_us, 0.5),
+              Pct(*poll_us, 0.99) / Pct(shm_gap_us, 0.99));
+  std::printf("| (the same poll) | | raw Unix-socket round trip after the same %d ms idle: p50 %.0f us, "
+              "p99 %.0f us | %.2fx / %.2fx |\n",
+              inner_ms, Pct(unix_gap_us, 0.5), Pct(unix_gap_us, 0.99),
+              Pct(*poll_us, 0.5) / Pct(unix_gap_us, 0.5), Pct(*poll_us, 0.99) / Pct(unix_gap_us, 0.99));
+  std::printf("| Poll, nothing changed, over the socket (--poll-board=false, %d ms inner steps) | "
+              "p50 %.0f us, p99 %.0f us | raw Unix-socket round trip after the same idle: p50 %.0f us, "
+              "p99 %.0f us; loopback TCP: p50 %.0f us, p99 %.0f us | %.1fx / %.1fx of the Unix socket |\n",
+              inner_ms, Pct(*socket_us, 0.5), Pct(*socket_us, 0.99), Pct(unix_gap_us, 0.5),
+              Pct(unix_gap_us, 0.99), Pct(tcp_gap_us, 0.5), Pct(tcp_gap_us, 0.99),
+              Pct(*socket_us, 0.5) / Pct(unix_gap_us, 0.5), Pct(*socket_us, 0.99) / Pct(unix_gap_us, 0.99));
   std::printf("| Poll right after the commit (no inner steps: the lighthouse round is waited for) | "
               "p50 %.0f us, p99 %.0f us | raw loopback TCP RTT back to back: p50 %.0f us, p99 %.0f us | %.1fx / %.1fx |\n",
               Pct(*poll_now_us, 0.5), Pct(*poll_now_us, 0.99), Pct(tcp_us, 0.5), Pct(tcp_us, 0.99),
@@ -202,6 +270,7 @@ int Main(int argc, char** argv) {
   // _Exit skips the destructors (b_loop is blocked in a poll), so stop every child here.
   agent_b->Signal(SIGKILL);
   agent_a->Signal(SIGKILL);
+  agent_s->Signal(SIGKILL);
   lh.process->Signal(SIGKILL);
   b_loop.detach();
   std::fflush(stdout);
