@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "replica_agent/client/poll_board.h"
 #include "replica_agent/client/session.h"
 #include "tests/support/process.h"
 
@@ -144,6 +145,29 @@ std::vector<double> SharedMemoryTakes(int rounds, int gap_ms) {
   return us;
 }
 
+// The board's take alone, without an agent or a Session: publish, sleep gap_ms, take. Splits the
+// poll's time between the take and what Session::Poll adds around it.
+std::vector<double> BoardTakes(const std::string& dir, int rounds, int gap_ms) {
+  auto b = board::Board::Create(dir + "/alone.board");
+  if (!b.ok()) return {};
+  auto v = board::View::Open((*b)->path(), 0);
+  if (!v.ok()) return {};
+  std::vector<double> us;
+  for (int i = 0; i < rounds; ++i) {
+    board::Answer a;
+    a.step = static_cast<uint32_t>(i);
+    a.quorum_id = 1;
+    a.reason = "fast_path: all 1 previous members rejoined";
+    (*b)->Publish(a);
+    if (gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
+    auto t0 = Clock::now();
+    auto got = (*v)->Take(a.step);
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    if (!got) return {};
+  }
+  return us;
+}
+
 std::unique_ptr<test::Process> StartAgent(const std::string& dir, const std::string& url,
                                           const std::string& group, const std::string& job = "bench",
                                           std::vector<std::string> extra = {}) {
@@ -206,16 +230,21 @@ int Main(int argc, char** argv) {
   auto poll_now_us = poll_loop(**sa, step, std::min(rounds, 500), 0);
   if (!poll_us || !socket_us || !poll_now_us) return 1;
   auto shm_gap_us = SharedMemoryTakes(rounds, inner_ms);
+  auto take_gap_us = BoardTakes(dir, rounds, inner_ms);
   auto tcp_gap_us = TcpPingPong(rounds, inner_ms);
   auto tcp_us = TcpPingPong(rounds);
   auto unix_gap_us = UnixPingPong(rounds, inner_ms);
-  if (shm_gap_us.empty() || unix_gap_us.empty()) return 1;
+  if (shm_gap_us.empty() || unix_gap_us.empty() || take_gap_us.empty()) return 1;
   std::printf("| Poll, nothing changed, from the poll board (1 group, %d ms inner steps; %d of %d "
               "polls from the board) | p50 %.1f us, p99 %.1f us | a compare-and-swap on a line another "
               "process wrote, after the same %d ms idle: p50 %.1f us, p99 %.1f us | %.1fx / %.1fx |\n",
               inner_ms, board_share, rounds, Pct(*poll_us, 0.5), Pct(*poll_us, 0.99), inner_ms,
               Pct(shm_gap_us, 0.5), Pct(shm_gap_us, 0.99), Pct(*poll_us, 0.5) / Pct(shm_gap_us, 0.5),
               Pct(*poll_us, 0.99) / Pct(shm_gap_us, 0.99));
+  std::printf("| (of which) the board's take alone, no agent, after the same %d ms idle | p50 %.1f us, "
+              "p99 %.1f us | the same compare-and-swap floor | %.1fx / %.1fx |\n",
+              inner_ms, Pct(take_gap_us, 0.5), Pct(take_gap_us, 0.99),
+              Pct(take_gap_us, 0.5) / Pct(shm_gap_us, 0.5), Pct(take_gap_us, 0.99) / Pct(shm_gap_us, 0.99));
   std::printf("| (the same poll) | | raw Unix-socket round trip after the same %d ms idle: p50 %.0f us, "
               "p99 %.0f us | %.2fx / %.2fx |\n",
               inner_ms, Pct(unix_gap_us, 0.5), Pct(unix_gap_us, 0.99),

@@ -26,7 +26,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$root/build-diloco}" && pwd)
 out=$(mktemp /tmp/lk-diloco-bench-XXXXXX.log)
-export LK_BIN_DIR=$build/bin LK_SOURCE_DIR=$root
+# The chaos test removes its logs when it passes unless told to keep them; they are the data.
+export LK_BIN_DIR=$build/bin LK_SOURCE_DIR=$root LK_KEEP_TEST_DIRS=1
 if [ -n "${2:-}" ]; then export LK_CHAOS_SEED=$2; fi
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
