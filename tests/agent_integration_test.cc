@@ -445,5 +445,30 @@ TEST_CASE("an agent run with --poll-board=false answers every poll over the sock
   }
 }
 
+TEST_CASE("a trainer in C: polls, the KV, peer wait, commits and goodbye through lightkeeper.h") {
+  Cluster c("agent-c", {"--heartbeat-timeout-ms", "3000"});
+  auto& g = c.Start("a", 0, 0);
+  Process trainer({BinDir() + "/c_trainer", g.socket, "30"}, c.dir + "/c_trainer.log");
+  auto code = trainer.Wait(60s);
+  REQUIRE(code.has_value());
+  CHECK_MESSAGE(*code == 0, trainer.Log());
+  auto lines = ReadLines(c.dir + "/c_trainer.log");
+  int steps = 0, from_board = 0;
+  for (const auto& l : lines) {
+    if (l.rfind("step=", 0) != 0) continue;
+    ++steps;
+    from_board += l.find("from_board=1") != std::string::npos;
+  }
+  CHECK(steps == 30);
+  // Nothing changes after the first step: the C trainer reads most answers from the board.
+  CHECK(from_board > 0);
+  CHECK_FALSE(trainer.WaitForLog("done", 1s).empty());
+  // Its goodbye is the group's: the agent leaves with reason finished and exits 0.
+  auto agent_code = g.agent->Wait(10s);
+  REQUIRE(agent_code.has_value());
+  CHECK(*agent_code == 0);
+  CHECK_FALSE(g.agent->WaitForLog("reason=finished", 1s).empty());
+}
+
 }  // namespace
 }  // namespace lk::test

@@ -67,6 +67,11 @@ int lk_session_commit(lk_session* s, uint32_t step, int ok, const char* state_ha
   return st.ok() ? 0 : Fail(st);
 }
 
+int lk_session_set_peer_wait(lk_session* s, int waiting) {
+  lk::Status st = s->session->SetPeerWait(waiting != 0);
+  return st.ok() ? 0 : Fail(st);
+}
+
 int lk_session_finish(lk_session* s) {
   lk::Status st = s->session->Finish();
   return st.ok() ? 0 : Fail(st);

@@ -34,6 +34,9 @@ void lk_session_close(lk_session* s);
 int lk_session_poll(lk_session* s, uint32_t step, lk_poll_result* out);
 /* The i-th heal source of the last poll, as "HOST:PORT", NUL-terminated into buf. */
 int lk_session_heal_source(lk_session* s, uint32_t i, char* buf, size_t cap);
+/* Around the cross-group collective: waiting == 1 before it, 0 after. While every trainer of a
+ * group waits on the other groups, the lighthouse does not count the time as this group's stall. */
+int lk_session_set_peer_wait(lk_session* s, int waiting);
 /* Done: the trainer's exit is then not reported as a crash. */
 int lk_session_finish(lk_session* s);
 int lk_session_commit(lk_session* s, uint32_t step, int ok, const char* state_hash);
