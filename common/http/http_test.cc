@@ -423,6 +423,12 @@ TEST_CASE("a client that never reads its answer is cut off by the write timeout"
     for (int i = 0; i < 200; ++i) reqs += fmt::format("GET {} HTTP/1.1\r\nHost: x\r\n\r\n", path);
     WriteAll(fd, reqs);
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    // connect() returns before the server accepted: wait for the connection to be counted, or
+    // a count of 0 read too early would pass for the cut.
+    while (ts.server->connections() == 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    REQUIRE(ts.server->connections() > 0);
     while (ts.server->connections() > 0 && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
