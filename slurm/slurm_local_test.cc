@@ -31,6 +31,7 @@ d=$(dirname "$0"); r=${SLURM_RESTART_COUNT:-0}; log="$d/agent-$r.log"
 echo "args $* incarnation=$LK_INCARNATION" >> "$log"
 # The trainer step waits for the agent's socket (the last argument): bind one, as the agent does.
 python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "${@: -1}"
+sock="${@: -1}"; trap 'rm -f "$sock"' EXIT  # the real agent removes its socket when it stops
 leave() {
   local dry=; [ "$LK_TEST_AGENT_MODE" = requeue ] && [ "$1" = USR2 ] || dry=--dry-run
   echo "signal $1 at $(date +%s.%N)" >> "$log"

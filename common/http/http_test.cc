@@ -483,6 +483,23 @@ TEST_CASE("Unix-domain sockets serve the same protocol") {
   unlink(path.c_str());
 }
 
+TEST_CASE("a stopped server removes its Unix socket file - not one a later server bound") {
+  std::string path = "/tmp/lk_http_test_stop_" + std::to_string(getpid()) + ".sock";
+  {
+    TestServer ts({}, "unix:" + path);
+    CHECK(access(path.c_str(), F_OK) == 0);
+  }
+  CHECK(access(path.c_str(), F_OK) != 0);
+  // The path taken over by a second server before the first stops: the first leaves it alone.
+  auto first = std::make_unique<TestServer>(ServerOptions{}, "unix:" + path);
+  TestServer second({}, "unix:" + path);
+  first.reset();
+  CHECK(access(path.c_str(), F_OK) == 0);
+  auto c = Client::Create("unix:" + path);
+  REQUIRE(c.ok());
+  CHECK((*c)->Do("GET", "/nothing").ok());
+}
+
 TEST_CASE("a refused connection is an Unavailable error - not a hang") {
   auto c = Client::Create("http://127.0.0.1:1");
   REQUIRE(c.ok());

@@ -1,5 +1,7 @@
 #include "common/http/server.h"
 
+#include <sys/stat.h>
+
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/dispatch.hpp>
@@ -10,6 +12,7 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/status.hpp>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/sendfile.h>
 #include <unistd.h>
 
@@ -684,7 +687,15 @@ Status Server::Listen(const std::string& address) {
     if (ec) return Error(Code::kUnavailable, "listen on {}: {}", address, ec.message());
     auto l = std::make_shared<Listener<unix_proto>>(impl_, std::move(acc));
     l->Accept();
-    impl_->closers.push_back([l] { l->Close(); });
+    // The socket file goes with the server, or every life of an agent (one per Slurm job) leaves
+    // one behind; only if it is still this server's: a later server may have bound the path.
+    struct stat bound {};
+    bool have_inode = ::stat(path.c_str(), &bound) == 0;
+    impl_->closers.push_back([l, path, have_inode, inode = bound.st_ino] {
+      l->Close();
+      struct stat now {};
+      if (have_inode && ::stat(path.c_str(), &now) == 0 && now.st_ino == inode) ::unlink(path.c_str());
+    });
     if (impl_->local_address.empty()) impl_->local_address = address;
     StartSweeping();
     return Status::Ok();
