@@ -111,6 +111,7 @@ Status Agent::Impl::Start() {
   threads.emplace_back([self] { self->QuorumLoop(); });
   threads.emplace_back([self] { self->WatchLoop(); });
   threads.emplace_back([self] { self->CommitLoop(); });
+  if (board) threads.emplace_back([self] { self->BoardLoop(); });
   return Status::Ok();
 }
 
@@ -328,6 +329,18 @@ void Agent::Impl::WatchLoop() {
   }
 }
 
+void Agent::Impl::BoardLoop() {
+  while (!stopping) {
+    uint32_t seen = board->Doorbell();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stopping) return;
+      SyncBoardLocked();
+    }
+    board->WaitDoorbell(seen, Millis(500));
+  }
+}
+
 void Agent::Impl::CommitLoop() {
   auto client = LighthouseClient();
   int failures = 0;
@@ -458,6 +471,7 @@ void Agent::Impl::Finish(int code) {
   exit_code = code;
   stopping = true;
   cv.notify_all();
+  if (board) board->RingDoorbell();
   boost::asio::post(ioc, [self = shared_from_this()] {
     if (self->socket_server) self->socket_server->Stop();
     if (self->peer_server) self->peer_server->Stop();

@@ -45,6 +45,7 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
     bool exited = false;
     bool peer_wait = false;  // blocked in the cross-group collective
     std::optional<uint32_t> slot;  // its place on the poll board
+    uint32_t board_commit_seen = 0;  // the last commit taken from its slot
   };
   struct NoticeWaiter {
     uint64_t id;
@@ -82,6 +83,8 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   void HandlePhase(const http::Request& req, http::Responder respond);
   void HandlePoll(const http::Request& req, http::Responder respond);
   void HandleCommit(const http::Request& req, http::Responder respond);
+  // With mu held: a trainer's commit (from the socket or its board slot).
+  Status CommitLocked(Trainer& t, uint32_t step, bool failed, const std::string& state_hash);
   void HandleNotice(const http::Request& req, http::Responder respond);
   void HandleKv(const http::Request& req, http::Responder respond);
   void HandleStatus(const http::Request& req, http::Responder respond);
@@ -104,10 +107,16 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   // unless --ask-ahead is off or the node drains.
   void AskAheadLocked(uint32_t step);
   // ---- the poll board (agent_routes.cc) ----
-  // With mu held: applies an answer trainers took from the board since the last look, as the
-  // socket's answer to their polls would have been applied. Every path that reads or changes
-  // the quorum state calls it first.
+  // With mu held: applies what trainers did on the board since the last look (an answer they
+  // took, commits they left), as their socket calls would have been applied. Every path that
+  // reads or changes the quorum state calls it first.
   void SyncBoardLocked();
+  // The taken-answer half of SyncBoardLocked (what withdrawing needs; no commits, so that it
+  // can run inside a commit's own ask).
+  void ApplyTakenLocked();
+  // Wakes on the board's doorbell and applies the commits trainers left (so that the ask
+  // ahead starts as soon as the node committed).
+  void BoardLoop();
   // With mu held: puts `ahead` on the board when it is the unchanged case and every local
   // trainer can take it from there.
   void PublishAheadLocked();

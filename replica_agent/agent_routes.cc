@@ -136,6 +136,7 @@ void Agent::Impl::HandleGoodbye(const http::Request& req, http::Responder respon
   bool all_finished = false;
   {
     std::lock_guard<std::mutex> lock(mu);
+    SyncBoardLocked();  // its last commit, if it left it on the board, comes before its goodbye
     if (st.ok() && !trainers.count(in.group_rank())) {
       st = InvalidArgument("group_rank {} never said hello", in.group_rank());
     }
@@ -296,6 +297,25 @@ void Agent::Impl::AskAheadLocked(uint32_t step) {
 
 void Agent::Impl::SyncBoardLocked() {
   if (!board) return;
+  ApplyTakenLocked();
+  // Commits trainers left in their slots, after the answer they polled (a commit names the
+  // quorum it was made on).
+  for (auto& [rank, t] : trainers) {
+    if (!t.slot) continue;
+    auto c = board->CommitOf(*t.slot);
+    if (!c || c->step <= t.board_commit_seen) continue;
+    t.board_commit_seen = c->step;
+    if (!quorum) {
+      LK_LOG_WARN("board_commit_refused group_rank={} step={} error=\"no quorum yet\"", rank, c->step);
+      continue;
+    }
+    if (Status st = CommitLocked(t, c->step, false, c->state_hash); !st.ok()) {
+      LK_LOG_WARN("board_commit_refused group_rank={} step={} error={}", rank, c->step, Q(st.ToString()));
+    }
+  }
+}
+
+void Agent::Impl::ApplyTakenLocked() {
   auto taken = board->Taken();
   if (!taken || (handed && handed->gen == taken->gen)) return;
   handed = taken;
@@ -337,7 +357,7 @@ void Agent::Impl::WithdrawBoardLocked() {
   if (board->Withdraw()) {
     LK_LOG_INFO("poll_answer_withdrawn step={} quorum_id={}", ahead_step, ahead ? ahead->quorum_id() : 0);
   }
-  SyncBoardLocked();
+  ApplyTakenLocked();
 }
 
 bool Agent::Impl::NamesThisGroup(const pb::FailureNotice& n) const {
@@ -361,44 +381,48 @@ void Agent::Impl::HandleCommit(const http::Request& req, http::Responder respond
   }
   if (st.ok() && !quorum) st = Status(Code::kConflict, "no quorum yet: poll first");
   if (st.ok() && in.state_hash().size() > 128) st = InvalidArgument("state_hash over 128 bytes");
-  Trainer* t = st.ok() ? &trainers[in.group_rank()] : nullptr;
-  if (st.ok() && in.failed()) {
+  if (st.ok()) st = CommitLocked(trainers[in.group_rank()], in.step(), in.failed(), in.state_hash());
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  pb::TrainerCommitResponse out;
+  out.set_committed_step(in.failed() ? committed_step : in.step());
+  respond(http::Reply(out, f));
+}
+
+Status Agent::Impl::CommitLocked(Trainer& trainer, uint32_t step, bool failed,
+                                 const std::string& state_hash) {
+  Trainer* t = &trainer;
+  if (failed) {
     // A failed outer step (its communicator could not be built, or a collective failed with
     // no notice) is the group's failure at once: the lighthouse then opens a new round with a
     // new quorum_id instead of handing the same quorum back to a retry. Nothing is committed.
-    QueueCommitLocked(in.step(), /*failed=*/true, "");
-    LK_LOG_WARN("outer_step_failed group_rank={} step={} quorum_id={}", in.group_rank(), in.step(),
+    QueueCommitLocked(step, /*failed=*/true, "");
+    LK_LOG_WARN("outer_step_failed group_rank={} step={} quorum_id={}", t->group_rank, step,
                 quorum->quorum_id());
-    pb::TrainerCommitResponse out;
-    out.set_committed_step(committed_step);
-    return respond(http::Reply(out, f));
+    return Status::Ok();
   }
-  if (st.ok() && t->committed_step && in.step() <= *t->committed_step) {
-    st = Error(Code::kConflict, "step {} is not after the committed step {}", in.step(),
-               *t->committed_step);
+  if (t->committed_step && step <= *t->committed_step) {
+    return Error(Code::kConflict, "step {} is not after the committed step {}", step,
+                 *t->committed_step);
   }
-  if (!st.ok()) return respond(http::ErrorReply(st, f));
-  t->committed_step = in.step();
-  t->state_hash = in.state_hash();
+  t->committed_step = step;
+  t->state_hash = state_hash;
   had_state = true;
   // The node commits once all its trainers committed this step; its hash covers all shards.
   bool all = trainers.size() >= ExpectedLocalTrainersLocked();
   std::string hashes;
   for (auto& [r, o] : trainers) {
-    all &= o.committed_step == in.step();
+    all &= o.committed_step == step;
     hashes += o.state_hash + ";";
   }
   if (all) {
-    committed_step = in.step();
-    QueueCommitLocked(in.step(), /*failed=*/false,
+    committed_step = step;
+    QueueCommitLocked(step, /*failed=*/false,
                       fmt::format("{:016x}", XXH3_64bits(hashes.data(), hashes.size())));
     // The node's outer step is done: the next round can start now, while the trainers run
     // their inner steps (the quorum loop sends the commit first).
-    AskAheadLocked(in.step());
+    AskAheadLocked(step);
   }
-  pb::TrainerCommitResponse out;
-  out.set_committed_step(in.step());
-  respond(http::Reply(out, f));
+  return Status::Ok();
 }
 
 void Agent::Impl::QueueCommitLocked(uint32_t step, bool failed, std::string state_hash) {

@@ -350,7 +350,10 @@ TEST_CASE("a trainer that finishes says goodbye: the group leaves with reason fi
 // library, the other polls over the socket in JSON (as a trainer in another language could).
 // Whichever polls first, both get the node's one answer for the step, at once.
 TEST_CASE("unchanged polls come from the poll board - a socket poller on the node gets the same answer") {
-  Cluster c("agent-board", {"--heartbeat-timeout-ms", "3000"});
+  // Heartbeats far apart, so that nothing but the board's doorbell applies a commit left in a
+  // slot before the test looks (the heartbeat thread would, at its next beat).
+  Cluster c("agent-board", {"--heartbeat-timeout-ms", "300000"});
+  c.agent_flags = {"--heartbeat-interval-ms", "120000"};
   auto& g = c.Start("a", 0, 0);
   auto raw = http::Client::Create("unix:" + g.socket);
   REQUIRE(raw.ok());
@@ -406,12 +409,28 @@ TEST_CASE("unchanged polls come from the poll board - a socket poller on the nod
   CHECK_FALSE(p1->reconfigure);
   CHECK_FALSE(p1->heal);
   CHECK(JsonField(raw_poll(1), "quorum_id") == std::to_string(qid));
-  REQUIRE((*session)->Commit(2, true).ok());
+  // This time the board reader commits last: its commit is left in its board slot, and only
+  // the agent's doorbell wake-up can make it the node's commit and start the ask ahead.
   raw_commit(2);
+  REQUIRE((*session)->Commit(2, true).ok());
+  auto twice = (*session)->Commit(2, true);
+  CHECK(twice.code() == Code::kConflict);  // refused as the socket refuses it
+  CHECK(twice.message().find("not after the committed step 2") != std::string::npos);
+  // Watched at the lighthouse, not at the agent (any call to the agent would apply the slot).
+  auto until = std::chrono::steady_clock::now() + 10s;
+  while (c.Status().committed_step() < 2 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(5ms);
+  }
+  CHECK(c.Status().committed_step() == 2);
 
   // Step 2: the socket poller first (the agent takes the answer for it); the board reader
   // then gets that same answer from memory.
   wait_ready(2);
+  {
+    auto st = (*raw)->Do("GET", "/v1/agent/status", "", "", Millis(2000));
+    REQUIRE(st.ok());
+    CHECK(JsonField(st->body, "committed_step") == "2");
+  }
   CHECK(JsonField(raw_poll(2), "quorum_id") == std::to_string(qid));
   auto p2 = (*session)->Poll(2, Millis(10'000));
   REQUIRE(p2.ok());

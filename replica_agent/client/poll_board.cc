@@ -1,7 +1,9 @@
 #include "replica_agent/client/poll_board.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +19,7 @@ namespace {
 constexpr uint32_t kMagic = 0x4250'4b4c;  // "LKPB"
 constexpr uint32_t kVersion = 1;
 constexpr size_t kReasonWords = kMaxReason / 8;
+constexpr size_t kHashWords = kMaxStateHash / 8;
 
 // The ticket word: gen (30 bits) | state (2 bits) | step (32 bits). One 64-bit atomic, so
 // that "which answer, for which step, in which state" changes in one compare-and-swap.
@@ -30,9 +33,15 @@ uint32_t GenOf(uint64_t t) { return static_cast<uint32_t>(t >> 34); }
 State StateOf(uint64_t t) { return static_cast<State>((t >> 32) & 3); }
 uint32_t StepOf(uint64_t t) { return static_cast<uint32_t>(t); }
 
+// A trainer's slot: written by that trainer (and `consumed` by the agent when it answers the
+// trainer over the socket). A commit is the hash first, then the step with release: the agent
+// reads the step, then the hash, then the step again, and uses the pair only if the step held.
 struct alignas(64) Slot {
   std::atomic<uint32_t> consumed;
   std::atomic<uint32_t> peer_wait;
+  std::atomic<uint32_t> commit_step;
+  std::atomic<uint32_t> hash_len;
+  std::atomic<uint64_t> hash[kHashWords];
 };
 
 // Every field is written by the agent only, except the ticket (trainers CAS READY -> TAKEN) and
@@ -45,6 +54,8 @@ struct alignas(64) Slot {
 struct Layout {
   std::atomic<uint32_t> magic;
   std::atomic<uint32_t> version;
+  // Bumped by a trainer after a commit, with a futex wake: the agent sleeps on it.
+  alignas(64) std::atomic<uint32_t> doorbell;
   alignas(64) std::atomic<uint64_t> ticket;
   std::atomic<uint32_t> closed;
   std::atomic<uint32_t> quorum_id;
@@ -56,11 +67,35 @@ struct Layout {
   Slot slots[kMaxSlots];
 };
 
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t),
+              "the doorbell is a futex word");
 static_assert(std::atomic<uint64_t>::is_always_lock_free &&
                   std::atomic<uint32_t>::is_always_lock_free,
               "the board is shared between processes: its atomics must be lock-free");
 
 Layout* L(void* mem) { return static_cast<Layout*>(mem); }
+
+void StoreText(std::atomic<uint64_t>* words, std::string_view text) {
+  for (size_t w = 0; w * 8 < text.size(); ++w) {
+    uint64_t word = 0;
+    std::memcpy(&word, text.data() + w * 8, std::min<size_t>(8, text.size() - w * 8));
+    words[w].store(word, std::memory_order_relaxed);
+  }
+}
+
+std::string LoadText(const std::atomic<uint64_t>* words, size_t n) {
+  std::string out(n, '\0');
+  for (size_t w = 0; w * 8 < n; ++w) {
+    uint64_t word = words[w].load(std::memory_order_relaxed);
+    std::memcpy(out.data() + w * 8, &word, std::min<size_t>(8, n - w * 8));
+  }
+  return out;
+}
+
+long Futex(std::atomic<uint32_t>* word, int op, uint32_t val, const timespec* timeout) {
+  // Not FUTEX_PRIVATE_FLAG: the word is in a mapping shared between processes.
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, val, timeout, nullptr, 0);
+}
 
 Status Errno(const std::string& what, const std::string& path) {
   return Error(Code::kInternal, "{} {}: {}", what, path, std::strerror(errno));
@@ -111,11 +146,7 @@ void Board::Publish(const Answer& a) {
   l->max_step.store(a.max_step, std::memory_order_relaxed);
   size_t n = std::min(a.reason.size(), kMaxReason);
   l->reason_len.store(static_cast<uint32_t>(n), std::memory_order_relaxed);
-  for (size_t w = 0; w * 8 < n; ++w) {
-    uint64_t word = 0;
-    std::memcpy(&word, a.reason.data() + w * 8, std::min<size_t>(8, n - w * 8));
-    l->reason[w].store(word, std::memory_order_relaxed);
-  }
+  StoreText(l->reason, std::string_view(a.reason).substr(0, n));
   l->ticket.store(MakeTicket(gen, kReady, a.step), std::memory_order_release);
 }
 
@@ -168,6 +199,32 @@ bool Board::PeerWait(uint32_t slot) const {
   return slot < kMaxSlots && L(mem_)->slots[slot].peer_wait.load(std::memory_order_relaxed) != 0;
 }
 
+std::optional<Commit> Board::CommitOf(uint32_t slot) const {
+  if (slot >= kMaxSlots) return std::nullopt;
+  const Slot& s = L(mem_)->slots[slot];
+  for (;;) {
+    uint32_t step = s.commit_step.load(std::memory_order_acquire);
+    if (step == 0) return std::nullopt;
+    Commit c;
+    c.step = step;
+    c.state_hash = LoadText(s.hash, std::min<size_t>(s.hash_len.load(std::memory_order_relaxed), kMaxStateHash));
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s.commit_step.load(std::memory_order_relaxed) == step) return c;
+  }
+}
+
+uint32_t Board::Doorbell() const { return L(mem_)->doorbell.load(std::memory_order_acquire); }
+
+void Board::WaitDoorbell(uint32_t seen, std::chrono::milliseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000), static_cast<long>(timeout.count() % 1000) * 1'000'000};
+  Futex(&L(mem_)->doorbell, FUTEX_WAIT, seen, &ts);  // returns at once if it rang since `seen`
+}
+
+void Board::RingDoorbell() {
+  L(mem_)->doorbell.fetch_add(1, std::memory_order_release);
+  Futex(&L(mem_)->doorbell, FUTEX_WAKE, INT32_MAX, nullptr);
+}
+
 void Board::Close() {
   L(mem_)->closed.store(1, std::memory_order_release);
   Withdraw();
@@ -197,6 +254,22 @@ Result<std::unique_ptr<View>> View::Open(const std::string& path, uint32_t slot)
 
 View::~View() { ::munmap(mem_, sizeof(Layout)); }
 
+bool View::Commit(uint32_t step, std::string_view state_hash) {
+  if (step == 0 || state_hash.size() > kMaxStateHash) return false;
+  Layout* l = L(mem_);
+  Slot& s = l->slots[slot_];
+  // The step goes to 0 while the hash changes, so a reader never pairs a new hash with the
+  // step before it (the agent has always read the previous commit by now: see Session::Commit).
+  s.commit_step.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  s.hash_len.store(static_cast<uint32_t>(state_hash.size()), std::memory_order_relaxed);
+  StoreText(s.hash, state_hash);
+  s.commit_step.store(step, std::memory_order_release);
+  l->doorbell.fetch_add(1, std::memory_order_release);
+  Futex(&l->doorbell, FUTEX_WAKE, INT32_MAX, nullptr);
+  return true;
+}
+
 void View::SetPeerWait(bool waiting) {
   L(mem_)->slots[slot_].peer_wait.store(waiting ? 1 : 0, std::memory_order_relaxed);
 }
@@ -217,12 +290,7 @@ std::optional<Answer> View::Take(uint32_t step) {
   a.replica_rank = l->replica_rank.load(std::memory_order_relaxed);
   a.replica_world_size = l->replica_world_size.load(std::memory_order_relaxed);
   a.max_step = l->max_step.load(std::memory_order_relaxed);
-  size_t n = std::min<size_t>(l->reason_len.load(std::memory_order_relaxed), kMaxReason);
-  a.reason.resize(n);
-  for (size_t w = 0; w * 8 < n; ++w) {
-    uint64_t word = l->reason[w].load(std::memory_order_relaxed);
-    std::memcpy(a.reason.data() + w * 8, &word, std::min<size_t>(8, n - w * 8));
-  }
+  a.reason = LoadText(l->reason, std::min<size_t>(l->reason_len.load(std::memory_order_relaxed), kMaxReason));
   // Pairs with the release fence in Publish: if any read above saw a newer publication's
   // data, the ticket read below sees that publication's WRITING (or later) and the answer is
   // dropped.

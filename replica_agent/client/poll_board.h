@@ -23,6 +23,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -41,6 +42,13 @@ struct Answer {
 };
 
 constexpr size_t kMaxReason = 248;
+constexpr size_t kMaxStateHash = 128;  // as on the socket's /v1/trainer/commit
+
+// A trainer's commit of an outer step, left in its slot.
+struct Commit {
+  uint32_t step = 0;
+  std::string state_hash;
+};
 constexpr uint32_t kMaxSlots = 256;  // trainers per node that can use the board
 
 // A published answer's identity: `gen` goes up with every publication (never 0).
@@ -77,6 +85,14 @@ class Board {
   void SetConsumed(uint32_t slot, uint32_t gen);
   // Whether the trainer in `slot` said it waits in the cross-group collective.
   bool PeerWait(uint32_t slot) const;
+  // The last commit the trainer in `slot` left on the board, if any.
+  std::optional<Commit> CommitOf(uint32_t slot) const;
+  // The doorbell trainers ring after a commit: read it, look at the slots, then wait until it
+  // moves on from what was read (or `timeout` passes).
+  uint32_t Doorbell() const;
+  void WaitDoorbell(uint32_t seen, std::chrono::milliseconds timeout);
+  // Wakes a WaitDoorbell (the agent's own way to stop its waiting thread).
+  void RingDoorbell();
   // From now on trainers go through the socket (the agent drains or exits); withdraws a
   // READY answer.
   void Close();
@@ -100,6 +116,11 @@ class View {
 
   // The answer to the poll of `step` if the board has one this trainer has not consumed yet.
   std::optional<Answer> Take(uint32_t step);
+  // Leaves the commit of `step` in this trainer's slot and wakes the agent; false (nothing
+  // done) for step 0 or a hash over kMaxStateHash bytes. The agent takes it as it takes
+  // POST /v1/trainer/commit. The caller commits again only after a poll the agent answered
+  // after this commit (Session keeps that order: a step's commit comes after its poll).
+  bool Commit(uint32_t step, std::string_view state_hash);
   // Marks this trainer as waiting in (or out of) the cross-group collective. The agent reads
   // it when it heartbeats, which is when the socket's /v1/trainer/phase would take effect too.
   void SetPeerWait(bool waiting);

@@ -128,6 +128,49 @@ TEST_CASE("a new board replaces an old one at the same path - the old one's unli
   CHECK(access((dir + "/s.board").c_str(), F_OK) != 0);
 }
 
+TEST_CASE("a commit left in a slot wakes the agent - the board refuses what the socket would") {
+  auto dir = test::TempDir("board-commit");
+  auto b = Board::Create(dir + "/c.board");
+  REQUIRE(b.ok());
+  CHECK_FALSE((*b)->CommitOf(3).has_value());
+  uint32_t seen = (*b)->Doorbell();
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // A trainer in slot 3, after the agent went to sleep on the doorbell.
+    auto v = View::Open(dir + "/c.board", 3);
+    if (!v.ok()) _exit(2);
+    std::this_thread::sleep_for(100ms);
+    bool refused = !(*v)->Commit(0, "h") && !(*v)->Commit(9, std::string(kMaxStateHash + 1, 'x'));
+    bool done = (*v)->Commit(7, std::string(kMaxStateHash, 'h'));
+    _exit(refused && done ? 0 : 3);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  while ((*b)->Doorbell() == seen && std::chrono::steady_clock::now() - t0 < 30s) {
+    (*b)->WaitDoorbell(seen, 60s);  // woken by the commit, not by the timeout (a hang bound only)
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 30s);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WEXITSTATUS(status) == 0);
+  auto c = (*b)->CommitOf(3);
+  REQUIRE(c.has_value());
+  CHECK(c->step == 7);
+  CHECK(c->state_hash == std::string(kMaxStateHash, 'h'));
+  CHECK_FALSE((*b)->CommitOf(2).has_value());
+  // The agent's own ring (how it stops its waiting thread) wakes a waiter too.
+  seen = (*b)->Doorbell();
+  std::thread ring([&] {
+    std::this_thread::sleep_for(50ms);
+    (*b)->RingDoorbell();
+  });
+  t0 = std::chrono::steady_clock::now();
+  (*b)->WaitDoorbell(seen, 60s);
+  ring.join();
+  CHECK((*b)->Doorbell() != seen);
+  CHECK(std::chrono::steady_clock::now() - t0 < 30s);
+}
+
 // The property the board exists for, between two processes: for every publication exactly one
 // of "the agent withdrew it" and "a trainer took it" happens, and what the trainer took is the
 // whole answer the agent published, never a mix of two.

@@ -75,6 +75,7 @@ Result<PollResult> Session::Poll(uint32_t step, Millis timeout) {
       r.reason = std::move(a->reason);
       r.from_board = true;
       Watch(r.quorum_id);
+      polled_ = true;
       return r;
     }
   }
@@ -101,16 +102,31 @@ Result<PollResult> Session::Poll(uint32_t step, Millis timeout) {
   }
   r.reason = resp.reason();
   if (!r.drain) Watch(r.quorum_id);
+  polled_ = true;
   return r;
 }
 
 Status Session::Commit(uint32_t step, bool ok, const std::string& state_hash) {
+  // A successful step after a poll goes on the board: the agent takes it from this trainer's
+  // slot. What the agent would refuse is refused here the same way; a failed step, and one
+  // before any poll, go over the socket.
+  if (board_ && ok && polled_ && state_hash.size() <= board::kMaxStateHash) {
+    if (committed_ && step <= *committed_) {
+      return Error(Code::kConflict, "step {} is not after the committed step {}", step, *committed_);
+    }
+    if (board_->Commit(step, state_hash)) {
+      committed_ = step;
+      return Status::Ok();
+    }
+  }
   pb::TrainerCommitRequest req;
   req.set_group_rank(group_rank_);
   req.set_step(step);
   req.set_failed(!ok);
   req.set_state_hash(state_hash);
-  return client_->Call("POST", "/v1/trainer/commit", req, nullptr, Millis(30'000));
+  Status st = client_->Call("POST", "/v1/trainer/commit", req, nullptr, Millis(30'000));
+  if (st.ok() && ok) committed_ = step;
+  return st;
 }
 
 Status Session::Finish() {
