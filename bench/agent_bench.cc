@@ -206,10 +206,12 @@ int Main(int argc, char** argv) {
   if (!sa.ok() || !ss.ok()) return 1;
   uint32_t step = 0, socket_step = 0;
   int from_board = 0;
+  std::vector<double> commit_us;  // of the last poll_loop
   auto poll_loop = [&](client::Session& session, uint32_t& at, int n,
                        int inner_ms) -> std::optional<std::vector<double>> {
     std::vector<double> us;
     from_board = 0;
+    commit_us.clear();
     for (int i = 0; i < n + 50; ++i) {
       if (inner_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(inner_ms));
       auto t0 = Clock::now();
@@ -220,13 +222,17 @@ int Main(int argc, char** argv) {
         us.push_back(t);
         from_board += p->from_board;
       }
-      if (!session.Commit(++at, true).ok()) return std::nullopt;
+      auto c0 = Clock::now();
+      if (!session.Commit(++at, true, "h").ok()) return std::nullopt;
+      if (i >= 50) commit_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - c0).count());
     }
     return us;
   };
   auto poll_us = poll_loop(**sa, step, rounds, inner_ms);
   int board_share = from_board;
+  auto board_commit_us = commit_us;
   auto socket_us = poll_loop(**ss, socket_step, rounds, inner_ms);
+  auto socket_commit_us = commit_us;
   auto poll_now_us = poll_loop(**sa, step, std::min(rounds, 500), 0);
   if (!poll_us || !socket_us || !poll_now_us) return 1;
   auto shm_gap_us = SharedMemoryTakes(rounds, inner_ms);
@@ -255,6 +261,12 @@ int Main(int argc, char** argv) {
               inner_ms, Pct(*socket_us, 0.5), Pct(*socket_us, 0.99), Pct(unix_gap_us, 0.5),
               Pct(unix_gap_us, 0.99), Pct(tcp_gap_us, 0.5), Pct(tcp_gap_us, 0.99),
               Pct(*socket_us, 0.5) / Pct(unix_gap_us, 0.5), Pct(*socket_us, 0.99) / Pct(unix_gap_us, 0.99));
+  std::printf("| Commit of a step (right after the poll), on the board | p50 %.1f us, p99 %.1f us | "
+              "the same commit over the socket (--poll-board=false): p50 %.0f us, p99 %.0f us | "
+              "%.2fx / %.2fx |\n",
+              Pct(board_commit_us, 0.5), Pct(board_commit_us, 0.99), Pct(socket_commit_us, 0.5),
+              Pct(socket_commit_us, 0.99), Pct(board_commit_us, 0.5) / Pct(socket_commit_us, 0.5),
+              Pct(board_commit_us, 0.99) / Pct(socket_commit_us, 0.99));
   std::printf("| Poll right after the commit (no inner steps: the lighthouse round is waited for) | "
               "p50 %.0f us, p99 %.0f us | raw loopback TCP RTT back to back: p50 %.0f us, p99 %.0f us | %.1fx / %.1fx |\n",
               Pct(*poll_now_us, 0.5), Pct(*poll_now_us, 0.99), Pct(tcp_us, 0.5), Pct(tcp_us, 0.99),

@@ -157,8 +157,9 @@ print("|---|---|---|---|")
 for k, name in [("step_ms", "outer step, commit to commit (ms)"), ("inner_ms", "H inner steps (ms)"),
                 ("allreduce_ms", "cross-group allreduce (ms)"), ("poll_ms", "Poll (ms)"),
                 ("commit_ms", "Commit (ms)"), ("coord_ms", "Poll + Commit + join (ms)")]:
-    print(f"| {name} | {pl[k]:.1f} | {ff[k]:.1f} | {ch[k]:.1f} |")
-print(f"| coordination / outer step (medians) | {pl['coord_ms']/pl['step_ms']:.4f} | {ff['coord_ms']/ff['step_ms']:.4f} | {ch['coord_ms']/ch['step_ms']:.4f} |")
+    f = ".1f" if k in ("step_ms", "inner_ms", "allreduce_ms") else ".3f"  # poll/commit: microseconds
+    print(f"| {name} | {pl[k]:{f}} | {ff[k]:{f}} | {ch[k]:{f}} |")
+print(f"| coordination / outer step (medians) | {pl['coord_ms']/pl['step_ms']:.6f} | {ff['coord_ms']/ff['step_ms']:.6f} | {ch['coord_ms']/ch['step_ms']:.6f} |")
 print(f"| coordination / outer step (sums over steady steps) | {pl['coord_share']:.4f} | {ff['coord_share']:.4f} | {ch['coord_share']:.4f} |")
 print()
 # Bytes, plain failure-free run (world 4 groups, N trainers each).

@@ -413,9 +413,9 @@ void Trainer::WriteLogLine(const client::PollResult& pr, float loss, Millis oute
   std::fputs(
       fmt::format("{{\"step\":{},\"quorum_id\":{},\"replica_world_size\":{},\"loss\":{:.6f},"
                   "\"param_hash\":\"{}\",\"healed\":{},\"group_rank\":{},\"outer_ms\":{}{},"
-                  "\"t_ms\":{},\"step_ms\":{:.1f},\"poll_ms\":{:.1f},\"join_ms\":{:.1f},"
+                  "\"t_ms\":{},\"step_ms\":{:.1f},\"poll_ms\":{:.3f},\"join_ms\":{:.3f},"
                   "\"inner_ms\":{:.1f},\"discarded_ms\":{:.1f},\"allreduce_ms\":{:.1f},"
-                  "\"gather_ms\":{:.1f},\"publish_ms\":{:.1f},\"commit_ms\":{:.1f},"
+                  "\"gather_ms\":{:.1f},\"publish_ms\":{:.1f},\"commit_ms\":{:.3f},"
                   "\"eval_ms\":{:.1f},"
                   "\"cross_bytes\":{},\"sync_bytes\":{},\"group_bytes\":{},\"params\":{},"
                   "\"shard\":{},\"inner_steps\":{},\"group_size\":{}}}\n",
