@@ -17,6 +17,11 @@
 // The board holds only the answers of the unchanged case (no reconfigure, no heal, no drain);
 // every other answer goes over the socket as before.
 //
+// The other way, each trainer has a slot: what it consumed, its "waiting on the other groups"
+// mark, and its last commit (step and state hash). After writing a commit it bumps the board's
+// doorbell and wakes it as a futex; the agent sleeps on the doorbell and applies the commit as
+// it applies one that came over the socket.
+//
 // Thread- and process-safety: one writer (the agent, under its mutex) and any number of
 // trainer processes; every shared field is a lock-free atomic, so the mapping may be shared
 // between processes.
