@@ -121,6 +121,7 @@ void Agent::Impl::HandleHello(const http::Request& req, http::Responder respond)
   if (st.ok()) st = Register(in.group_rank(), in.group_size(), in.pid());
   if (!st.ok()) return respond(http::ErrorReply(st, f));
   pb::TrainerHelloResponse out;
+  out.set_incarnation(options.incarnation);
   const Trainer& t = trainers[in.group_rank()];
   if (board && t.slot) {
     out.set_poll_board(board->path());
@@ -154,6 +155,7 @@ void Agent::Impl::HandleGoodbye(const http::Request& req, http::Responder respon
 
 pb::TrainerPollResponse Agent::Impl::PollAnswerLocked(Trainer& t, bool fresh_answer) {
   pb::TrainerPollResponse r;
+  r.set_incarnation(options.incarnation);
   r.set_drain(draining);
   r.set_checkpoint_now(checkpoint_now);
   if (draining) {

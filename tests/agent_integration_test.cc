@@ -490,5 +490,35 @@ TEST_CASE("a trainer in C: polls, the KV, peer wait, commits and goodbye through
   CHECK_FALSE(g.agent->WaitForLog("reason=finished", 1s).empty());
 }
 
+TEST_CASE("an agent restarted under a live trainer: the trainer's next socket poll fails with the reason") {
+  Cluster c("agent-restart", {"--heartbeat-timeout-ms", "3000"});
+  auto& g = c.Start("a", 0, 0);
+  auto session = client::Session::Connect(g.socket, 0, 1);
+  REQUIRE(session.ok());
+  REQUIRE((*session)->Poll(0, Millis(10'000)).ok());
+  REQUIRE((*session)->Commit(1, true).ok());
+  g.agent->Signal(SIGKILL);
+  REQUIRE(g.agent->Wait(5s).has_value());
+  // A new life of the group's agent on the same socket (and so the same board path).
+  Process again({BinDir() + "/replica_agent", "--lighthouse", c.lh.url(), "--job", "t",
+                 "--group-id", "a", "--socket", g.socket, "--heartbeat-interval-ms", "100"},
+                c.dir + "/agent-again.log");
+  REQUIRE_FALSE(again.WaitForLog("agent_listening", 10s).empty());
+  // The trainer may still read one answer the old agent left on its board; its first poll
+  // over the socket meets the new life and fails, so it never commits into a board nobody reads.
+  Status failed;
+  for (uint32_t step = 1; step <= 3 && failed.ok(); ++step) {
+    auto p = (*session)->Poll(step, Millis(10'000));
+    if (!p.ok()) {
+      failed = p.status();
+      break;
+    }
+    (void)(*session)->Commit(step + 1, true);
+  }
+  CHECK(failed.code() == Code::kConflict);
+  CHECK(failed.message().find("the agent was restarted") != std::string::npos);
+  CHECK(again.Running());
+}
+
 }  // namespace
 }  // namespace lk::test

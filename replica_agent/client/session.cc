@@ -29,6 +29,7 @@ Result<std::unique_ptr<Session>> Session::Connect(const std::string& socket_path
   pb::TrainerHelloResponse welcome;
   LK_RETURN_IF_ERROR(s->client_->Call("POST", "/v1/trainer/hello", hello, &welcome, Millis(10'000))
                          .WithContext("hello to agent at " + socket_path));
+  s->incarnation_ = welcome.incarnation();
   if (!welcome.poll_board().empty()) {
     // Without the board (another version, a file this process cannot map) every poll goes over
     // the socket: slower, same answers.
@@ -85,6 +86,14 @@ Result<PollResult> Session::Poll(uint32_t step, Millis timeout) {
   req.set_step(step);
   pb::TrainerPollResponse resp;
   LK_RETURN_IF_ERROR(client_->Call("POST", "/v1/trainer/poll", req, &resp, timeout));
+  if (!incarnation_.empty() && !resp.incarnation().empty() && resp.incarnation() != incarnation_) {
+    // A new agent on the same socket: this process's state, pid watch and board slot belong
+    // to the group life that ended. Going on would commit into a board nobody reads.
+    return Error(Code::kConflict,
+                 "the agent was restarted (group life {} is now {}): this trainer belongs to the "
+                 "ended life and must be restarted with its group",
+                 incarnation_, resp.incarnation());
+  }
   PollResult r;
   r.quorum_id = resp.quorum_id();
   r.replica_rank = resp.replica_rank();

@@ -106,6 +106,7 @@ class Session {
   std::unique_ptr<http::Client> client_;
   std::unique_ptr<board::View> board_;  // null: every poll goes over the socket
   bool polled_ = false;                  // a poll was answered: commits may use the board
+  std::string incarnation_;              // the agent's group life at hello
   std::optional<uint32_t> committed_;    // the last step this trainer committed
   std::shared_ptr<NoticeState> notice_;
   bool notice_started_ = false;
