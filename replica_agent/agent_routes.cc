@@ -390,24 +390,23 @@ void Agent::Impl::HandleCommit(const http::Request& req, http::Responder respond
   respond(http::Reply(out, f));
 }
 
-Status Agent::Impl::CommitLocked(Trainer& trainer, uint32_t step, bool failed,
+Status Agent::Impl::CommitLocked(Trainer& t, uint32_t step, bool failed,
                                  const std::string& state_hash) {
-  Trainer* t = &trainer;
   if (failed) {
     // A failed outer step (its communicator could not be built, or a collective failed with
     // no notice) is the group's failure at once: the lighthouse then opens a new round with a
     // new quorum_id instead of handing the same quorum back to a retry. Nothing is committed.
     QueueCommitLocked(step, /*failed=*/true, "");
-    LK_LOG_WARN("outer_step_failed group_rank={} step={} quorum_id={}", t->group_rank, step,
+    LK_LOG_WARN("outer_step_failed group_rank={} step={} quorum_id={}", t.group_rank, step,
                 quorum->quorum_id());
     return Status::Ok();
   }
-  if (t->committed_step && step <= *t->committed_step) {
+  if (t.committed_step && step <= *t.committed_step) {
     return Error(Code::kConflict, "step {} is not after the committed step {}", step,
-                 *t->committed_step);
+                 *t.committed_step);
   }
-  t->committed_step = step;
-  t->state_hash = state_hash;
+  t.committed_step = step;
+  t.state_hash = state_hash;
   had_state = true;
   // The node commits once all its trainers committed this step; its hash covers all shards.
   bool all = trainers.size() >= ExpectedLocalTrainersLocked();
