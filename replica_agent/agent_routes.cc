@@ -307,10 +307,6 @@ void Agent::Impl::SyncBoardLocked() {
     auto c = board->CommitOf(*t.slot);
     if (!c || c->step <= t.board_commit_seen) continue;
     t.board_commit_seen = c->step;
-    if (!quorum) {
-      LK_LOG_WARN("board_commit_refused group_rank={} step={} error=\"no quorum yet\"", rank, c->step);
-      continue;
-    }
     if (Status st = CommitLocked(t, c->step, false, c->state_hash); !st.ok()) {
       LK_LOG_WARN("board_commit_refused group_rank={} step={} error={}", rank, c->step, Q(st.ToString()));
     }
@@ -381,8 +377,6 @@ void Agent::Impl::HandleCommit(const http::Request& req, http::Responder respond
   if (st.ok() && !trainers.count(in.group_rank())) {
     st = InvalidArgument("group_rank {} has not polled yet", in.group_rank());
   }
-  if (st.ok() && !quorum) st = Status(Code::kConflict, "no quorum yet: poll first");
-  if (st.ok() && in.state_hash().size() > 128) st = InvalidArgument("state_hash over 128 bytes");
   if (st.ok()) st = CommitLocked(trainers[in.group_rank()], in.step(), in.failed(), in.state_hash());
   if (!st.ok()) return respond(http::ErrorReply(st, f));
   pb::TrainerCommitResponse out;
@@ -392,6 +386,10 @@ void Agent::Impl::HandleCommit(const http::Request& req, http::Responder respond
 
 Status Agent::Impl::CommitLocked(Trainer& t, uint32_t step, bool failed,
                                  const std::string& state_hash) {
+  if (!quorum) return Status(Code::kConflict, "no quorum yet: poll first");
+  if (state_hash.size() > board::kMaxStateHash) {
+    return InvalidArgument("state_hash over {} bytes", board::kMaxStateHash);
+  }
   if (failed) {
     // A failed outer step (its communicator could not be built, or a collective failed with
     // no notice) is the group's failure at once: the lighthouse then opens a new round with a

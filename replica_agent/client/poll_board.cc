@@ -97,6 +97,18 @@ long Futex(std::atomic<uint32_t>* word, int op, uint32_t val, const timespec* ti
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, val, timeout, nullptr, 0);
 }
 
+void Ring(Layout* l) {
+  l->doorbell.fetch_add(1, std::memory_order_release);
+  Futex(&l->doorbell, FUTEX_WAKE, INT32_MAX, nullptr);
+}
+
+// The latest publication's identity, if the ticket is in state `want`.
+std::optional<Ticket> TicketIn(void* mem, State want) {
+  uint64_t t = L(mem)->ticket.load(std::memory_order_acquire);
+  if (StateOf(t) != want) return std::nullopt;
+  return Ticket{GenOf(t), StepOf(t)};
+}
+
 Status Errno(const std::string& what, const std::string& path) {
   return Error(Code::kInternal, "{} {}: {}", what, path, std::strerror(errno));
 }
@@ -162,17 +174,9 @@ bool Board::Withdraw() {
   return false;
 }
 
-std::optional<Ticket> Board::Taken() const {
-  uint64_t t = L(mem_)->ticket.load(std::memory_order_acquire);
-  if (StateOf(t) != kTaken) return std::nullopt;
-  return Ticket{GenOf(t), StepOf(t), true};
-}
+std::optional<Ticket> Board::Taken() const { return TicketIn(mem_, kTaken); }
 
-std::optional<Ticket> Board::Ready() const {
-  uint64_t t = L(mem_)->ticket.load(std::memory_order_acquire);
-  if (StateOf(t) != kReady) return std::nullopt;
-  return Ticket{GenOf(t), StepOf(t), false};
-}
+std::optional<Ticket> Board::Ready() const { return TicketIn(mem_, kReady); }
 
 std::optional<Ticket> Board::TakeFor(uint32_t step) {
   Layout* l = L(mem_);
@@ -180,10 +184,10 @@ std::optional<Ticket> Board::TakeFor(uint32_t step) {
   while (StateOf(t) == kReady && StepOf(t) == step) {
     if (l->ticket.compare_exchange_weak(t, MakeTicket(GenOf(t), kTaken, step),
                                         std::memory_order_acq_rel, std::memory_order_acquire)) {
-      return Ticket{GenOf(t), step, true};
+      return Ticket{GenOf(t), step};
     }
   }
-  if (StateOf(t) == kTaken && StepOf(t) == step) return Ticket{GenOf(t), step, true};
+  if (StateOf(t) == kTaken && StepOf(t) == step) return Ticket{GenOf(t), step};
   return std::nullopt;
 }
 
@@ -220,10 +224,7 @@ void Board::WaitDoorbell(uint32_t seen, std::chrono::milliseconds timeout) {
   Futex(&L(mem_)->doorbell, FUTEX_WAIT, seen, &ts);  // returns at once if it rang since `seen`
 }
 
-void Board::RingDoorbell() {
-  L(mem_)->doorbell.fetch_add(1, std::memory_order_release);
-  Futex(&L(mem_)->doorbell, FUTEX_WAKE, INT32_MAX, nullptr);
-}
+void Board::RingDoorbell() { Ring(L(mem_)); }
 
 void Board::Close() {
   L(mem_)->closed.store(1, std::memory_order_release);
@@ -265,8 +266,7 @@ bool View::Commit(uint32_t step, std::string_view state_hash) {
   s.hash_len.store(static_cast<uint32_t>(state_hash.size()), std::memory_order_relaxed);
   StoreText(s.hash, state_hash);
   s.commit_step.store(step, std::memory_order_release);
-  l->doorbell.fetch_add(1, std::memory_order_release);
-  Futex(&l->doorbell, FUTEX_WAKE, INT32_MAX, nullptr);
+  Ring(l);
   return true;
 }
 

@@ -60,7 +60,6 @@ constexpr uint32_t kMaxSlots = 256;  // trainers per node that can use the board
 struct Ticket {
   uint32_t gen = 0;
   uint32_t step = 0;
-  bool taken = false;
 };
 
 // The agent's side: creates the file (replacing any left by an earlier life) and removes it
