@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
 # Sets everything up on a fresh Debian bookworm machine and runs every test: installs the
-# packages, builds in ./build, and runs CTest. Tests start the services they need themselves
-# (lighthouse, agents, a local Slurm, nginx). CI runs exactly this (.ci/run).
+# packages, removes what earlier runs left outside the clone (scripts/scrub.sh), builds in
+# ./build, and runs CTest. Tests start the services they need themselves (lighthouse, agents,
+# a local Slurm) and keep their state under one root per run, $LK_SCRATCH (default
+# /tmp/lk-scratch): TMPDIR for every scratch directory and SLURM_BASE for the local Slurm. CI runs
+# exactly this (.ci/run), so every CI run is a fresh-machine run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
+export LK_SCRATCH=${LK_SCRATCH:-/tmp/lk-scratch}
+bash scripts/scrub.sh
+mkdir -p "$LK_SCRATCH/tmp"
+export TMPDIR=$LK_SCRATCH/tmp SLURM_BASE=$LK_SCRATCH/slurm
+unset SLURM_CONF
+# The local Slurm that the tests started goes down with the run, whatever its outcome.
+trap 'timeout -k 5 60 bash scripts/slurm-local.sh down >/dev/null 2>&1 || true' EXIT
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build -j"$(nproc)"
 cd build

@@ -127,12 +127,14 @@ Result<CommandResult> SubprocessRunner::Run(const Command& command) {
   posix_spawn_file_actions_adddup2(&actions, err_w.get(), 2);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  // The child starts with default dispositions and these signals blocked: Slurm signals a whole
-  // job step (SIGTERM right after a requeue, a forwarded USR2), and a scontrol killed half way
-  // would report an accepted requeue as a failure. The timeout's SIGKILL still ends it.
+  // The child starts with default dispositions and an empty mask, or with the job signals
+  // blocked when it asked (see Command::block_job_signals). The timeout's SIGKILL ends it either
+  // way.
   sigset_t blocked, all;
   sigemptyset(&blocked);
-  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) sigaddset(&blocked, sig);
+  if (command.block_job_signals) {
+    for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) sigaddset(&blocked, sig);
+  }
   sigfillset(&all);
   posix_spawnattr_setsigmask(&attr, &blocked);
   posix_spawnattr_setsigdefault(&attr, &all);

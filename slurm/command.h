@@ -24,7 +24,14 @@ struct Command {
   std::vector<std::string> argv;           // argv[0] is looked up in PATH
   std::map<std::string, std::string> env;  // set on top of this process's environment
   std::string stdin_text;                  // written to the child's stdin, then closed
+  // When the timeout passes the child is killed with SIGKILL, whatever its signal mask.
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+  // Start the child with TERM, INT, HUP, USR1 and USR2 blocked. Only for a command that must
+  // finish even when Slurm signals the whole job step around it (scontrol requeue: a client
+  // killed half way would report an accepted requeue as a failure). Off by default: a child
+  // that inherits blocked signals cannot be ended by `timeout` or any SIGTERM-based bound it
+  // starts itself, and the blocked set would pass on to every grandchild.
+  bool block_job_signals = false;
 };
 
 class CommandRunner {
@@ -36,9 +43,9 @@ class CommandRunner {
   virtual Result<CommandResult> Run(const Command& command) = 0;
 };
 
-// Runs commands with posix_spawnp. The child gets default dispositions and TERM, INT, HUP, USR1
-// and USR2 blocked, whatever the parent's mask: Slurm signals every process of a job step, and
-// a Slurm client command must finish (or hit its timeout) rather than die half way.
+// Runs commands with posix_spawnp. The child gets default dispositions and an empty signal mask,
+// whatever the parent's (the agent blocks the Slurm signals in its own threads), or the job
+// signals blocked when the command asks for it (Command::block_job_signals).
 class SubprocessRunner : public CommandRunner {
  public:
   Result<CommandResult> Run(const Command& command) override;

@@ -74,6 +74,7 @@ std::vector<std::string> RequeueArgv(const SlurmEnv& env) {
 Status Requeue(const SlurmEnv& env, CommandRunner& runner) {
   Command cmd;
   cmd.argv = RequeueArgv(env);
+  cmd.block_job_signals = true;
   cmd.timeout = std::chrono::seconds(30);
   const std::string context = fmt::format("requeue job {}", env.JobRef());
   auto ran = runner.Run(cmd);

@@ -109,6 +109,9 @@ TEST_CASE("requeue: plain jobs by id and array tasks as ARRAYJOBID_TASKID") {
   CHECK(Requeue(Env(57, 50, 7), runner).ok());
   REQUIRE(runner.ran().size() == 1);
   CHECK(runner.ran()[0].argv.back() == "50_7");
+  // Only the requeue asks for the job signals blocked (a requeue killed half way by the SIGTERM
+  // Slurm sends the step would report an accepted requeue as a failure).
+  CHECK(runner.ran()[0].block_job_signals);
 }
 
 TEST_CASE("requeue: a missing scontrol and a refusal are clear errors") {
@@ -156,13 +159,20 @@ TEST_CASE("runner: output and exit code and stdin and timeout and signals during
   CHECK(r->out == "in");
   CHECK(r->err == "err\n");
   // A SIGTERM to the child while it runs (as Slurm sends one to the whole step after a
-  // requeue) must not kill it half way.
+  // requeue) must not kill a command that asked for the job signals blocked...
   cmd.argv = {"sh", "-c", "kill -TERM $$; kill -USR2 $$; echo survived"};
   cmd.stdin_text.clear();
+  cmd.block_job_signals = true;
   r = runner.Run(cmd);
   REQUIRE(r.ok());
   CHECK(r->exit_code == 0);
   CHECK(r->out == "survived\n");
+  // ...and ends any other, so that `timeout` inside it bounds what it runs.
+  cmd.block_job_signals = false;
+  r = runner.Run(cmd);
+  REQUIRE(r.ok());
+  CHECK(r->exit_code == 128 + SIGTERM);
+  CHECK(r->out.empty());
   cmd.argv = {"sleep", "10"};
   cmd.timeout = std::chrono::milliseconds(200);
   auto t0 = std::chrono::steady_clock::now();
@@ -171,6 +181,23 @@ TEST_CASE("runner: output and exit code and stdin and timeout and signals during
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
   cmd.argv = {"lk-no-such-program"};
   CHECK(runner.Run(cmd).status().code() == Code::kNotFound);
+}
+
+TEST_CASE("runner: a child's own `timeout` works even when the calling thread blocks TERM") {
+  // The agent's threads block the Slurm signals (a signal thread takes them); the children it
+  // starts must not inherit that mask, or `timeout 5 sinfo` could never end sinfo.
+  sigset_t term, old;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  REQUIRE(pthread_sigmask(SIG_BLOCK, &term, &old) == 0);
+  SubprocessRunner runner;
+  Command cmd;
+  cmd.argv = {"timeout", "0.2", "sleep", "20"};
+  cmd.timeout = std::chrono::seconds(15);
+  auto r = runner.Run(cmd);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  REQUIRE(r.ok());
+  CHECK(r->exit_code == 124);  // timeout's own answer: it ended sleep with SIGTERM
 }
 
 TEST_CASE("signal settings: USR1 USR2 and TERM with B: and @seconds") {

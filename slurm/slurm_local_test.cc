@@ -65,8 +65,8 @@ for i in $(seq 1 1200); do echo "$i" > "$d/trainer-tick-$r"; sleep 0.1; done
 class TestJob {
  public:
   explicit TestJob(std::string mode) {
-    char tmpl[] = "/tmp/lk-slurm-test-XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
+    std::string tmpl = (std::filesystem::temp_directory_path() / "lk-slurm-test-XXXXXX").string();
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
     dir_ = tmpl;
     std::ofstream(dir_ + "/agent.sh") << kAgent;
     std::ofstream(dir_ + "/trainer.sh") << kTrainer;
@@ -108,7 +108,7 @@ class TestJob {
     return Sh(fmt::format("cd {}; for f in *.log *.txt; do echo \"== $f\"; cat \"$f\"; done; "
                           "echo '== squeue'; squeue -o '%i %P %T %r'; echo '== slurmctld'; "
                           "tail -n 20 {}/log/slurmctld.log",
-                          dir_, Env("SLURM_BASE", "/tmp/lk-slurm")))
+                          dir_, SlurmBase()))
         .out;
   }
   // After a requeue the job waits cred_expire (~11 s here) before it may start; starting it now

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -60,18 +61,37 @@ inline bool WaitFor(const std::function<bool()>& done, std::chrono::seconds limi
   return done();
 }
 
+// The local Slurm's base: $SLURM_BASE (scripts/test.sh sets one per run), else lk-slurm under
+// the temp directory.
+inline std::string SlurmBase() {
+  std::string base = Env("SLURM_BASE");
+  if (!base.empty()) return base;
+  return (std::filesystem::temp_directory_path() / "lk-slurm").string();
+}
+
 // Points SLURM_CONF at the local Slurm and starts it (scripts/slurm-local.sh) unless it answers.
+// Nothing is taken from an earlier run: without a config there is nothing to ask, and the
+// probe's bound ends sinfo with SIGKILL if SIGTERM does not (sinfo retries a missing config for
+// 60 s).
 inline void EnsureSlurm() {
-  std::string base = Env("SLURM_BASE", "/tmp/lk-slurm");
-  if (Env("SLURM_CONF").empty()) setenv("SLURM_CONF", (base + "/slurm.conf").c_str(), 1);
+  std::string base = SlurmBase();
+  std::string conf = base + "/slurm.conf";
+  if (Env("SLURM_CONF").empty()) setenv("SLURM_CONF", conf.c_str(), 1);
   REQUIRE_MESSAGE(!Env("LK_BIN_DIR").empty(), "LK_BIN_DIR is not set (run through ctest)");
   REQUIRE_MESSAGE(Sh("command -v sbatch").exit_code == 0,
                   "Slurm is not installed: run scripts/install-deps.sh, or skip these tests "
                   "with `ctest -LE slurm`");
-  if (Sh("timeout 5 sinfo -h -p low >/dev/null 2>&1").exit_code == 0) return;
-  auto up = Sh(Env("LK_SOURCE_DIR", LK_SOURCE_DIR_BUILT) + "/scripts/slurm-local.sh up",
-               std::chrono::seconds(60));
-  REQUIRE_MESSAGE(up.exit_code == 0, "slurm-local.sh up failed:\n" << up.out << up.err);
+  if (std::filesystem::exists(Env("SLURM_CONF")) &&
+      Sh("timeout -k 2 5 sinfo -h -p low >/dev/null 2>&1").exit_code == 0) {
+    return;
+  }
+  Command up;
+  up.argv = {"bash", Env("LK_SOURCE_DIR", LK_SOURCE_DIR_BUILT) + "/scripts/slurm-local.sh", "up"};
+  up.env["SLURM_BASE"] = base;
+  up.timeout = std::chrono::seconds(90);
+  auto ran = SubprocessRunner().Run(up);
+  REQUIRE_MESSAGE(ran.ok(), "slurm-local.sh up: " << ran.status().ToString());
+  REQUIRE_MESSAGE(ran->exit_code == 0, "slurm-local.sh up failed:\n" << ran->out << ran->err);
 }
 
 }  // namespace lk::slurm::testing
