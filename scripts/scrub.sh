@@ -10,7 +10,8 @@
 #   - /tmp/lk-* and /tmp/lk_* (test scratch, RocksDB dirs, sockets, benchmark temp dirs, the old
 #     fixed Slurm base), /tmp/lightkeeper-demo.* (scripts/demo.sh), /dev/shm/lk-* (live state);
 #   - $LK_SCRATCH (default /tmp/lk-scratch): the root of one test run (TMPDIR, SLURM_BASE).
-# A path that holds this clone itself is never removed.
+# A path that holds this clone itself is never removed. Do not run it while another checkout's
+# tests run on the same machine: their scratch matches the same names.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 top=$(pwd -P)
@@ -33,7 +34,8 @@ for p in /tmp/lk-* /tmp/lk_* /tmp/lightkeeper-demo.* /dev/shm/lk-* "$scratch"; d
   [ -e "$p" ] || [ -L "$p" ] || continue
   p=$(realpath -s "$p")
   holds_clone "$p" && continue
-  rm -rf -- "$p"
+  # A file that a process still running writes into may resist; the run goes on without it.
+  rm -rf -- "$p" 2>/dev/null || echo "scrub: could not remove all of $p" >&2
   removed=$((removed + 1))
 done
 echo "scrub: removed $removed paths left by earlier runs"
