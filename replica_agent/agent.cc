@@ -170,7 +170,11 @@ int Agent::Impl::Run() {
   ioc.run();
   // The lighthouse threads may sit in a long-poll: cancelled, they return at once and are
   // joined, as are the pool's workers and any leave still on its way.
-  stopping = true;
+  {
+    // Under mu: a loop between its predicate check and its wait must not miss this.
+    std::lock_guard<std::mutex> lock(mu);
+    stopping = true;
+  }
   cv.notify_all();
   if (board) board->RingDoorbell();
   CancelLighthouseClients();

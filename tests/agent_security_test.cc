@@ -147,7 +147,8 @@ std::string Fingerprint(const pb::JobStatus& j) {
 void WaitForGroup(const std::string& lh_url, const std::string& group) {
   auto deadline = std::chrono::steady_clock::now() + 20s;
   while (std::chrono::steady_clock::now() < deadline) {
-    for (const auto& g : JobStatus(lh_url).groups()) {
+    pb::JobStatus j = JobStatus(lh_url);
+    for (const auto& g : j.groups()) {
       if (g.group_id() == group) return;
     }
     std::this_thread::sleep_for(20ms);
@@ -388,7 +389,8 @@ TEST_CASE("TLS: an agent and lkctl with the private CA work against a TLS lighth
   auto deadline = std::chrono::steady_clock::now() + 20s;
   bool joined = false;
   while (!joined && std::chrono::steady_clock::now() < deadline) {
-    for (const auto& g : JobStatus(url, pki.Ca()).groups()) joined |= g.group_id() == "g0";
+    pb::JobStatus j = JobStatus(url, pki.Ca());
+    for (const auto& g : j.groups()) joined |= g.group_id() == "g0";
     if (!joined) std::this_thread::sleep_for(20ms);
   }
   CHECK(joined);

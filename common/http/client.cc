@@ -151,7 +151,7 @@ class ClientImpl final : public Client {
       if (stream_) beast::get_lowest_layer(*stream_).socket().close(ignored);
       while (!done) {
         ioc_.restart();
-        ioc_.run();
+        ioc_.run_one();
       }
       result = asio::error::operation_aborted;
     }
