@@ -33,17 +33,18 @@ void Agent::Impl::TrainerRoute(http::Request&& req, http::Responder respond) {
   // The socket file is mode 0600, but a descriptor can be handed on (or the mode changed by
   // someone): every request's peer is checked, not only the file's.
   if (!req.credentials) {
-    return respond(http::ErrorReply(
-        Error(Code::kPermissionDenied, "no_peer_credentials: the trainer API is on the Unix socket"),
-        f));
+    return respond(
+        http::ErrorReply(Error(Code::kPermissionDenied,
+                               "no_peer_credentials: the trainer API is on the Unix socket"),
+                         f));
   }
   uint32_t uid = static_cast<uint32_t>(::geteuid());
   if (req.credentials->uid != uid) {
     LK_LOG_WARN("trainer_request_refused reason=peer_uid_mismatch peer_uid={} peer_pid={} path={}",
                 req.credentials->uid, req.credentials->pid, Q(p));
     return respond(http::ErrorReply(
-        Error(Code::kPermissionDenied,
-              "peer_uid_mismatch: uid {} may not use the agent of uid {}", req.credentials->uid, uid),
+        Error(Code::kPermissionDenied, "peer_uid_mismatch: uid {} may not use the agent of uid {}",
+              req.credentials->uid, uid),
         f));
   }
   if (p == "/healthz") return respond(http::TextReply(200, "text/plain", "ok\n"));
@@ -90,7 +91,8 @@ void Agent::Impl::PeerRoute(http::Request&& req, http::Responder respond) {
                 req.peer, Q(p), req.method);
     std::string hint = IsTrainerPath(p) ? " (the trainer API is on the agent's Unix socket)" : "";
     return respond(http::ErrorReply(
-        Error(Code::kNotFound, "not_on_this_listener: no endpoint {} {}{}", req.method, p, hint), f));
+        Error(Code::kNotFound, "not_on_this_listener: no endpoint {} {}{}", req.method, p, hint),
+        f));
   }
   if (Status st = CheckPeerToken(req); !st.ok()) {
     LK_LOG_WARN("peer_request_refused peer={} path={} error={}", req.peer, Q(p), Q(st.message()));
@@ -102,10 +104,11 @@ void Agent::Impl::PeerRoute(http::Request&& req, http::Responder respond) {
 
 void Agent::Impl::OffThread(std::function<void()> run, http::Responder respond, http::Format f) {
   auto shared = std::make_shared<http::Responder>(std::move(respond));
-  WorkerPool::Task task{std::move(run), [shared, f] {
-                          (*shared)(http::ErrorReply(
-                              Error(Code::kUnavailable, "agent_exiting: the agent is stopping"), f));
-                        }};
+  WorkerPool::Task task{
+      std::move(run), [shared, f] {
+        (*shared)(
+            http::ErrorReply(Error(Code::kUnavailable, "agent_exiting: the agent is stopping"), f));
+      }};
   if (workers->Submit(task)) return;
   LK_LOG_WARN("trainer_request_refused reason=workers_busy queue_max={}", workers->queue_max());
   (*shared)(http::ErrorReply(

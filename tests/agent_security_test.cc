@@ -61,19 +61,22 @@ struct Pki {
 
  private:
   void MakeCa(const std::string& name) {
-    Sh(fmt::format("openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj /CN=lk-test-{0} "
-                   "-keyout {1}/{0}.key -out {1}/{0}.pem",
-                   name, dir));
+    Sh(
+        fmt::format("openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj /CN=lk-test-{0} "
+                    "-keyout {1}/{0}.key -out {1}/{0}.pem",
+                    name, dir));
   }
   void Issue(const std::string& name, const std::string& ca, const std::string& san, int days) {
     WriteFile(dir + "/" + name + ".ext", san + "\n");
-    Sh(fmt::format("openssl req -newkey rsa:2048 -nodes -subj /CN={0} -keyout {1}/{0}.key "
-                   "-out {1}/{0}.csr",
-                   name, dir));
+    Sh(
+        fmt::format("openssl req -newkey rsa:2048 -nodes -subj /CN={0} -keyout {1}/{0}.key "
+                    "-out {1}/{0}.csr",
+                    name, dir));
     // -days -1 makes a certificate whose notAfter is already past: an expired one.
-    Sh(fmt::format("openssl x509 -req -in {1}/{0}.csr -CA {1}/{2}.pem -CAkey {1}/{2}.key "
-                   "-CAcreateserial -days {3} -extfile {1}/{0}.ext -out {1}/{0}.pem",
-                   name, dir, ca, days));
+    Sh(
+        fmt::format("openssl x509 -req -in {1}/{0}.csr -CA {1}/{2}.pem -CAkey {1}/{2}.key "
+                    "-CAcreateserial -days {3} -extfile {1}/{0}.ext -out {1}/{0}.pem",
+                    name, dir, ca, days));
   }
 };
 
@@ -87,10 +90,23 @@ Agent StartAgent(const std::string& dir, const std::string& lighthouse, const st
                  std::vector<std::string> extra) {
   Agent a;
   a.socket = dir + "/" + name + ".sock";
-  std::vector<std::string> argv{BinDir() + "/replica_agent", "--lighthouse", lighthouse, "--job",
-                                "t", "--group-id", name, "--socket", a.socket, "--serve",
-                                "127.0.0.1:0", "--heartbeat-interval-ms", "100",
-                                "--backoff-max-ms", "200", "--drain-timeout-ms", "2000"};
+  std::vector<std::string> argv{BinDir() + "/replica_agent",
+                                "--lighthouse",
+                                lighthouse,
+                                "--job",
+                                "t",
+                                "--group-id",
+                                name,
+                                "--socket",
+                                a.socket,
+                                "--serve",
+                                "127.0.0.1:0",
+                                "--heartbeat-interval-ms",
+                                "100",
+                                "--backoff-max-ms",
+                                "200",
+                                "--drain-timeout-ms",
+                                "2000"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   a.process = std::make_unique<Process>(argv, dir + "/agent-" + name + ".log");
   std::string line = a.process->WaitForLog("agent_listening", 10s);
@@ -133,7 +149,8 @@ pb::JobStatus JobStatus(const std::string& url, const std::string& ca = "", bool
 // What of a job must not change when a request is refused: its quorum, its members, its
 // groups' lives and states, and its durable checkpoints (heartbeat ages and steps move on).
 std::string Fingerprint(const pb::JobStatus& j) {
-  std::string out = fmt::format("quorum_id={} changes={} members=", j.quorum_id(), j.quorum_changes());
+  std::string out =
+      fmt::format("quorum_id={} changes={} members=", j.quorum_id(), j.quorum_changes());
   for (const auto& m : j.members()) out += m.group_id() + "/" + m.incarnation() + ",";
   out += " groups=";
   for (const auto& g : j.groups()) {
@@ -167,7 +184,9 @@ struct Secured {
   }
 };
 
-TEST_CASE("--serve carries no trainer API: hello, checkpoint, kv, goodbye over TCP are 404 and change nothing") {
+TEST_CASE(
+    "--serve carries no trainer API: hello, checkpoint, kv, goodbye over TCP are 404 and change "
+    "nothing") {
   Secured s("sec-serve");
   Agent a = StartAgent(s.dir, s.lh.url(), "g0", {"--token-file", s.token_file});
   WaitForGroup(s.lh.url(), "g0");
@@ -181,7 +200,8 @@ TEST_CASE("--serve carries no trainer API: hello, checkpoint, kv, goodbye over T
   };
   std::vector<Attempt> attempts{
       {"POST", "/v1/trainer/hello", hello},
-      {"POST", "/v1/trainer/checkpoint", R"({"step":4294967295,"location":"/evil","manifest_digest":"x"})"},
+      {"POST", "/v1/trainer/checkpoint",
+       R"({"step":4294967295,"location":"/evil","manifest_digest":"x"})"},
       {"PUT", "/v1/trainer/kv/1/nccl_id", "forged"},
       {"GET", "/v1/trainer/kv/1/nccl_id?timeout_ms=0", ""},
       {"POST", "/v1/trainer/poll", R"({"group_rank":0,"group_size":1,"step":0})"},
@@ -220,7 +240,8 @@ TEST_CASE("--serve carries no trainer API: hello, checkpoint, kv, goodbye over T
   CHECK(wrong.body.find("token_wrong") != std::string::npos);
 }
 
-TEST_CASE("a hello naming another pid takes the peer's real pid: the named process's exit is no crash") {
+TEST_CASE(
+    "a hello naming another pid takes the peer's real pid: the named process's exit is no crash") {
   Secured s("sec-pid");
   Agent a = StartAgent(s.dir, s.lh.url(), "g0", {"--token-file", s.token_file});
   Process bystander({"/bin/sleep", "60"}, s.dir + "/sleep.log");
@@ -346,11 +367,13 @@ ckpt::PeerRecoveryOptions Recovery(const std::string& token, const std::string& 
   return o;
 }
 
-TEST_CASE("shard reads need the job's token: none is 401, a wrong one 403, the right one is served") {
+TEST_CASE(
+    "shard reads need the job's token: none is 401, a wrong one 403, the right one is served") {
   Secured s("sec-shards");
   std::string live = s.dir + "/live";
   auto model = PublishLive(live, 5);
-  Agent a = StartAgent(s.dir, s.lh.url(), "g0", {"--token-file", s.token_file, "--serve-dir", live});
+  Agent a =
+      StartAgent(s.dir, s.lh.url(), "g0", {"--token-file", s.token_file, "--serve-dir", live});
   std::string peer = "http://" + a.serve;
   auto none = Ask(peer, "GET", "/v1/shards/checkpoints");
   CHECK(none.status == 401);
@@ -358,7 +381,8 @@ TEST_CASE("shard reads need the job's token: none is 401, a wrong one 403, the r
   CHECK(Ask(peer, "GET", "/v1/shards/checkpoints", "", "wrong").status == 403);
   // The fetcher a healing trainer uses: refused without the token, served with it.
   CHECK(ckpt::ListPeer(peer, Recovery("", "").peer).status().code() == Code::kUnauthenticated);
-  CHECK(ckpt::ListPeer(peer, Recovery("wrong", "").peer).status().code() == Code::kPermissionDenied);
+  CHECK(ckpt::ListPeer(peer, Recovery("wrong", "").peer).status().code() ==
+        Code::kPermissionDenied);
   CHECK_FALSE(ckpt::RecoverFromPeers({peer}, Recovery("wrong", "")).ok());
   auto state = ckpt::RecoverFromPeers({peer}, Recovery(kToken, ""));
   REQUIRE_MESSAGE(state.ok(), state.status().ToString());
@@ -372,7 +396,9 @@ TEST_CASE("shard reads need the job's token: none is 401, a wrong one 403, the r
   CHECK(a.process->Running());
 }
 
-TEST_CASE("TLS: an agent and lkctl with the private CA work against a TLS lighthouse; --serve over https") {
+TEST_CASE(
+    "TLS: an agent and lkctl with the private CA work against a TLS lighthouse; --serve over "
+    "https") {
   Secured plain("sec-tls");
   Pki pki(plain.dir);
   Lighthouse lh = StartLighthouse(plain.dir + "/data-tls",
@@ -382,10 +408,10 @@ TEST_CASE("TLS: an agent and lkctl with the private CA work against a TLS lighth
   std::string url = "https://" + lh.address;
   std::string live = plain.dir + "/live";
   auto model = PublishLive(live, 5);
-  Agent a = StartAgent(plain.dir, url, "g0",
-                       {"--token-file", plain.token_file, "--ca-file", pki.Ca(), "--serve-dir",
-                        live, "--tls-cert-file", pki.Cert("good"), "--tls-key-file",
-                        pki.Key("good")});
+  Agent a =
+      StartAgent(plain.dir, url, "g0",
+                 {"--token-file", plain.token_file, "--ca-file", pki.Ca(), "--serve-dir", live,
+                  "--tls-cert-file", pki.Cert("good"), "--tls-key-file", pki.Key("good")});
   auto deadline = std::chrono::steady_clock::now() + 20s;
   bool joined = false;
   while (!joined && std::chrono::steady_clock::now() < deadline) {
@@ -418,7 +444,9 @@ TEST_CASE("TLS: an agent and lkctl with the private CA work against a TLS lighth
   CHECK(untrusting.status().message().find("certificate refused") != std::string::npos);
 }
 
-TEST_CASE("TLS: another host's, an expired and an unknown CA's certificate are each refused - the agent retries, never joins") {
+TEST_CASE(
+    "TLS: another host's, an expired and an unknown CA's certificate are each refused - the agent "
+    "retries, never joins") {
   Secured plain("sec-tls-bad");
   Pki pki(plain.dir);
   struct Case {
@@ -475,7 +503,8 @@ TEST_CASE("~Session joins its notice thread: a callback in progress has finished
   // A drain reaches every trainer's notice; the agent then waits for this process to exit.
   a.process->Signal(SIGTERM);
   auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (!in_callback && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  while (!in_callback && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
   REQUIRE(in_callback.load());
   session->reset();
   CHECK_FALSE(in_callback.load());

@@ -2,14 +2,13 @@
 // identified by the kernel, a socket file nobody else can open, cancellable client requests,
 // and no process-wide SIGPIPE change.
 #include <doctest/doctest.h>
-
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
-#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -58,14 +57,16 @@ TEST_CASE("each listener has its own routes - a Unix peer comes with its kernel 
   std::string sock = dir + "/s.sock";
   REQUIRE(rs.server->Listen("127.0.0.1:0").ok());
   std::string tcp_address = rs.server->LocalAddress();
-  REQUIRE(rs.server->Listen("unix:" + sock, [](Request&& req, Responder r) {
-                       std::string creds = "none";
-                       if (req.credentials) {
-                         creds = fmt::format("pid={} uid={} gid={}", req.credentials->pid,
-                                             req.credentials->uid, req.credentials->gid);
-                       }
-                       r(TextReply(200, "text/plain", "unix " + creds));
-                     })
+  REQUIRE(rs.server
+              ->Listen("unix:" + sock,
+                       [](Request&& req, Responder r) {
+                         std::string creds = "none";
+                         if (req.credentials) {
+                           creds = fmt::format("pid={} uid={} gid={}", req.credentials->pid,
+                                               req.credentials->uid, req.credentials->gid);
+                         }
+                         r(TextReply(200, "text/plain", "unix " + creds));
+                       })
               .ok());
   rs.Start();
   // The socket file is the owner's alone from the moment it exists.
@@ -92,7 +93,8 @@ TEST_CASE("each listener has its own routes - a Unix peer comes with its kernel 
   CHECK(entries == 1);
 }
 
-TEST_CASE("a Unix socket replaces an old file at its path, and a path in a missing directory fails") {
+TEST_CASE(
+    "a Unix socket replaces an old file at its path, and a path in a missing directory fails") {
   Running rs;
   std::string dir = test::TempDir("http-replace");
   std::string sock = dir + "/s.sock";
@@ -138,7 +140,8 @@ TEST_CASE("Cancel ends a request that waits on a server that never answers") {
 }
 
 TEST_CASE("no server changes SIGPIPE's disposition, and the guard keeps an EPIPE write alive") {
-  struct sigaction dfl {}, before {};
+  struct sigaction dfl {};
+  struct sigaction before {};
   dfl.sa_handler = SIG_DFL;
   REQUIRE(::sigaction(SIGPIPE, &dfl, &before) == 0);
   {

@@ -659,9 +659,10 @@ class Listener : public std::enable_shared_from_this<Listener<Protocol>> {
         sock.close(ec);
         return;
       }
-      PeerCredentials pc{cred.pid, static_cast<uint32_t>(cred.uid), static_cast<uint32_t>(cred.gid)};
-      auto s = std::make_shared<Session<Socket>>(server_, handler_, fmt::format("unix:pid={}", cred.pid),
-                                                 pc, std::move(sock));
+      PeerCredentials pc{cred.pid, static_cast<uint32_t>(cred.uid),
+                         static_cast<uint32_t>(cred.gid)};
+      auto s = std::make_shared<Session<Socket>>(
+          server_, handler_, fmt::format("unix:pid={}", cred.pid), pc, std::move(sock));
       s->Start();
       session = s;
     }

@@ -210,7 +210,9 @@ void Session::OnNotice(std::function<void(const Notice&)> cb) {
     std::lock_guard<std::mutex> lock(notice_->mu);
     notice_->cb = std::move(cb);
   }
-  if (!notice_thread_.joinable()) notice_thread_ = std::thread([state = notice_] { NoticeLoop(state); });
+  if (!notice_thread_.joinable()) {
+    notice_thread_ = std::thread([state = notice_] { NoticeLoop(state); });
+  }
 }
 
 void Session::NoticeLoop(std::shared_ptr<NoticeState> st) {
