@@ -396,9 +396,7 @@ TEST_CASE(
   CHECK(a.process->Running());
 }
 
-TEST_CASE(
-    "TLS: an agent and lkctl with the private CA work against a TLS lighthouse; --serve over "
-    "https") {
+TEST_CASE("TLS: an agent and lkctl with the private CA work against a TLS lighthouse - so does https --serve") {
   Secured plain("sec-tls");
   Pki pki(plain.dir);
   Lighthouse lh = StartLighthouse(plain.dir + "/data-tls",
