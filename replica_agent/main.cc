@@ -47,7 +47,9 @@ int main(int argc, char** argv) {
             "HOST:PORT where peers reach this agent (/healthz, /v1/agent/status, /v1/shards)");
   flags.Add("tls-cert-file", &o.tls_cert_file, "TLS certificate chain (PEM) for --serve");
   flags.Add("tls-key-file", &o.tls_key_file, "TLS private key (PEM) for --serve");
-  flags.Add("advertise", &o.advertise, "address peers use for --serve (default: its bound address)");
+  flags.Add("advertise", &o.advertise,
+            "address peers use for --serve (default: its bound address, https://HOST:PORT with "
+            "--tls-cert-file)");
   flags.Add("serve-dir", &o.serve_dir, "directory of the trainers' live state to serve to peers");
   flags.Add("heartbeat-interval-ms", &heartbeat_interval_ms, "time between heartbeats");
   flags.Add("ask-ahead", &o.ask_ahead,
