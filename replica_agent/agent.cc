@@ -51,12 +51,45 @@ void Agent::Drain(const std::string& reason, bool checkpoint, std::function<void
 void Agent::SignalArrived() { impl_->signalled = true; }
 const std::string& Agent::incarnation() const { return impl_->options.incarnation; }
 
-std::unique_ptr<http::Client> Agent::Impl::LighthouseClient() {
-  http::ClientOptions o;
-  o.token = token;
-  auto c = http::Client::Create(options.lighthouse, o);
-  LK_CHECK(c.ok()) << c.status().ToString();  // the URL was validated at start
-  return std::move(*c);
+std::shared_ptr<http::Client> Agent::Impl::CancellableLighthouseClient() {
+  auto c = http::Client::Create(options.lighthouse, lighthouse_client_options);
+  LK_CHECK(c.ok()) << c.status().ToString();  // the URL and CA were validated at start
+  http::Client* raw = c->release();
+  std::lock_guard<std::mutex> lock(clients_mu);
+  clients.insert(raw);
+  if (clients_cancelled) raw->Cancel();
+  // The Impl outlives every thread that holds one of these (each holds the Impl too).
+  return std::shared_ptr<http::Client>(raw, [this](http::Client* p) {
+    {
+      std::lock_guard<std::mutex> lock(clients_mu);
+      clients.erase(p);
+    }
+    delete p;
+  });
+}
+
+void Agent::Impl::CancelLighthouseClients() {
+  std::lock_guard<std::mutex> lock(clients_mu);
+  clients_cancelled = true;
+  for (http::Client* c : clients) c->Cancel();
+}
+
+void Agent::Impl::Spawn(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(threads_mu);
+  threads.emplace_back(std::move(fn));
+}
+
+void Agent::Impl::JoinThreads() {
+  // A thread may still start one (a drain's leave): join until none is left.
+  while (true) {
+    std::vector<std::thread> batch;
+    {
+      std::lock_guard<std::mutex> lock(threads_mu);
+      batch.swap(threads);
+    }
+    if (batch.empty()) return;
+    for (auto& t : batch) t.join();
+  }
 }
 
 Millis Agent::Impl::Backoff(int attempt) {
@@ -71,13 +104,26 @@ Status Agent::Impl::Start() {
   if (!options.token_file.empty()) {
     LK_ASSIGN_OR_RETURN(token, ReadTokenFile(options.token_file));
   }
-  LK_RETURN_IF_ERROR(http::Client::Create(options.lighthouse).status());
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return InvalidArgument("--tls-cert-file and --tls-key-file go together");
+  }
+  if (options.workers == 0) return InvalidArgument("--workers must be at least 1");
+  lighthouse_client_options.token = token;
+  lighthouse_client_options.ca_file = options.ca_file;
+  // A bad URL or an unreadable CA file is an error now, not in a thread later.
+  LK_RETURN_IF_ERROR(http::Client::Create(options.lighthouse, lighthouse_client_options).status());
+  if (token.empty() && !options.serve.empty()) {
+    LK_LOG_WARN("agent_serve_open reason=no_token_file detail={}",
+                Q("without --token-file, --serve answers status and shard reads to anyone"));
+  }
+  workers = std::make_unique<WorkerPool>(options.workers, options.worker_queue_max);
   // Run() is the only thread on ioc, so connections need no strands.
   http::ServerOptions server_options;
   server_options.single_thread = true;
+  auto self = shared_from_this();
   socket_server = std::make_unique<http::Server>(
-      ioc, server_options, [self = shared_from_this()](http::Request&& r, http::Responder w) {
-        self->Route(std::move(r), std::move(w));
+      ioc, server_options, [self](http::Request&& r, http::Responder w) {
+        self->TrainerRoute(std::move(r), std::move(w));
       });
   LK_RETURN_IF_ERROR(socket_server->Listen("unix:" + options.socket));
   if (options.poll_board) {
@@ -95,30 +141,45 @@ Status Agent::Impl::Start() {
     shard_server = std::make_unique<ckpt::ShardServer>(so);
   }
   if (!options.serve.empty()) {
+    http::ServerOptions peer_options = server_options;
+    peer_options.tls_cert_file = options.tls_cert_file;
+    peer_options.tls_key_file = options.tls_key_file;
     peer_server = std::make_unique<http::Server>(
-        ioc, server_options,
-        [self = shared_from_this()](http::Request&& r, http::Responder w) {
-          self->Route(std::move(r), std::move(w));
+        ioc, peer_options, [self](http::Request&& r, http::Responder w) {
+          self->PeerRoute(std::move(r), std::move(w));
         });
     LK_RETURN_IF_ERROR(peer_server->Listen(options.serve));
-    if (options.advertise.empty()) options.advertise = peer_server->LocalAddress();
+    if (options.advertise.empty()) {
+      options.advertise = options.tls_cert_file.empty()
+                              ? peer_server->LocalAddress()
+                              : "https://" + peer_server->LocalAddress();
+    }
   }
-  LK_LOG_INFO("agent_listening socket={} serve={} advertise={} incarnation={}", options.socket,
-              peer_server ? peer_server->LocalAddress() : "", options.advertise,
-              options.incarnation);
-  auto self = shared_from_this();
-  threads.emplace_back([self] { self->HeartbeatLoop(); });
-  threads.emplace_back([self] { self->QuorumLoop(); });
-  threads.emplace_back([self] { self->WatchLoop(); });
-  threads.emplace_back([self] { self->CommitLoop(); });
-  if (board) threads.emplace_back([self] { self->BoardLoop(); });
+  LK_LOG_INFO("agent_listening socket={} serve={} advertise={} incarnation={} serve_tls={}",
+              options.socket, peer_server ? peer_server->LocalAddress() : "", options.advertise,
+              options.incarnation, !options.tls_cert_file.empty());
+  Spawn([self] { self->HeartbeatLoop(); });
+  Spawn([self] { self->QuorumLoop(); });
+  Spawn([self] { self->WatchLoop(); });
+  Spawn([self] { self->CommitLoop(); });
+  if (board) Spawn([self] { self->BoardLoop(); });
   return Status::Ok();
 }
 
 int Agent::Impl::Run() {
   ioc.run();
-  // The lighthouse threads may sit in a long-poll; the process ends without waiting for them.
-  for (auto& t : threads) t.detach();
+  // The lighthouse threads may sit in a long-poll: cancelled, they return at once and are
+  // joined, as are the pool's workers and any leave still on its way.
+  {
+    // Under mu: a loop between its predicate check and its wait must not miss this.
+    std::lock_guard<std::mutex> lock(mu);
+    stopping = true;
+  }
+  cv.notify_all();
+  if (board) board->RingDoorbell();
+  CancelLighthouseClients();
+  if (workers) workers->Stop();
+  JoinThreads();
   return exit_code.load() < 0 ? 0 : exit_code.load();
 }
 
@@ -407,20 +468,20 @@ void Agent::Impl::Drain(const std::string& reason, bool checkpoint,
   if (!checkpoint) {
     // Leave at once so that the other groups' quorum shrinks without a heartbeat timeout, then
     // give the trainers drain_timeout to exit.
-    std::thread([self, reason, finish] {
+    Spawn([self, reason, finish] {
       self->SendLeave(reason);
       self->WaitForTrainersThen([finish](bool) { finish(); });
-    }).detach();
+    });
     return;
   }
   // A durable save first: the group stays a member until its trainers have saved and exited.
   WaitForTrainersThen([self, reason, finish, after_leave](bool all_exited) {
     if (!all_exited) LK_LOG_WARN("checkpoint_not_confirmed reason=drain_timeout");
-    std::thread([self, reason, finish, after_leave] {
+    self->Spawn([self, reason, finish, after_leave] {
       self->SendLeave(reason);
       if (after_leave) after_leave();
       finish();
-    }).detach();
+    });
   });
 }
 
@@ -457,10 +518,15 @@ void Agent::Impl::Fail(const std::string& reason) {
   LK_LOG_WARN("group_failed reason={}", Q(reason));
   // The group is one failure domain: the surviving local trainers stop too, and the launcher
   // restarts the whole group as a new incarnation.
+  // Only processes the agent holds a pidfd for: a pid alone may by now name another process
+  // (reused), and a pidfd names exactly the process that connected.
   {
     std::lock_guard<std::mutex> lock(mu);
     for (auto& [r, t] : trainers) {
-      if (t.pid > 0) ::kill(t.pid, SIGTERM);
+      if (!t.pidfd || t.exited) continue;
+      if (::syscall(SYS_pidfd_send_signal, t.pidfd->native_handle(), SIGTERM, nullptr, 0) != 0) {
+        LK_LOG_WARN("trainer_signal_failed group_rank={} pid={} errno={}", r, t.pid, errno);
+      }
     }
   }
   Drain(reason);

@@ -2,8 +2,12 @@
 // trainers' progress, asks for the quorum at an outer-step boundary when a round is pending,
 // relays quorums, recovery plans and failure notices to its trainers over a Unix socket, and
 // turns a trainer's death or a signal into a leave with a reason at once.
+// Its two listeners carry different routes: the trainer API only on the Unix socket (mode 0600,
+// peers of the agent's own uid, identified by SO_PEERCRED), health, status and token-protected
+// shard reads only on --serve.
 // Thread-safety: all state is behind one mutex; lighthouse calls run on their own threads
-// (heartbeat, quorum, watch, commit) so that a slow or absent lighthouse never blocks trainers.
+// (heartbeat, quorum, watch, commit, a bounded pool for the trainers' KV and checkpoint calls)
+// so that a slow or absent lighthouse never blocks trainers; all are joined before Run returns.
 #pragma once
 
 #include <functional>
@@ -25,9 +29,15 @@ struct AgentOptions {
   uint32_t node_rank = 0;
   uint32_t nodes = 1;
   std::string socket;       // the trainers' Unix socket
-  std::string token_file;   // bearer token for the lighthouse
+  std::string token_file;   // the job's bearer token: for the lighthouse, and for shard reads
+  std::string ca_file;      // CA for an https lighthouse (system CAs if empty)
   std::string serve;        // HOST:PORT for peers (shards, /healthz); empty: none
-  std::string advertise;    // address peers use to reach --serve; default: from --serve
+  // TLS for --serve (PEM files, both or neither); peers then fetch over https with their CA.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // Address peers use to reach --serve; default: its bound address, as https://HOST:PORT when
+  // --serve has TLS.
+  std::string advertise;
   std::string serve_dir;    // what /v1/shards serves: the trainers' published live state
   Millis heartbeat_interval{500};
   Millis quorum_timeout{30'000};  // one long-poll; retried while the round is pending
@@ -40,6 +50,10 @@ struct AgentOptions {
   // Publish the answer to the trainers' next poll on the poll board (SOCKET.board) when
   // nothing changed, so that their poll reads it from memory instead of a socket round trip.
   bool poll_board = true;
+  // Threads and queue of the pool that runs the trainers' KV and checkpoint calls to the
+  // lighthouse (a KV GET waits for its key); a request beyond the queue gets 503.
+  uint32_t workers = 16;
+  uint32_t worker_queue_max = 256;
 };
 
 class Agent {

@@ -24,6 +24,7 @@
 #include "checkpoint/shard_server.h"
 #include "replica_agent/agent.h"
 #include "replica_agent/client/poll_board.h"
+#include "replica_agent/worker_pool.h"
 
 namespace lk::agent {
 
@@ -73,10 +74,28 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   void CommitLoop();
   void SendLeave(const std::string& reason);
   Millis Backoff(int attempt);
-  std::unique_ptr<http::Client> LighthouseClient();
+  std::shared_ptr<http::Client> LighthouseClient() { return CancellableLighthouseClient(); }
 
   // ---- trainers' socket API (agent_routes.cc) ----
-  void Route(http::Request&& req, http::Responder respond);
+  // ---- each listener's routes (agent_listeners.cc) ----
+  // The Unix socket: the trainer API, for peers of this agent's own uid only.
+  void TrainerRoute(http::Request&& req, http::Responder respond);
+  // --serve: /healthz, /v1/agent/status and /v1/shards/... (the last two need the job token
+  // when the agent has one); every other path is 404 there.
+  void PeerRoute(http::Request&& req, http::Responder respond);
+  // Why a peer request may not read (empty: it may): a missing or wrong bearer token.
+  Status CheckPeerToken(const http::Request& req) const;
+  // The pid of a socket request's process (SO_PEERCRED); 0 when the kernel gave none.
+  static int PeerPid(const http::Request& req);
+  // Runs `run` on the worker pool, or answers 503 when its queue is full.
+  void OffThread(std::function<void()> run, http::Responder respond, http::Format f);
+  // A lighthouse client that Finish can cancel (a thread in a long-poll then returns at once
+  // and can be joined).
+  std::shared_ptr<http::Client> CancellableLighthouseClient();
+  void CancelLighthouseClients();
+  // Starts a thread the agent joins when it exits.
+  void Spawn(std::function<void()> fn);
+  void JoinThreads();
   void HandleHello(const http::Request& req, http::Responder respond);
   void HandleGoodbye(const http::Request& req, http::Responder respond);
   void HandleCheckpoint(const http::Request& req, http::Responder respond);
@@ -88,7 +107,7 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   void HandleNotice(const http::Request& req, http::Responder respond);
   void HandleKv(const http::Request& req, http::Responder respond);
   void HandleStatus(const http::Request& req, http::Responder respond);
-  Status Register(uint32_t group_rank, uint32_t group_size, uint32_t pid);
+  Status Register(uint32_t group_rank, uint32_t group_size, int pid);
   void WatchPid(Trainer& t);
   // With mu held: answer every waiting poll from the current quorum.
   void AnswerPollsLocked(bool fresh_answer);
@@ -133,6 +152,9 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
 
   AgentOptions options;
   std::string token;
+  http::ClientOptions lighthouse_client_options;  // the token and the CA
+  // The rendezvous KV and checkpoint registration: bounded, beyond its queue a 503.
+  std::unique_ptr<WorkerPool> workers;
   boost::asio::io_context ioc{1};
   std::unique_ptr<http::Server> socket_server;
   std::unique_ptr<http::Server> peer_server;
@@ -165,7 +187,13 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   std::deque<pb::CommitRequest> commits;
   std::map<uint64_t, NoticeWaiter> notice_waiters;
   uint64_t next_id = 1;
+  // Every thread the agent starts; joined in Run after the io_context stopped.
+  std::mutex threads_mu;
   std::vector<std::thread> threads;
+  // The lighthouse clients in use, so that Finish can cancel their long-polls.
+  std::mutex clients_mu;
+  std::set<http::Client*> clients;
+  bool clients_cancelled = false;
   // The poll board (null with --poll-board=false) and the last answer trainers took from it
   // that the agent applied.
   std::unique_ptr<board::Board> board;

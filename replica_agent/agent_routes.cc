@@ -1,5 +1,5 @@
-// The trainers' API on the agent's Unix socket (and /healthz, /v1/agent/status on --serve):
-//   POST /v1/trainer/hello   {group_rank, group_size, pid}    register; the pid is watched
+// The trainers' API on the agent's Unix socket (the routes of each listener: agent_listeners.cc):
+//   POST /v1/trainer/hello   {group_rank, group_size}    register; the peer's pid is watched
 //   POST /v1/trainer/poll    {group_rank, group_size, step}   once per outer step
 //   POST /v1/trainer/goodbye {group_rank}                      done: its exit is not a crash
 //   POST /v1/trainer/checkpoint {step, location, manifest_digest}  register a durable one
@@ -29,34 +29,11 @@ Status DecodeAs(const http::Request& req, Msg* msg) {
 
 }  // namespace
 
-void Agent::Impl::Route(http::Request&& req, http::Responder respond) {
-  http::Format f = http::ReplyFormat(req);
-  const std::string& p = req.path;
-  if (p == "/healthz") return respond(http::TextReply(200, "text/plain", "ok\n"));
-  if (shard_server && p.rfind("/v1/shards", 0) == 0) {
-    return shard_server->Handle(std::move(req), std::move(respond));
-  }
-  if (p == "/v1/agent/status" && req.method == "GET") return HandleStatus(req, respond);
-  bool post = req.method == "POST";
-  if (p == "/v1/trainer/hello" && post) return HandleHello(req, respond);
-  if (p == "/v1/trainer/poll" && post) return HandlePoll(req, respond);
-  if (p == "/v1/trainer/goodbye" && post) return HandleGoodbye(req, respond);
-  if (p == "/v1/trainer/checkpoint" && post) return HandleCheckpoint(req, respond);
-  if (p == "/v1/trainer/phase" && post) return HandlePhase(req, respond);
-  if (p == "/v1/trainer/commit" && post) return HandleCommit(req, respond);
-  if (p == "/v1/trainer/notice" && req.method == "GET") return HandleNotice(req, respond);
-  if (p.rfind("/v1/trainer/kv/", 0) == 0 && (req.method == "GET" || req.method == "PUT")) {
-    return HandleKv(req, respond);
-  }
-  LK_LOG_WARN("trainer_request_rejected path={} method={}", Q(p), req.method);
-  respond(http::ErrorReply(Error(Code::kNotFound, "no endpoint {} {}", req.method, p), f));
-}
-
 uint32_t Agent::Impl::ExpectedLocalTrainersLocked() const {
   return std::max<uint32_t>(1, group_size / options.nodes);
 }
 
-Status Agent::Impl::Register(uint32_t group_rank, uint32_t size, uint32_t pid) {
+Status Agent::Impl::Register(uint32_t group_rank, uint32_t size, int pid) {
   if (size == 0) return InvalidArgument("group_size must be at least 1");
   if (group_rank >= size) {
     return InvalidArgument("group_rank {} is not below group_size {}", group_rank, size);
@@ -76,8 +53,9 @@ Status Agent::Impl::Register(uint32_t group_rank, uint32_t size, uint32_t pid) {
   Trainer& t = trainers[group_rank];
   t.group_rank = group_rank;
   if (board && !t.slot && next_slot < board::kMaxSlots) t.slot = next_slot++;
-  if (pid != 0 && t.pid != static_cast<int>(pid)) {
-    t.pid = static_cast<int>(pid);
+  if (pid > 0 && t.pid != pid) {
+    t.pid = pid;
+    t.pidfd.reset();
     WatchPid(t);
   }
   return Status::Ok();
@@ -118,7 +96,14 @@ void Agent::Impl::HandleHello(const http::Request& req, http::Responder respond)
   pb::TrainerHelloRequest in;
   Status st = DecodeAs(req, &in);
   std::lock_guard<std::mutex> lock(mu);
-  if (st.ok()) st = Register(in.group_rank(), in.group_size(), in.pid());
+  // The pid to watch is the connected process's, from the kernel: a pid in the body is what the
+  // caller says, and watching it would let any caller tie the group's life to another process.
+  int pid = PeerPid(req);
+  if (st.ok() && in.pid() != 0 && static_cast<int>(in.pid()) != pid) {
+    LK_LOG_WARN("trainer_pid_claim_ignored group_rank={} claimed_pid={} peer_pid={}",
+                in.group_rank(), in.pid(), pid);
+  }
+  if (st.ok()) st = Register(in.group_rank(), in.group_size(), pid);
   if (!st.ok()) return respond(http::ErrorReply(st, f));
   pb::TrainerHelloResponse out;
   out.set_incarnation(options.incarnation);
@@ -212,7 +197,7 @@ void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) 
   pb::TrainerPollRequest in;
   Status st = DecodeAs(req, &in);
   std::lock_guard<std::mutex> lock(mu);
-  if (st.ok()) st = Register(in.group_rank(), in.group_size(), in.pid());
+  if (st.ok()) st = Register(in.group_rank(), in.group_size(), PeerPid(req));
   if (!st.ok()) return respond(http::ErrorReply(st, f));
   Trainer& t = trainers[in.group_rank()];
   if (t.committed_step && in.step() < *t.committed_step) {
@@ -524,58 +509,6 @@ std::string Agent::Impl::ReportedPhaseLocked() const {
     all &= t.peer_wait || (board && t.slot && board->PeerWait(*t.slot));
   }
   return all ? lighthouse_phase_peer_wait : phase;
-}
-
-void Agent::Impl::HandleCheckpoint(const http::Request& req, http::Responder respond) {
-  http::Format f = http::ReplyFormat(req);
-  pb::CheckpointInfo in;
-  Status st = DecodeAs(req, &in);
-  if (st.ok() && in.location().empty()) st = InvalidArgument("location is missing");
-  if (!st.ok()) return respond(http::ErrorReply(st, f));
-  in.set_job(options.job);
-  in.set_group_id(options.group_id);
-  // The lighthouse call may wait on a retry; it runs off the io thread.
-  std::thread([self = shared_from_this(), in, f, respond = std::move(respond)] {
-    auto client = self->LighthouseClient();
-    pb::CheckpointInfo out;
-    Status st = client->Call("POST", "/v1/checkpoints", in, &out, Millis(10'000));
-    if (!st.ok()) return respond(http::ErrorReply(st, f));
-    LK_LOG_INFO("checkpoint_registered step={} location={}", in.step(), Q(in.location()));
-    respond(http::Reply(out, f));
-  }).detach();
-}
-
-void Agent::Impl::HandleKv(const http::Request& req, http::Responder respond) {
-  // /v1/trainer/kv/QID/KEY -> /v1/kv/JOB/QID/KEY on the lighthouse, on a thread of its own
-  // because a GET waits for the key.
-  std::string target = "/v1/kv/" + http::PercentEncode(options.job) + "/" + req.path.substr(15);
-  auto q = req.query.find("timeout_ms");
-  if (q != req.query.end()) target += "?timeout_ms=" + http::PercentEncode(q->second);
-  std::thread([self = shared_from_this(), req, target, respond = std::move(respond)] {
-    auto client = self->LighthouseClient();
-    Millis timeout(35'000);
-    auto r = client->Do(req.method, target, req.body, "application/octet-stream", timeout);
-    if (!r.ok()) return respond(http::ErrorReply(r.status(), http::Format::kJson));
-    respond(std::move(*r));
-  }).detach();
-}
-
-void Agent::Impl::HandleStatus(const http::Request& req, http::Responder respond) {
-  (void)req;
-  std::lock_guard<std::mutex> lock(mu);
-  SyncBoardLocked();
-  auto ready = board ? board->Ready() : std::nullopt;
-  std::string body = fmt::format(
-      "{{\"job\":\"{}\",\"group_id\":\"{}\",\"incarnation\":\"{}\",\"node_rank\":{},"
-      "\"quorum_id\":{},\"committed_step\":{},\"trainers\":{},\"phase\":\"{}\",\"draining\":{},"
-      "\"ahead_quorum_id\":{},\"ahead_step\":{},\"board\":{},\"board_ready_step\":{},"
-      "\"board_taken_step\":{}}}",
-      options.job, options.group_id, options.incarnation, options.node_rank,
-      quorum ? quorum->quorum_id() : 0, committed_step, trainers.size(), ReportedPhaseLocked(),
-      draining ? "true" : "false", ahead ? ahead->quorum_id() : 0, ahead ? ahead_step : 0,
-      board ? "true" : "false", ready ? static_cast<int64_t>(ready->step) : -1,
-      handed ? static_cast<int64_t>(handed->step) : -1);
-  respond(http::TextReply(200, http::kJsonType, body));
 }
 
 }  // namespace lk::agent

@@ -2,6 +2,7 @@
 // `srun --ntasks-per-node=1`). Every flag is also an LK_* environment variable.
 #include <boost/asio/signal_set.hpp>
 
+#include <atomic>
 #include <cstdio>
 #include <csignal>
 #include <thread>
@@ -37,9 +38,18 @@ int main(int argc, char** argv) {
   flags.Add("nodes", &o.nodes, "nodes in the group (default $SLURM_NNODES)");
   flags.Add("socket", &o.socket, "Unix socket for the trainers (they read LK_AGENT_SOCKET)",
             "LK_AGENT_SOCKET");
-  flags.Add("token-file", &o.token_file, "bearer token for the lighthouse");
-  flags.Add("serve", &o.serve, "HOST:PORT where peers reach this agent (shards, health)");
-  flags.Add("advertise", &o.advertise, "address peers use for --serve (default: its bound address)");
+  flags.Add("token-file", &o.token_file,
+            "the job's bearer token: sent to the lighthouse, and required of peers' shard and "
+            "status reads on --serve");
+  flags.Add("ca-file", &o.ca_file, "CA (PEM) that an https lighthouse's certificate must chain "
+            "to; its host name is checked too (default: the system's CAs)");
+  flags.Add("serve", &o.serve,
+            "HOST:PORT where peers reach this agent (/healthz, /v1/agent/status, /v1/shards)");
+  flags.Add("tls-cert-file", &o.tls_cert_file, "TLS certificate chain (PEM) for --serve");
+  flags.Add("tls-key-file", &o.tls_key_file, "TLS private key (PEM) for --serve");
+  flags.Add("advertise", &o.advertise,
+            "address peers use for --serve (default: its bound address, https://HOST:PORT with "
+            "--tls-cert-file)");
   flags.Add("serve-dir", &o.serve_dir, "directory of the trainers' live state to serve to peers");
   flags.Add("heartbeat-interval-ms", &heartbeat_interval_ms, "time between heartbeats");
   flags.Add("ask-ahead", &o.ask_ahead,
@@ -54,6 +64,10 @@ int main(int argc, char** argv) {
   flags.Add("signal-before-s", &signal_before_s,
             "Slurm: seconds before the time limit that the warning signal comes (--signal=B:USR2@S)");
   flags.Add("requeue", &requeue, "Slurm: requeue the job after a preemption or time-limit leave");
+  flags.Add("workers", &o.workers,
+            "threads for the trainers' KV and checkpoint calls to the lighthouse");
+  flags.Add("worker-queue-max", &o.worker_queue_max,
+            "such calls queued beyond the busy workers; more get 503");
   flags.Add("log-level", &log_level, "debug, info, warn or error");
   Status st = flags.Parse(argc, argv);
   if (flags.help_requested()) {
@@ -125,10 +139,12 @@ int main(int argc, char** argv) {
       LK_LOG_WARN("slurm_env_unparsable error={}", Q(env.status().ToString()));
     }
   }
-  std::thread([&agent, set, slurm_env, signal_before_s, requeue] {
+  std::atomic<bool> exiting{false};
+  std::thread signals([&agent, &exiting, set, slurm_env, signal_before_s, requeue] {
     int sig = 0;
     bool leaving = false;
     while (sigwait(&set, &sig) == 0) {
+      if (exiting) return;  // woken by main to be joined
       if (leaving) {
         // Slurm sends SIGTERM right after a requeue, and may repeat the warning: one leave.
         LK_LOG_INFO("signal_ignored signal={} reason=already_leaving", sig);
@@ -164,8 +180,12 @@ int main(int argc, char** argv) {
       }
       agent.Drain(reason, checkpoint, after_leave);
     }
-  }).detach();
+  });
   int code = agent.Run();
+  // The signal thread waits in sigwait: a signal of its set sent to it alone wakes it to exit.
+  exiting = true;
+  pthread_kill(signals.native_handle(), SIGTERM);
+  signals.join();
   std::fflush(stderr);
   return code;
 }

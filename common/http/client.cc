@@ -2,6 +2,9 @@
 
 #include <sys/socket.h>
 
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -11,9 +14,12 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 
+#include "common/flags.h"
 #include "common/http/codec.h"
 #include "common/proto/lightkeeper.pb.h"
 
@@ -72,11 +78,13 @@ class ClientImpl final : public Client {
                       std::string_view extra_name, std::string_view extra_value) override {
     auto deadline = std::chrono::steady_clock::now() + timeout;
     for (int attempt = 0; attempt < 2; ++attempt) {
+      if (cancelled_) return Cancelled();
       bool fresh = !stream_.has_value();
       if (fresh) LK_RETURN_IF_ERROR(Connect(deadline));
       auto r = RoundTrip(method, target, body, content_type, extra_name, extra_value, deadline);
       if (r.ok()) return r;
       Close();
+      if (cancelled_) return Cancelled();
       // A reused keep-alive connection may have been closed by the server while idle: retry
       // once on a fresh one. A fresh connection that fails, or a deadline, is final.
       if (fresh || r.status().code() == Code::kDeadlineExceeded) return r;
@@ -90,17 +98,26 @@ class ClientImpl final : public Client {
                            const std::function<void(uint64_t)>& landed) override {
     auto deadline = std::chrono::steady_clock::now() + timeout;
     for (int attempt = 0; attempt < 2; ++attempt) {
+      if (cancelled_) return Cancelled();
       bool fresh = !stream_.has_value();
       if (fresh) LK_RETURN_IF_ERROR(Connect(deadline));
       auto r = RoundTripInto(target, dst, capacity, body_bytes, extra_name, extra_value, landed,
                              deadline);
       if (r.ok()) return r;
       Close();
+      if (cancelled_) return Cancelled();
       // As in Do, a reused keep-alive connection the server closed while idle gets one retry;
       // an answer that was wrong (kDataLoss) would be just as wrong again.
       if (fresh || r.status().code() != Code::kUnavailable) return r;
     }
     return Error(Code::kUnavailable, "request to {} failed", url_);
+  }
+
+  void Cancel() override {
+    // Set before the stop: Run checks it after restarting the io_context, so a stop that the
+    // restart undid is still seen.
+    cancelled_ = true;
+    ioc_.stop();
   }
 
   void Close() override {
@@ -118,6 +135,7 @@ class ClientImpl final : public Client {
   // (set by the caller) turns a stalled peer into beast::error::timeout.
   template <class Start>
   beast::error_code Run(Start start) {
+    if (cancelled_) return asio::error::operation_aborted;
     beast::error_code result;
     bool done = false;
     start([&](beast::error_code ec, auto&&...) {
@@ -125,9 +143,44 @@ class ClientImpl final : public Client {
       done = true;
     });
     ioc_.restart();
-    ioc_.run();
-    if (!done) result = asio::error::operation_aborted;
+    if (!cancelled_) ioc_.run();
+    if (!done) {
+      // Cancelled: the operation still refers to this frame. Closing the socket makes it
+      // complete (aborted), and it must have before the frame goes.
+      beast::error_code ignored;
+      if (stream_) beast::get_lowest_layer(*stream_).socket().close(ignored);
+      while (!done) {
+        ioc_.restart();
+        ioc_.run_one();
+      }
+      result = asio::error::operation_aborted;
+    }
     return result;
+  }
+
+  Status Cancelled() const { return Error(Code::kAborted, "request to {} cancelled", url_); }
+
+  // Host-name (or IP SAN) verification and SNI for one connection. A chain that verifies says
+  // only that some holder of a certificate from the CA answers; the name says it is this host.
+  Status SetPeerName(SSL* ssl) {
+    if (!options_.tls_verify) return Status::Ok();
+    X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
+    X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+    beast::error_code ec;
+    asio::ip::make_address(host_, ec);
+    if (!ec) {
+      // An IP address is matched against the certificate's IP SANs and is not sent as SNI
+      // (RFC 6066 allows host names only).
+      if (X509_VERIFY_PARAM_set1_ip_asc(param, host_.c_str()) != 1) {
+        return Error(Code::kInvalidArgument, "TLS: bad IP address {}", host_);
+      }
+      return Status::Ok();
+    }
+    if (X509_VERIFY_PARAM_set1_host(param, host_.c_str(), host_.size()) != 1 ||
+        SSL_set_tlsext_host_name(ssl, host_.c_str()) != 1) {
+      return Error(Code::kInvalidArgument, "TLS: bad host name {}", host_);
+    }
+    return Status::Ok();
   }
 
   Status Connect(std::chrono::steady_clock::time_point deadline) {
@@ -137,7 +190,7 @@ class ClientImpl final : public Client {
       auto ec = Run([&](auto h) { stream_->async_connect(unix_proto::endpoint(unix_path_), h); });
       if (ec) {
         stream_.reset();
-        return FromEc(ec, "connect", url_);
+        return cancelled_ ? Cancelled() : FromEc(ec, "connect", url_);
       }
     } else {
       tcp::resolver resolver(ioc_);
@@ -146,9 +199,9 @@ class ClientImpl final : public Client {
       if (ec) return Error(Code::kUnavailable, "resolve {}: {}", url_, ec.message());
       if constexpr (std::is_same_v<Stream, TlsStream>) {
         stream_.emplace(ioc_, *ssl_);
-        if (!SSL_set_tlsext_host_name(stream_->native_handle(), host_.c_str())) {
+        if (Status st = SetPeerName(stream_->native_handle()); !st.ok()) {
           stream_.reset();
-          return Error(Code::kUnavailable, "TLS SNI for {} failed", url_);
+          return st;
         }
       } else {
         stream_.emplace(ioc_);
@@ -158,13 +211,23 @@ class ClientImpl final : public Client {
       ec = Run([&](auto h) { low.async_connect(results, h); });
       if (ec) {
         stream_.reset();
-        return FromEc(ec, "connect", url_);
+        return cancelled_ ? Cancelled() : FromEc(ec, "connect", url_);
       }
       low.socket().set_option(tcp::no_delay(true), ec);
       if constexpr (std::is_same_v<Stream, TlsStream>) {
         ec = Run([&](auto h) { stream_->async_handshake(asio::ssl::stream_base::client, h); });
         if (ec) {
+          // Say why the certificate was refused (wrong host, expired, unknown CA), not only
+          // that the handshake failed.
+          long verify = SSL_get_verify_result(stream_->native_handle());
           stream_.reset();
+          if (cancelled_) return Cancelled();
+          if (verify != X509_V_OK) {
+            return Error(Code::kUnavailable,
+                         "TLS handshake with {}: server certificate refused: {} (CA {})", url_,
+                         X509_verify_cert_error_string(verify),
+                         options_.ca_file.empty() ? "the system's" : options_.ca_file);
+          }
           return FromEc(ec, "TLS handshake", url_);
         }
       }
@@ -336,6 +399,7 @@ class ClientImpl final : public Client {
   std::optional<Stream> stream_;
   beast::flat_buffer buffer_;
   int rcvlowat_ = 1;  // SO_RCVLOWAT of the open connection (WakeAfter)
+  std::atomic<bool> cancelled_{false};
 };
 
 }  // namespace
@@ -375,6 +439,16 @@ Result<std::unique_ptr<Client>> Client::Create(const std::string& url, ClientOpt
   }
   return std::unique_ptr<Client>(
       std::make_unique<ClientImpl<beast::tcp_stream>>(url, std::move(options), host, port, ""));
+}
+
+Status ClientOptionsFromEnv(ClientOptions* options) {
+  const char* ca = std::getenv("LK_CA_FILE");
+  if (options->ca_file.empty() && ca != nullptr && *ca != '\0') options->ca_file = ca;
+  const char* token_file = std::getenv("LK_TOKEN_FILE");
+  if (options->token.empty() && token_file != nullptr && *token_file != '\0') {
+    LK_ASSIGN_OR_RETURN(options->token, ReadTokenFile(token_file));
+  }
+  return Status::Ok();
 }
 
 Status StatusFromResponse(const Response& r) {

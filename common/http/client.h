@@ -1,7 +1,9 @@
 // A blocking HTTP/1.1 client with keep-alive and a deadline on every request, for agents,
 // trainers, lkctl and tests. URLs: "http://HOST:PORT", "https://HOST:PORT", "unix:/path".
-// A broken connection is reopened once on the next request. Nagle is off.
-// Thread-safety: one Client per thread; it is not safe to share.
+// A broken connection is reopened once on the next request. Nagle is off. Over https the server's
+// certificate must chain to the CA (ca_file, else the system's) and name the URL's host (a DNS
+// name, or an IP address in its IP SANs); the host name also goes out as SNI.
+// Thread-safety: one Client per thread; it is not safe to share, except Cancel.
 #pragma once
 
 #include <google/protobuf/message.h>
@@ -20,8 +22,13 @@ namespace lk::http {
 struct ClientOptions {
   std::string token;     // sent as "Authorization: Bearer TOKEN" when not empty
   std::string ca_file;   // for https: the CA to verify the server against (system CAs if empty)
-  bool tls_verify = true;
+  bool tls_verify = true;  // chain and host name; false only for tests of the refusal itself
 };
+
+// Fills `options` from the environment a trainer or a CLI gets: LK_CA_FILE (the CA for https)
+// and LK_TOKEN_FILE (the job's bearer token, read from that file), each only where set and the
+// field is still empty. An unreadable token file is an error, not a silent anonymous client.
+Status ClientOptionsFromEnv(ClientOptions* options);
 
 class Client {
  public:
@@ -51,6 +58,9 @@ class Client {
                                    std::string_view extra_header_value = "",
                                    const std::function<void(uint64_t)>& landed = nullptr) = 0;
   virtual void Close() = 0;
+  // Safe from any thread: the request in progress (and every later one) ends at once with
+  // kAborted, so that an owner can stop a thread that waits in a long-poll and join it.
+  virtual void Cancel() = 0;
   const std::string& url() const { return url_; }
 
   // Sends `req` as binary protobuf and parses the answer into `resp`. A non-2xx answer becomes a

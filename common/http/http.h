@@ -14,6 +14,14 @@
 
 namespace lk::http {
 
+// Who is at the other end of a Unix-socket connection, as the kernel recorded it at connect
+// (SO_PEERCRED): the peer cannot choose these, unlike anything in a request body.
+struct PeerCredentials {
+  int pid = 0;
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+};
+
 struct Request {
   std::string method;  // "GET", "POST", "PUT", ...
   std::string path;    // the target without its query string, percent-decoded
@@ -24,6 +32,8 @@ struct Request {
   std::string range;  // the Range header, for shard transfers
   std::string body;
   std::string peer;  // remote address, for logs
+  // Set on Unix-socket connections only.
+  std::optional<PeerCredentials> credentials;
   // Set by the server when it can send a file-backed body (FileBody) with sendfile(2): plain TCP
   // and Unix sockets, not TLS. A handler that serves files offers one only then.
   bool file_body_ok = false;

@@ -1,5 +1,6 @@
 #include "common/http/server.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -11,8 +12,6 @@
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/status.hpp>
-#include <signal.h>
-#include <sys/stat.h>
 #include <sys/sendfile.h>
 #include <unistd.h>
 
@@ -24,11 +23,13 @@
 #include <charconv>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <list>
 #include <mutex>
 
 #include "common/http/codec.h"
 #include "common/log.h"
+#include "common/sigpipe.h"
 
 namespace lk::http {
 namespace {
@@ -246,8 +247,13 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   static constexpr bool kTls = IsTls<Stream>::value;
 
   template <class... Args>
-  Session(std::shared_ptr<Server::Impl> server, std::string peer, Args&&... stream_args)
-      : server_(std::move(server)), stream_(std::forward<Args>(stream_args)...), peer_(std::move(peer)) {
+  Session(std::shared_ptr<Server::Impl> server, std::shared_ptr<const Handler> handler,
+          std::string peer, std::optional<PeerCredentials> credentials, Args&&... stream_args)
+      : server_(std::move(server)),
+        handler_(std::move(handler)),
+        stream_(std::forward<Args>(stream_args)...),
+        peer_(std::move(peer)),
+        credentials_(credentials) {
     ++server_->connections;
   }
   ~Session() override { --server_->connections; }
@@ -402,6 +408,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     req.range = std::string(h.range);
     req.body = std::string(data.substr(head_bytes_, h.content_length));
     req.peer = peer_;
+    req.credentials = credentials_;
     req.file_body_ok = !kTls;
     version_ = h.version;
     keep_alive_ = h.keep_alive;
@@ -422,7 +429,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
       asio::dispatch(self->stream_.get_executor(),
                      [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
     };
-    server_->handler(std::move(req), std::move(respond));
+    (*handler_)(std::move(req), std::move(respond));
   }
 
   // An answer to a request that could not be parsed; the connection closes after it.
@@ -518,6 +525,9 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     if constexpr (!kTls) {
       auto& sock = Lowest();
       const FileBody& f = *out_.body_file;
+      // sendfile(2) has no MSG_NOSIGNAL: a client gone in the middle of a body would raise
+      // SIGPIPE, whose default kills the process (possibly a user's trainer).
+      ScopedSigpipeBlock no_sigpipe;
       while (file_sent_ < f.length) {
         off_t off = static_cast<off_t>(f.offset + file_sent_);
         ssize_t n = ::sendfile(sock.native_handle(), f.fd, &off,
@@ -552,8 +562,10 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   }
 
   std::shared_ptr<Server::Impl> server_;
+  std::shared_ptr<const Handler> handler_;  // this connection's listener's routes
   Stream stream_;
   std::string peer_;
+  std::optional<PeerCredentials> credentials_;
   // Received bytes live in buf_[begin_, end_); the head being parsed starts at begin_.
   std::vector<char> buf_;
   size_t begin_ = 0, end_ = 0;
@@ -575,8 +587,9 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 template <class Protocol>
 class Listener : public std::enable_shared_from_this<Listener<Protocol>> {
  public:
-  Listener(std::shared_ptr<Server::Impl> server, typename Protocol::acceptor acceptor)
-      : server_(std::move(server)), acceptor_(std::move(acceptor)) {}
+  Listener(std::shared_ptr<Server::Impl> server, std::shared_ptr<const Handler> handler,
+           typename Protocol::acceptor acceptor)
+      : server_(std::move(server)), handler_(std::move(handler)), acceptor_(std::move(acceptor)) {}
 
   void Accept() {
     // One strand per connection when several threads run the io_context; with one thread the
@@ -624,17 +637,32 @@ class Listener : public std::enable_shared_from_this<Listener<Protocol>> {
       auto ep = sock.remote_endpoint(ec);
       std::string peer = ec ? "?" : fmt::format("{}:{}", ep.address().to_string(), ep.port());
       if (server_->ssl) {
-        auto s = std::make_shared<Session<asio::ssl::stream<Socket>>>(server_, peer, std::move(sock),
-                                                                      *server_->ssl);
+        auto s = std::make_shared<Session<asio::ssl::stream<Socket>>>(
+            server_, handler_, peer, std::nullopt, std::move(sock), *server_->ssl);
         s->Start();
         session = s;
       } else {
-        auto s = std::make_shared<Session<Socket>>(server_, peer, std::move(sock));
+        auto s = std::make_shared<Session<Socket>>(server_, handler_, peer, std::nullopt,
+                                                   std::move(sock));
         s->Start();
         session = s;
       }
     } else {
-      auto s = std::make_shared<Session<Socket>>(server_, "unix", std::move(sock));
+      // The kernel's record of who connected; a connection without one is refused rather than
+      // served as nobody in particular.
+      ucred cred{};
+      socklen_t len = sizeof cred;
+      if (::getsockopt(sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+        LK_LOG_WARN("http_connection_refused reason=no_peer_credentials error={}",
+                    Q(std::strerror(errno)));
+        ErrorCode ec;
+        sock.close(ec);
+        return;
+      }
+      PeerCredentials pc{cred.pid, static_cast<uint32_t>(cred.uid),
+                         static_cast<uint32_t>(cred.gid)};
+      auto s = std::make_shared<Session<Socket>>(
+          server_, handler_, fmt::format("unix:pid={}", cred.pid), pc, std::move(sock));
       s->Start();
       session = s;
     }
@@ -642,8 +670,41 @@ class Listener : public std::enable_shared_from_this<Listener<Protocol>> {
   }
 
   std::shared_ptr<Server::Impl> server_;
+  std::shared_ptr<const Handler> handler_;
   typename Protocol::acceptor acceptor_;
 };
+
+// Binds a Unix socket at `path` that nobody but this user can connect to at any moment: bound
+// in a fresh directory of mode 0700, made 0600, listening, and only then renamed into place
+// (which also replaces an old socket file atomically). Binding at the path itself would leave
+// the file at the umask's mode until a chmod, and changing the umask affects every thread.
+Status BindPrivateUnix(const std::string& path, unix_proto::acceptor* acc) {
+  std::filesystem::path target(path);
+  std::string parent = target.parent_path().empty() ? "." : target.parent_path().string();
+  std::string dir = parent + "/.lk-sock-XXXXXX";
+  if (::mkdtemp(dir.data()) == nullptr) {
+    return Error(Code::kUnavailable, "listen on unix:{}: mkdtemp in {}: {}", path, parent,
+                 std::strerror(errno));
+  }
+  std::string tmp = dir + "/s";
+  ErrorCode ec;
+  acc->open(unix_proto(), ec);
+  if (!ec) acc->bind(unix_proto::endpoint(tmp), ec);
+  std::string why = ec ? ec.message() : "";
+  if (!ec && ::chmod(tmp.c_str(), 0600) != 0) why = fmt::format("chmod: {}", std::strerror(errno));
+  if (why.empty()) acc->listen(asio::socket_base::max_listen_connections, ec);
+  if (why.empty() && ec) why = ec.message();
+  if (why.empty() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    why = fmt::format("rename into place: {}", std::strerror(errno));
+  }
+  ::unlink(tmp.c_str());  // gone already after a rename
+  ::rmdir(dir.c_str());
+  if (!why.empty()) {
+    acc->close(ec);
+    return Error(Code::kUnavailable, "listen on unix:{}: {}", path, why);
+  }
+  return Status::Ok();
+}
 
 Status SplitHostPort(const std::string& address, std::string* host, uint16_t* port) {
   auto colon = address.rfind(':');
@@ -665,27 +726,21 @@ Status SplitHostPort(const std::string& address, std::string* host, uint16_t* po
 }  // namespace
 
 Server::Server(asio::io_context& ioc, ServerOptions options, Handler handler)
-    : impl_(std::make_shared<Impl>(ioc, std::move(options), std::move(handler))) {
-  // sendfile(2) has no MSG_NOSIGNAL: a client that goes away in the middle of a file body would
-  // raise SIGPIPE and kill the whole process. Ignored unless the program installed a handler.
-  struct sigaction old {};
-  if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
-}
+    : impl_(std::make_shared<Impl>(ioc, std::move(options), std::move(handler))) {}
 
 Server::~Server() { Stop(); }
 
-Status Server::Listen(const std::string& address) {
+Status Server::Listen(const std::string& address) { return Listen(address, impl_->handler); }
+
+Status Server::Listen(const std::string& address, Handler handler) {
+  auto routes = std::make_shared<const Handler>(std::move(handler));
   ErrorCode ec;
   if (address.rfind("unix:", 0) == 0) {
     std::string path = address.substr(5);
     if (path.empty()) return InvalidArgument("unix address needs a path");
-    ::unlink(path.c_str());
     unix_proto::acceptor acc(impl_->ioc);
-    acc.open(unix_proto(), ec);
-    if (!ec) acc.bind(unix_proto::endpoint(path), ec);
-    if (!ec) acc.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) return Error(Code::kUnavailable, "listen on {}: {}", address, ec.message());
-    auto l = std::make_shared<Listener<unix_proto>>(impl_, std::move(acc));
+    LK_RETURN_IF_ERROR(BindPrivateUnix(path, &acc));
+    auto l = std::make_shared<Listener<unix_proto>>(impl_, routes, std::move(acc));
     l->Accept();
     // The socket file goes with the server, or every life of an agent (one per Slurm job) leaves
     // one behind; only if it is still this server's: a later server may have bound the path.
@@ -726,7 +781,7 @@ Status Server::Listen(const std::string& address) {
   auto bound = acc.local_endpoint(ec);
   std::string bound_text = addr.is_v6() ? fmt::format("[{}]:{}", host, bound.port())
                                         : fmt::format("{}:{}", host, bound.port());
-  auto l = std::make_shared<Listener<tcp>>(impl_, std::move(acc));
+  auto l = std::make_shared<Listener<tcp>>(impl_, routes, std::move(acc));
   l->Accept();
   impl_->closers.push_back([l] { l->Close(); });
   if (impl_->local_address.empty()) impl_->local_address = bound_text;

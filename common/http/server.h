@@ -45,8 +45,13 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   // Listens on "HOST:PORT" (port 0 picks a free one) or "unix:/path" (an existing socket file is
-  // replaced). May be called several times for several listeners.
+  // replaced). May be called several times for several listeners. A Unix socket file is made
+  // mode 0600 before anyone can connect (it is bound in a private directory, then renamed into
+  // place), and its requests carry the peer's credentials.
   Status Listen(const std::string& address);
+  // The same with a handler of this listener's own: each listener carries only its own routes
+  // (the agent's trainer API on its Unix socket, shard reads on its TCP port).
+  Status Listen(const std::string& address, Handler handler);
   // The bound address of the first listener, "HOST:PORT" or "unix:/path".
   std::string LocalAddress() const;
   // Closes the listeners and every idle connection; connections with a request in flight close

@@ -42,6 +42,9 @@ class CheckpointStateIo final : public StateIo {
     o.layout = Layout();
     o.step = step;
     o.peer.request_timeout = Millis(10'000);
+    // The peers' agents ask for the job's token (LK_TOKEN_FILE) and, over https, verify
+    // against LK_CA_FILE.
+    LK_RETURN_IF_ERROR(http::ClientOptionsFromEnv(&o.peer.client));
     OuterState out;
     o.fetch.into = Into(&out);
     LK_ASSIGN_OR_RETURN(ckpt::RestoredState s, ckpt::RecoverFromPeers(urls, o));

@@ -52,8 +52,20 @@ Result<std::unique_ptr<Session>> Session::FromEnv(uint32_t group_rank, uint32_t 
 }
 
 Session::~Session() {
-  notice_->stop = true;
+  {
+    std::lock_guard<std::mutex> lock(notice_->mu);
+    notice_->stop = true;
+    if (notice_->client != nullptr) notice_->client->Cancel();  // it may sit in a long-poll
+  }
   notice_->cv.notify_all();
+  if (!notice_thread_.joinable()) return;
+  if (notice_thread_.get_id() == std::this_thread::get_id()) {
+    // Destroyed from its own callback (which the header forbids): the thread cannot join
+    // itself. It owns the state it shares, and returns as soon as the callback does.
+    notice_thread_.detach();
+    return;
+  }
+  notice_thread_.join();
 }
 
 void Session::Watch(uint32_t quorum_id) {
@@ -198,15 +210,26 @@ void Session::OnNotice(std::function<void(const Notice&)> cb) {
     std::lock_guard<std::mutex> lock(notice_->mu);
     notice_->cb = std::move(cb);
   }
-  if (!notice_started_) {
-    notice_started_ = true;
-    std::thread([state = notice_] { NoticeLoop(state); }).detach();
+  if (!notice_thread_.joinable()) {
+    notice_thread_ = std::thread([state = notice_] { NoticeLoop(state); });
   }
 }
 
 void Session::NoticeLoop(std::shared_ptr<NoticeState> st) {
   auto client = http::Client::Create("unix:" + st->socket);
   if (!client.ok()) return;
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    if (st->stop) return;
+    st->client = client->get();
+  }
+  struct Unregister {
+    NoticeState* st;
+    ~Unregister() {
+      std::lock_guard<std::mutex> lock(st->mu);
+      st->client = nullptr;
+    }
+  } unregister{st.get()};
   auto deliver = [&](const Notice& n) {
     std::function<void(const Notice&)> cb;
     {

@@ -3,7 +3,9 @@
 // the rendezvous KV to build communicators, and register a notice callback that aborts
 // collectives when the quorum loses a member.
 // Thread-safety: Poll, Commit and the KV calls from one thread at a time; the notice callback
-// runs on the session's own thread.
+// runs on the session's own thread, which ~Session stops and joins: once the destructor
+// returns the callback is not running and never runs again. The library never changes a
+// process-wide signal disposition.
 #pragma once
 
 #include <atomic>
@@ -57,6 +59,8 @@ class Session {
                                                   uint32_t group_rank, uint32_t group_size);
   // Socket from LK_AGENT_SOCKET.
   static Result<std::unique_ptr<Session>> FromEnv(uint32_t group_rank, uint32_t group_size);
+  // Cancels the notice thread's long-poll and joins it (waiting for a callback in progress).
+  // Do not destroy a Session from its own notice callback.
   ~Session();
 
   // Blocks until the agent answers for this outer step (at once when nothing changed).
@@ -82,9 +86,7 @@ class Session {
   uint32_t group_size() const { return group_size_; }
 
  private:
-  // What the notice thread shares with the Session. The thread may sit in a long-poll to the
-  // agent after the Session is gone, so it owns this state jointly instead of pointing into
-  // the Session.
+  // What the notice thread shares with the Session.
   struct NoticeState {
     std::string socket;
     std::mutex mu;
@@ -92,6 +94,7 @@ class Session {
     uint32_t watched_quorum_id = 0;
     std::function<void(const Notice&)> cb;
     std::atomic<bool> stop{false};
+    http::Client* client = nullptr;  // the thread's own, while it has one: ~Session cancels it
   };
 
   Session(std::string socket, uint32_t group_rank, uint32_t group_size);
@@ -109,7 +112,7 @@ class Session {
   std::string incarnation_;              // the agent's group life at hello
   std::optional<uint32_t> committed_;    // the last step this trainer committed
   std::shared_ptr<NoticeState> notice_;
-  bool notice_started_ = false;
+  std::thread notice_thread_;
 };
 
 // The agent's rendezvous KV over one of its socket connections (Session and SessionKvStore

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/sigpipe.h"
 #include "replica_agent/comm/backends.h"
 #include "replica_agent/comm/reduce.h"
 
@@ -73,15 +74,6 @@ Result<std::vector<char>> FindAddress(const std::string& value, uint32_t for_ran
     pos += header[1];
   }
   return Error(Code::kDataLoss, "no address for rank {} in the rendezvous value", for_rank);
-}
-
-// Trainers must not die of SIGPIPE when a peer resets a connection that Gloo then writes to;
-// a handler the application installed itself is left alone.
-void IgnoreSigpipeUnlessHandled() {
-  struct sigaction old {};
-  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
-    signal(SIGPIPE, SIG_IGN);
-  }
 }
 
 class GlooCommManager final : public CommManager {
@@ -233,6 +225,7 @@ Status GlooCommManager::Reconfigure(uint32_t quorum_id, uint32_t replica_rank,
   if (world_size == 0 || replica_rank >= world_size) {
     return InvalidArgument("replica_rank {} out of world_size {}", replica_rank, world_size);
   }
+  ScopedSigpipeBlock no_sigpipe;  // Gloo writes on this thread (and on the monitor it starts)
   auto start = SteadyClock::now();
   std::shared_ptr<GlooContext> old;
   {
@@ -340,6 +333,7 @@ void GlooCommManager::StopMonitor() {
 }
 
 Status GlooCommManager::AllReduce(void* data, size_t count, DType dtype, ReduceOp op) {
+  ScopedSigpipeBlock no_sigpipe;  // Gloo writes on this thread
   std::shared_ptr<GlooContext> ctx;
   size_t rank = 0;
   size_t world = 0;
@@ -548,7 +542,9 @@ Status GlooCommManager::Ring(GlooContext& ctx, void* user, float* acc, size_t co
 
 Result<std::unique_ptr<CommManager>> CreateGlooCommManager(RendezvousStore* store,
                                                            CommOptions options) {
-  IgnoreSigpipeUnlessHandled();
+  // Gloo writes with writev(2), which raises SIGPIPE when a peer reset the connection: its
+  // device loop thread, started here, inherits a mask with SIGPIPE blocked (see sigpipe.h).
+  ScopedSigpipeBlock no_sigpipe;
   std::shared_ptr<gloo::transport::Device> device;
   try {
     gloo::transport::tcp::attr attr;

@@ -1,0 +1,177 @@
+// Each of the agent's listeners carries its own routes. The Unix socket carries the trainer API
+// (agent_routes.cc) and answers only processes of the agent's own uid, identified by the kernel
+// (SO_PEERCRED), never by what a request says. --serve, reachable from other sites, carries
+// only what peers need: /healthz, /v1/agent/status and the shard reads of a heal, the last two
+// with the job's bearer token. Refusals say why in a stable word at the start of the reason
+// (peer_uid_mismatch, no_peer_credentials, not_on_this_listener, token_missing, token_wrong,
+// workers_busy) until the wire has a reason-code enum.
+//   GET  /healthz                 both listeners, no token: "ok"
+//   GET  /v1/agent/status         both listeners; on --serve with the token
+//   GET  /v1/shards/...           --serve only, with the token (checkpoint/shard_server.h)
+//   POST /v1/trainer/checkpoint   socket: register a durable checkpoint at the lighthouse
+//   PUT/GET /v1/trainer/kv/QUORUM_ID/KEY   socket: the lighthouse rendezvous KV
+#include <unistd.h>
+
+#include "common/http/auth.h"
+#include "replica_agent/agent_impl.h"
+
+namespace lk::agent {
+
+namespace {
+
+bool IsTrainerPath(const std::string& p) { return p.rfind("/v1/trainer/", 0) == 0; }
+
+}  // namespace
+
+int Agent::Impl::PeerPid(const http::Request& req) {
+  return req.credentials ? req.credentials->pid : 0;
+}
+
+void Agent::Impl::TrainerRoute(http::Request&& req, http::Responder respond) {
+  http::Format f = http::ReplyFormat(req);
+  const std::string& p = req.path;
+  // The socket file is mode 0600, but a descriptor can be handed on (or the mode changed by
+  // someone): every request's peer is checked, not only the file's.
+  if (!req.credentials) {
+    return respond(
+        http::ErrorReply(Error(Code::kPermissionDenied,
+                               "no_peer_credentials: the trainer API is on the Unix socket"),
+                         f));
+  }
+  uint32_t uid = static_cast<uint32_t>(::geteuid());
+  if (req.credentials->uid != uid) {
+    LK_LOG_WARN("trainer_request_refused reason=peer_uid_mismatch peer_uid={} peer_pid={} path={}",
+                req.credentials->uid, req.credentials->pid, Q(p));
+    return respond(http::ErrorReply(
+        Error(Code::kPermissionDenied, "peer_uid_mismatch: uid {} may not use the agent of uid {}",
+              req.credentials->uid, uid),
+        f));
+  }
+  if (p == "/healthz") return respond(http::TextReply(200, "text/plain", "ok\n"));
+  if (p == "/v1/agent/status" && req.method == "GET") return HandleStatus(req, respond);
+  bool post = req.method == "POST";
+  if (p == "/v1/trainer/hello" && post) return HandleHello(req, respond);
+  if (p == "/v1/trainer/poll" && post) return HandlePoll(req, respond);
+  if (p == "/v1/trainer/goodbye" && post) return HandleGoodbye(req, respond);
+  if (p == "/v1/trainer/checkpoint" && post) return HandleCheckpoint(req, respond);
+  if (p == "/v1/trainer/phase" && post) return HandlePhase(req, respond);
+  if (p == "/v1/trainer/commit" && post) return HandleCommit(req, respond);
+  if (p == "/v1/trainer/notice" && req.method == "GET") return HandleNotice(req, respond);
+  if (p.rfind("/v1/trainer/kv/", 0) == 0 && (req.method == "GET" || req.method == "PUT")) {
+    return HandleKv(req, respond);
+  }
+  LK_LOG_WARN("trainer_request_rejected path={} method={}", Q(p), req.method);
+  respond(http::ErrorReply(Error(Code::kNotFound, "no endpoint {} {}", req.method, p), f));
+}
+
+Status Agent::Impl::CheckPeerToken(const http::Request& req) const {
+  // Without a token the agent runs open, as a lighthouse without --token-file does (it warned
+  // at start).
+  if (token.empty()) return Status::Ok();
+  std::string_view given = http::BearerToken(req.authorization);
+  if (given.empty()) {
+    return Error(Code::kUnauthenticated, "token_missing: send Authorization: Bearer <job token>");
+  }
+  if (!http::ConstantTimeEquals(given, token)) {
+    return Error(Code::kPermissionDenied, "token_wrong: not this job's token");
+  }
+  return Status::Ok();
+}
+
+void Agent::Impl::PeerRoute(http::Request&& req, http::Responder respond) {
+  http::Format f = http::ReplyFormat(req);
+  const std::string& p = req.path;
+  if (p == "/healthz") return respond(http::TextReply(200, "text/plain", "ok\n"));
+  bool status = p == "/v1/agent/status" && req.method == "GET";
+  bool shards = shard_server && p.rfind("/v1/shards", 0) == 0;
+  if (!status && !shards) {
+    // The trainer API is not here at all (not "forbidden"): nothing on this port can register a
+    // trainer, a checkpoint or a rendezvous key.
+    LK_LOG_WARN("peer_request_rejected reason=not_on_this_listener peer={} path={} method={}",
+                req.peer, Q(p), req.method);
+    std::string hint = IsTrainerPath(p) ? " (the trainer API is on the agent's Unix socket)" : "";
+    return respond(http::ErrorReply(
+        Error(Code::kNotFound, "not_on_this_listener: no endpoint {} {}{}", req.method, p, hint),
+        f));
+  }
+  if (Status st = CheckPeerToken(req); !st.ok()) {
+    LK_LOG_WARN("peer_request_refused peer={} path={} error={}", req.peer, Q(p), Q(st.message()));
+    return respond(http::ErrorReply(st, f));
+  }
+  if (status) return HandleStatus(req, respond);
+  shard_server->Handle(std::move(req), std::move(respond));
+}
+
+void Agent::Impl::OffThread(std::function<void()> run, http::Responder respond, http::Format f) {
+  auto shared = std::make_shared<http::Responder>(std::move(respond));
+  WorkerPool::Task task{
+      std::move(run), [shared, f] {
+        (*shared)(
+            http::ErrorReply(Error(Code::kUnavailable, "agent_exiting: the agent is stopping"), f));
+      }};
+  if (workers->Submit(task)) return;
+  LK_LOG_WARN("trainer_request_refused reason=workers_busy queue_max={}", workers->queue_max());
+  (*shared)(http::ErrorReply(
+      Error(Code::kUnavailable, "workers_busy: {} lighthouse calls already queued; retry",
+            workers->queue_max()),
+      f));
+}
+
+void Agent::Impl::HandleCheckpoint(const http::Request& req, http::Responder respond) {
+  http::Format f = http::ReplyFormat(req);
+  pb::CheckpointInfo in;
+  Status st = http::Decode(req.body, http::BodyFormat(req.content_type), &in);
+  if (st.ok() && in.location().empty()) st = InvalidArgument("location is missing");
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  in.set_job(options.job);
+  in.set_group_id(options.group_id);
+  // The lighthouse call may wait on a retry; it runs off the io thread.
+  auto shared = std::make_shared<http::Responder>(respond);
+  OffThread(
+      [self = shared_from_this(), in, f, shared] {
+        auto client = self->LighthouseClient();
+        pb::CheckpointInfo out;
+        Status st = client->Call("POST", "/v1/checkpoints", in, &out, Millis(10'000));
+        if (!st.ok()) return (*shared)(http::ErrorReply(st, f));
+        LK_LOG_INFO("checkpoint_registered step={} location={}", in.step(), Q(in.location()));
+        (*shared)(http::Reply(out, f));
+      },
+      [shared](http::Response r) { (*shared)(std::move(r)); }, f);
+}
+
+void Agent::Impl::HandleKv(const http::Request& req, http::Responder respond) {
+  // /v1/trainer/kv/QID/KEY -> /v1/kv/JOB/QID/KEY on the lighthouse, off the io thread because
+  // a GET waits for the key.
+  std::string target = "/v1/kv/" + http::PercentEncode(options.job) + "/" + req.path.substr(15);
+  auto q = req.query.find("timeout_ms");
+  if (q != req.query.end()) target += "?timeout_ms=" + http::PercentEncode(q->second);
+  auto shared = std::make_shared<http::Responder>(respond);
+  OffThread(
+      [self = shared_from_this(), method = req.method, body = req.body, target, shared] {
+        auto client = self->LighthouseClient();
+        auto r = client->Do(method, target, body, "application/octet-stream", Millis(35'000));
+        if (!r.ok()) return (*shared)(http::ErrorReply(r.status(), http::Format::kJson));
+        (*shared)(std::move(*r));
+      },
+      [shared](http::Response r) { (*shared)(std::move(r)); }, http::Format::kJson);
+}
+
+void Agent::Impl::HandleStatus(const http::Request& req, http::Responder respond) {
+  (void)req;
+  std::lock_guard<std::mutex> lock(mu);
+  SyncBoardLocked();
+  auto ready = board ? board->Ready() : std::nullopt;
+  std::string body = fmt::format(
+      "{{\"job\":\"{}\",\"group_id\":\"{}\",\"incarnation\":\"{}\",\"node_rank\":{},"
+      "\"quorum_id\":{},\"committed_step\":{},\"trainers\":{},\"phase\":\"{}\",\"draining\":{},"
+      "\"ahead_quorum_id\":{},\"ahead_step\":{},\"board\":{},\"board_ready_step\":{},"
+      "\"board_taken_step\":{}}}",
+      options.job, options.group_id, options.incarnation, options.node_rank,
+      quorum ? quorum->quorum_id() : 0, committed_step, trainers.size(), ReportedPhaseLocked(),
+      draining ? "true" : "false", ahead ? ahead->quorum_id() : 0, ahead ? ahead_step : 0,
+      board ? "true" : "false", ready ? static_cast<int64_t>(ready->step) : -1,
+      handed ? static_cast<int64_t>(handed->step) : -1);
+  respond(http::TextReply(200, http::kJsonType, body));
+}
+
+}  // namespace lk::agent
