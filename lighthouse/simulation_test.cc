@@ -267,8 +267,11 @@ class Sim {
         if (!Reachable(g)) return;
         Effects fx;
         Status st = core_->OnLeave(g.job, g.id, g.inc, "preempted", now_, &fx);
-        // A group the (restarted) lighthouse has not heard from yet is unknown to it.
-        Check(st.ok() || st.code() == Code::kNotFound, "leave failed: " + st.ToString());
+        // A group the (restarted) lighthouse has not heard from yet is unknown to it, and so is
+        // a new life of a group that has not heartbeated yet: its leave changes nothing.
+        Check(st.ok() || st.code() == Code::kNotFound ||
+                  st.reason() == Reason::kUnknownIncarnation,
+              "leave failed: " + st.ToString());
         Apply(fx);
         g.up = false;
         ++g.gen;
@@ -298,7 +301,9 @@ class Sim {
     for (const auto& [job, r] : disk_jobs_) records.push_back(r);
     std::vector<CheckpointData> ckpts;
     for (const auto& [key, c] : disk_ckpts_) ckpts.push_back(c);
-    Status st = core_->Load(records, ckpts, now_);
+    std::vector<GroupRecordData> groups;
+    for (const auto& [key, g] : disk_groups_) groups.push_back(g);
+    Status st = core_->Load(records, ckpts, now_, groups);
     Check(st.ok(), "Load failed: " + st.ToString());
     for (const JobRecordData& r : records) {
       for (const MemberData& m : r.members) {
@@ -347,6 +352,14 @@ class Sim {
       disk_jobs_[r.job] = r;
     }
     for (const CheckpointData& c : fx.persist_checkpoints) disk_ckpts_[{c.job, c.step, c.location}] = c;
+    // Generations only go up per group, across restarts too.
+    for (const GroupRecordData& g : fx.persist_groups) {
+      auto [it, fresh] = disk_groups_.try_emplace({g.job, g.group_id}, g);
+      Check(fresh || it->second.generation <= g.generation,
+            fmt::format("generation of {} in {} went back", g.group_id, g.job));
+      it->second = g;
+    }
+    for (const auto& key : fx.drop_groups) disk_groups_.erase(key);
     for (const CheckpointData& c : fx.drop_checkpoints) disk_ckpts_.erase({c.job, c.step, c.location});
     for (const Effects::Issued& is : fx.issued) CheckIssued(is);
     for (const auto& [key, answer] : fx.answers) CheckAnswer(key, answer);
@@ -390,6 +403,15 @@ class Sim {
 
   void CheckAnswer(const AgentKey& key, const QuorumAnswer& a) {
     Check(waiters_.erase(key) == 1, "answer for an agent that is not waiting");
+    // A replaced life is never answered again, whatever restarts happened in between.
+    if (auto g = disk_groups_.find({key.job, key.group_id}); g != disk_groups_.end()) {
+      for (const auto& r : g->second.retired) {
+        Check(r.incarnation != key.incarnation,
+              fmt::format("retired incarnation {} of {} was answered", r.incarnation, key.group_id));
+      }
+      Check(g->second.incarnation == key.incarnation && g->second.generation == a.generation,
+            "an answer for another life than the persisted current one");
+    }
     auto rec = disk_jobs_.find(key.job);
     Check(rec != disk_jobs_.end() && rec->second.quorum_id >= a.quorum_id,
           "answer before its quorum was persisted");
@@ -457,6 +479,7 @@ class Sim {
   std::map<AgentKey, TimePoint> contact_;  // last accepted heartbeat/ask/commit (or Load)
   std::map<std::string, JobRecordData> disk_jobs_;
   std::map<std::tuple<std::string, uint32_t, std::string>, CheckpointData> disk_ckpts_;
+  std::map<std::pair<std::string, std::string>, GroupRecordData> disk_groups_;
   std::map<std::string, uint32_t> last_issued_;
   std::map<std::pair<std::string, uint32_t>, std::string> memberships_;
   std::string error_;
