@@ -216,6 +216,11 @@ void LighthouseCore::Impl::Collect(Group& g, TimePoint now, Effects* fx) {
                                    Q(job.name), Q(id), Q(g.status.incarnation), g.generation,
                                    Q(g.reason.empty() ? "unheard" : g.reason)));
   LoseMember(g, "collected", fx);
+  // A node of a group that never came back alive may still wait in a round: it is answered.
+  ClearAsks(g,
+            Refuse(Code::kUnavailable, Reason::kGroupUnhealthy, "group {} collected: {}", id,
+                   g.reason.empty() ? "unheard" : g.reason),
+            now, fx);
   DropDeadlines(g);
   SetDeadline(g.collect_deadline, std::nullopt, DeadlineKind::kCollect, &g);
   std::erase(job.order, &g.status);

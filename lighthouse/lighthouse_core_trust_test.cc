@@ -237,6 +237,19 @@ TEST_CASE("trust: a group that heartbeats again before the grace period ends is 
   CHECK(h.Group("a")->healthy);
 }
 
+TEST_CASE("trust: a node still waiting when its group is collected is answered") {
+  CoreOptions o;
+  o.group_grace = Millis(10'000);
+  Harness h(o);
+  REQUIRE(h.Join("a", 0, "i1", 1, 2).ok());  // node 0 never heard: a never comes alive
+  CHECK(h.fx.answers.empty());
+  h.clock.Advance(Millis(10'000));
+  h.Tick();
+  REQUIRE(h.Rejection("a") != nullptr);
+  CHECK(h.Rejection("a")->reason() == Reason::kGroupUnhealthy);
+  CHECK(h.Group("a") == nullptr);
+}
+
 TEST_CASE("trust: jobs_max refuses a new job and the existing ones keep working") {
   CoreOptions o;
   o.jobs_max = 2;
