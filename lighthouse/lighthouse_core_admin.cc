@@ -148,8 +148,9 @@ std::vector<CheckpointData> LighthouseCore::Checkpoints(const std::string& job) 
   return j->second.checkpoints;
 }
 
-Status LighthouseCore::Load(std::vector<JobRecordData> jobs, std::vector<CheckpointData> checkpoints,
-                            TimePoint now, std::vector<GroupRecordData> groups) {
+Status LighthouseCore::Load(std::vector<JobRecordData> jobs,
+                            std::vector<CheckpointData> checkpoints, TimePoint now,
+                            std::vector<GroupRecordData> groups) {
   if (!impl_->jobs.empty()) return InvalidArgument("Load needs a core without state");
   auto next = std::make_shared<Impl>(impl_->options);
   Impl& s = *next;
@@ -241,7 +242,9 @@ Status LighthouseCore::Impl::LoadGroups(std::vector<GroupRecordData> records, Ti
     // A generation above the job's counter can only come from a torn write; never hand it out
     // again.
     job.generation_last = std::max(job.generation_last, g.generation);
-    for (const auto& old : g.retired) job.generation_last = std::max(job.generation_last, old.generation);
+    for (const auto& old : g.retired) {
+      job.generation_last = std::max(job.generation_last, old.generation);
+    }
     if (r.left) {
       g.status.mode = GroupMode::kLeft;
       g.reason = r.reason.empty() ? "left" : r.reason;

@@ -19,7 +19,8 @@ Status CoreOptions::Validate() const {
   if (progress_timeout.count() < 0) return InvalidArgument("progress_timeout must not be negative");
   if (checkpoints_per_job_max == 0) return InvalidArgument("checkpoints_per_job_max must be >= 1");
   if (groups_per_job_max == 0 || nodes_max == 0 || text_bytes_max == 0 || jobs_max == 0) {
-    return InvalidArgument("jobs_max, groups_per_job_max, nodes_max and text_bytes_max must be >= 1");
+    return InvalidArgument(
+        "jobs_max, groups_per_job_max, nodes_max and text_bytes_max must be >= 1");
   }
   if (group_grace.count() < 0) return InvalidArgument("group_grace must not be negative");
   return Status::Ok();
@@ -65,8 +66,9 @@ bool LighthouseCore::Impl::IsDeadLife(const Job& job, const Group* g,
     return true;
   }
   if (g == nullptr) return false;
-  return std::any_of(g->retired.begin(), g->retired.end(),
-                     [&](const GroupRecordData::Retired& r) { return r.incarnation == incarnation; });
+  return std::any_of(g->retired.begin(), g->retired.end(), [&](const GroupRecordData::Retired& r) {
+    return r.incarnation == incarnation;
+  });
 }
 
 Status LighthouseCore::Impl::CheckIncarnation(const std::string& job, const std::string& group_id,

@@ -57,40 +57,56 @@ TEST_CASE("trust: each hostile input of issue 14 is refused with its code and ch
   REQUIRE(h.Beat("c").ok());  // a group outside the quorum
   LighthouseCore& core = h.core;
   auto now = [&] { return h.clock.Now(); };
-  ExpectRefused(h, "commit at step 4294967295",
-                [&](Effects* fx) { return core.OnCommit(C("a", q, 4294967295u), now(), fx).status(); },
-                Code::kConflict, Reason::kWrongStep);
-  ExpectRefused(h, "commit two steps ahead",
-                [&](Effects* fx) { return core.OnCommit(C("a", q, 3), now(), fx).status(); },
-                Code::kConflict, Reason::kWrongStep);
-  ExpectRefused(h, "commit from outside the quorum",
-                [&](Effects* fx) { return core.OnCommit(C("c", q, 1), now(), fx).status(); },
-                Code::kConflict, Reason::kNotAMember);
-  ExpectRefused(h, "commit naming another quorum",
-                [&](Effects* fx) { return core.OnCommit(C("a", q + 5, 1), now(), fx).status(); },
-                Code::kConflict, Reason::kWrongQuorum);
-  ExpectRefused(h, "commit of an incarnation that never lived",
-                [&](Effects* fx) { return core.OnCommit(C("a", q, 1, "ghost"), now(), fx).status(); },
-                Code::kConflict, Reason::kUnknownIncarnation);
-  ExpectRefused(h, "checkpoint at a step nobody committed",
-                [&](Effects* fx) {
-                  return core.OnRegisterCheckpoint({"j", 99, "/ckpt/j", "", "a", 0}, fx);
-                },
-                Code::kConflict, Reason::kCheckpointNotCommitted);
+  ExpectRefused(
+      h, "commit at step 4294967295",
+      [&](Effects* fx) { return core.OnCommit(C("a", q, 4294967295u), now(), fx).status(); },
+      Code::kConflict, Reason::kWrongStep);
+  ExpectRefused(
+      h, "commit two steps ahead",
+      [&](Effects* fx) { return core.OnCommit(C("a", q, 3), now(), fx).status(); }, Code::kConflict,
+      Reason::kWrongStep);
+  ExpectRefused(
+      h, "commit from outside the quorum",
+      [&](Effects* fx) { return core.OnCommit(C("c", q, 1), now(), fx).status(); }, Code::kConflict,
+      Reason::kNotAMember);
+  ExpectRefused(
+      h, "commit naming another quorum",
+      [&](Effects* fx) { return core.OnCommit(C("a", q + 5, 1), now(), fx).status(); },
+      Code::kConflict, Reason::kWrongQuorum);
+  ExpectRefused(
+      h, "commit of an incarnation that never lived",
+      [&](Effects* fx) { return core.OnCommit(C("a", q, 1, "ghost"), now(), fx).status(); },
+      Code::kConflict, Reason::kUnknownIncarnation);
+  ExpectRefused(
+      h, "checkpoint at a step nobody committed",
+      [&](Effects* fx) {
+        return core.OnRegisterCheckpoint({"j", 99, "/ckpt/j", "", "a", 0}, fx);
+      },
+      Code::kConflict, Reason::kCheckpointNotCommitted);
   for (const char* where : {"relative/dir", "/a/../etc", "/a/./b", "http://x/y", "/a\nb"}) {
-    ExpectRefused(h, std::string("checkpoint location ") + where,
-                  [&](Effects* fx) { return core.OnRegisterCheckpoint({"j", 1, where, "", "a", 0}, fx); },
-                  Code::kInvalidArgument, Reason::kCheckpointLocationInvalid);
+    ExpectRefused(
+        h, std::string("checkpoint location ") + where,
+        [&](Effects* fx) {
+          return core.OnRegisterCheckpoint({"j", 1, where, "", "a", 0}, fx);
+        },
+        Code::kInvalidArgument, Reason::kCheckpointLocationInvalid);
   }
-  ExpectRefused(h, "checkpoint of an unknown job",
-                [&](Effects* fx) { return core.OnRegisterCheckpoint({"k", 0, "/c", "", "", 0}, fx); },
-                Code::kNotFound, Reason::kUnknownJob);
-  ExpectRefused(h, "checkpoint naming an unknown group",
-                [&](Effects* fx) { return core.OnRegisterCheckpoint({"j", 1, "/c", "", "zz", 0}, fx); },
-                Code::kNotFound, Reason::kUnknownGroup);
-  ExpectRefused(h, "leave of an incarnation that never lived",
-                [&](Effects* fx) { return core.OnLeave("j", "a", "ghost", "x", now(), fx); },
-                Code::kConflict, Reason::kUnknownIncarnation);
+  ExpectRefused(
+      h, "checkpoint of an unknown job",
+      [&](Effects* fx) {
+        return core.OnRegisterCheckpoint({"k", 0, "/c", "", "", 0}, fx);
+      },
+      Code::kNotFound, Reason::kUnknownJob);
+  ExpectRefused(
+      h, "checkpoint naming an unknown group",
+      [&](Effects* fx) {
+        return core.OnRegisterCheckpoint({"j", 1, "/c", "", "zz", 0}, fx);
+      },
+      Code::kNotFound, Reason::kUnknownGroup);
+  ExpectRefused(
+      h, "leave of an incarnation that never lived",
+      [&](Effects* fx) { return core.OnLeave("j", "a", "ghost", "x", now(), fx); }, Code::kConflict,
+      Reason::kUnknownIncarnation);
   // A commit and a checkpoint that are right go through after all the refusals.
   REQUIRE(core.OnRegisterCheckpoint({"j", 1, "/ckpt/j", "", "a", 0}, &h.fx).ok());
   CHECK(h.Group("a")->state == "member");
@@ -124,23 +140,26 @@ TEST_CASE("trust: generations order incarnations and a replaced life stays dead"
   CHECK(h.fx.persist_groups[0].incarnation == "i2");
   REQUIRE(h.fx.persist_groups[0].retired.size() == 1);
   CHECK(h.fx.persist_groups[0].retired[0].incarnation == "i1");
-  ExpectRefused(h, "heartbeat of the retired life",
-                [&](Effects* fx) {
-                  HeartbeatInput in{"j", "a", "i1", 0, 1, 0, "train", "", 1};
-                  return h.core.OnHeartbeat(in, h.clock.Now(), fx).status();
-                },
-                Code::kConflict, Reason::kStaleIncarnation);
-  ExpectRefused(h, "leave of the retired life",
-                [&](Effects* fx) { return h.core.OnLeave("j", "a", "i1", "x", h.clock.Now(), fx); },
-                Code::kConflict, Reason::kStaleIncarnation);
+  ExpectRefused(
+      h, "heartbeat of the retired life",
+      [&](Effects* fx) {
+        HeartbeatInput in{"j", "a", "i1", 0, 1, 0, "train", "", 1};
+        return h.core.OnHeartbeat(in, h.clock.Now(), fx).status();
+      },
+      Code::kConflict, Reason::kStaleIncarnation);
+  ExpectRefused(
+      h, "leave of the retired life",
+      [&](Effects* fx) { return h.core.OnLeave("j", "a", "i1", "x", h.clock.Now(), fx); },
+      Code::kConflict, Reason::kStaleIncarnation);
   // An id never heard of that carries a generation this job handed out is an old life too, even
   // when it fell off the bounded list of retired names.
-  ExpectRefused(h, "unknown name with an old generation",
-                [&](Effects* fx) {
-                  HeartbeatInput in{"j", "a", "i0", 0, 1, 0, "train", "", 1};
-                  return h.core.OnHeartbeat(in, h.clock.Now(), fx).status();
-                },
-                Code::kConflict, Reason::kStaleIncarnation);
+  ExpectRefused(
+      h, "unknown name with an old generation",
+      [&](Effects* fx) {
+        HeartbeatInput in{"j", "a", "i0", 0, 1, 0, "train", "", 1};
+        return h.core.OnHeartbeat(in, h.clock.Now(), fx).status();
+      },
+      Code::kConflict, Reason::kStaleIncarnation);
   // The current life may send its generation; a new life sends none and replaces it.
   CHECK(h.Beat("a", 0, "i2", 0, 1, 2).ok());
   auto third = h.Beat("a", 0, "i3");
@@ -175,7 +194,8 @@ TEST_CASE("trust: after a restart (Load of the persisted records) a zombie is re
   LighthouseCore restarted(h.options);
   REQUIRE(restarted.Load(jobs, {}, h.clock.Now(), groups).ok());
   Effects fx;
-  auto zombie = restarted.OnHeartbeat({"j", "a", "i1", 0, 1, 0, "train", "", 1}, h.clock.Now(), &fx);
+  auto zombie =
+      restarted.OnHeartbeat({"j", "a", "i1", 0, 1, 0, "train", "", 1}, h.clock.Now(), &fx);
   CHECK(zombie.status().reason() == Reason::kStaleIncarnation);
   auto left = restarted.OnHeartbeat({"j", "b", "b1", 0, 1, 0, "train", "", 3}, h.clock.Now(), &fx);
   CHECK(left.status().reason() == Reason::kGroupLeft);
@@ -259,12 +279,12 @@ TEST_CASE("trust: jobs_max refuses a new job and the existing ones keep working"
   h.job = "j2";
   REQUIRE(h.Beat("a").ok());
   h.job = "j3";
-  ExpectRefused(h, "a third job",
-                [&](Effects* fx) {
-                  return h.core.OnHeartbeat({"j3", "a", "i1", 0, 1, 0, "", ""}, h.clock.Now(), fx)
-                      .status();
-                },
-                Code::kResourceExhausted, Reason::kJobsMax);
+  ExpectRefused(
+      h, "a third job",
+      [&](Effects* fx) {
+        return h.core.OnHeartbeat({"j3", "a", "i1", 0, 1, 0, "", ""}, h.clock.Now(), fx).status();
+      },
+      Code::kResourceExhausted, Reason::kJobsMax);
   CHECK(h.core.JobCount() == 2);
   h.job = "j1";
   REQUIRE(h.Beat("b").ok());

@@ -113,7 +113,8 @@ inline Result<Tokens> LoadTokens(const std::string& token_file, const std::strin
                                token_file, n, a);
       }
     } else {
-      LK_RETURN_IF_ERROR(ValidName("job", a).WithContext(fmt::format("token file {} line {}", token_file, n)));
+      Status name = ValidName("job", a);
+      if (!name.ok()) return name.WithContext(fmt::format("token file {} line {}", token_file, n));
       t.per_job[a].push_back(b);
     }
   }

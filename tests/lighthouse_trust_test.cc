@@ -35,8 +35,8 @@ std::unique_ptr<http::Client> Connect(const std::string& url, const std::string&
 std::string Hb(const std::string& job, const std::string& group, const std::string& inc,
                uint32_t generation = 0) {
   return fmt::format(
-      R"({{"job":"{}","group_id":"{}","incarnation":"{}","nodes":1,"generation":{}}})", job,
-      group, inc, generation);
+      R"({{"job":"{}","group_id":"{}","incarnation":"{}","nodes":1,"generation":{}}})", job, group,
+      inc, generation);
 }
 
 // The answer's status and, for an error, its reason code's name ("" for a 2xx).
@@ -90,8 +90,9 @@ Secured StartSecured(const std::string& tag, std::vector<std::string> extra = {}
   s.dir = TempDir(tag);
   { std::ofstream(s.dir + "/tokens") << "# job, read-only\nj secret-j\nrole=read-only prom\n"; }
   { std::ofstream(s.dir + "/admin") << "root-token\n"; }
-  std::vector<std::string> flags = {"--token-file", s.dir + "/tokens", "--admin-token-file",
-                                    s.dir + "/admin", "--heartbeat-timeout-ms", "60000"};
+  std::vector<std::string> flags = {"--token-file",           s.dir + "/tokens",
+                                    "--admin-token-file",     s.dir + "/admin",
+                                    "--heartbeat-timeout-ms", "60000"};
   flags.insert(flags.end(), extra.begin(), extra.end());
   s.lh = StartLighthouse(s.dir + "/data", flags, s.dir + "/lh.log");
   return s;
@@ -136,8 +137,9 @@ TEST_CASE("trust: the lighthouse attacks of issue 14 are refused with codes and 
   REQUIRE(Send(*job, "POST", "/v1/heartbeat", Hb("j", "c", "c1")).status == 200);
   const uint32_t qid = q.quorum_id();
   auto commit = [&](const std::string& group, const std::string& inc, uint64_t step) {
-    return fmt::format(R"({{"job":"j","group_id":"{}","incarnation":"{}","quorum_id":{},"step":{}}})",
-                       group, inc, qid, step);
+    return fmt::format(
+        R"({{"job":"j","group_id":"{}","incarnation":"{}","quorum_id":{},"step":{}}})", group, inc,
+        qid, step);
   };
   REQUIRE(Send(*job, "POST", "/v1/commit", commit("a", "a1", 1)).status == 200);
   REQUIRE(Send(*job, "POST", "/v1/checkpoints",
@@ -190,9 +192,11 @@ TEST_CASE("trust: the read-only role reads /status and /metrics and changes noth
   ExpectRefused(*job, "GET", "/metrics", "", 403, "ROLE_FORBIDS");
 
   const std::string hb = Hb("j", "a", "a1");
-  const std::string ask = R"({"job":"j","group_id":"a","incarnation":"a1","nodes":1,"timeout_ms":100})";
+  const std::string ask =
+      R"({"job":"j","group_id":"a","incarnation":"a1","nodes":1,"timeout_ms":100})";
   const std::string leave = R"({"job":"j","group_id":"a","incarnation":"a1","reason":"x"})";
-  const std::string commit = R"({"job":"j","group_id":"a","incarnation":"a1","quorum_id":0,"step":1})";
+  const std::string commit =
+      R"({"job":"j","group_id":"a","incarnation":"a1","quorum_id":0,"step":1})";
   ExpectRefused(*ro, "POST", "/v1/heartbeat", hb, 403, "ROLE_FORBIDS");
   ExpectRefused(*ro, "POST", "/v1/quorum", ask, 403, "ROLE_FORBIDS");
   ExpectRefused(*ro, "POST", "/v1/leave", leave, 403, "ROLE_FORBIDS");
@@ -232,8 +236,8 @@ TEST_CASE("trust: a zombie incarnation stays dead across a kill -9 restart") {
   ExpectRefused(*job2, "POST", "/v1/heartbeat", Hb("j", "a", "a1"), 409, "STALE_INCARNATION");
   ExpectRefused(*job2, "POST", "/v1/heartbeat", Hb("j", "a", "a1", 1), 409, "STALE_INCARNATION");
   ExpectRefused(*job2, "POST", "/v1/quorum",
-                R"({"job":"j","group_id":"a","incarnation":"a1","nodes":1,"timeout_ms":100})",
-                409, "STALE_INCARNATION");
+                R"({"job":"j","group_id":"a","incarnation":"a1","nodes":1,"timeout_ms":100})", 409,
+                "STALE_INCARNATION");
   ExpectRefused(*job2, "POST", "/v1/leave",
                 R"({"job":"j","group_id":"a","incarnation":"a1","reason":"zombie"})", 409,
                 "STALE_INCARNATION");
@@ -245,8 +249,8 @@ TEST_CASE("trust: a zombie incarnation stays dead across a kill -9 restart") {
 }
 
 TEST_CASE("trust: --jobs-max refuses a new job and groups are collected after the grace period") {
-  auto s = StartSecured("lh-bounds", {"--jobs-max", "1", "--group-grace-ms", "300",
-                                      "--heartbeat-timeout-ms", "200"});
+  auto s = StartSecured(
+      "lh-bounds", {"--jobs-max", "1", "--group-grace-ms", "300", "--heartbeat-timeout-ms", "200"});
   auto job = Connect(s.lh.url(), "secret-j");
   auto admin = Connect(s.lh.url(), "root-token");
   REQUIRE(Send(*job, "POST", "/v1/heartbeat", Hb("j", "a", "a1")).status == 200);
@@ -281,8 +285,9 @@ TEST_CASE("trust: a request past the buffer budget gets 503 BUFFER_BUDGET and th
   // A 200 KB body announced, and exactly the 64 KiB the budget allows sent: the server reads all
   // of it into a buffer that then needs to grow past the budget, and refuses. (Sending the whole
   // body would leave unread bytes at the close, and the reset could swallow the answer.)
-  std::string req = "POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                    "application/json\r\nContent-Length: 200000\r\n\r\n";
+  std::string req =
+      "POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nContent-Length: 200000\r\n\r\n";
   req.resize(65536, ' ');
   timeval tv{10, 0};  // bounds the test if the lighthouse never answers
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
