@@ -209,6 +209,18 @@ TEST_CASE("trust: the read-only role reads /status and /metrics and changes noth
   ExpectRefused(*ro, "POST", "/v1/admin/drain", R"({"job":"j","group_id":"a"})", 403,
                 "ROLE_FORBIDS");
   ExpectRefused(*ro, "POST", "/v1/admin/forget", R"({"job":"j"})", 403, "ROLE_FORBIDS");
+  // lkctl names the code of a refusal; with the read-only token it can still show the status.
+  { std::ofstream(s.dir + "/ro-token") << "prom\n"; }
+  Process drain({BinDir() + "/lkctl", "--lighthouse", s.lh.url(), "--token-file",
+                 s.dir + "/ro-token", "drain", "j", "a"},
+                s.dir + "/lkctl-drain.log");
+  CHECK(drain.Wait(10s) == 1);
+  CHECK(drain.Log().find("[ROLE_FORBIDS]") != std::string::npos);
+  Process status({BinDir() + "/lkctl", "--lighthouse", s.lh.url(), "--token-file",
+                  s.dir + "/ro-token", "status"},
+                 s.dir + "/lkctl-status.log");
+  CHECK(status.Wait(10s) == 0);
+  CHECK(status.Log().find("a1") != std::string::npos);  // group a, incarnation a1
   CHECK(StatusJson(*admin) == before);
 }
 
@@ -273,6 +285,11 @@ TEST_CASE("trust: --jobs-max refuses a new job and groups are collected after th
   // The collected life stays refused by its generation; a new one is welcome.
   ExpectRefused(*job, "POST", "/v1/heartbeat", Hb("j", "b", "b1", 2), 409, "STALE_INCARNATION");
   CHECK(Send(*job, "POST", "/v1/heartbeat", Hb("j", "b", "b2")).status == 200);
+  // Forgetting the job removes its metric series and makes room under --jobs-max.
+  CHECK(Send(*admin, "GET", "/metrics").body.find("job=\"j\"") != std::string::npos);
+  REQUIRE(Send(*admin, "POST", "/v1/admin/forget", R"({"job":"j"})").status == 200);
+  CHECK(Send(*admin, "GET", "/metrics").body.find("job=\"j\"") == std::string::npos);
+  CHECK(Send(*admin, "POST", "/v1/heartbeat", Hb("k", "a", "a1")).status == 200);
 }
 
 TEST_CASE("trust: a request past the buffer budget gets 503 BUFFER_BUDGET and the rest go on") {
