@@ -208,6 +208,14 @@ TEST_CASE("trust: after a restart (Load of the persisted records) a zombie is re
   CHECK(fresh->generation == 4);
 }
 
+TEST_CASE("trust: on a lighthouse that lost its state, live agents' generations admit them") {
+  Harness h;  // an empty core: a fresh data directory, or the job was forgotten
+  auto back = h.Beat("a", 0, "i7", 0, 1, /*generation=*/9);
+  REQUIRE(back.ok());
+  CHECK(back->generation == 1);
+  CHECK(h.Group("a")->incarnation == "i7");
+}
+
 TEST_CASE("trust: left and silent groups are collected after the grace period") {
   CoreOptions o;
   o.group_grace = Millis(10'000);
