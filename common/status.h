@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -33,15 +34,71 @@ enum class Code {
 
 std::string_view CodeName(Code code);
 
+// Why a request was refused, for programs: clients branch on these, never on the message text.
+// The numbers are those of ErrorResponse.Code in common/proto/lightkeeper.proto (a test checks
+// that the two lists agree); the wire carries them by name in JSON and by number in protobuf.
+enum class Reason : uint16_t {
+  kUnspecified = 0,
+  kBadRequest = 1,             // malformed body, missing or out-of-range field, bad name
+  kTokenMissing = 2,           // no bearer token where auth is on
+  kTokenInvalid = 3,           // a token no role knows, or a job token for another job
+  kRoleForbids = 4,            // a known token whose role may not do this (read-only writes)
+  kAdminDisabled = 5,          // an admin call on a lighthouse without an admin token
+  kUnknownJob = 6,
+  kUnknownGroup = 7,
+  kStaleIncarnation = 8,       // an incarnation that was replaced: that life is over
+  kUnknownIncarnation = 9,     // a leave or commit of an incarnation that never lived
+  kIncarnationReplaced = 10,   // a waiting ask whose incarnation was replaced meanwhile
+  kGroupLeft = 11,
+  kGroupDraining = 12,
+  kGroupEvicted = 13,          // progress stalled (rule 8)
+  kGroupUnhealthy = 14,        // heartbeats stopped while the ask waited
+  kNodesChanged = 15,          // another node count within one incarnation
+  kStepDisagreement = 16,      // the agents of one group ask with different steps
+  kWrongQuorum = 17,           // a commit for a quorum that is not the current one
+  kNotAMember = 18,            // a commit from a group outside the quorum it names
+  kWrongStep = 19,             // a commit for another step than the one after the ask
+  kCheckpointNotCommitted = 20,  // a checkpoint at a step the job has not committed
+  kCheckpointLocationInvalid = 21,
+  kJobsMax = 22,               // a new job beyond --jobs-max
+  kGroupsMax = 23,             // a new group beyond the per-job bound
+  kKvKeysMax = 24,
+  kBodyTooLarge = 25,
+  kBufferBudget = 26,          // the server's request buffers are all in use: retry later
+  kQuorumNotIssued = 27,
+  kEpochSuperseded = 28,
+  kEpochNotYet = 29,
+  kWaitTimeout = 30,           // a long-poll ran out; ask again
+  kShuttingDown = 31,
+  kRequestSuperseded = 32,     // the same agent asked again
+  kJobForgotten = 33,
+  kNoEndpoint = 34,
+  kMethodNotAllowed = 35,
+  kKeyNotFound = 36,
+  kInternal = 37,
+};
+inline constexpr int kReasonCount = 38;
+
+// "STALE_INCARNATION": the proto enum's name of the reason.
+std::string_view ReasonName(Reason reason);
+// The reason a refusal of `code` carries when none was set (kInvalidArgument: kBadRequest).
+Reason DefaultReason(Code code);
+
 class [[nodiscard]] Status {
  public:
   Status() = default;
   Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
+  Status(Code code, std::string message, Reason reason)
+      : code_(code), reason_(reason), message_(std::move(message)) {}
   static Status Ok() { return Status(); }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }
   const std::string& message() const { return message_; }
+  // The reason code; kUnspecified unless the refusal set one.
+  Reason reason() const { return reason_; }
+  // This status with `reason` as its reason code.
+  Status WithReason(Reason reason) const;
   std::string ToString() const;
 
   // Returns this status with `context` put in front of the message, so errors read from the
@@ -50,6 +107,7 @@ class [[nodiscard]] Status {
 
  private:
   Code code_ = Code::kOk;
+  Reason reason_ = Reason::kUnspecified;
   std::string message_;
 };
 
@@ -60,6 +118,12 @@ Status Error(Code code, fmt::format_string<Args...> f, Args&&... args) {
 template <typename... Args>
 Status InvalidArgument(fmt::format_string<Args...> f, Args&&... args) {
   return Status(Code::kInvalidArgument, fmt::format(f, std::forward<Args>(args)...));
+}
+
+// A refusal with its reason code: Refuse(Code::kConflict, Reason::kStaleIncarnation, "...").
+template <typename... Args>
+Status Refuse(Code code, Reason reason, fmt::format_string<Args...> f, Args&&... args) {
+  return Status(code, fmt::format(f, std::forward<Args>(args)...), reason);
 }
 
 // Result<T> holds either a T or a non-OK Status.

@@ -51,6 +51,7 @@ void ToProto(const QuorumAnswer& a, pb::QuorumResponse* out) {
   if (a.restore_checkpoint) ToProto(*a.restore_checkpoint, plan->mutable_restore_checkpoint());
   plan->set_initial(a.initial);
   out->set_reason(a.reason);
+  out->set_generation(a.generation);
 }
 
 void ToProto(const FailureNoticeData& n, pb::FailureNotice* out) {
@@ -82,6 +83,7 @@ void ToProto(const JobView& v, pb::JobStatus* out) {
     gs->set_diverged(g.diverged);
     gs->set_state(g.state);
     gs->set_reason(g.reason);
+    gs->set_generation(g.generation);
   }
   for (const auto& c : v.checkpoints) ToProto(c, out->add_checkpoints());
 }

@@ -29,7 +29,8 @@ Result<HeartbeatResult> LighthouseCore::OnHeartbeat(const HeartbeatInput& in, Ti
   LK_RETURN_IF_ERROR(
       s.CheckAgent(in.job, in.group_id, in.incarnation, in.node_rank, in.nodes, in.address,
                    in.phase));
-  LK_RETURN_IF_ERROR(s.CheckIncarnation(in.job, in.group_id, in.incarnation, in.nodes));
+  LK_RETURN_IF_ERROR(
+      s.CheckIncarnation(in.job, in.group_id, in.incarnation, in.nodes, in.generation));
   s.ApplyTimeouts(now, fx);
   const size_t events_before = fx->events.size();
   Impl::Group& g = s.Admit(in.job, in.group_id, in.incarnation, in.nodes, now, fx);
@@ -42,6 +43,7 @@ Result<HeartbeatResult> LighthouseCore::OnHeartbeat(const HeartbeatInput& in, Ti
   r.drain = g.status.mode == GroupMode::kDraining;
   r.notices = job.notices;
   r.committed_step = job.committed_step;
+  r.generation = g.generation;
   return r;
 }
 
@@ -49,7 +51,8 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx, b
   Impl& s = *impl_;
   LK_RETURN_IF_ERROR(
       s.CheckAgent(in.job, in.group_id, in.incarnation, in.node_rank, in.nodes, in.address, ""));
-  LK_RETURN_IF_ERROR(s.CheckIncarnation(in.job, in.group_id, in.incarnation, in.nodes));
+  LK_RETURN_IF_ERROR(
+      s.CheckIncarnation(in.job, in.group_id, in.incarnation, in.nodes, in.generation));
   Impl::Group* existing = nullptr;
   if (auto j = s.jobs.find(in.job); j != s.jobs.end()) {
     auto it = j->second.groups.find(in.group_id);
@@ -60,16 +63,16 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx, b
   if (existing != nullptr) {
     const GroupStatus& g = existing->status;
     if (g.mode == GroupMode::kDraining) {
-      return Error(Code::kConflict, "group {} is draining: leave instead of asking",
-                   in.group_id);
+      return Refuse(Code::kConflict, Reason::kGroupDraining,
+                    "group {} is draining: leave instead of asking", in.group_id);
     }
     for (uint32_t r = 0; r < g.agents.size(); ++r) {
       const AgentStatus& other = g.agents[r];
       if (r != in.node_rank && other.asked && other.ask_step != in.step) {
-        return Error(Code::kConflict,
-                     "agents of group {} disagree on the step: node {} asked with step {}, "
-                     "node {} with step {}",
-                     in.group_id, r, other.ask_step, in.node_rank, in.step);
+        return Refuse(Code::kConflict, Reason::kStepDisagreement,
+                      "agents of group {} disagree on the step: node {} asked with step {}, "
+                      "node {} with step {}",
+                      in.group_id, r, other.ask_step, in.node_rank, in.step);
       }
     }
   }
@@ -94,6 +97,7 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx, b
                                             "retry: current quorum " +
                                                 std::to_string(job.quorum_id),
                                             s.options.answer_members_inline)});
+      fx->answers.back().second.generation = g.generation;
       fx->events.push_back(fmt::format(
           "quorum_retry job={} quorum_id={} group={} incarnation={} node={} step={}", Q(in.job),
           job.quorum_id, Q(in.group_id), Q(in.incarnation), in.node_rank, in.step));
@@ -149,25 +153,17 @@ void LighthouseCore::OnJoinTimeout(const AgentKey& key) {
 
 Status LighthouseCore::OnLeave(const std::string& job, const std::string& group_id,
                                const std::string& incarnation, const std::string& reason,
-                               TimePoint now, Effects* fx) {
+                               TimePoint now, Effects* fx, uint32_t generation) {
   Impl& s = *impl_;
   LK_RETURN_IF_ERROR(s.CheckIds(job, group_id, incarnation));
   if (reason.size() > s.options.text_bytes_max) {
     return InvalidArgument("reason longer than {} bytes", s.options.text_bytes_max);
   }
-  // An incarnation never heard of that is not retired is newer than the current one (as for a
-  // heartbeat): it replaces the current one, then leaves.
-  Result<Impl::Group*> found = s.FindCurrent(job, group_id, incarnation);
-  const bool newer = !found.ok() && found.status().code() == Code::kConflict &&
-                     s.CheckIncarnation(job, group_id, incarnation, 0).ok();
-  if (!found.ok() && !newer) return found.status();
-  Impl::Group* g = newer ? &s.jobs.at(job).groups.at(group_id) : found.value();
-  if (!newer && g->status.mode == GroupMode::kLeft) return Status::Ok();  // a repeated leave
+  // Only the current incarnation can leave. An incarnation never heard of has not lived: its
+  // leave says nothing about the live one, which stays (it leaves or expires on its own).
+  LK_ASSIGN_OR_RETURN(Impl::Group * g, s.FindCurrent(job, group_id, incarnation, generation));
+  if (g->status.mode == GroupMode::kLeft) return Status::Ok();  // a repeated leave
   s.ApplyTimeouts(now, fx);
-  if (newer) {
-    s.ReplaceIncarnation(*g, incarnation, static_cast<uint32_t>(g->status.agents.size()), now,
-                         fx);
-  }
   const std::string why = reason.empty() ? "unspecified" : reason;
   g->status.mode = GroupMode::kLeft;
   g->reason = why;
@@ -175,8 +171,13 @@ Status LighthouseCore::OnLeave(const std::string& job, const std::string& group_
   fx->events.push_back(fmt::format("group_left job={} group={} incarnation={} reason={}", Q(job),
                                    Q(group_id), Q(incarnation), Q(why)));
   s.LoseMember(*g, "left: " + why, fx);
-  s.ClearAsks(*g, Error(Code::kConflict, "group {} left: {}", group_id, why), now, fx);
+  s.ClearAsks(*g,
+              Refuse(Code::kConflict, Reason::kGroupLeft, "group {} left: {}", group_id, why),
+              now, fx);
   s.DropDeadlines(*g);
+  s.RearmCollect(*g, now);
+  // Persisted, so that the life that left stays left after a restart.
+  fx->persist_groups.push_back(s.GroupRecord(*g));
   s.Evaluate(*g->job, now, fx);
   return Status::Ok();
 }
@@ -190,18 +191,29 @@ Result<bool> LighthouseCore::OnCommit(const CommitInput& in, TimePoint now, Effe
   LK_ASSIGN_OR_RETURN(Impl::Group * g, s.FindCurrent(in.job, in.group_id, in.incarnation));
   Impl::Job& job = *g->job;
   if (g->status.mode == GroupMode::kLeft) {
-    return Error(Code::kConflict, "incarnation {} of group {} left", in.incarnation, in.group_id);
+    return Refuse(Code::kConflict, Reason::kGroupLeft, "incarnation {} of group {} left",
+                  in.incarnation, in.group_id);
   }
   if (in.node_rank >= g->status.agents.size()) {
     return InvalidArgument("node_rank={} >= nodes={}", in.node_rank, g->status.agents.size());
   }
   if (in.quorum_id != job.quorum_id) {
-    return Error(Code::kConflict, "commit for quorum {} but the current quorum is {}",
-                 in.quorum_id, job.quorum_id);
+    return Refuse(Code::kConflict, Reason::kWrongQuorum,
+                  "commit for quorum {} but the current quorum is {}", in.quorum_id,
+                  job.quorum_id);
   }
   if (!g->in_quorum) {
-    return Error(Code::kConflict, "group {} is not a member of quorum {}", in.group_id,
-                 job.quorum_id);
+    return Refuse(Code::kConflict, Reason::kNotAMember, "group {} is not a member of quorum {}",
+                  in.group_id, job.quorum_id);
+  }
+  // Every member starts the quorum's outer step at max_step (the healers heal to it), so the
+  // one step a successful commit can complete is max_step + 1. A failed commit moves no step.
+  const uint64_t expected = uint64_t{job.plan.max_step} + 1;
+  if (in.ok && in.step != expected) {
+    return Refuse(Code::kConflict, Reason::kWrongStep,
+                  "commit of step {} in quorum {}, which started at step {}: only step {} can "
+                  "be committed",
+                  in.step, job.quorum_id, job.plan.max_step, expected);
   }
   s.ApplyTimeouts(now, fx);
   // A timeout due at `now` may have issued a newer quorum: the commit then only moves steps.
@@ -236,11 +248,14 @@ std::optional<TimePoint> LighthouseCore::NextDeadline() const {
 
 Result<WatchResult> LighthouseCore::Watch(const std::string& job, uint32_t quorum_id) const {
   auto j = impl_->jobs.find(job);
-  if (j == impl_->jobs.end()) return Error(Code::kNotFound, "unknown job {}", job);
+  if (j == impl_->jobs.end()) {
+    return Refuse(Code::kNotFound, Reason::kUnknownJob, "unknown job {}", job);
+  }
   const Impl::Job& state = j->second;
   if (quorum_id > state.quorum_id) {
-    return InvalidArgument("quorum {} of job {} was never issued (current {})", quorum_id, job,
-                           state.quorum_id);
+    return Refuse(Code::kInvalidArgument, Reason::kQuorumNotIssued,
+                  "quorum {} of job {} was never issued (current {})", quorum_id, job,
+                  state.quorum_id);
   }
   WatchResult r;
   r.quorum_id = state.quorum_id;
@@ -257,5 +272,7 @@ uint32_t LighthouseCore::CommittedStep(const std::string& job) const {
 }
 
 size_t LighthouseCore::GroupCount() const { return impl_->group_count; }
+
+size_t LighthouseCore::JobCount() const { return impl_->jobs.size(); }
 
 }  // namespace lk::lighthouse

@@ -35,8 +35,15 @@ struct CoreOptions {
   // A quorum member whose step does not advance for this long, while it is not waiting in a
   // quorum round, is failed (rule 8). Zero disables the rule.
   Millis progress_timeout{0};
-  // Retired incarnations remembered per group, so that a stale agent gets a clear 409.
+  // Retired incarnations remembered per group (persisted), so that a stale agent gets a clear
+  // 409 STALE_INCARNATION by name; older lives are still refused by their generation.
   uint32_t retired_incarnations_max = 16;
+  // Jobs the core holds at most; a heartbeat or ask that would create one more is refused
+  // (kResourceExhausted, JOBS_MAX). Existing jobs are unaffected.
+  uint32_t jobs_max = 1024;
+  // A group that left, or whose heartbeats stopped, is forgotten this long after (its record
+  // deleted; the job's generation counter keeps its lives refused). Zero keeps groups forever.
+  Millis group_grace{600'000};
   // Checkpoints remembered per job in the registry (newest kept).
   uint32_t checkpoints_per_job_max = 64;
   // Bounds on what one request can make the core hold (kInvalidArgument / kResourceExhausted).
@@ -81,12 +88,31 @@ struct JobRecordData {
   // Ids up to this one may have been handed out (the store's synced reservation); after a
   // restart new ids start above it. 0: none beyond quorum_id.
   uint32_t quorum_id_reserved = 0;
+  // The last incarnation generation handed out in this job.
+  uint32_t generation_last = 0;
+};
+
+// What the shell persists per group (RocksDB value): the current incarnation with its
+// generation and the recent retired ones, so that a replaced life stays dead after a restart.
+struct GroupRecordData {
+  std::string job, group_id, incarnation;
+  uint32_t generation = 0;
+  uint32_t nodes = 1;
+  bool left = false;
+  std::string reason;
+  struct Retired {
+    std::string incarnation;
+    uint32_t generation = 0;
+    bool operator==(const Retired&) const = default;
+  };
+  std::vector<Retired> retired;  // oldest first
 };
 
 struct HeartbeatInput {
   std::string job, group_id, incarnation;
   uint32_t node_rank = 0, nodes = 1, step = 0;
   std::string phase, address;
+  uint32_t generation = 0;  // what the agent was told (HeartbeatResult::generation); 0: nothing
 };
 
 struct JoinInput {
@@ -95,6 +121,7 @@ struct JoinInput {
   bool shrink_only = false;
   bool has_state = true;
   std::string address;
+  uint32_t generation = 0;  // as in HeartbeatInput
 };
 
 struct CommitInput {
@@ -122,6 +149,7 @@ struct QuorumAnswer {
   std::optional<CheckpointData> restore_checkpoint;  // no live state anywhere: restore this
   bool initial = false;                          // first start: take replica_rank 0's weights
   std::string reason;
+  uint32_t generation = 0;  // the answered member's incarnation generation
 };
 
 // Identifies one waiting agent (a pending POST /v1/quorum).
@@ -138,6 +166,9 @@ struct Effects {
   // Checkpoints pushed out of the bounded registry: delete them from the store.
   std::vector<CheckpointData> drop_checkpoints;
   std::vector<std::string> forget_jobs;  // delete all persisted state of these jobs
+  // Group records to write, and groups collected after their grace period (job, group_id).
+  std::vector<GroupRecordData> persist_groups;
+  std::vector<std::pair<std::string, std::string>> drop_groups;
   // Answer these waiting agents.
   std::vector<std::pair<AgentKey, QuorumAnswer>> answers;
   // Waiting agents to answer with an error (their incarnation was replaced, they left, ...).
@@ -161,11 +192,12 @@ struct HeartbeatResult {
   bool drain = false;
   std::vector<FailureNoticeData> notices;
   uint32_t committed_step = 0;
+  uint32_t generation = 0;  // of the heartbeating incarnation: the agent sends it back
 };
 
 struct GroupView {
   std::string group_id, incarnation, phase, state, reason;
-  uint32_t nodes = 1, step = 0;
+  uint32_t nodes = 1, step = 0, generation = 0;
   bool healthy = false, participant = false, in_quorum = false, draining = false, diverged = false;
   Millis heartbeat_age{0};  // oldest agent's
 };
@@ -192,12 +224,18 @@ class LighthouseCore {
   explicit LighthouseCore(CoreOptions options);
 
   // Restores persisted state at start. Loaded members count as having heartbeated at `now`, so
-  // that they can rejoin on the fast path before the heartbeat timeout.
+  // that they can rejoin on the fast path before the heartbeat timeout; other loaded groups
+  // are unheard until their agents heartbeat, and are collected after the grace period if they
+  // do not. kDataLoss when the records contradict themselves.
   Status Load(std::vector<JobRecordData> jobs, std::vector<CheckpointData> checkpoints,
-              TimePoint now);
+              TimePoint now, std::vector<GroupRecordData> groups = {});
 
-  // Errors: kInvalidArgument (missing job/group/incarnation, node_rank >= nodes, nodes changed
-  // within one incarnation), kConflict (stale incarnation). An error changes nothing.
+  // Errors (each with its Reason, each changing nothing): kInvalidArgument (missing
+  // job/group/incarnation, node_rank >= nodes; NODES_CHANGED within one incarnation),
+  // kConflict (STALE_INCARNATION: a retired incarnation, or an unknown one carrying a
+  // generation this job handed out before; GROUP_LEFT), kResourceExhausted (JOBS_MAX,
+  // GROUPS_MAX). An incarnation never heard of, without a generation, is a new life of the
+  // group: it replaces the current one and gets the next generation.
   Result<HeartbeatResult> OnHeartbeat(const HeartbeatInput& in, TimePoint now, Effects* fx);
 
   // Records the ask. When the quorum can be issued now, fx->answers holds an answer for every
@@ -216,13 +254,23 @@ class LighthouseCore {
   // round until the group leaves or is unhealthy, so a retry rejoins the same round.
   void OnJoinTimeout(const AgentKey& key);
 
+  // Only the current incarnation leaves: a retired one (or an unknown one with an old
+  // generation) is STALE_INCARNATION, one never heard of is UNKNOWN_INCARNATION, and neither
+  // touches the live incarnation.
   Status OnLeave(const std::string& job, const std::string& group_id,
                  const std::string& incarnation, const std::string& reason, TimePoint now,
-                 Effects* fx);
+                 Effects* fx, uint32_t generation = 0);
 
-  // Errors: kConflict for a stale incarnation or a quorum_id that is not the current one.
+  // Accepted only from the current incarnation of a member of the current quorum, naming that
+  // quorum, and (when ok) for the step after the quorum's start, max_step + 1. Errors:
+  // kNotFound (UNKNOWN_JOB, UNKNOWN_GROUP), kConflict (STALE_INCARNATION,
+  // UNKNOWN_INCARNATION, GROUP_LEFT, WRONG_QUORUM, NOT_A_MEMBER, WRONG_STEP).
   Result<bool /*diverged*/> OnCommit(const CommitInput& in, TimePoint now, Effects* fx);
 
+  // Accepted only for a known job, at a step it committed, with a location the restore path
+  // reads: an absolute path without "." or ".." parts or control characters. Errors: kNotFound
+  // (UNKNOWN_JOB, UNKNOWN_GROUP), kConflict (CHECKPOINT_NOT_COMMITTED), kInvalidArgument
+  // (CHECKPOINT_LOCATION_INVALID, BAD_REQUEST).
   Status OnRegisterCheckpoint(const CheckpointData& ckpt, Effects* fx);
   // Newest first.
   std::vector<CheckpointData> Checkpoints(const std::string& job) const;
@@ -245,6 +293,7 @@ class LighthouseCore {
   uint32_t CommittedStep(const std::string& job) const;
   std::vector<JobView> View(TimePoint now) const;
   size_t GroupCount() const;
+  size_t JobCount() const;
 
  private:
   struct Impl;

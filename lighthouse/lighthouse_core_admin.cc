@@ -32,20 +32,45 @@ std::vector<CheckpointData> InsertCheckpoint(std::vector<CheckpointData>& list,
   return dropped;
 }
 
+// The forms the restore path reads (examples/diloco/state_io.cc, checkpoint/store.h): a local
+// or shared-filesystem path, absolute because the groups that restore run elsewhere, naming a
+// checkpoint root or one step-* directory. Relative parts could point it anywhere.
+Status CheckLocation(const std::string& location) {
+  auto invalid = [&](std::string_view why) {
+    return Refuse(Code::kInvalidArgument, Reason::kCheckpointLocationInvalid,
+                  "checkpoint location {} {}", Q(location.substr(0, 200)), why);
+  };
+  if (location.empty() || location[0] != '/') return invalid("is not an absolute path");
+  for (unsigned char c : location) {
+    if (c < 0x20 || c == 0x7f) return invalid("has a control character");
+  }
+  size_t start = 1;
+  while (start <= location.size()) {
+    size_t end = location.find('/', start);
+    if (end == std::string::npos) end = location.size();
+    std::string_view part(location.data() + start, end - start);
+    if (part == "." || part == "..") return invalid("has a '.' or '..' part");
+    start = end + 1;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status LighthouseCore::Drain(const std::string& job, const std::string& group_id, TimePoint now,
                              Effects* fx) {
   Impl& s = *impl_;
   auto j = s.jobs.find(job);
-  if (j == s.jobs.end()) return Error(Code::kNotFound, "unknown job {}", job);
+  if (j == s.jobs.end()) return Refuse(Code::kNotFound, Reason::kUnknownJob, "unknown job {}", job);
   auto it = j->second.groups.find(group_id);
   if (it == j->second.groups.end()) {
-    return Error(Code::kNotFound, "unknown group {} in job {}", group_id, job);
+    return Refuse(Code::kNotFound, Reason::kUnknownGroup, "unknown group {} in job {}", group_id,
+                  job);
   }
   Impl::Group& g = it->second;
   if (g.status.mode == GroupMode::kLeft) {
-    return Error(Code::kConflict, "group {} already left ({})", group_id, g.reason);
+    return Refuse(Code::kConflict, Reason::kGroupLeft, "group {} already left ({})", group_id,
+                  g.reason);
   }
   if (g.status.mode == GroupMode::kDraining) return Status::Ok();
   s.ApplyTimeouts(now, fx);
@@ -53,7 +78,8 @@ Status LighthouseCore::Drain(const std::string& job, const std::string& group_id
   g.reason = "drained by admin";
   fx->events.push_back(fmt::format("group_drain job={} group={} incarnation={} in_quorum={}",
                                    Q(job), Q(group_id), Q(g.status.incarnation), g.in_quorum));
-  s.ClearAsks(g, Error(Code::kConflict, "group {} is draining", group_id), now, fx);
+  s.ClearAsks(g, Refuse(Code::kConflict, Reason::kGroupDraining, "group {} is draining", group_id),
+              now, fx);
   s.Evaluate(j->second, now, fx);
   return Status::Ok();
 }
@@ -61,11 +87,13 @@ Status LighthouseCore::Drain(const std::string& job, const std::string& group_id
 Status LighthouseCore::Forget(const std::string& job, Effects* fx) {
   Impl& s = *impl_;
   auto j = s.jobs.find(job);
-  if (j == s.jobs.end()) return Error(Code::kNotFound, "unknown job {}", job);
+  if (j == s.jobs.end()) return Refuse(Code::kNotFound, Reason::kUnknownJob, "unknown job {}", job);
   Impl::Job& state = j->second;
   for (auto& [id, g] : state.groups) {
-    s.ClearAsks(g, Error(Code::kUnavailable, "job {} forgotten", job), TimePoint{}, fx);
+    s.ClearAsks(g, Refuse(Code::kUnavailable, Reason::kJobForgotten, "job {} forgotten", job),
+                TimePoint{}, fx);
     s.DropDeadlines(g);
+    s.SetDeadline(g.collect_deadline, std::nullopt, internal::DeadlineKind::kCollect, &g);
   }
   s.SetDeadline(state.join_deadline, std::nullopt, internal::DeadlineKind::kJoin, &state);
   s.group_count -= state.groups.size();
@@ -87,8 +115,24 @@ Status LighthouseCore::OnRegisterCheckpoint(const CheckpointData& ckpt, Effects*
       ckpt.location.size() > 4 * max) {
     return InvalidArgument("checkpoint field too long");
   }
-  auto [j, created] = s.jobs.try_emplace(ckpt.job);
-  if (created) j->second.name = ckpt.job;
+  LK_RETURN_IF_ERROR(CheckLocation(ckpt.location));
+  // A registration never creates a job: the registry is the restore target of a job's groups,
+  // and a job exists once one of them heartbeated.
+  auto j = s.jobs.find(ckpt.job);
+  if (j == s.jobs.end()) {
+    return Refuse(Code::kNotFound, Reason::kUnknownJob, "unknown job {}", ckpt.job);
+  }
+  if (!ckpt.group_id.empty() && !j->second.groups.count(ckpt.group_id)) {
+    return Refuse(Code::kNotFound, Reason::kUnknownGroup, "unknown group {} in job {}",
+                  ckpt.group_id, ckpt.job);
+  }
+  // The newest checkpoint is what a job without live state restores: one at a step nobody
+  // committed would make every group train from a state that never existed.
+  if (ckpt.step > j->second.committed_step) {
+    return Refuse(Code::kConflict, Reason::kCheckpointNotCommitted,
+                  "checkpoint at step {} but job {} has committed step {} only", ckpt.step,
+                  ckpt.job, j->second.committed_step);
+  }
   std::vector<CheckpointData> dropped =
       InsertCheckpoint(j->second.checkpoints, ckpt, s.options.checkpoints_per_job_max);
   fx->persist_checkpoints.push_back(ckpt);
@@ -104,8 +148,9 @@ std::vector<CheckpointData> LighthouseCore::Checkpoints(const std::string& job) 
   return j->second.checkpoints;
 }
 
-Status LighthouseCore::Load(std::vector<JobRecordData> jobs, std::vector<CheckpointData> checkpoints,
-                            TimePoint now) {
+Status LighthouseCore::Load(std::vector<JobRecordData> jobs,
+                            std::vector<CheckpointData> checkpoints, TimePoint now,
+                            std::vector<GroupRecordData> groups) {
   if (!impl_->jobs.empty()) return InvalidArgument("Load needs a core without state");
   auto next = std::make_shared<Impl>(impl_->options);
   Impl& s = *next;
@@ -142,33 +187,91 @@ Status LighthouseCore::Load(std::vector<JobRecordData> jobs, std::vector<Checkpo
     job.id_floor = std::max(rec.quorum_id, rec.quorum_id_reserved);
     job.committed_step = rec.committed_step;
     job.quorum_changes = rec.quorum_changes;
+    job.generation_last = rec.generation_last;
+  }
+  LK_RETURN_IF_ERROR(s.LoadGroups(std::move(groups), now));
+  for (JobRecordData& rec : jobs) {
+    Impl::Job& job = s.jobs.at(rec.job);
     for (const MemberData& m : rec.members) {
+      if (auto known = job.groups.find(m.group_id); known != job.groups.end()) {
+        // A group record is newer than the quorum record: a member replaced or gone since is
+        // no member any more (the next issue leaves it out).
+        Impl::Group& g = known->second;
+        if (g.status.incarnation != m.incarnation || g.status.mode == GroupMode::kLeft) continue;
+        s.LoadMember(g, m, now);
+        continue;
+      }
       Impl::Group& g = job.groups[m.group_id];
       g.job = &job;
       g.status.group_id = m.group_id;
       g.status.incarnation = m.incarnation;
       g.status.agents.resize(std::max<size_t>(1, m.addresses.size()));
-      for (size_t r = 0; r < g.status.agents.size(); ++r) {
-        AgentStatus& a = g.status.agents[r];
-        a.seen = true;
-        a.last_seen = now;  // loaded members count as heard now (fast path after a restart)
-        a.step = m.step;
-        if (r < m.addresses.size()) a.address = m.addresses[r];
-      }
-      g.status.step = m.step;
-      g.alive = true;
-      g.in_quorum = true;
-      g.progress_mark = now;
       s.AddGroupOrder(job, g);
       ++s.group_count;
-      s.RearmHeartbeat(g, TimePoint::min());
-      s.RearmProgress(g);
+      s.LoadMember(g, m, now);
     }
     job.plan = PlanFromIssued(std::move(rec.members), s.NewestCheckpoint(job));
     job.last_decision = "loaded";
   }
   impl_ = std::move(next);
   return Status::Ok();
+}
+
+Status LighthouseCore::Impl::LoadGroups(std::vector<GroupRecordData> records, TimePoint now) {
+  for (GroupRecordData& r : records) {
+    if (r.job.empty() || r.group_id.empty() || r.incarnation.empty() || r.nodes == 0 ||
+        r.nodes > options.nodes_max) {
+      return Error(Code::kDataLoss, "group record {}/{} is unnamed or has {} nodes", Q(r.job),
+                   Q(r.group_id), r.nodes);
+    }
+    auto [j, created] = jobs.try_emplace(r.job);
+    Job& job = j->second;
+    if (created) job.name = r.job;
+    auto [it, fresh] = job.groups.try_emplace(r.group_id);
+    if (!fresh) return Error(Code::kDataLoss, "group record {}/{} repeated", r.job, r.group_id);
+    Group& g = it->second;
+    g.job = &job;
+    g.status.group_id = r.group_id;
+    g.status.incarnation = r.incarnation;
+    g.status.agents.resize(r.nodes);
+    g.generation = r.generation;
+    g.retired = std::move(r.retired);
+    while (g.retired.size() > std::max<uint32_t>(1, options.retired_incarnations_max)) {
+      g.retired.erase(g.retired.begin());
+    }
+    // A generation above the job's counter can only come from a torn write; never hand it out
+    // again.
+    job.generation_last = std::max(job.generation_last, g.generation);
+    for (const auto& old : g.retired) {
+      job.generation_last = std::max(job.generation_last, old.generation);
+    }
+    if (r.left) {
+      g.status.mode = GroupMode::kLeft;
+      g.reason = r.reason.empty() ? "left" : r.reason;
+    }
+    AddGroupOrder(job, g);
+    ++group_count;
+    // Unheard until its agents heartbeat; collected after the grace period if they never do.
+    RearmCollect(g, now);
+  }
+  return Status::Ok();
+}
+
+void LighthouseCore::Impl::LoadMember(Group& g, const MemberData& m, TimePoint now) {
+  for (size_t r = 0; r < g.status.agents.size(); ++r) {
+    AgentStatus& a = g.status.agents[r];
+    a.seen = true;
+    a.last_seen = now;  // loaded members count as heard now (fast path after a restart)
+    a.step = m.step;
+    if (r < m.addresses.size()) a.address = m.addresses[r];
+  }
+  g.status.step = m.step;
+  g.alive = true;
+  g.in_quorum = true;
+  g.progress_mark = now;
+  RearmHeartbeat(g, TimePoint::min());
+  RearmProgress(g);
+  RearmCollect(g, now);
 }
 
 std::vector<JobView> LighthouseCore::View(TimePoint now) const {
@@ -190,6 +293,7 @@ std::vector<JobView> LighthouseCore::View(TimePoint now) const {
       gv.incarnation = g.status.incarnation;
       gv.nodes = static_cast<uint32_t>(g.status.agents.size());
       gv.step = g.status.step;
+      gv.generation = g.generation;
       gv.healthy = IsHealthy(g.status, s.options, now);
       gv.participant = IsParticipant(g.status);
       gv.in_quorum = g.in_quorum && !g.lost;

@@ -92,6 +92,7 @@ void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint no
         fx->answers.push_back({AgentKey{job.name, g.status.group_id, g.status.incarnation, node},
                                AnswerFor(job.plan, job.quorum_id, rank, d.reason,
                                          options.answer_members_inline)});
+        fx->answers.back().second.generation = g.generation;
       }
       a.asked = a.waiting = false;
     }
@@ -155,6 +156,7 @@ JobRecordData LighthouseCore::Impl::Record(const Job& job) const {
   r.members = job.plan.members;
   r.committed_step = job.committed_step;
   r.quorum_changes = job.quorum_changes;
+  r.generation_last = job.generation_last;
   return r;
 }
 

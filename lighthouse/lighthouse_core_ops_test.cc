@@ -287,9 +287,13 @@ TEST_CASE("checkpoint registry: newest first - bounded - and restored when no st
   CoreOptions o;
   o.checkpoints_per_job_max = 3;
   Harness h(o);
+  // Checkpoints are registered only at committed steps: group x commits step 5, then leaves.
+  h.Form({"x"}, 4);
+  REQUIRE(h.Commit("x", h.Answer("x")->quorum_id, 5).ok());
+  REQUIRE(h.Leave("x").ok());
   for (uint32_t step : {3u, 1u, 5u, 2u, 4u}) {
     h.fx = {};
-    REQUIRE(h.core.OnRegisterCheckpoint({"j", step, "/c/" + std::to_string(step), "d", "a", 0},
+    REQUIRE(h.core.OnRegisterCheckpoint({"j", step, "/c/" + std::to_string(step), "d", "x", 0},
                                         &h.fx)
                 .ok());
   }
@@ -313,7 +317,7 @@ TEST_CASE("checkpoint registry: newest first - bounded - and restored when no st
 
 TEST_CASE("a restore from a checkpoint older than the committed step is reported with the steps lost") {
   Harness h;
-  h.Form({"a", "b"});
+  h.Form({"a", "b"}, 7);
   uint32_t q = h.Answer("a")->quorum_id;
   REQUIRE(h.Commit("a", q, 8).ok());
   REQUIRE(h.Commit("b", q, 8).ok());
@@ -334,7 +338,10 @@ TEST_CASE("a restore from a checkpoint older than the committed step is reported
                    "lost_steps=3 location=/c/5"));
   // A restore that is not behind says nothing.
   Harness fresh;
-  REQUIRE(fresh.core.OnRegisterCheckpoint({"j", 5, "/c/5", "d", "a", 0}, &fresh.fx).ok());
+  fresh.Form({"x"}, 4);
+  REQUIRE(fresh.Commit("x", fresh.Answer("x")->quorum_id, 5).ok());
+  REQUIRE(fresh.Leave("x").ok());
+  REQUIRE(fresh.core.OnRegisterCheckpoint({"j", 5, "/c/5", "d", "x", 0}, &fresh.fx).ok());
   REQUIRE(fresh.Beat("a").ok());
   REQUIRE(fresh.Join("a", 0, "i1", 0, 1, false).ok());
   REQUIRE(fresh.Answer("a")->restore_checkpoint.has_value());
@@ -358,13 +365,19 @@ TEST_CASE("view: group states and events quote values with spaces") {
   CHECK(!h.Group("c")->in_quorum);
 }
 
-TEST_CASE("NextDeadline: none without state - none after everyone left") {
+TEST_CASE("NextDeadline: none without state - only the collection after everyone left") {
   Harness h;
   CHECK(!h.core.NextDeadline().has_value());
   h.Form({"a"});
   CHECK(h.core.NextDeadline().has_value());
   REQUIRE(h.Leave("a").ok());
+  // The group that left is forgotten after the grace period; then nothing is pending.
+  REQUIRE(h.core.NextDeadline().has_value());
+  CHECK(*h.core.NextDeadline() == h.clock.Now() + h.options.group_grace);
+  h.clock.Advance(h.options.group_grace);
+  h.Tick();
   CHECK(!h.core.NextDeadline().has_value());
+  CHECK(h.Group("a") == nullptr);
 }
 
 TEST_CASE("hot path: an unchanged quorum of 16 groups issues well under 0.3 ms") {

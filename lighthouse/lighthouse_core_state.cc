@@ -18,9 +18,11 @@ Status CoreOptions::Validate() const {
   if (heartbeat_timeout.count() <= 0) return InvalidArgument("heartbeat_timeout must be positive");
   if (progress_timeout.count() < 0) return InvalidArgument("progress_timeout must not be negative");
   if (checkpoints_per_job_max == 0) return InvalidArgument("checkpoints_per_job_max must be >= 1");
-  if (groups_per_job_max == 0 || nodes_max == 0 || text_bytes_max == 0) {
-    return InvalidArgument("groups_per_job_max, nodes_max and text_bytes_max must be >= 1");
+  if (groups_per_job_max == 0 || nodes_max == 0 || text_bytes_max == 0 || jobs_max == 0) {
+    return InvalidArgument(
+        "jobs_max, groups_per_job_max, nodes_max and text_bytes_max must be >= 1");
   }
+  if (group_grace.count() < 0) return InvalidArgument("group_grace must not be negative");
   return Status::Ok();
 }
 
@@ -55,51 +57,84 @@ Status LighthouseCore::Impl::CheckAgent(const std::string& job, const std::strin
   return Status::Ok();
 }
 
+bool LighthouseCore::Impl::IsDeadLife(const Job& job, const Group* g,
+                                      const std::string& incarnation, uint32_t generation) const {
+  // A generation this job handed out before belongs to a life the lighthouse knows: if that
+  // life is not the current one, it is over, however long ago it was retired.
+  if (generation > 0 && generation <= job.generation_last &&
+      (g == nullptr || g->status.incarnation != incarnation)) {
+    return true;
+  }
+  if (g == nullptr) return false;
+  return std::any_of(g->retired.begin(), g->retired.end(), [&](const GroupRecordData::Retired& r) {
+    return r.incarnation == incarnation;
+  });
+}
+
 Status LighthouseCore::Impl::CheckIncarnation(const std::string& job, const std::string& group_id,
-                                              const std::string& incarnation,
-                                              uint32_t nodes) const {
+                                              const std::string& incarnation, uint32_t nodes,
+                                              uint32_t generation) const {
   auto j = jobs.find(job);
-  if (j == jobs.end()) return Status::Ok();
+  if (j == jobs.end()) {
+    if (jobs.size() >= options.jobs_max) {
+      return Refuse(Code::kResourceExhausted, Reason::kJobsMax,
+                    "the lighthouse already holds {} jobs (--jobs-max)", jobs.size());
+    }
+    return Status::Ok();
+  }
   auto it = j->second.groups.find(group_id);
-  if (it == j->second.groups.end()) {
+  const Group* g = it == j->second.groups.end() ? nullptr : &it->second;
+  if (IsDeadLife(j->second, g, incarnation, generation)) {
+    return Refuse(Code::kConflict, Reason::kStaleIncarnation,
+                  "stale incarnation {} of group {} (current {})", incarnation, group_id,
+                  g == nullptr ? "none" : g->status.incarnation);
+  }
+  if (g == nullptr) {
     if (j->second.groups.size() >= options.groups_per_job_max) {
-      return Error(Code::kResourceExhausted, "job {} already tracks {} groups", job,
-                   j->second.groups.size());
+      return Refuse(Code::kResourceExhausted, Reason::kGroupsMax,
+                    "job {} already tracks {} groups", job, j->second.groups.size());
     }
     return Status::Ok();
   }
-  const Group& g = it->second;
-  if (g.status.incarnation == incarnation) {
-    if (g.status.mode == GroupMode::kLeft) {
-      return Error(Code::kConflict, "incarnation {} of group {} left ({})", incarnation, group_id,
-                   g.reason);
+  if (g->status.incarnation == incarnation) {
+    if (g->status.mode == GroupMode::kLeft) {
+      return Refuse(Code::kConflict, Reason::kGroupLeft, "incarnation {} of group {} left ({})",
+                    incarnation, group_id, g->reason);
     }
-    if (g.status.agents.size() != nodes) {
-      return InvalidArgument("nodes changed within incarnation {} of group {}: {} -> {}",
-                             incarnation, group_id, g.status.agents.size(), nodes);
+    if (g->status.agents.size() != nodes) {
+      return Refuse(Code::kInvalidArgument, Reason::kNodesChanged,
+                    "nodes changed within incarnation {} of group {}: {} -> {}", incarnation,
+                    group_id, g->status.agents.size(), nodes);
     }
-    return Status::Ok();
   }
-  if (std::find(g.retired.begin(), g.retired.end(), incarnation) != g.retired.end()) {
-    return Error(Code::kConflict, "stale incarnation {} of group {} (current {})", incarnation,
-                 group_id, g.status.incarnation);
-  }
-  return Status::Ok();  // a new incarnation: it replaces the current one
+  return Status::Ok();  // the current incarnation, or a new one that replaces it
 }
 
 Result<LighthouseCore::Impl::Group*> LighthouseCore::Impl::FindCurrent(
-    const std::string& job, const std::string& group_id, const std::string& incarnation) {
+    const std::string& job, const std::string& group_id, const std::string& incarnation,
+    uint32_t generation) {
   auto j = jobs.find(job);
-  if (j == jobs.end()) return Error(Code::kNotFound, "unknown job {}", job);
+  if (j == jobs.end()) return Refuse(Code::kNotFound, Reason::kUnknownJob, "unknown job {}", job);
   auto it = j->second.groups.find(group_id);
   if (it == j->second.groups.end()) {
-    return Error(Code::kNotFound, "unknown group {} in job {}", group_id, job);
+    if (IsDeadLife(j->second, nullptr, incarnation, generation)) {
+      return Refuse(Code::kConflict, Reason::kStaleIncarnation,
+                    "stale incarnation {} (generation {}) of group {}", incarnation, generation,
+                    group_id);
+    }
+    return Refuse(Code::kNotFound, Reason::kUnknownGroup, "unknown group {} in job {}",
+                  group_id, job);
   }
   Group& g = it->second;
   if (g.status.incarnation != incarnation) {
-    bool retired = std::find(g.retired.begin(), g.retired.end(), incarnation) != g.retired.end();
-    return Error(Code::kConflict, "{} incarnation {} of group {} (current {})",
-                 retired ? "stale" : "unknown", incarnation, group_id, g.status.incarnation);
+    if (IsDeadLife(j->second, &g, incarnation, generation)) {
+      return Refuse(Code::kConflict, Reason::kStaleIncarnation,
+                    "stale incarnation {} of group {} (current {})", incarnation, group_id,
+                    g.status.incarnation);
+    }
+    return Refuse(Code::kConflict, Reason::kUnknownIncarnation,
+                  "unknown incarnation {} of group {} (current {}): it never heartbeated",
+                  incarnation, group_id, g.status.incarnation);
   }
   return &g;
 }
@@ -128,12 +163,72 @@ LighthouseCore::Impl::Group& LighthouseCore::Impl::Admit(const std::string& job_
     g.status.agents.resize(nodes);
     AddGroupOrder(job, g);
     ++group_count;
-    fx->events.push_back(fmt::format("group_new job={} group={} incarnation={} nodes={}",
-                                     Q(job_name), Q(group_id), Q(incarnation), nodes));
+    NewGeneration(g, fx);
+    fx->events.push_back(fmt::format("group_new job={} group={} incarnation={} nodes={} "
+                                     "generation={}",
+                                     Q(job_name), Q(group_id), Q(incarnation), nodes,
+                                     g.generation));
   } else if (g.status.incarnation != incarnation) {
     ReplaceIncarnation(g, incarnation, nodes, now, fx);
   }
+  // A life that never comes alive (a node of it never heartbeats) is collected in time too.
+  RearmCollect(g, now);
   return g;
+}
+
+void LighthouseCore::Impl::NewGeneration(Group& g, Effects* fx) {
+  Job& job = *g.job;
+  LK_CHECK(job.generation_last < UINT32_MAX) << "generation overflow in job " << job.name;
+  g.generation = ++job.generation_last;
+  // Synced before the agent hears its generation (the shell syncs group records): a restart
+  // never hands the same generation to another life.
+  fx->persist_groups.push_back(GroupRecord(g));
+  fx->persist_jobs.push_back(Record(job));
+}
+
+GroupRecordData LighthouseCore::Impl::GroupRecord(const Group& g) const {
+  GroupRecordData r;
+  r.job = g.job->name;
+  r.group_id = g.status.group_id;
+  r.incarnation = g.status.incarnation;
+  r.generation = g.generation;
+  r.nodes = static_cast<uint32_t>(g.status.agents.size());
+  r.left = g.status.mode == GroupMode::kLeft;
+  if (r.left) r.reason = g.reason;
+  r.retired = g.retired;
+  return r;
+}
+
+void LighthouseCore::Impl::RearmCollect(Group& g, TimePoint now) {
+  std::optional<TimePoint> at;
+  if (options.group_grace.count() > 0 && (g.status.mode == GroupMode::kLeft || !g.alive)) {
+    at = g.collect_deadline ? *g.collect_deadline : now + options.group_grace;
+  }
+  SetDeadline(g.collect_deadline, at, DeadlineKind::kCollect, &g);
+}
+
+void LighthouseCore::Impl::Collect(Group& g, TimePoint now, Effects* fx) {
+  if (g.status.mode != GroupMode::kLeft && IsAlive(g.status, options.heartbeat_timeout, now)) {
+    return;  // it came back: Touch cleared the deadline, so this cannot happen
+  }
+  Job& job = *g.job;
+  const std::string id = g.status.group_id;
+  fx->events.push_back(fmt::format("group_collected job={} group={} incarnation={} "
+                                   "generation={} reason={}",
+                                   Q(job.name), Q(id), Q(g.status.incarnation), g.generation,
+                                   Q(g.reason.empty() ? "unheard" : g.reason)));
+  LoseMember(g, "collected", fx);
+  // A node of a group that never came back alive may still wait in a round: it is answered.
+  ClearAsks(g,
+            Refuse(Code::kUnavailable, Reason::kGroupUnhealthy, "group {} collected: {}", id,
+                   g.reason.empty() ? "unheard" : g.reason),
+            now, fx);
+  DropDeadlines(g);
+  SetDeadline(g.collect_deadline, std::nullopt, DeadlineKind::kCollect, &g);
+  std::erase(job.order, &g.status);
+  fx->drop_groups.push_back({job.name, id});
+  job.groups.erase(id);
+  --group_count;
 }
 
 void LighthouseCore::Impl::ReplaceIncarnation(Group& g, const std::string& incarnation,
@@ -143,11 +238,14 @@ void LighthouseCore::Impl::ReplaceIncarnation(Group& g, const std::string& incar
                                    Q(g.job->name), Q(g.status.group_id), Q(old),
                                    Q(incarnation)));
   LoseMember(g, "incarnation_replaced", fx);
-  ClearAsks(g, Error(Code::kConflict, "incarnation {} of group {} replaced by {}", old,
-                     g.status.group_id, incarnation),
+  ClearAsks(g,
+            Refuse(Code::kConflict, Reason::kIncarnationReplaced,
+                   "incarnation {} of group {} replaced by {}", old, g.status.group_id,
+                   incarnation),
             now, fx);
   DropDeadlines(g);
-  g.retired.push_back(old);
+  SetDeadline(g.collect_deadline, std::nullopt, DeadlineKind::kCollect, &g);
+  g.retired.push_back({old, g.generation});
   while (g.retired.size() > std::max<uint32_t>(1, options.retired_incarnations_max)) {
     g.retired.erase(g.retired.begin());
   }
@@ -160,6 +258,7 @@ void LighthouseCore::Impl::ReplaceIncarnation(Group& g, const std::string& incar
   g.alive = g.in_quorum = g.lost = g.committed = false;
   g.hash_step = 0;
   g.state_hash.clear();
+  NewGeneration(g, fx);
 }
 
 bool LighthouseCore::Impl::Touch(Group& g, uint32_t node_rank, uint32_t step,
@@ -181,6 +280,7 @@ bool LighthouseCore::Impl::Touch(Group& g, uint32_t node_rank, uint32_t step,
   RearmHeartbeat(g, now);
   if (g.alive || !IsAlive(g.status, options.heartbeat_timeout, now)) return false;
   g.alive = true;
+  RearmCollect(g, now);
   if (g.status.mode != GroupMode::kLeft) g.reason.clear();
   fx->events.push_back(fmt::format("group_healthy job={} group={} incarnation={}",
                                    Q(g.job->name), Q(g.status.group_id),
@@ -243,7 +343,10 @@ void LighthouseCore::Impl::ApplyTimeouts(TimePoint now, Effects* fx) {
       due.push_back({job->name, "", kind, who});
     } else {
       Group* g = static_cast<Group*>(who);
-      (kind == DeadlineKind::kHeartbeat ? g->heartbeat_deadline : g->progress_deadline).reset();
+      (kind == DeadlineKind::kHeartbeat  ? g->heartbeat_deadline
+       : kind == DeadlineKind::kProgress ? g->progress_deadline
+                                         : g->collect_deadline)
+          .reset();
       due.push_back({g->job->name, g->status.group_id, kind, who});
     }
   }
@@ -259,8 +362,10 @@ void LighthouseCore::Impl::ApplyTimeouts(TimePoint now, Effects* fx) {
     touched[d.job] = g->job;
     if (d.kind == DeadlineKind::kHeartbeat) {
       Expire(*g, now, fx);
-    } else {
+    } else if (d.kind == DeadlineKind::kProgress) {
       Evict(*g, now, fx);
+    } else {
+      Collect(*g, now, fx);
     }
   }
   for (auto& [name, job] : touched) Evaluate(*job, now, fx);
@@ -283,8 +388,10 @@ void LighthouseCore::Impl::Expire(Group& g, TimePoint now, Effects* fx) {
                                    Q(g.status.incarnation), Q(g.reason)));
   LoseMember(g, "heartbeat_timeout", fx);
   ClearAsks(g,
-            Error(Code::kUnavailable, "group {} unhealthy: {}", g.status.group_id, g.reason), now,
-            fx);
+            Refuse(Code::kUnavailable, Reason::kGroupUnhealthy, "group {} unhealthy: {}",
+                   g.status.group_id, g.reason),
+            now, fx);
+  RearmCollect(g, now);
 }
 
 void LighthouseCore::Impl::Evict(Group& g, TimePoint now, Effects* fx) {
@@ -298,7 +405,9 @@ void LighthouseCore::Impl::Evict(Group& g, TimePoint now, Effects* fx) {
       Q(g.job->name), Q(g.status.group_id), Q(g.status.incarnation), g.status.step,
       ToMillis(now - g.progress_mark)));
   LoseMember(g, "progress_stalled", fx);
-  ClearAsks(g, Error(Code::kAborted, "group {} evicted: progress_stalled", g.status.group_id),
+  ClearAsks(g,
+            Refuse(Code::kAborted, Reason::kGroupEvicted, "group {} evicted: progress_stalled",
+                   g.status.group_id),
             now, fx);
 }
 

@@ -15,7 +15,9 @@
 
 namespace lk::lighthouse::internal {
 
-enum class DeadlineKind : uint8_t { kHeartbeat, kProgress, kJoin };
+// kCollect sorts last, so that a group's other timeouts due at the same instant run before it
+// may be erased.
+enum class DeadlineKind : uint8_t { kHeartbeat, kProgress, kJoin, kCollect };
 
 struct Job;
 
@@ -23,7 +25,8 @@ struct Job;
 struct Group {
   GroupStatus status;
   Job* job = nullptr;
-  std::vector<std::string> retired;  // earlier incarnations, oldest first (bounded)
+  uint32_t generation = 0;           // of the current incarnation (0: loaded from an old record)
+  std::vector<GroupRecordData::Retired> retired;  // earlier incarnations, oldest first (bounded)
   std::string reason;                // why it left, was evicted, or is unhealthy
   bool alive = false;      // cached IsAlive, moved only by inputs and timeouts (for events)
   bool in_quorum = false;  // this incarnation is a member of the job's current quorum
@@ -33,6 +36,8 @@ struct Group {
   uint32_t hash_step = 0;     // step of the last state_hash it reported
   std::string state_hash;
   std::optional<TimePoint> heartbeat_deadline, progress_deadline;
+  // When the group is forgotten: set while it has left or its heartbeats stopped.
+  std::optional<TimePoint> collect_deadline;
 };
 
 struct Job {
@@ -41,6 +46,7 @@ struct Job {
   uint32_t id_floor = 0;  // a new id is above this too (the reservation loaded at start)
   uint32_t committed_step = 0;
   uint32_t quorum_changes = 0;
+  uint32_t generation_last = 0;  // the last incarnation generation handed out (persisted)
   RecoveryPlan plan;      // the current quorum; plan.members is what gets persisted
   bool force_new = false; // a member was lost or reported a failed commit since the last issue
   bool lost = false;      // the current quorum lost a member
@@ -80,10 +86,16 @@ struct LighthouseCore::Impl {
                     const std::string& address, const std::string& phase) const;
   // Stateful checks of a heartbeat or ask; changes nothing.
   Status CheckIncarnation(const std::string& job, const std::string& group_id,
-                          const std::string& incarnation, uint32_t nodes) const;
-  // Looks up a group whose current incarnation is `incarnation` (commit, leave).
+                          const std::string& incarnation, uint32_t nodes,
+                          uint32_t generation) const;
+  // Looks up a group whose current incarnation is `incarnation` (commit, leave); the errors
+  // name why not (UNKNOWN_JOB, UNKNOWN_GROUP, STALE_INCARNATION, UNKNOWN_INCARNATION).
   Result<Group*> FindCurrent(const std::string& job, const std::string& group_id,
-                             const std::string& incarnation);
+                             const std::string& incarnation, uint32_t generation = 0);
+  // Whether `incarnation` (with the generation its agent sent) is a life of this group that is
+  // over: a retired one, or one carrying a generation this job handed out before.
+  bool IsDeadLife(const Job& job, const Group* g, const std::string& incarnation,
+                  uint32_t generation) const;
 
   // Creates the job and group as needed and replaces an older incarnation.
   Group& Admit(const std::string& job, const std::string& group_id,
@@ -110,6 +122,15 @@ struct LighthouseCore::Impl {
   void Issue(Job& job, const QuorumDecision& d, TimePoint now, Effects* fx);
   void CheckDivergence(Job& job, uint32_t step, Effects* fx);
   JobRecordData Record(const Job& job) const;
+  // Load's parts: the persisted groups (unheard, collection armed) and a loaded quorum member.
+  Status LoadGroups(std::vector<GroupRecordData> records, TimePoint now);
+  void LoadMember(Group& g, const MemberData& m, TimePoint now);
+  GroupRecordData GroupRecord(const Group& g) const;
+  // Hands the group's current incarnation the next generation and persists both records.
+  void NewGeneration(Group& g, Effects* fx);
+  // Arms (or, while the group lives, clears) its collection after the grace period.
+  void RearmCollect(Group& g, TimePoint now);
+  void Collect(Group& g, TimePoint now, Effects* fx);
   std::optional<CheckpointData> NewestCheckpoint(const Job& job) const;
 
   void SetDeadline(std::optional<TimePoint>& slot, std::optional<TimePoint> at,
@@ -117,7 +138,7 @@ struct LighthouseCore::Impl {
   // Arms the group's expiry; none when it is already expired at `now` (processed before).
   void RearmHeartbeat(Group& g, TimePoint now);
   void RearmProgress(Group& g);
-  void DropDeadlines(Group& g);
+  void DropDeadlines(Group& g);  // heartbeat and progress (collection stays armed)
   void AddGroupOrder(Job& job, const Group& g);
 };
 

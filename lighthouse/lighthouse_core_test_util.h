@@ -26,9 +26,9 @@ struct Harness {
   }
   Result<HeartbeatResult> Beat(const std::string& g, uint32_t step = 0,
                                const std::string& inc = "i1", uint32_t node = 0,
-                               uint32_t nodes = 1) {
+                               uint32_t nodes = 1, uint32_t generation = 0) {
     fx = {};
-    HeartbeatInput in{job, g, inc, node, nodes, step, "train", "addr-" + g};
+    HeartbeatInput in{job, g, inc, node, nodes, step, "train", "addr-" + g, generation};
     return core.OnHeartbeat(in, clock.Now(), &fx);
   }
   Result<bool> Commit(const std::string& g, uint32_t quorum_id, uint32_t step, bool ok = true,
@@ -37,9 +37,9 @@ struct Harness {
     return core.OnCommit(CommitInput{job, g, inc, 0, quorum_id, step, ok, hash}, clock.Now(),
                          &fx);
   }
-  Status Leave(const std::string& g, const std::string& inc = "i1") {
+  Status Leave(const std::string& g, const std::string& inc = "i1", uint32_t generation = 0) {
     fx = {};
-    return core.OnLeave(job, g, inc, "preempted", clock.Now(), &fx);
+    return core.OnLeave(job, g, inc, "preempted", clock.Now(), &fx, generation);
   }
   void Tick() {
     fx = {};
@@ -92,9 +92,14 @@ inline std::string Snapshot(const LighthouseCore& core, TimePoint now) {
     out += j.job + " q" + std::to_string(j.quorum_id) + " c" + std::to_string(j.committed_step) +
            " " + j.last_decision + "\n";
     for (const GroupView& g : j.groups) {
-      out += g.group_id + "/" + g.incarnation + " " + g.state + " s" + std::to_string(g.step) +
+      out += g.group_id + "/" + g.incarnation + " g" + std::to_string(g.generation) + " " +
+             g.state + " s" + std::to_string(g.step) +
              (g.participant ? " p" : "") + (g.healthy ? " h" : "") + " " + g.reason + "\n";
     }
+  }
+  out += "checkpoints";
+  for (const JobView& j : core.View(now)) {
+    for (const CheckpointData& c : j.checkpoints) out += " " + std::to_string(c.step) + c.location;
   }
   return out + (core.NextDeadline() ? std::to_string(core.NextDeadline()->time_since_epoch().count())
                                     : "none");

@@ -87,6 +87,13 @@ void PrintStatus(const pb::StatusResponse& st) {
   }
 }
 
+// An error for people, with the lighthouse's reason code when it sent one: scripts that wrap
+// lkctl match the code in brackets, never the prose before it.
+std::string Describe(const Status& st) {
+  if (st.reason() == Reason::kUnspecified) return st.message();
+  return fmt::format("{} [{}]", st.message(), ReasonName(st.reason()));
+}
+
 volatile std::sig_atomic_t g_stop = 0;
 
 int Watch(http::Client& client, const Common& c) {
@@ -96,7 +103,7 @@ int Watch(http::Client& client, const Common& c) {
   while (!g_stop) {
     auto st = FetchStatus(client, c.job);
     if (!st.ok()) {
-      std::printf("lighthouse unreachable: %s\n", st.status().message().c_str());
+      std::printf("lighthouse unreachable: %s\n", Describe(st.status()).c_str());
     } else {
       for (const auto& j : st->jobs()) {
         std::string groups;
@@ -121,7 +128,7 @@ int Admin(http::Client& client, const std::string& target, const google::protobu
   pb::Empty resp;
   Status st = client.Call("POST", target, req, &resp, Millis(5000));
   if (!st.ok()) {
-    std::fprintf(stderr, "lkctl: %s\n", st.message().c_str());
+    std::fprintf(stderr, "lkctl: %s\n", Describe(st).c_str());
     return 1;
   }
   std::printf("ok\n");
@@ -175,7 +182,7 @@ int Main(int argc, const char* const* argv) {
   if (cmd == "status" && pos.size() == 1) {
     auto s = FetchStatus(**client, c.job);
     if (!s.ok()) {
-      std::fprintf(stderr, "lkctl: %s\n", s.status().message().c_str());
+      std::fprintf(stderr, "lkctl: %s\n", Describe(s.status()).c_str());
       return 1;
     }
     if (c.json) std::printf("%s\n", http::ToJson(*s, true).c_str());

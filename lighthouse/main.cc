@@ -23,6 +23,9 @@ int main(int argc, char** argv) {
   uint64_t body_bytes_max = o.http.body_bytes_max;
   int64_t body_max = static_cast<int64_t>(body_bytes_max);
   uint32_t connections_max = o.http.connections_max;
+  int64_t request_buffer_max = static_cast<int64_t>(o.http.request_buffer_bytes_max);
+  uint32_t jobs_max = o.core.jobs_max;
+  uint32_t group_grace_ms = static_cast<uint32_t>(o.core.group_grace.count());
   std::string log_level = "info";
 
   Flags flags("lighthouse",
@@ -32,7 +35,9 @@ int main(int argc, char** argv) {
   flags.Add("bind", &o.bind, "HOST:PORT to listen on; port 0 picks a free port");
   flags.Add("data-dir", &data_dir, "directory of the RocksDB state (created if missing)");
   flags.Add("token-file", &o.token_file,
-            "job tokens, one per line: 'TOKEN' (any job) or 'JOB TOKEN'; empty = no auth");
+            "tokens, one per line: 'TOKEN' (all jobs), 'JOB TOKEN' (that job), "
+            "'role=read-only TOKEN' (/status and /metrics of every job, changes nothing); "
+            "empty = no auth");
   flags.Add("admin-token-file", &o.admin_token_file, "file holding the admin token");
   flags.Add("min-replicas", &min_replicas, "fewest groups in a quorum");
   flags.Add("join-timeout-ms", &join_timeout_ms,
@@ -49,6 +54,14 @@ int main(int argc, char** argv) {
             "a request must arrive in full within this once it started");
   flags.Add("body-bytes-max", &body_max, "largest request body accepted");
   flags.Add("connections-max", &connections_max, "connections beyond this are closed at once");
+  flags.Add("request-buffer-bytes-max", &request_buffer_max,
+            "bytes all connections' request buffers may hold together; a request that would "
+            "grow them past it gets 503 BUFFER_BUDGET");
+  flags.Add("jobs-max", &jobs_max,
+            "jobs held at most; a new job beyond it is refused (429 JOBS_MAX), existing ones "
+            "keep working");
+  flags.Add("group-grace-ms", &group_grace_ms,
+            "a group that left or stopped heartbeating is forgotten this long after (0 = never)");
   flags.Add("tls-cert-file", &o.http.tls_cert_file, "PEM certificate: serve HTTPS when set");
   flags.Add("tls-key-file", &o.http.tls_key_file, "PEM private key for --tls-cert-file");
   flags.Add("log-level", &log_level, "debug, info, warn or error");
@@ -66,6 +79,10 @@ int main(int argc, char** argv) {
   if (st.ok() && min_replicas == 0) st = InvalidArgument("--min-replicas must be at least 1");
   if (st.ok() && heartbeat_timeout_ms == 0) st = InvalidArgument("--heartbeat-timeout-ms must be > 0");
   if (st.ok() && body_max <= 0) st = InvalidArgument("--body-bytes-max must be > 0");
+  if (st.ok() && request_buffer_max < (64 << 10)) {
+    st = InvalidArgument("--request-buffer-bytes-max must be at least 65536");
+  }
+  if (st.ok() && jobs_max == 0) st = InvalidArgument("--jobs-max must be at least 1");
   if (st.ok() && data_dir.empty()) st = InvalidArgument("--data-dir must not be empty");
   if (st.ok() && o.http.tls_cert_file.empty() != o.http.tls_key_file.empty()) {
     st = InvalidArgument("--tls-cert-file and --tls-key-file go together");
@@ -84,6 +101,9 @@ int main(int argc, char** argv) {
   o.http.request_timeout = Millis(request_timeout_ms);
   o.http.body_bytes_max = static_cast<uint64_t>(body_max);
   o.http.connections_max = connections_max;
+  o.http.request_buffer_bytes_max = static_cast<uint64_t>(request_buffer_max);
+  o.core.jobs_max = jobs_max;
+  o.core.group_grace = Millis(group_grace_ms);
   LK_LOG_INFO("lighthouse_start {}", flags.Effective());
 
   auto store = OpenRocksDbStore(data_dir);

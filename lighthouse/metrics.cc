@@ -40,6 +40,11 @@ void Metrics::CountQuorum(const std::string& job, bool changed) {
 
 void Metrics::CountDivergence(const std::string& job) { ++divergences_[job]; }
 
+void Metrics::ForgetJob(const std::string& job) {
+  quorums_issued_.erase(job);
+  divergences_.erase(job);
+}
+
 std::string Metrics::Render(const std::vector<JobView>& jobs, double uptime_s,
                             uint64_t connections) const {
   std::string o;

@@ -20,6 +20,8 @@ class Metrics {
   void ObserveFormation(Duration d);
   void CountQuorum(const std::string& job, bool changed);
   void CountDivergence(const std::string& job);
+  // Drops the job's series (a forgotten job leaves no labels behind).
+  void ForgetJob(const std::string& job);
   std::string Render(const std::vector<JobView>& jobs, double uptime_s, uint64_t connections) const;
 
  private:

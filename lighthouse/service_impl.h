@@ -65,15 +65,24 @@ inline Result<uint32_t> ParseU32(const std::map<std::string, std::string>& q, co
   return static_cast<uint32_t>(v);
 }
 
-enum class Access { kNone, kJob, kAdmin };
+// What a bearer token may do. Read-only sees every job's /status and /metrics and changes
+// nothing; a job token speaks for its one job; an all-jobs token for every job; admin for all.
+enum class Role { kNone, kReadOnly, kJob, kAllJobs, kAdmin };
 
 struct Tokens {
   bool enabled = false;
   std::vector<std::string> any_job;
+  std::vector<std::string> read_only;
   std::map<std::string, std::vector<std::string>> per_job;
   std::string admin;
 };
 
+// The token file, one token per line (blank lines and '#' comments skipped):
+//   TOKEN                 an all-jobs token
+//   JOB TOKEN             a token for JOB only
+//   role=read-only TOKEN  a read-only token (/status and /metrics of every job)
+//   role=all-jobs TOKEN   the same as a bare TOKEN
+// "role=" cannot start a job name ('=' is outside the name alphabet), so the forms never clash.
 inline Result<Tokens> LoadTokens(const std::string& token_file, const std::string& admin_file) {
   Tokens t;
   if (!admin_file.empty()) {
@@ -92,8 +101,22 @@ inline Result<Tokens> LoadTokens(const std::string& token_file, const std::strin
     fields >> a >> b >> extra;
     if (a.empty() || a[0] == '#') continue;
     if (!extra.empty()) return InvalidArgument("token file {} line {}: more than two fields", token_file, n);
-    if (b.empty()) t.any_job.push_back(a);
-    else t.per_job[a].push_back(b);
+    if (b.empty()) {
+      t.any_job.push_back(a);
+    } else if (a.rfind("role=", 0) == 0) {
+      if (a == "role=read-only") {
+        t.read_only.push_back(b);
+      } else if (a == "role=all-jobs") {
+        t.any_job.push_back(b);
+      } else {
+        return InvalidArgument("token file {} line {}: unknown {} (read-only or all-jobs)",
+                               token_file, n, a);
+      }
+    } else {
+      Status name = ValidName("job", a);
+      if (!name.ok()) return name.WithContext(fmt::format("token file {} line {}", token_file, n));
+      t.per_job[a].push_back(b);
+    }
   }
   t.enabled = true;
   return t;
@@ -155,41 +178,100 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
 
   // ---- auth ----
 
-  Access AccessFor(const Request& req, const std::string& job) const {
-    if (!tokens.enabled) return Access::kAdmin;
+  // The strongest role the request's token has for `job` ("" for no job in particular).
+  // Every candidate is compared, so the time taken does not depend on which one matched.
+  Role RoleFor(const Request& req, const std::string& job, bool* other_job = nullptr) const {
+    if (!tokens.enabled) return Role::kAdmin;
     std::string_view tok = http::BearerToken(req.authorization);
-    if (tok.empty()) return Access::kNone;
-    if (!tokens.admin.empty() && http::ConstantTimeEquals(tok, tokens.admin)) return Access::kAdmin;
-    bool ok = false;
-    // Every candidate is compared, so the time taken does not depend on which one matched.
-    for (const auto& t : tokens.any_job) ok |= http::ConstantTimeEquals(tok, t);
-    if (!job.empty()) {
-      if (auto it = tokens.per_job.find(job); it != tokens.per_job.end()) {
-        for (const auto& t : it->second) ok |= http::ConstantTimeEquals(tok, t);
-      }
+    if (tok.empty()) return Role::kNone;
+    bool admin = !tokens.admin.empty() && http::ConstantTimeEquals(tok, tokens.admin);
+    bool all = false, mine = false, other = false, read = false;
+    for (const auto& t : tokens.any_job) all |= http::ConstantTimeEquals(tok, t);
+    for (const auto& t : tokens.read_only) read |= http::ConstantTimeEquals(tok, t);
+    for (const auto& [name, list] : tokens.per_job) {
+      bool hit = false;
+      for (const auto& t : list) hit |= http::ConstantTimeEquals(tok, t);
+      if (name == job) mine |= hit;
+      else other |= hit;
     }
-    return ok ? Access::kJob : Access::kNone;
+    if (other_job != nullptr) *other_job = other;
+    return admin ? Role::kAdmin
+           : all ? Role::kAllJobs
+           : mine ? Role::kJob
+           : read ? Role::kReadOnly
+                  : Role::kNone;
   }
 
-  // Whether a job token (not admin) may see `job`; for filtering /status.
-  bool TokenSeesJob(const Request& req, const std::string& job) const {
-    return AccessFor(req, job) != Access::kNone;
-  }
-
-  Status RequireJob(const Request& req, const std::string& job) const {
-    if (AccessFor(req, job) != Access::kNone) return Status::Ok();
+  // The refusal of a request whose token has no role for it (401) or a role too weak (403).
+  Status Unauthorized(const Request& req, const std::string& job, Role role) const {
     if (http::BearerToken(req.authorization).empty()) {
-      return Status(Code::kUnauthenticated, "missing Authorization: Bearer token");
+      return Refuse(Code::kUnauthenticated, Reason::kTokenMissing,
+                    "missing Authorization: Bearer token");
     }
-    return Status(Code::kUnauthenticated, fmt::format("token not valid for job {}", job));
+    if (role == Role::kNone) {
+      return job.empty() ? Refuse(Code::kUnauthenticated, Reason::kTokenInvalid, "unknown token")
+                         : Refuse(Code::kUnauthenticated, Reason::kTokenInvalid,
+                                  "token not valid for job {}", job);
+    }
+    return Refuse(Code::kPermissionDenied, Reason::kRoleForbids,
+                  "this token's role ({}) may not do this", RoleName(role));
+  }
+
+  static std::string_view RoleName(Role r) {
+    switch (r) {
+      case Role::kNone: return "none";
+      case Role::kReadOnly: return "read-only";
+      case Role::kJob: return "job";
+      case Role::kAllJobs: return "all-jobs";
+      case Role::kAdmin: return "admin";
+    }
+    return "none";
+  }
+
+  // Whether the token may see `job` in /status (every role but a job token for another job).
+  bool TokenSeesJob(const Request& req, const std::string& job) const {
+    return RoleFor(req, job) != Role::kNone;
+  }
+
+  // A call that acts for `job` (agents' calls, KV, checkpoint registration, watch).
+  Status RequireJob(const Request& req, const std::string& job) const {
+    Role role = RoleFor(req, job);
+    if (role == Role::kJob || role == Role::kAllJobs || role == Role::kAdmin) return Status::Ok();
+    return Unauthorized(req, job, role);
+  }
+
+  // A read of `job` that changes nothing (the checkpoint list): the read-only role may.
+  Status RequireRead(const Request& req, const std::string& job) const {
+    Role role = RoleFor(req, job);
+    if (role != Role::kNone) return Status::Ok();
+    return Unauthorized(req, job, role);
+  }
+
+  // /metrics covers every job: admin, all-jobs and read-only tokens; a job token is refused.
+  Status RequireAllJobsRead(const Request& req) const {
+    Role role = RoleFor(req, "");
+    if (role == Role::kReadOnly || role == Role::kAllJobs || role == Role::kAdmin) {
+      return Status::Ok();
+    }
+    bool other = false;
+    (void)RoleFor(req, "", &other);
+    return Unauthorized(req, "", other ? Role::kJob : role);
   }
 
   Status RequireAdmin(const Request& req) const {
-    if (AccessFor(req, "") == Access::kAdmin) return Status::Ok();
+    Role role = RoleFor(req, "");
+    if (role == Role::kAdmin) return Status::Ok();
     if (tokens.admin.empty()) {
-      return Status(Code::kPermissionDenied, "admin calls need --admin-token-file on the lighthouse");
+      return Refuse(Code::kPermissionDenied, Reason::kAdminDisabled,
+                    "admin calls need --admin-token-file on the lighthouse");
     }
-    return Status(Code::kUnauthenticated, "admin token required");
+    if (role == Role::kNone) {
+      return http::BearerToken(req.authorization).empty()
+                 ? Refuse(Code::kUnauthenticated, Reason::kTokenMissing, "admin token required")
+                 : Refuse(Code::kUnauthenticated, Reason::kTokenInvalid, "admin token required");
+    }
+    return Refuse(Code::kPermissionDenied, Reason::kRoleForbids,
+                  "admin token required; this token's role is {}", RoleName(role));
   }
 
   // ---- effects ----
@@ -236,7 +318,7 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
 
   void Persist(Effects& fx) {
     if (fx.persist_jobs.empty() && fx.persist_checkpoints.empty() && fx.forget_jobs.empty() &&
-        fx.drop_checkpoints.empty()) {
+        fx.drop_checkpoints.empty() && fx.persist_groups.empty() && fx.drop_groups.empty()) {
       return;
     }
     // Only an id beyond the job's synced reservation (and checkpoint registrations, and
@@ -244,7 +326,11 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
     // the next quorum_id_block ids, synced. Everything else rides along unsynced, which survives
     // a process kill; a machine crash can lose it, but never lets an id be handed out twice,
     // because a restart continues above the synced reservation.
-    bool sync = !fx.persist_checkpoints.empty() || !fx.forget_jobs.empty();
+    // Group records carry generations and retired incarnations: synced, so that a restart
+    // never hands a generation out twice nor revives a replaced life (they change only when a
+    // group starts a new life or leaves, not per step).
+    bool sync = !fx.persist_checkpoints.empty() || !fx.forget_jobs.empty() ||
+                !fx.persist_groups.empty();
     for (auto& j : fx.persist_jobs) {
       uint32_t& reserved = reserved_quorum_id[j.job];
       if (j.quorum_id > reserved) {
@@ -254,13 +340,15 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
       }
       j.quorum_id_reserved = reserved;
     }
-    Status st = store->Apply(fx.persist_jobs, fx.persist_checkpoints, fx.forget_jobs, sync);
+    Status st = store->Apply(fx.persist_jobs, fx.persist_checkpoints, fx.forget_jobs,
+                             fx.persist_groups, fx.drop_groups, sync);
     // A lighthouse that cannot persist must not answer: it stops, and a restart resumes from
     // what was synced. Answering would hand out a quorum_id that a restart could reissue.
     LK_CHECK(st.ok()) << "persist failed: " << st.ToString();
     for (const auto& job : fx.forget_jobs) {
       reserved_quorum_id.erase(job);
       kv.erase(job);
+      metrics.ForgetJob(job);
     }
     for (const auto& c : fx.drop_checkpoints) {
       // Registry entries pushed out by newer ones; a failure only leaves a stale record that
@@ -377,8 +465,9 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
         Responder respond = std::move(it->second.respond);
         uint32_t qid = it->second.quorum_id;
         it = kv_waiters.erase(it);
-        respond(http::ErrorReply(
-            Error(Code::kConflict, "quorum {} of job {} is superseded", qid, job), Format::kJson));
+        respond(http::ErrorReply(Refuse(Code::kConflict, Reason::kEpochSuperseded,
+                                        "quorum {} of job {} is superseded", qid, job),
+                                 Format::kJson));
       } else {
         ++it;
       }
@@ -391,12 +480,12 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
     if (!w.ok()) return w.status();
     uint32_t current = w->quorum_id;
     if (quorum_id > current) {
-      return Error(Code::kConflict, "quorum {} of job {} does not exist yet (current {})",
-                   quorum_id, job, current);
+      return Refuse(Code::kConflict, Reason::kEpochNotYet,
+                    "quorum {} of job {} does not exist yet (current {})", quorum_id, job, current);
     }
     if (current - quorum_id > options.kv_epochs_kept) {
-      return Error(Code::kConflict, "quorum {} of job {} is superseded (current {})", quorum_id,
-                   job, current);
+      return Refuse(Code::kConflict, Reason::kEpochSuperseded,
+                    "quorum {} of job {} is superseded (current {})", quorum_id, job, current);
     }
     return Status::Ok();
   }
@@ -410,13 +499,14 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
     auto t0 = Now();
     LK_ASSIGN_OR_RETURN(auto jobs, store->LoadJobs());
     LK_ASSIGN_OR_RETURN(auto ckpts, store->LoadCheckpoints());
+    LK_ASSIGN_OR_RETURN(auto groups, store->LoadGroups());
     LK_ASSIGN_OR_RETURN(auto kvs, store->LoadKv());
     for (const auto& j : jobs) reserved_quorum_id[j.job] = std::max(j.quorum_id, j.quorum_id_reserved);
-    size_t njobs = jobs.size(), nckpts = ckpts.size();
-    LK_RETURN_IF_ERROR(core.Load(std::move(jobs), std::move(ckpts), Now()));
+    size_t njobs = jobs.size(), nckpts = ckpts.size(), ngroups = groups.size();
+    LK_RETURN_IF_ERROR(core.Load(std::move(jobs), std::move(ckpts), Now(), std::move(groups)));
     for (auto& e : kvs) kv[e.job][e.quorum_id][e.key] = std::move(e.value);
-    LK_LOG_INFO("state_loaded jobs={} checkpoints={} kv_entries={} load_ms={}", njobs, nckpts,
-                kvs.size(), ToMillis(Now() - t0));
+    LK_LOG_INFO("state_loaded jobs={} groups={} checkpoints={} kv_entries={} load_ms={}", njobs,
+                ngroups, nckpts, kvs.size(), ToMillis(Now() - t0));
     server = std::make_unique<http::Server>(
         ioc, options.http, [self = shared_from_this()](Request&& req, Responder respond) {
           self->Route(std::move(req), std::move(respond));
@@ -432,7 +522,7 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
     stopping = true;
     tick_timer.cancel();
     if (server) server->Stop();
-    Status st(Code::kUnavailable, "lighthouse shutting down");
+    Status st(Code::kUnavailable, "lighthouse shutting down", Reason::kShuttingDown);
     size_t n = quorum_waiters.size() + watchers.size() + kv_waiters.size();
     while (!quorum_waiters.empty()) {
       AnswerQuorumWaiter(quorum_waiters.begin(),

@@ -38,10 +38,15 @@ void Service::Impl::Route(Request&& req, Responder respond) {
   if (!kKnown.count(endpoint)) endpoint = "other";
   respond = Counted(&metrics, endpoint, req.peer, std::move(respond));
   Format f = http::ReplyFormat(req);
-  if (stopping) return respond(http::ErrorReply(Status(Code::kUnavailable, "shutting down"), f));
+  if (stopping) {
+    return respond(
+        http::ErrorReply(Status(Code::kUnavailable, "shutting down", Reason::kShuttingDown), f));
+  }
   auto method_is = [&](std::string_view m) { return req.method == m; };
   auto wrong_method = [&] {
-    respond(http::ErrorReply(InvalidArgument("{} does not accept {}", p, req.method), f));
+    respond(http::ErrorReply(Refuse(Code::kInvalidArgument, Reason::kMethodNotAllowed,
+                                    "{} does not accept {}", p, req.method),
+                             f));
   };
   if (p == "/healthz") return respond(http::TextReply(200, "text/plain", "ok\n"));
   if (p == "/") {
@@ -50,7 +55,7 @@ void Service::Impl::Route(Request&& req, Responder respond) {
   if (p == "/status") return method_is("GET") ? HandleStatus(req, respond) : wrong_method();
   if (p == "/metrics") {
     if (!method_is("GET")) return wrong_method();
-    if (Status st = RequireAdmin(req); !st.ok()) return respond(http::ErrorReply(st, f));
+    if (Status st = RequireAllJobsRead(req); !st.ok()) return respond(http::ErrorReply(st, f));
     return respond(http::TextReply(200, "text/plain; version=0.0.4",
                                    metrics.Render(core.View(Now()),
                                                   std::chrono::duration<double>(Now() - started).count(),
@@ -65,7 +70,8 @@ void Service::Impl::Route(Request&& req, Responder respond) {
   }
   if (!method_is("POST")) {
     if (endpoint == "other") {
-      return respond(http::ErrorReply(Error(Code::kNotFound, "no endpoint {}", p), f));
+      return respond(http::ErrorReply(
+          Refuse(Code::kNotFound, Reason::kNoEndpoint, "no endpoint {}", p), f));
     }
     return wrong_method();
   }
@@ -74,7 +80,7 @@ void Service::Impl::Route(Request&& req, Responder respond) {
   if (p == "/v1/leave") return HandleLeave(req, respond);
   if (p == "/v1/commit") return HandleCommit(req, respond);
   if (p == "/v1/admin/drain" || p == "/v1/admin/forget") return HandleAdmin(req, respond);
-  respond(http::ErrorReply(Error(Code::kNotFound, "no endpoint {}", p), f));
+  respond(http::ErrorReply(Refuse(Code::kNotFound, Reason::kNoEndpoint, "no endpoint {}", p), f));
 }
 
 void Service::Impl::HandleHeartbeat(const Request& req, Responder respond) {
@@ -84,8 +90,8 @@ void Service::Impl::HandleHeartbeat(const Request& req, Responder respond) {
   if (st.ok()) st = ValidAgent(in.job(), in.group_id(), in.incarnation());
   if (st.ok()) st = RequireJob(req, in.job());
   if (!st.ok()) return respond(http::ErrorReply(st, f));
-  HeartbeatInput hb{in.job(), in.group_id(), in.incarnation(), in.node_rank(), in.nodes(),
-                    in.step(), in.phase(), in.address()};
+  HeartbeatInput hb{in.job(),   in.group_id(), in.incarnation(), in.node_rank(), in.nodes(),
+                    in.step(),  in.phase(),    in.address(),     in.generation()};
   Effects fx;
   auto r = core.OnHeartbeat(hb, Now(), &fx);
   if (!r.ok()) return respond(http::ErrorReply(r.status(), f));
@@ -93,6 +99,7 @@ void Service::Impl::HandleHeartbeat(const Request& req, Responder respond) {
   out.set_quorum_id(r->quorum_id);
   out.set_drain(r->drain);
   out.set_committed_step(r->committed_step);
+  out.set_generation(r->generation);
   for (const auto& n : r->notices) ToProto(n, out.add_notices());
   // A round is open when an agent of this job waits in POST /v1/quorum (a joiner, or a member
   // that saw the quorum lose someone) or the current quorum lost a member: the group should
@@ -118,7 +125,8 @@ void Service::Impl::HandleQuorum(const Request& req, Responder respond) {
   AgentKey key{in.job(), in.group_id(), in.incarnation(), in.node_rank()};
   if (auto old = quorum_waiters.find(key); old != quorum_waiters.end()) {
     AnswerQuorumWaiter(old, http::ErrorReply(Status(Code::kConflict,
-                                                    "superseded by a newer request of this agent"),
+                                                    "superseded by a newer request of this agent",
+                                                    Reason::kRequestSuperseded),
                                              old->second.format));
   }
   Millis wait = in.timeout_ms() == 0 ? options.quorum_wait_default : Millis(in.timeout_ms());
@@ -132,12 +140,13 @@ void Service::Impl::HandleQuorum(const Request& req, Responder respond) {
     self->core.OnJoinTimeout(key);
     self->AnswerQuorumWaiter(
         it, http::ErrorReply(Status(Code::kDeadlineExceeded,
-                                    "quorum not ready before timeout_ms; ask again"),
+                                    "quorum not ready before timeout_ms; ask again",
+                                    Reason::kWaitTimeout),
                              it->second.format));
   });
   quorum_waiters.emplace(key, QuorumWaiter{id, std::move(respond), f, Now(), std::move(timer), in.compact()});
   JoinInput join{in.job(), in.group_id(), in.incarnation(), in.node_rank(), in.nodes(), in.step(),
-                 in.shrink_only(), !in.fresh(), in.address()};
+                 in.shrink_only(), !in.fresh(), in.address(), in.generation()};
   Effects fx;
   st = core.OnJoin(join, Now(), &fx, /*evaluate=*/false);
   if (!st.ok()) {
@@ -175,7 +184,8 @@ void Service::Impl::HandleLeave(const Request& req, Responder respond) {
   if (!st.ok()) return respond(http::ErrorReply(st, f));
   Effects fx;
   st = core.OnLeave(in.job(), in.group_id(), in.incarnation(),
-                    in.reason().empty() ? "unspecified" : in.reason(), Now(), &fx);
+                    in.reason().empty() ? "unspecified" : in.reason(), Now(), &fx,
+                    in.generation());
   if (!st.ok()) return respond(http::ErrorReply(st, f));
   ApplyEffects(fx);
   pb::LeaveResponse out;
@@ -266,7 +276,9 @@ void Service::Impl::HandleKv(const Request& req, Responder respond) {
     for (const auto& [q, m] : kv[job]) keys += m.size();
     if (!epoch.count(key) && keys >= options.kv_keys_per_job_max) {
       return respond(http::ErrorReply(
-          Error(Code::kResourceExhausted, "job {} has {} KV keys (the limit)", job, keys), f));
+          Refuse(Code::kResourceExhausted, Reason::kKvKeysMax, "job {} has {} KV keys (the limit)",
+                 job, keys),
+          f));
     }
     if (Status ps = store->PutKv({job, *qid, key, req.body}); !ps.ok()) {
       return respond(http::ErrorReply(ps, f));
@@ -290,7 +302,8 @@ void Service::Impl::HandleKv(const Request& req, Responder respond) {
   auto timeout = ParseU32(req.query, "timeout_ms", 30'000);
   if (!timeout.ok()) return respond(http::ErrorReply(timeout.status(), f));
   if (*timeout == 0) {
-    return respond(http::ErrorReply(Error(Code::kNotFound, "no key {} in quorum {}", key, *qid), f));
+    return respond(http::ErrorReply(
+        Refuse(Code::kNotFound, Reason::kKeyNotFound, "no key {} in quorum {}", key, *qid), f));
   }
   uint64_t id = next_id++;
   auto timer = std::make_unique<asio::steady_timer>(
@@ -302,7 +315,8 @@ void Service::Impl::HandleKv(const Request& req, Responder respond) {
     Responder r = std::move(it->second.respond);
     std::string k = it->second.key;
     self->kv_waiters.erase(it);
-    r(http::ErrorReply(Error(Code::kDeadlineExceeded, "key {} not put before timeout_ms", k),
+    r(http::ErrorReply(Refuse(Code::kDeadlineExceeded, Reason::kWaitTimeout,
+                              "key {} not put before timeout_ms", k),
                        Format::kJson));
   });
   kv_waiters.emplace(id, KvWaiter{id, job, key, *qid, std::move(respond), std::move(timer)});
@@ -314,8 +328,10 @@ void Service::Impl::HandleCheckpoints(const Request& req, Responder respond) {
     auto it = req.query.find("job");
     std::string job = it == req.query.end() ? "" : it->second;
     Status st = ValidName("job", job);
-    if (st.ok()) st = RequireJob(req, job);
-    if (st.ok() && !core.HasJob(job)) st = Error(Code::kNotFound, "unknown job {}", job);
+    if (st.ok()) st = RequireRead(req, job);
+    if (st.ok() && !core.HasJob(job)) {
+      st = Refuse(Code::kNotFound, Reason::kUnknownJob, "unknown job {}", job);
+    }
     if (!st.ok()) return respond(http::ErrorReply(st, f));
     pb::CheckpointList out;
     for (const auto& c : core.Checkpoints(job)) ToProto(c, out.add_checkpoints());
@@ -345,8 +361,11 @@ void Service::Impl::HandleCheckpoints(const Request& req, Responder respond) {
 
 void Service::Impl::HandleStatus(const Request& req, Responder respond) {
   Format f = req.accept.find("protobuf") != std::string::npos ? Format::kProto : Format::kJson;
-  if (tokens.enabled && AccessFor(req, "") == Access::kNone && req.authorization.empty()) {
-    return respond(http::ErrorReply(Status(Code::kUnauthenticated, "missing bearer token"), f));
+  // Any role may read /status; a token that is none of them is refused (it sees no job, and
+  // an empty answer would read as "no jobs").
+  bool other_job = false;
+  if (tokens.enabled && RoleFor(req, "", &other_job) == Role::kNone && !other_job) {
+    return respond(http::ErrorReply(Unauthorized(req, "", Role::kNone), f));
   }
   auto want = req.query.find("job");
   pb::StatusResponse out;
@@ -381,8 +400,9 @@ void Service::Impl::HandleAdmin(const Request& req, Responder respond) {
       for (auto it = quorum_waiters.begin(); it != quorum_waiters.end();) {
         auto next = std::next(it);
         if (it->first.job == in.job()) {
-          AnswerQuorumWaiter(it, http::ErrorReply(Error(Code::kNotFound, "job {} was forgotten",
-                                                        in.job()), it->second.format));
+          AnswerQuorumWaiter(it, http::ErrorReply(Refuse(Code::kNotFound, Reason::kJobForgotten,
+                                                         "job {} was forgotten", in.job()),
+                                                  it->second.format));
         }
         it = next;
       }

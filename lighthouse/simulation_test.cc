@@ -75,6 +75,9 @@ class Sim {
     options_.heartbeat_timeout = Millis(Rand(1000, 3000));
     options_.progress_timeout = Rand(0, 1) ? Millis(Rand(6000, 12000)) : Millis(0);
     options_.answer_members_inline = Rand(0, 1);
+    // Odd seeds collect left and silent groups quickly, so that collection meets restarts,
+    // requeues and partitions (derived from the seed, not drawn: the draws stay as they were).
+    if (seed % 2 == 1) options_.group_grace = Millis(2'000 + static_cast<int64_t>(seed % 7) * 1'000);
     core_ = std::make_unique<LighthouseCore>(options_);
     // Every job gets at least two groups, so that min_replicas (1 or 2) lets it form.
     const int groups = Rand(2, 7);
@@ -267,8 +270,11 @@ class Sim {
         if (!Reachable(g)) return;
         Effects fx;
         Status st = core_->OnLeave(g.job, g.id, g.inc, "preempted", now_, &fx);
-        // A group the (restarted) lighthouse has not heard from yet is unknown to it.
-        Check(st.ok() || st.code() == Code::kNotFound, "leave failed: " + st.ToString());
+        // A group the (restarted) lighthouse has not heard from yet is unknown to it, and so is
+        // a new life of a group that has not heartbeated yet: its leave changes nothing.
+        Check(st.ok() || st.code() == Code::kNotFound ||
+                  st.reason() == Reason::kUnknownIncarnation,
+              "leave failed: " + st.ToString());
         Apply(fx);
         g.up = false;
         ++g.gen;
@@ -298,7 +304,9 @@ class Sim {
     for (const auto& [job, r] : disk_jobs_) records.push_back(r);
     std::vector<CheckpointData> ckpts;
     for (const auto& [key, c] : disk_ckpts_) ckpts.push_back(c);
-    Status st = core_->Load(records, ckpts, now_);
+    std::vector<GroupRecordData> groups;
+    for (const auto& [key, g] : disk_groups_) groups.push_back(g);
+    Status st = core_->Load(records, ckpts, now_, groups);
     Check(st.ok(), "Load failed: " + st.ToString());
     for (const JobRecordData& r : records) {
       for (const MemberData& m : r.members) {
@@ -347,6 +355,14 @@ class Sim {
       disk_jobs_[r.job] = r;
     }
     for (const CheckpointData& c : fx.persist_checkpoints) disk_ckpts_[{c.job, c.step, c.location}] = c;
+    // Generations only go up per group, across restarts too.
+    for (const GroupRecordData& g : fx.persist_groups) {
+      auto [it, fresh] = disk_groups_.try_emplace({g.job, g.group_id}, g);
+      Check(fresh || it->second.generation <= g.generation,
+            fmt::format("generation of {} in {} went back", g.group_id, g.job));
+      it->second = g;
+    }
+    for (const auto& key : fx.drop_groups) disk_groups_.erase(key);
     for (const CheckpointData& c : fx.drop_checkpoints) disk_ckpts_.erase({c.job, c.step, c.location});
     for (const Effects::Issued& is : fx.issued) CheckIssued(is);
     for (const auto& [key, answer] : fx.answers) CheckAnswer(key, answer);
@@ -390,6 +406,15 @@ class Sim {
 
   void CheckAnswer(const AgentKey& key, const QuorumAnswer& a) {
     Check(waiters_.erase(key) == 1, "answer for an agent that is not waiting");
+    // A replaced life is never answered again, whatever restarts happened in between.
+    if (auto g = disk_groups_.find({key.job, key.group_id}); g != disk_groups_.end()) {
+      for (const auto& r : g->second.retired) {
+        Check(r.incarnation != key.incarnation,
+              fmt::format("retired incarnation {} of {} was answered", r.incarnation, key.group_id));
+      }
+      Check(g->second.incarnation == key.incarnation && g->second.generation == a.generation,
+            "an answer for another life than the persisted current one");
+    }
     auto rec = disk_jobs_.find(key.job);
     Check(rec != disk_jobs_.end() && rec->second.quorum_id >= a.quorum_id,
           "answer before its quorum was persisted");
@@ -437,7 +462,11 @@ class Sim {
       g.up = false;
       ++g.gen;
     }
-    Check(waiters_.empty(), fmt::format("{} waiters left after every group left", waiters_.size()));
+    Check(waiters_.empty(), fmt::format("{} waiters left after every group left (first: {} {} {})",
+                                        waiters_.size(),
+                                        waiters_.empty() ? "" : waiters_.begin()->first.group_id,
+                                        waiters_.empty() ? "" : waiters_.begin()->first.incarnation,
+                                        waiters_.empty() ? 0 : waiters_.begin()->first.node_rank));
     while (!events_.empty()) events_.pop();
   }
 
@@ -457,6 +486,7 @@ class Sim {
   std::map<AgentKey, TimePoint> contact_;  // last accepted heartbeat/ask/commit (or Load)
   std::map<std::string, JobRecordData> disk_jobs_;
   std::map<std::tuple<std::string, uint32_t, std::string>, CheckpointData> disk_ckpts_;
+  std::map<std::pair<std::string, std::string>, GroupRecordData> disk_groups_;
   std::map<std::string, uint32_t> last_issued_;
   std::map<std::pair<std::string, uint32_t>, std::string> memberships_;
   std::string error_;
@@ -498,7 +528,7 @@ TEST_CASE("simulation: invariants hold under crashes - partitions - stalls and r
     CHECK(stats.restarts > 0);
     for (const char* name : {"incarnation_replaced", "group_unhealthy", "member_lost",
                              "group_evicted", "group_left", "diverged", "quorum_retry",
-                             "group_rejoin", "checkpoint_registered"}) {
+                             "group_rejoin", "checkpoint_registered", "group_collected"}) {
       CAPTURE(name);
       CHECK(stats.events[name] > 0);
     }

@@ -14,10 +14,15 @@ namespace pb = lightkeeper::v1;
 
 // Key layout. Numbers are zero-padded so that RocksDB's byte order is numeric order.
 //   job/<job>                      -> JobRecord
+//   group/<job>/<group_id>         -> GroupRecord
 //   ckpt/<job>/<step:010>          -> CheckpointInfo
 //   kv/<job>/<quorum_id:010>/<key> -> raw bytes
 // Job names cannot contain '/', which the service checks at the edge.
 std::string JobKey(const std::string& job) { return "job/" + job; }
+std::string GroupPrefix(const std::string& job) { return "group/" + job + "/"; }
+std::string GroupKey(const std::string& job, const std::string& group) {
+  return GroupPrefix(job) + group;
+}
 std::string CkptPrefix(const std::string& job) { return "ckpt/" + job + "/"; }
 std::string CkptKey(const std::string& job, uint32_t step) {
   return fmt::format("ckpt/{}/{:010}", job, step);
@@ -40,10 +45,14 @@ class RocksDbStore final : public StateStore {
 
   Status Apply(const std::vector<JobRecordData>& jobs,
                const std::vector<CheckpointData>& checkpoints,
-               const std::vector<std::string>& forget_jobs, bool sync) override {
+               const std::vector<std::string>& forget_jobs,
+               const std::vector<GroupRecordData>& groups,
+               const std::vector<std::pair<std::string, std::string>>& drop_groups,
+               bool sync) override {
     rocksdb::WriteBatch batch;
     for (const auto& job : forget_jobs) {
       batch.Delete(JobKey(job));
+      LK_RETURN_IF_ERROR(DeletePrefix(GroupPrefix(job), &batch));
       LK_RETURN_IF_ERROR(DeletePrefix(CkptPrefix(job), &batch));
       LK_RETURN_IF_ERROR(DeletePrefix(KvPrefix(job), &batch));
     }
@@ -54,9 +63,27 @@ class RocksDbStore final : public StateStore {
       rec.set_committed_step(j.committed_step);
       rec.set_quorum_changes(j.quorum_changes);
       rec.set_quorum_id_reserved(j.quorum_id_reserved);
+      rec.set_generation_last(j.generation_last);
       for (const auto& m : j.members) ToProto(m, rec.add_members());
       batch.Put(JobKey(j.job), rec.SerializeAsString());
     }
+    for (const auto& g : groups) {
+      pb::GroupRecord rec;
+      rec.set_job(g.job);
+      rec.set_group_id(g.group_id);
+      rec.set_incarnation(g.incarnation);
+      rec.set_generation(g.generation);
+      rec.set_nodes(g.nodes);
+      rec.set_left(g.left);
+      rec.set_reason(g.reason);
+      for (const auto& r : g.retired) {
+        auto* out = rec.add_retired();
+        out->set_incarnation(r.incarnation);
+        out->set_generation(r.generation);
+      }
+      batch.Put(GroupKey(g.job, g.group_id), rec.SerializeAsString());
+    }
+    for (const auto& [job, group] : drop_groups) batch.Delete(GroupKey(job, group));
     for (const auto& c : checkpoints) {
       pb::CheckpointInfo info;
       ToProto(c, &info);
@@ -80,8 +107,32 @@ class RocksDbStore final : public StateStore {
       j.committed_step = rec.committed_step();
       j.quorum_changes = rec.quorum_changes();
       j.quorum_id_reserved = rec.quorum_id_reserved();
+      j.generation_last = rec.generation_last();
       for (const auto& m : rec.members()) j.members.push_back(FromProto(m));
       out.push_back(std::move(j));
+      return Status::Ok();
+    });
+    if (!st.ok()) return st;
+    return out;
+  }
+
+  Result<std::vector<GroupRecordData>> LoadGroups() override {
+    std::vector<GroupRecordData> out;
+    Status st = Scan("group/", [&](const rocksdb::Slice& key, const rocksdb::Slice& value) {
+      pb::GroupRecord rec;
+      if (!rec.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
+        return Error(Code::kDataLoss, "corrupt group record {}", key.ToString());
+      }
+      GroupRecordData g;
+      g.job = rec.job();
+      g.group_id = rec.group_id();
+      g.incarnation = rec.incarnation();
+      g.generation = rec.generation();
+      g.nodes = rec.nodes();
+      g.left = rec.left();
+      g.reason = rec.reason();
+      for (const auto& r : rec.retired()) g.retired.push_back({r.incarnation(), r.generation()});
+      out.push_back(std::move(g));
       return Status::Ok();
     });
     if (!st.ok()) return st;

@@ -25,10 +25,15 @@ class StateStore {
   // Writes all of it as one atomic batch. With `sync` the call returns only after the batch is
   // on disk (fsync of the write-ahead log); without it, it survives a process kill but not a
   // machine crash.
+  // `groups` are written, `drop_groups` (job, group_id) deleted, in the same batch.
   virtual Status Apply(const std::vector<JobRecordData>& jobs,
                        const std::vector<CheckpointData>& checkpoints,
-                       const std::vector<std::string>& forget_jobs, bool sync) = 0;
+                       const std::vector<std::string>& forget_jobs,
+                       const std::vector<GroupRecordData>& groups,
+                       const std::vector<std::pair<std::string, std::string>>& drop_groups,
+                       bool sync) = 0;
   virtual Result<std::vector<JobRecordData>> LoadJobs() = 0;
+  virtual Result<std::vector<GroupRecordData>> LoadGroups() = 0;
   virtual Result<std::vector<CheckpointData>> LoadCheckpoints() = 0;
 
   // Rendezvous values are cheap to lose only in a machine crash (members re-put them), so they

@@ -202,12 +202,14 @@ void Agent::Impl::HeartbeatLoop() {
     hb.set_node_rank(options.node_rank);
     hb.set_nodes(options.nodes);
     hb.set_address(options.advertise);
+    hb.set_generation(generation.load());
     pb::HeartbeatResponse resp;
     Status st = client->Call("POST", "/v1/heartbeat", hb, &resp, Millis(5000));
     Millis wait = options.heartbeat_interval;
     if (st.ok()) {
       if (failures > 0) LK_LOG_INFO("lighthouse_reachable after_failures={}", failures);
       failures = 0;
+      if (resp.generation() != 0) generation = resp.generation();
       bool evicted = false;
       for (const auto& n : resp.notices()) evicted |= NamesThisGroup(n);
       if (evicted) {
@@ -262,10 +264,12 @@ void Agent::Impl::QuorumLoop() {
     q.set_address(options.advertise);
     q.set_fresh(fresh);
     q.set_compact(true);  // the agent needs its donors' addresses, not the whole member list
+    q.set_generation(generation.load());
     pb::QuorumResponse resp;
     Status st = client->Call("POST", "/v1/quorum", q, &resp, options.quorum_timeout + Millis(5000));
     if (st.ok()) {
       failures = 0;
+      if (resp.generation() != 0) generation = resp.generation();
       std::lock_guard<std::mutex> lock(mu);
       SyncBoardLocked();
       uint32_t known = ahead ? ahead->quorum_id() : quorum ? quorum->quorum_id() : 0;
@@ -293,14 +297,14 @@ void Agent::Impl::QuorumLoop() {
       continue;
     }
     if (st.code() == Code::kDeadlineExceeded) continue;  // the round is still open: ask again
-    if (st.code() == Code::kConflict && st.message().find("stale") != std::string::npos) {
+    if (st.reason() == Reason::kStaleIncarnation || st.reason() == Reason::kIncarnationReplaced) {
       Fail("replaced: " + st.message());
       return;
     }
     // Evicted for stalled progress while this ask waited: asking again would readmit the group
     // (an ask counts as coming back), and an ask made ahead says nothing about whether the
     // trainers still progress. The group fails, as when a heartbeat brings the eviction.
-    if (st.code() == Code::kAborted && st.message().find("evicted") != std::string::npos) {
+    if (st.reason() == Reason::kGroupEvicted) {
       Fail("evicted");
       return;
     }
@@ -438,6 +442,7 @@ void Agent::Impl::SendLeave(const std::string& reason) {
   leave.set_group_id(options.group_id);
   leave.set_incarnation(options.incarnation);
   leave.set_reason(reason);
+  leave.set_generation(generation.load());
   // A few quick tries: a leave that does not arrive is covered by the heartbeat timeout.
   for (int attempt = 0; attempt < 3; ++attempt) {
     Status st = client->Call("POST", "/v1/leave", leave, nullptr, Millis(2000));

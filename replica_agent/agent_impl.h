@@ -162,6 +162,10 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   std::atomic<bool> stopping{false};
   std::atomic<int> exit_code{-1};
   std::atomic<bool> signalled{false};
+  // This incarnation's generation as the lighthouse handed it out (0 until its first answer);
+  // sent back on every heartbeat, ask and leave, so that a restarted lighthouse can tell this
+  // life from an older one.
+  std::atomic<uint32_t> generation{0};
 
   std::mutex mu;
   std::condition_variable cv;

@@ -453,14 +453,7 @@ Status ClientOptionsFromEnv(ClientOptions* options) {
 
 Status StatusFromResponse(const Response& r) {
   if (r.status >= 200 && r.status < 300) return Status::Ok();
-  lightkeeper::v1::ErrorResponse e;
-  std::string reason;
-  if (Decode(r.body, BodyFormat(r.content_type), &e).ok() && !e.reason().empty()) {
-    reason = e.reason();
-  } else {
-    reason = r.body.substr(0, 200);
-  }
-  return Status(CodeForHttpStatus(r.status), fmt::format("HTTP {}: {}", r.status, reason));
+  return StatusFromErrorBody(r.status, r.body, r.content_type);
 }
 
 Status Client::Call(std::string_view method, std::string_view target,

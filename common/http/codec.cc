@@ -64,7 +64,25 @@ Response ErrorReply(const Status& status, Format format) {
   lightkeeper::v1::ErrorResponse e;
   e.set_error(std::string(CodeName(status.code())));
   e.set_reason(status.message());
+  Reason reason = status.reason() == Reason::kUnspecified ? DefaultReason(status.code())
+                                                          : status.reason();
+  e.set_code(static_cast<lightkeeper::v1::ErrorResponse::Code>(reason));
   return Reply(e, format, HttpStatusFor(status.code()));
+}
+
+Status StatusFromErrorBody(int http_status, std::string_view body,
+                          std::string_view content_type) {
+  lightkeeper::v1::ErrorResponse e;
+  std::string text;
+  Reason reason = Reason::kUnspecified;
+  if (Decode(body, BodyFormat(content_type), &e).ok() && !e.reason().empty()) {
+    text = e.reason();
+    if (e.code() > 0 && e.code() < kReasonCount) reason = static_cast<Reason>(e.code());
+  } else {
+    text = std::string(body.substr(0, 200));
+  }
+  return Status(CodeForHttpStatus(http_status), fmt::format("HTTP {}: {}", http_status, text),
+                reason);
 }
 
 Response TextReply(int status, std::string content_type, std::string body) {

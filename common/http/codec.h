@@ -30,6 +30,9 @@ std::string ToJson(const google::protobuf::Message& msg, bool pretty = false);
 
 Response Reply(const google::protobuf::Message& msg, Format format, int status = 200);
 Response ErrorReply(const Status& status, Format format);
+// The Status of a non-2xx answer: the code of the HTTP status, the server's reason text and its
+// reason code (ErrorResponse.code; kUnspecified when the body is no ErrorResponse).
+Status StatusFromErrorBody(int http_status, std::string_view body, std::string_view content_type);
 Response TextReply(int status, std::string content_type, std::string body);
 
 int HttpStatusFor(Code code);

@@ -181,6 +181,15 @@ struct Server::Impl {
   std::vector<std::function<void()>> closers;  // close each acceptor
   std::string local_address;
   std::atomic<uint64_t> connections{0};
+  std::atomic<uint64_t> buffer_bytes{0};  // all connections' request buffers together
+
+  // Takes `n` bytes of the request-buffer budget; false (nothing taken) when it has not them.
+  bool ChargeBuffer(uint64_t n) {
+    uint64_t held = buffer_bytes.fetch_add(n, std::memory_order_relaxed) + n;
+    if (held <= options.request_buffer_bytes_max) return true;
+    buffer_bytes.fetch_sub(n, std::memory_order_relaxed);
+    return false;
+  }
   std::atomic<bool> stopping{false};
   std::mutex sessions_mu;
   std::list<std::weak_ptr<SessionBase>> sessions;
@@ -256,7 +265,10 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
         credentials_(credentials) {
     ++server_->connections;
   }
-  ~Session() override { --server_->connections; }
+  ~Session() override {
+    server_->buffer_bytes.fetch_sub(charged_, std::memory_order_relaxed);
+    --server_->connections;
+  }
 
   void Start() {
     if constexpr (kTls) {
@@ -323,11 +335,32 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
       begin_ = 0;
       scanned_ = 0;
     }
+    size_t want = shrink ? kKeepBufferBytes : buf_.size();
+    if (want - end_ < kReadBytes) want = std::max(want * 2, end_ + kReadBytes);
+    // Growth is paid for from the server-wide budget first; the buffer shrinks after a large
+    // request, and what it gives back returns to the budget.
+    if (want > charged_) {
+      if (!server_->ChargeBuffer(want - charged_)) {
+        LK_LOG_WARN("http_buffer_budget peer={} want_bytes={} budget_bytes={}", peer_, want,
+                    server_->options.request_buffer_bytes_max);
+        Fail(503, Status(Code::kUnavailable,
+                         fmt::format("the server's request buffers are full ({} bytes); retry "
+                                     "later",
+                                     server_->options.request_buffer_bytes_max),
+                         Reason::kBufferBudget));
+        return;
+      }
+      charged_ = want;
+    }
     if (shrink) {
       buf_.resize(kKeepBufferBytes);
       buf_.shrink_to_fit();
     }
-    if (buf_.size() - end_ < kReadBytes) buf_.resize(std::max(buf_.size() * 2, end_ + kReadBytes));
+    if (buf_.size() != want) buf_.resize(want);
+    if (charged_ > buf_.size()) {
+      server_->buffer_bytes.fetch_sub(charged_ - buf_.size(), std::memory_order_relaxed);
+      charged_ = buf_.size();
+    }
     stream_.async_read_some(
         asio::buffer(buf_.data() + end_, buf_.size() - end_),
         [self = this->shared_from_this()](ErrorCode ec, size_t n) {
@@ -568,6 +601,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   std::optional<PeerCredentials> credentials_;
   // Received bytes live in buf_[begin_, end_); the head being parsed starts at begin_.
   std::vector<char> buf_;
+  size_t charged_ = 0;  // bytes of the server's buffer budget this connection holds
   size_t begin_ = 0, end_ = 0;
   size_t scanned_ = 0;     // bytes after begin_ already searched for the blank line
   size_t head_bytes_ = 0;  // the current request's head length, once its blank line came
@@ -798,6 +832,8 @@ void Server::StartSweeping() {
 std::string Server::LocalAddress() const { return impl_->local_address; }
 
 uint64_t Server::connections() const { return impl_->connections.load(); }
+
+uint64_t Server::buffer_bytes() const { return impl_->buffer_bytes.load(); }
 
 void Server::Stop() {
   if (impl_->stopping.exchange(true)) return;

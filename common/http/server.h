@@ -29,6 +29,11 @@ struct ServerOptions {
   Millis write_timeout{10'000};
   // Connections beyond this are closed at once after accept.
   uint32_t connections_max = 20'000;
+  // One budget for the request buffers of all connections together (heads, bodies, pipelined
+  // bytes): a connection whose buffer would grow past it is answered 503 (BUFFER_BUDGET) and
+  // closed, so that many large or slow requests cannot take the process's memory. Each
+  // connection holds at least 16 KiB while it reads.
+  uint64_t request_buffer_bytes_max = 512ull << 20;
   // Set when exactly one thread runs the io_context: connections then skip their strand, whose
   // locking and queueing are a measurable part of a small request's cost (a heartbeat).
   bool single_thread = false;
@@ -58,6 +63,8 @@ class Server {
   // after their response. Waiters must be answered by the owner (the handler's state).
   void Stop();
   uint64_t connections() const;
+  // Bytes held by all connections' request buffers now.
+  uint64_t buffer_bytes() const;
 
   struct Impl;  // public so that the connection classes in server.cc can name it
 

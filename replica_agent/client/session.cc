@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <thread>
+
 #include "common/http/codec.h"
 #include "common/log.h"
 #include "common/proto/lightkeeper.pb.h"
@@ -202,7 +205,16 @@ Status Session::RegisterCheckpoint(uint32_t step, const std::string& location,
   req.set_step(step);
   req.set_location(location);
   req.set_manifest_digest(manifest_digest);
-  return client_->Call("POST", "/v1/trainer/checkpoint", req, nullptr, Millis(30'000));
+  // The lighthouse registers a checkpoint only at a step the job committed, and this node's
+  // commit of `step` may still be on its way there (the agent sends commits on their own
+  // thread, and the node commits once all its trainers did): wait for it a few seconds.
+  Status st;
+  for (int attempt = 0; attempt < 12; ++attempt) {
+    st = client_->Call("POST", "/v1/trainer/checkpoint", req, nullptr, Millis(30'000));
+    if (st.reason() != Reason::kCheckpointNotCommitted) return st;
+    std::this_thread::sleep_for(Millis(10 << std::min(attempt, 6)));
+  }
+  return st;
 }
 
 void Session::OnNotice(std::function<void(const Notice&)> cb) {
