@@ -76,8 +76,13 @@ enum class Reason : uint16_t {
   kMethodNotAllowed = 35,
   kKeyNotFound = 36,
   kInternal = 37,
+  kNotOnThisListener = 38,     // the agent's --serve port has no such route (trainer API: socket)
+  kPeerUidMismatch = 39,       // a Unix-socket peer of another uid than the agent's
+  kNoPeerCredentials = 40,     // a trainer call without kernel peer credentials (not the socket)
+  kWorkersBusy = 41,           // the agent's bounded worker queue is full: retry later
+  kAgentExiting = 42,          // the agent is stopping: its queued calls are not run
 };
-inline constexpr int kReasonCount = 38;
+inline constexpr int kReasonCount = 43;
 
 // "STALE_INCARNATION": the proto enum's name of the reason.
 std::string_view ReasonName(Reason reason);

@@ -2,9 +2,10 @@
 // (agent_routes.cc) and answers only processes of the agent's own uid, identified by the kernel
 // (SO_PEERCRED), never by what a request says. --serve, reachable from other sites, carries
 // only what peers need: /healthz, /v1/agent/status and the shard reads of a heal, the last two
-// with the job's bearer token. Refusals say why in a stable word at the start of the reason
-// (peer_uid_mismatch, no_peer_credentials, not_on_this_listener, token_missing, token_wrong,
-// workers_busy) until the wire has a reason-code enum.
+// with the job's bearer token. Every refusal carries
+// its reason code (ErrorResponse.code: NO_PEER_CREDENTIALS, PEER_UID_MISMATCH,
+// NOT_ON_THIS_LISTENER, TOKEN_MISSING, TOKEN_INVALID, WORKERS_BUSY, AGENT_EXITING); the same
+// word starts the prose reason, for people reading logs.
 //   GET  /healthz                 both listeners, no token: "ok"
 //   GET  /v1/agent/status         both listeners; on --serve with the token
 //   GET  /v1/shards/...           --serve only, with the token (checkpoint/shard_server.h)
@@ -35,7 +36,8 @@ void Agent::Impl::TrainerRoute(http::Request&& req, http::Responder respond) {
   if (!req.credentials) {
     return respond(
         http::ErrorReply(Error(Code::kPermissionDenied,
-                               "no_peer_credentials: the trainer API is on the Unix socket"),
+                               "no_peer_credentials: the trainer API is on the Unix socket")
+                             .WithReason(Reason::kNoPeerCredentials),
                          f));
   }
   uint32_t uid = static_cast<uint32_t>(::geteuid());
@@ -44,7 +46,8 @@ void Agent::Impl::TrainerRoute(http::Request&& req, http::Responder respond) {
                 req.credentials->uid, req.credentials->pid, Q(p));
     return respond(http::ErrorReply(
         Error(Code::kPermissionDenied, "peer_uid_mismatch: uid {} may not use the agent of uid {}",
-              req.credentials->uid, uid),
+              req.credentials->uid, uid)
+            .WithReason(Reason::kPeerUidMismatch),
         f));
   }
   if (p == "/healthz") return respond(http::TextReply(200, "text/plain", "ok\n"));
@@ -70,10 +73,12 @@ Status Agent::Impl::CheckPeerToken(const http::Request& req) const {
   if (token.empty()) return Status::Ok();
   std::string_view given = http::BearerToken(req.authorization);
   if (given.empty()) {
-    return Error(Code::kUnauthenticated, "token_missing: send Authorization: Bearer <job token>");
+    return Error(Code::kUnauthenticated, "token_missing: send Authorization: Bearer <job token>")
+        .WithReason(Reason::kTokenMissing);
   }
   if (!http::ConstantTimeEquals(given, token)) {
-    return Error(Code::kPermissionDenied, "token_wrong: not this job's token");
+    return Error(Code::kPermissionDenied, "token_wrong: not this job's token")
+        .WithReason(Reason::kTokenInvalid);
   }
   return Status::Ok();
 }
@@ -91,7 +96,8 @@ void Agent::Impl::PeerRoute(http::Request&& req, http::Responder respond) {
                 req.peer, Q(p), req.method);
     std::string hint = IsTrainerPath(p) ? " (the trainer API is on the agent's Unix socket)" : "";
     return respond(http::ErrorReply(
-        Error(Code::kNotFound, "not_on_this_listener: no endpoint {} {}{}", req.method, p, hint),
+        Error(Code::kNotFound, "not_on_this_listener: no endpoint {} {}{}", req.method, p, hint)
+            .WithReason(Reason::kNotOnThisListener),
         f));
   }
   if (Status st = CheckPeerToken(req); !st.ok()) {
@@ -107,13 +113,16 @@ void Agent::Impl::OffThread(std::function<void()> run, http::Responder respond, 
   WorkerPool::Task task{
       std::move(run), [shared, f] {
         (*shared)(
-            http::ErrorReply(Error(Code::kUnavailable, "agent_exiting: the agent is stopping"), f));
+            http::ErrorReply(Error(Code::kUnavailable, "agent_exiting: the agent is stopping")
+                                 .WithReason(Reason::kAgentExiting),
+                             f));
       }};
   if (workers->Submit(task)) return;
   LK_LOG_WARN("trainer_request_refused reason=workers_busy queue_max={}", workers->queue_max());
   (*shared)(http::ErrorReply(
       Error(Code::kUnavailable, "workers_busy: {} lighthouse calls already queued; retry",
-            workers->queue_max()),
+            workers->queue_max())
+          .WithReason(Reason::kWorkersBusy),
       f));
 }
 

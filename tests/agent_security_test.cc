@@ -216,6 +216,7 @@ TEST_CASE(
       auto r = Ask(peer, at.method, at.target, at.body, token);
       CHECK_MESSAGE(r.status == 404, at.method << " " << at.target << " -> " << r.status);
       CHECK_MESSAGE(r.body.find("not_on_this_listener") != std::string::npos, r.body);
+      CHECK_MESSAGE(r.body.find("NOT_ON_THIS_LISTENER") != std::string::npos, r.body);
     }
   }
   // The process a forged hello named exits: the agent never watched it.
@@ -235,9 +236,11 @@ TEST_CASE(
   auto no_token = Ask(peer, "GET", "/v1/agent/status");
   CHECK(no_token.status == 401);
   CHECK(no_token.body.find("token_missing") != std::string::npos);
+  CHECK(no_token.body.find("TOKEN_MISSING") != std::string::npos);
   auto wrong = Ask(peer, "GET", "/v1/agent/status", "", "not-the-token");
   CHECK(wrong.status == 403);
   CHECK(wrong.body.find("token_wrong") != std::string::npos);
+  CHECK(wrong.body.find("TOKEN_INVALID") != std::string::npos);
 }
 
 TEST_CASE(
@@ -341,6 +344,7 @@ TEST_CASE("the trainer socket is mode 0600 and a peer of another uid is refused"
   std::string answer = RunAsNobody(a.socket, hello);
   CHECK_MESSAGE(answer.rfind("HTTP/1.1 403", 0) == 0, answer);
   CHECK_MESSAGE(answer.find("peer_uid_mismatch") != std::string::npos, answer);
+  CHECK_MESSAGE(answer.find("PEER_UID_MISMATCH") != std::string::npos, answer);
   CHECK_FALSE(a.process->WaitForLog("reason=peer_uid_mismatch peer_uid=65534", 5s).empty());
   CHECK(a.process->Running());
   CHECK(Ask("http://" + a.serve, "GET", "/v1/agent/status", "", kToken).body == status_before);
