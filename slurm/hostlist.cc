@@ -38,6 +38,7 @@ Status ExpandGroup(std::string_view item, std::string_view group, std::vector<st
     if (lo.size() > 9 || hi.size() > 9) {
       return InvalidArgument("hostlist item '{}': number in '{}' is too large", item, range);
     }
+    // At most 9 digits each (checked above): these cannot overflow.
     uint64_t lo_v = std::stoull(std::string(lo));
     uint64_t hi_v = std::stoull(std::string(hi));
     if (lo_v > hi_v || hi_v > kIndexMax) {
@@ -55,8 +56,9 @@ Status ExpandGroup(std::string_view item, std::string_view group, std::vector<st
 }
 
 // One item without top-level separators: literal text and bracket groups.
-Status ExpandItem(std::string_view item, std::vector<std::string>* out) {
+Status ExpandItem(std::string_view item, std::vector<std::string>* out, size_t* bytes) {
   std::vector<std::string> partial = {""};
+  size_t partial_bytes = 0;  // of all names in `partial`
   size_t i = 0;
   while (i < item.size()) {
     if (item[i] == ']') {
@@ -65,6 +67,12 @@ Status ExpandItem(std::string_view item, std::vector<std::string>* out) {
     if (item[i] != '[') {
       size_t next = item.find_first_of("[]", i);
       if (next == std::string_view::npos) next = item.size();
+      // Appended to every partial name: bounded first, like the product below.
+      if (partial_bytes + partial.size() * (next - i) + *bytes > kHostlistBytesMax) {
+        return InvalidArgument("hostlist item '{}' expands to more than {} bytes", item,
+                               kHostlistBytesMax);
+      }
+      partial_bytes += partial.size() * (next - i);
       for (auto& p : partial) p.append(item.substr(i, next - i));
       i = next;
       continue;
@@ -83,14 +91,25 @@ Status ExpandItem(std::string_view item, std::vector<std::string>* out) {
       return InvalidArgument("hostlist item '{}' expands to more than {} hosts", item,
                              kHostlistHostsMax);
     }
+    size_t suffix_bytes = 0;
+    for (const auto& x : suffixes) suffix_bytes += x.size();
+    // Every partial name is joined with every suffix: the bytes of the product, bounded before
+    // a byte of it is allocated (each factor is at most a million names of a bounded item).
+    if (partial_bytes * suffixes.size() + suffix_bytes * partial.size() + *bytes > kHostlistBytesMax) {
+      return InvalidArgument("hostlist item '{}' expands to more than {} bytes", item,
+                             kHostlistBytesMax);
+    }
     std::vector<std::string> next;
     next.reserve(partial.size() * suffixes.size());
     for (const auto& p : partial) {
       for (const auto& s : suffixes) next.push_back(p + s);
     }
     partial = std::move(next);
+    partial_bytes = 0;
+    for (const auto& p : partial) partial_bytes += p.size();
     i = close + 1;
   }
+  *bytes += partial_bytes;
   for (auto& p : partial) out->push_back(std::move(p));
   return Status::Ok();
 }
@@ -99,6 +118,7 @@ Status ExpandItem(std::string_view item, std::vector<std::string>* out) {
 
 Result<std::vector<std::string>> ExpandHostlist(std::string_view list) {
   std::vector<std::string> hosts;
+  size_t bytes = 0;  // of all names in `hosts`
   size_t i = 0;
   while (i < list.size()) {
     if (IsSeparator(list[i])) {
@@ -116,7 +136,7 @@ Result<std::vector<std::string>> ExpandHostlist(std::string_view list) {
       ++end;
     }
     std::string_view item = list.substr(i, end - i);
-    LK_RETURN_IF_ERROR(ExpandItem(item, &hosts).WithContext(fmt::format("hostlist '{}'", list)));
+    LK_RETURN_IF_ERROR(ExpandItem(item, &hosts, &bytes).WithContext(fmt::format("hostlist '{}'", list)));
     i = end;
   }
   if (hosts.empty()) return InvalidArgument("hostlist '{}' names no host", list);

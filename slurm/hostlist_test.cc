@@ -77,5 +77,23 @@ TEST_CASE("hostlist: a product of groups over the bound is refused before it is 
   CHECK(hosts.status().message().find("more than") != std::string::npos);
 }
 
+TEST_CASE("hostlist: long names times many hosts are refused by their bytes - not built") {
+  // Each under the host bound, but gigabytes of names together (100 bytes x a million hosts).
+  const std::string prefix(100, 'x');
+  for (const std::string& list :
+       {prefix + "[1-999999]", "[1-999999]" + prefix, "[1-1000]" + prefix + "[1-1000]",
+        "a[1-500000]," + std::string(200, 'x') + "[1-400000]"}) {
+    CAPTURE(list.substr(0, 30));
+    auto hosts = ExpandHostlist(list);
+    REQUIRE_FALSE(hosts.ok());
+    CHECK_MESSAGE(hosts.status().message().find("more than 67108864 bytes") != std::string::npos,
+                  hosts.status().message());
+  }
+  // Just under the byte bound is fine: 40-byte names of a million hosts.
+  auto ok = ExpandHostlist(std::string(33, 'y') + "[000001-999999]");
+  REQUIRE_MESSAGE(ok.ok(), ok.status().ToString());
+  CHECK(ok->size() == 999'999);
+}
+
 }  // namespace
 }  // namespace lk::slurm
