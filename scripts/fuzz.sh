@@ -7,7 +7,8 @@
 # only: inputs found on the way go to a scratch directory). Prints one line per target with its
 # executions and exits non-zero when any target crashed, leaked or timed out; the input that did
 # it is kept as $LK_FUZZ_BUILD/artifacts/TARGET-crash-... (replay: run the target on that file).
-# Exits 77 (CTest's SKIP_RETURN_CODE) where clang-14 or libFuzzer is missing.
+# Exits 77 (CTest's SKIP_RETURN_CODE) where clang-14 or libFuzzer is missing. With
+# LK_FUZZ_RUNS=N each target stops after N executions (or SECONDS_PER_TARGET, whichever is first).
 # Targets: http_head codec range safetensors manifest hostlist (default: all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,13 +44,16 @@ for t in "${targets[@]}"; do
   rc=0
   # -timeout: one input running past it is a hang, reported like a crash. -rss_limit_mb: one
   # input that makes the parser hold more than this is a finding too.
-  "$build/fuzz_$t" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
+  runs=()
+  [ -n "${LK_FUZZ_RUNS:-}" ] && runs=(-runs="$LK_FUZZ_RUNS")
+  "$build/fuzz_$t" -max_total_time="$seconds" "${runs[@]}" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$build/artifacts/$t-" "$scratch/$t" "fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
   end=$(date +%s.%N)
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
-  rate=$(awk -v n="${execs:-0}" -v s="$secs" 'BEGIN { printf "%d", s > 0 ? n / s : 0 }')
-  echo "fuzz_result target=$t executions=${execs:-0} seconds=$secs per_second=$rate rc=$rc"
+  rate=$(awk -v n="${execs:-0}" -v s="$secs" 'BEGIN { printf "%d", (s > 0) ? n / s : 0 }')
+  echo "fuzz_result target=$t executions=${execs:-0} seconds=$secs per_second=$rate rc=$rc" |
+    tee -a "$build/artifacts/results.txt"
   if [ "$rc" -ne 0 ]; then
     failed=1
     echo "fuzz: $t failed (rc $rc); its log: $log"
