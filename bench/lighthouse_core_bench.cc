@@ -40,8 +40,9 @@ TEST_CASE("bench: unchanged quorum of 16 groups, last ask to all 16 answers") {
     auto t1 = Clock::now();
     REQUIRE(h.fx.answers.size() == 16);
     // Peer: copy the member list into 16 answers, what any coordinator hands out here.
-    const auto& members = h.fx.answers[0].second.members_shared ? *h.fx.answers[0].second.members_shared
-                                                                 : h.fx.answers[0].second.members;
+    const auto& members = h.fx.answers[0].second.members_shared
+                              ? *h.fx.answers[0].second.members_shared
+                              : h.fx.answers[0].second.members;
     auto p0 = Clock::now();
     std::vector<std::vector<MemberData>> copies(16, members);
     auto p1 = Clock::now();

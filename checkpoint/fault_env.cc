@@ -212,7 +212,8 @@ Result<std::unique_ptr<WritableFile>> FaultEnv::Wrap(const std::string& path, bo
       if (!existed) lost_->entries.push_back(Lost::Entry{Lost::Entry::kFile, path, "", {}});
     }
   }
-  return std::unique_ptr<WritableFile>(std::make_unique<FaultWritableFile>(this, std::move(*file), id));
+  return std::unique_ptr<WritableFile>(
+      std::make_unique<FaultWritableFile>(this, std::move(*file), id));
 }
 
 Result<std::unique_ptr<WritableFile>> FaultEnv::NewWritableFile(const std::string& path) {
@@ -237,7 +238,8 @@ Status FaultEnv::CreateDir(const std::string& path) {
   LK_RETURN_IF_ERROR(CountOp("mkdir", path));
   std::vector<std::string> missing;
   if (lost_) {
-    for (std::string p = path; !p.empty() && p != "/" && p != "." && !base_->Exists(p); p = DirName(p)) {
+    for (std::string p = path; !p.empty() && p != "/" && p != "." && !base_->Exists(p);
+         p = DirName(p)) {
       missing.push_back(p);
     }
   }

@@ -1,10 +1,10 @@
 // Hostile Range headers: numbers at and past 64 bits, signs, spaces and empty parts. Each is
 // either a clean refusal with a reason or a range inside the file, never a wrapped one.
+#include "checkpoint/range.h"
+
 #include <doctest/doctest.h>
 
 #include <string>
-
-#include "checkpoint/range.h"
 
 namespace lk::ckpt {
 namespace {

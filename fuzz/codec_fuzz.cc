@@ -6,10 +6,9 @@
 // the same.
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
+#include <google/protobuf/stubs/logging.h>
 #include <google/protobuf/util/field_comparator.h>
 #include <google/protobuf/util/message_differencer.h>
-
-#include <google/protobuf/stubs/logging.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -55,8 +54,8 @@ void RoundTrip(const gp::Message& msg, lk::http::Format format, const gp::Messag
   std::string body = lk::http::Encode(msg, format);
   std::unique_ptr<gp::Message> back(prototype.New());
   lk::Status st = lk::http::Decode(body, format, back.get());
-  LK_CHECK(st.ok()) << msg.GetDescriptor()->name() << ": encoded body does not decode: "
-                    << st.ToString();
+  LK_CHECK(st.ok()) << msg.GetDescriptor()->name()
+                    << ": encoded body does not decode: " << st.ToString();
   LK_CHECK(Same(msg, *back)) << msg.GetDescriptor()->name() << " changed in a round trip";
 }
 

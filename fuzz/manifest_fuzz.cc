@@ -36,7 +36,8 @@ void CheckPlan(const Manifest& m, TargetLayout layout) {
     LK_CHECK(covered == r.length) << "checksums cover " << covered << " of " << r.length;
     for (const auto& c : r.copies) {
       LK_CHECK(c.tensor < plan->tensors.size()) << "copy to tensor #" << c.tensor;
-      LK_CHECK(c.length <= r.length && c.src_offset <= r.length - c.length) << "copy outside its read";
+      LK_CHECK(c.length <= r.length && c.src_offset <= r.length - c.length)
+          << "copy outside its read";
       uint64_t dest = plan->tensors[c.tensor].bytes;
       LK_CHECK(c.length <= dest && c.dst_offset <= dest - c.length) << "copy outside its tensor";
     }

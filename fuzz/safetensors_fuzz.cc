@@ -19,7 +19,8 @@ using lk::ckpt::ShardHeader;
 
 bool SameEntry(const ShardEntry& a, const ShardEntry& b) {
   return a.name == b.name && a.dtype == b.dtype && a.shape == b.shape &&
-         a.global_shape == b.global_shape && a.rows == b.rows && a.begin == b.begin && a.end == b.end;
+         a.global_shape == b.global_shape && a.rows == b.rows && a.begin == b.begin &&
+         a.end == b.end;
 }
 
 // Metadata other than the row and shape keys of the tensors, which the encoder writes itself.

@@ -1,6 +1,8 @@
 // The RocksDB state store on hostile disk contents: a key or value that is not what this build
 // writes (a torn write, another version, a hand edit) is a kDataLoss error naming the key, at
 // start, never an exception or an abort; and the lighthouse service refuses to start on it.
+#include "lighthouse/state_store.h"
+
 #include <doctest/doctest.h>
 #include <rocksdb/db.h>
 
@@ -11,7 +13,6 @@
 
 #include "common/proto/lightkeeper.pb.h"
 #include "lighthouse/service.h"
-#include "lighthouse/state_store.h"
 
 namespace lk::lighthouse {
 namespace {

@@ -46,7 +46,7 @@ for t in "${targets[@]}"; do
   # input that makes the parser hold more than this is a finding too.
   runs=()
   [ -n "${LK_FUZZ_RUNS:-}" ] && runs=(-runs="$LK_FUZZ_RUNS")
-  "$build/fuzz_$t" -max_total_time="$seconds" "${runs[@]}" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
+  "$build/fuzz_$t" -max_total_time="$seconds" "${runs[@]}" -timeout=60 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$build/artifacts/$t-" "$scratch/$t" "fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
   end=$(date +%s.%N)
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)

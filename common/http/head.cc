@@ -1,17 +1,18 @@
 #include "common/http/head.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
-
-#include <fmt/format.h>
 
 namespace lk::http {
 
 bool IEquals(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) {
+    if (std::tolower(static_cast<unsigned char>(a[i])) !=
+        std::tolower(static_cast<unsigned char>(b[i]))) {
       return false;
     }
   }
@@ -122,7 +123,8 @@ std::string FormatHead(const Head& h) {
   std::string out = fmt::format("{} {} HTTP/1.{}\r\n", h.method, h.target, h.version == 10 ? 0 : 1);
   // Connection is written whenever it matters, so keep_alive reads back the same either way.
   bool default_keep = h.version == 11;
-  if (h.keep_alive != default_keep) out += h.keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
+  if (h.keep_alive != default_keep)
+    out += h.keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
   if (h.content_length > 0) out += fmt::format("Content-Length: {}\r\n", h.content_length);
   if (h.expect_continue) out += "Expect: 100-continue\r\n";
   auto add = [&out](std::string_view name, std::string_view value) {
