@@ -183,8 +183,10 @@ TEST_CASE("lost writes: a machine crash at every point of three saves leaves the
     env.TrackUnsynced();
     env.CrashAfter(k);
     CrashRun run = SaveUntilCrash(&env, root, model);
-    REQUIRE(run.crashed == (k < points));
+    // The writer may go on past a failed call it tolerates (lock removal, retention: logged),
+    // so only the env says whether the crash point was reached.
     REQUIRE(env.crashed() == (k < points));
+    if (k == points) REQUIRE(run.committed == 3);
     REQUIRE(env.DropUnsynced().ok());
 
     // No torn checkpoint: every step directory that exists after the crash is whole.
