@@ -259,7 +259,7 @@ TEST_CASE("shard header: shapes whose bytes overflow - offsets past the file - b
        2, "not a row range"},
       {"rows backwards", R"({"__metadata__":{"lk.rows.w":"3,1","lk.shape.w":"[4]"},"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
        2, "not a row range"},
-      {"global shape that overflows", R"({"__metadata__":{"lk.rows.w":"0,2","lk.shape.w":"[2,9223372036854775807]"},"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
+      {"global shape that overflows", R"({"__metadata__":{"lk.rows.w":"0,2","lk.shape.w":"[4,9223372036854775807]"},"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
        2, "does not fit 64 bits"},
       {"rows not a number", R"({"__metadata__":{"lk.rows.w":"0,99999999999999999999","lk.shape.w":"[4]"},"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
        2, "not an integer"},
