@@ -12,7 +12,6 @@
 #include <filesystem>
 
 namespace lk::ckpt {
-namespace {
 
 Status ErrnoStatus(int err, std::string_view what, const std::string& path) {
   Code code = Code::kInternal;
@@ -29,6 +28,8 @@ Status ErrnoStatus(int err, std::string_view what, const std::string& path) {
   }
   return Error(code, "{} {}: {}", what, path, std::strerror(err));
 }
+
+namespace {
 
 class PosixWritableFile final : public WritableFile {
  public:
@@ -183,26 +184,6 @@ class PosixEnv final : public Env {
   }
 };
 
-class FaultWritableFile final : public WritableFile {
- public:
-  FaultWritableFile(FaultEnv* env, std::unique_ptr<WritableFile> base)
-      : env_(env), base_(std::move(base)) {}
-  Status Append(const void* data, uint64_t size) override {
-    LK_RETURN_IF_ERROR(env_->BeforeAppend(base_->path(), size));
-    return base_->Append(data, size);
-  }
-  Status Sync() override {
-    LK_RETURN_IF_ERROR(env_->BeforeSync(base_->path()));
-    return base_->Sync();
-  }
-  Status Close() override { return base_->Close(); }
-  const std::string& path() const override { return base_->path(); }
-
- private:
-  FaultEnv* env_;
-  std::unique_ptr<WritableFile> base_;
-};
-
 }  // namespace
 
 Env* Env::Default() {
@@ -239,72 +220,18 @@ Status WriteFileAtomic(Env* env, const std::string& path, std::string_view data)
   return env->SyncDir(DirName(path));
 }
 
-void FaultEnv::FailWritesAfter(uint64_t bytes, std::string path_match) {
-  std::lock_guard lock(mu_);
-  write_armed_ = true;
-  write_bytes_left_ = bytes;
-  write_match_ = std::move(path_match);
-}
-
-void FaultEnv::FailSyncs(std::string path_match) {
-  std::lock_guard lock(mu_);
-  sync_armed_ = true;
-  sync_match_ = std::move(path_match);
-}
-
-void FaultEnv::FailRenames(std::string path_match) {
-  std::lock_guard lock(mu_);
-  rename_armed_ = true;
-  rename_match_ = std::move(path_match);
-}
-
-void FaultEnv::Clear() {
-  std::lock_guard lock(mu_);
-  write_armed_ = sync_armed_ = rename_armed_ = false;
-}
-
-bool FaultEnv::Matches(const std::string& match, const std::string& path) const {
-  return match.empty() || path.find(match) != std::string::npos;
-}
-
-Status FaultEnv::BeforeAppend(const std::string& path, uint64_t size) {
-  std::lock_guard lock(mu_);
-  if (!write_armed_ || !Matches(write_match_, path)) return Status::Ok();
-  if (size <= write_bytes_left_) {
-    write_bytes_left_ -= size;
-    return Status::Ok();
+Status CreateDirDurable(Env* env, const std::string& path) {
+  // The missing ancestors, outermost first: each one's entry lives in its parent, which must be
+  // synced after it is created (the parent of the outermost one existed already).
+  std::vector<std::string> missing;
+  for (std::string p = path; !p.empty() && p != "/" && p != "." && !env->Exists(p); p = DirName(p)) {
+    missing.push_back(p);
   }
-  write_bytes_left_ = 0;
-  ++faults_hit_;
-  return ErrnoStatus(ENOSPC, "write", path);
-}
-
-Status FaultEnv::BeforeSync(const std::string& path) {
-  std::lock_guard lock(mu_);
-  if (!sync_armed_ || !Matches(sync_match_, path)) return Status::Ok();
-  ++faults_hit_;
-  return ErrnoStatus(EIO, "fsync", path);
-}
-
-Result<std::unique_ptr<WritableFile>> FaultEnv::NewWritableFile(const std::string& path) {
-  LK_ASSIGN_OR_RETURN(auto f, base_->NewWritableFile(path));
-  return std::unique_ptr<WritableFile>(std::make_unique<FaultWritableFile>(this, std::move(f)));
-}
-
-Result<std::unique_ptr<WritableFile>> FaultEnv::NewExclusiveFile(const std::string& path) {
-  LK_ASSIGN_OR_RETURN(auto f, base_->NewExclusiveFile(path));
-  return std::unique_ptr<WritableFile>(std::make_unique<FaultWritableFile>(this, std::move(f)));
-}
-
-Status FaultEnv::Rename(const std::string& from, const std::string& to) {
-  {
-    std::lock_guard lock(mu_);
-    if (rename_armed_ && (Matches(rename_match_, from) || Matches(rename_match_, to))) {
-      ++faults_hit_;
-      return ErrnoStatus(EIO, "rename", from);
-    }
+  LK_RETURN_IF_ERROR(env->CreateDir(path));
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    LK_RETURN_IF_ERROR(env->SyncDir(DirName(*it)));
   }
-  return base_->Rename(from, to);
+  return Status::Ok();
 }
 
 }  // namespace lk::ckpt

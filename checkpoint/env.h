@@ -70,11 +70,31 @@ Result<std::string> ReadFileToString(Env* env, const std::string& path);
 Status WriteFileAtomic(Env* env, const std::string& path, std::string_view data);
 std::string JoinPath(const std::string& dir, const std::string& name);
 std::string DirName(const std::string& path);
+// Creates `path` and its missing parents, and syncs the directory holding each one it created,
+// so that the new directories survive a machine crash (CreateDir alone leaves their entries in
+// the page cache).
+Status CreateDirDurable(Env* env, const std::string& path);
+// The Status for an errno of a call on `path` (ENOENT is kNotFound, ENOSPC kResourceExhausted...).
+Status ErrnoStatus(int err, std::string_view what, const std::string& path);
 
 // Wraps an Env and fails chosen operations on paths that contain `path_match`.
+//
+// Lost-writes mode (TrackUnsynced; as leveldb's fault-injection env): the env then records what
+// a machine crash could take away and, at DropUnsynced, takes it away on the real disk:
+//   - file data appended since the file's last Sync (the file is truncated to its synced size);
+//   - directory entries (files and directories created, renames) made since the last SyncDir of
+//     the directory that holds them: created entries are removed, renames are moved back (and a
+//     file a rename replaced gets its old content back).
+// Removals are taken as durable at once, the harsher choice for "the previous checkpoint
+// survives". CrashAfter(n) chooses the crash point: the n-th mutating call from then on (create,
+// append, sync, close, mkdir, rename, remove) and every one after it fail as if the machine had
+// stopped, so the code under test sees an error and stops there. Syncs are recorded but not
+// performed in this mode: durability is what the env simulates, and real fsyncs would only cost
+// time. The base Env is used for everything else, so paths are real paths on a real disk.
 class FaultEnv final : public Env {
  public:
-  explicit FaultEnv(Env* base) : base_(base) {}
+  explicit FaultEnv(Env* base);
+  ~FaultEnv() override;
 
   // After `bytes` more bytes are appended to matching files, appends fail with ENOSPC.
   void FailWritesAfter(uint64_t bytes, std::string path_match = "");
@@ -83,18 +103,27 @@ class FaultEnv final : public Env {
   void Clear();
   uint64_t faults_hit() const { return faults_hit_.load(); }
 
+  // Lost-writes mode; see above. Everything done before TrackUnsynced counts as durable.
+  void TrackUnsynced();
+  // The `ops`-th mutating call from now on fails, and all after it (0: the next one).
+  void CrashAfter(uint64_t ops);
+  // Mutating calls made since TrackUnsynced, and whether the chosen crash point was reached.
+  uint64_t mutating_ops() const;
+  bool crashed() const;
+  // Reverts the disk to what was synced (see above) and leaves lost-writes mode; every file the
+  // env handed out must be closed or destroyed first.
+  Status DropUnsynced();
+
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
   Result<std::unique_ptr<WritableFile>> NewExclusiveFile(const std::string& path) override;
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path) override {
     return base_->NewRandomAccessFile(path);
   }
-  Status CreateDir(const std::string& path) override { return base_->CreateDir(path); }
+  Status CreateDir(const std::string& path) override;
   Status Rename(const std::string& from, const std::string& to) override;
-  Status SyncDir(const std::string& path) override { return base_->SyncDir(path); }
-  Status RemoveFile(const std::string& path) override { return base_->RemoveFile(path); }
-  Status RemoveDirRecursive(const std::string& path) override {
-    return base_->RemoveDirRecursive(path);
-  }
+  Status SyncDir(const std::string& path) override;
+  Status RemoveFile(const std::string& path) override;
+  Status RemoveDirRecursive(const std::string& path) override;
   Result<std::vector<std::string>> ListDir(const std::string& path) override {
     return base_->ListDir(path);
   }
@@ -102,12 +131,19 @@ class FaultEnv final : public Env {
   bool IsDir(const std::string& path) override { return base_->IsDir(path); }
   int64_t NowUnixMs() override { return base_->NowUnixMs(); }
 
-  // Used by the wrapped files.
+  // Used by the wrapped files (`file` is the id the env gave the file, 0 when untracked).
   Status BeforeAppend(const std::string& path, uint64_t size);
   Status BeforeSync(const std::string& path);
+  Status BeforeClose(const std::string& path);
+  void Synced(uint64_t file, uint64_t bytes);
 
  private:
+  struct Lost;  // the lost-writes state
   bool Matches(const std::string& match, const std::string& path) const;
+  // Counts one mutating call in lost-writes mode; the error once the crash point is reached.
+  Status CountOp(std::string_view what, const std::string& path);
+  Result<std::unique_ptr<WritableFile>> Wrap(const std::string& path, bool existed,
+                                             Result<std::unique_ptr<WritableFile>> file);
 
   Env* base_;
   mutable std::mutex mu_;
@@ -119,6 +155,7 @@ class FaultEnv final : public Env {
   bool sync_armed_ = false;
   bool rename_armed_ = false;
   std::atomic<uint64_t> faults_hit_{0};
+  std::unique_ptr<Lost> lost_;  // null unless in lost-writes mode
 };
 
 }  // namespace lk::ckpt

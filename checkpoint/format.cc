@@ -38,6 +38,9 @@ Result<std::vector<int64_t>> ShapeFromJson(const json::value* v) {
   std::vector<int64_t> shape;
   for (const auto& d : v->as_array()) {
     if (!d.is_int64() && !d.is_uint64()) return InvalidArgument("shape holds a non-integer");
+    if (d.is_uint64() && d.as_uint64() > static_cast<uint64_t>(INT64_MAX)) {
+      return InvalidArgument("dimension {} is too large", d.as_uint64());
+    }
     int64_t x = d.is_int64() ? d.as_int64() : static_cast<int64_t>(d.as_uint64());
     if (x < 0) return InvalidArgument("negative dimension {}", x);
     shape.push_back(x);
@@ -67,8 +70,9 @@ Status ParseEntry(const std::string& name, const json::value& v, ShardEntry* e) 
   }
   LK_ASSIGN_OR_RETURN(e->begin, OffsetFromJson(off->as_array()[0]));
   LK_ASSIGN_OR_RETURN(e->end, OffsetFromJson(off->as_array()[1]));
-  uint64_t want = DTypeBytes(e->dtype);
-  for (int64_t d : e->shape) want *= static_cast<uint64_t>(d);
+  std::optional<uint64_t> bytes = CheckedBytes(e->dtype, e->shape.data(), e->shape.size());
+  if (!bytes) return InvalidArgument("tensor '{}': shape {} does not fit 64 bits of bytes", name, ShapeJson(e->shape));
+  uint64_t want = *bytes;
   if (e->end < e->begin || e->end - e->begin != want) {
     return InvalidArgument("tensor '{}': data_offsets [{},{}) do not hold {} bytes", name, e->begin,
                            e->end, want);
@@ -89,10 +93,17 @@ Status ApplyRowMetadata(ShardHeader* h) {
     if (comma == std::string::npos) return InvalidArgument("lk.rows.{} is malformed", e.name);
     LK_ASSIGN_OR_RETURN(e.rows.begin, ParseInt(std::string_view(rows->second).substr(0, comma)));
     LK_ASSIGN_OR_RETURN(e.rows.end, ParseInt(std::string_view(rows->second).substr(comma + 1)));
+    // Checked before rows() is taken: END - BEGIN of two arbitrary int64 can overflow.
+    if (e.rows.begin < 0 || e.rows.end < e.rows.begin) {
+      return InvalidArgument("lk.rows.{} = '{}' is not a row range", e.name, rows->second);
+    }
     boost::system::error_code ec;
     json::value sv = json::parse(shape->second, ec);
     if (ec) return InvalidArgument("lk.shape.{} is malformed", e.name);
     LK_ASSIGN_OR_RETURN(e.global_shape, ShapeFromJson(&sv));
+    if (!CheckedBytes(e.dtype, e.global_shape.data(), e.global_shape.size())) {
+      return InvalidArgument("lk.shape.{} does not fit 64 bits of bytes", e.name);
+    }
     bool local_ok = e.shape.size() == e.global_shape.size() &&
                     (e.shape.empty() ? e.rows == RowRange{0, 1} : e.shape[0] == e.rows.rows()) &&
                     e.rows.begin >= 0 && e.rows.end <= RowsOf(e.global_shape);
@@ -171,6 +182,11 @@ Result<ShardHeader> ParseShardHeader(std::string_view prefix, uint64_t file_size
   uint64_t at = 0;
   for (const auto& e : h.entries) {
     if (e.begin != at) return Error(Code::kDataLoss, "tensor '{}' leaves a hole or overlaps", e.name);
+    // Also keeps header_bytes + at below from wrapping (header_bytes <= file_size here).
+    if (e.end > file_size - h.header_bytes) {
+      return Error(Code::kDataLoss, "tensor '{}' ends at data offset {}, past the {}-byte file",
+                   e.name, e.end, file_size);
+    }
     at = e.end;
   }
   if (h.header_bytes + at != file_size) {

@@ -67,7 +67,8 @@ class Xxh3Stream {
 // Checksums of consecutive `chunk_bytes` chunks of [data, data + size); the last may be short.
 std::vector<uint64_t> ChunkHashes(const uint8_t* data, uint64_t size, uint64_t chunk_bytes);
 inline uint64_t ChunkCount(uint64_t size, uint64_t chunk_bytes) {
-  return (size + chunk_bytes - 1) / chunk_bytes;
+  // Not (size + chunk_bytes - 1) / chunk_bytes: that wraps for sizes a manifest may claim.
+  return size / chunk_bytes + (size % chunk_bytes != 0 ? 1 : 0);
 }
 
 // "shard-00003-of-00004.safetensors"

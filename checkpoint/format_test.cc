@@ -227,3 +227,100 @@ TEST_CASE("merging partial manifests yields the complete one - disagreement is r
 
 }  // namespace
 }  // namespace lk::ckpt
+
+namespace lk::ckpt {
+namespace {
+
+// A safetensors prefix (8-byte length + JSON) of `json`, unpadded.
+std::string RawHeader(const std::string& json) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
+  return out + json;
+}
+
+TEST_CASE("shard header: shapes whose bytes overflow - offsets past the file - bad rows are refused") {
+  struct Case {
+    std::string what, json;
+    uint64_t data_bytes;  // the file holds the header and this many bytes
+    std::string reason;
+  } cases[] = {
+      // 2^32 * 2^32 * 4 bytes wraps to 0: before the check it passed as an empty tensor.
+      {"product of dims wraps", R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})",
+       0, "does not fit 64 bits"},
+      {"product with the dtype size wraps", R"({"w":{"dtype":"U8","shape":[4611686018427387904,4],"data_offsets":[0,0]}})",
+       0, "does not fit 64 bits"},
+      {"dim past int64", R"({"w":{"dtype":"U8","shape":[18446744073709551615],"data_offsets":[0,18446744073709551615]}})",
+       0, "too large"},
+      {"negative dim", R"({"w":{"dtype":"U8","shape":[-1],"data_offsets":[0,0]}})", 0, "negative"},
+      {"end past the file", R"({"w":{"dtype":"U8","shape":[9223372036854775807],"data_offsets":[0,9223372036854775807]}})",
+       16, "past the"},
+      {"offsets backwards", R"({"w":{"dtype":"U8","shape":[2],"data_offsets":[4,2]}})", 4, "do not hold"},
+      {"rows that overflow", R"({"__metadata__":{"lk.rows.w":"-9223372036854775808,9223372036854775807","lk.shape.w":"[4]"},"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
+       2, "not a row range"},
+      {"rows backwards", R"({"__metadata__":{"lk.rows.w":"3,1","lk.shape.w":"[4]"},"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
+       2, "not a row range"},
+      {"global shape that overflows", R"({"__metadata__":{"lk.rows.w":"0,2","lk.shape.w":"[4,9223372036854775807]"},"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
+       2, "does not fit 64 bits"},
+      {"rows not a number", R"({"__metadata__":{"lk.rows.w":"0,99999999999999999999","lk.shape.w":"[4]"},"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
+       2, "not an integer"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.what);
+    std::string head = RawHeader(c.json);
+    auto h = ParseShardHeader(head, head.size() + c.data_bytes);
+    REQUIRE(!h.ok());
+    CHECK(h.status().code() == Code::kDataLoss);
+    CHECK_MESSAGE(h.status().message().find(c.reason) != std::string::npos, h.status().message());
+  }
+  // A header length that claims more than the file (or than any sane header) is refused before
+  // anything is read.
+  std::string huge(8, '\xff');
+  CHECK(ParseShardHeader(huge, UINT64_MAX).status().code() == Code::kDataLoss);
+  // A zero among huge dims is an empty tensor, not an overflow.
+  std::string zero = RawHeader(R"({"w":{"dtype":"F64","shape":[0,9223372036854775807,9223372036854775807],"data_offsets":[0,0]}})");
+  CHECK(ParseShardHeader(zero, zero.size()).ok());
+}
+
+TEST_CASE("manifest validation: offsets - lengths and chunk counts that overflow are refused") {
+  // One file, one U8 tensor; each case breaks one field so that a wrapping sum would pass.
+  auto base = [] {
+    Manifest m;
+    m.chunk_bytes = 16;
+    m.files.push_back(ShardFileInfo{"shard-00000-of-00001.safetensors", 0, 4096 + 32, 4096, 0});
+    m.tensors.push_back(TensorInfo{"t", DType::kU8, {8, 4}, {SliceInfo{0, RowRange{0, 8}, 4096, 32, {1, 2}}}});
+    return m;
+  };
+  REQUIRE(ValidateManifest(base()).ok());
+
+  Manifest wrap_offset = base();  // offset + length wraps to 24, inside the file
+  wrap_offset.tensors[0].slices[0].offset = UINT64_MAX - 7;
+  Status st = ValidateManifest(wrap_offset);
+  CHECK_MESSAGE(st.message().find("outside the data") != std::string::npos, st.message());
+
+  Manifest wrap_rows = base();  // 2^62 rows of 8 * 4 bytes: rows * row_bytes wraps to 0
+  wrap_rows.tensors[0].shape = {int64_t{1} << 62, 8};
+  wrap_rows.tensors[0].dtype = DType::kF32;
+  wrap_rows.tensors[0].slices[0] = SliceInfo{0, RowRange{0, int64_t{1} << 59}, 4096, 0, {}};
+  wrap_rows.partial = true;
+  st = ValidateManifest(wrap_rows);
+  CHECK_MESSAGE(st.message().find("does not fit 64 bits") != std::string::npos, st.message());
+
+  Manifest wrap_chunks = base();  // (length + chunk - 1) / chunk wraps to 0 checksums
+  wrap_chunks.chunk_bytes = (uint64_t{1} << 63) + 1;
+  wrap_chunks.files[0].size_bytes = (uint64_t{1} << 63) + 4096;
+  wrap_chunks.tensors[0].shape = {int64_t{1} << 62, 2};
+  wrap_chunks.tensors[0].slices[0] = SliceInfo{0, RowRange{0, int64_t{1} << 62}, 4096, uint64_t{1} << 63, {}};
+  st = ValidateManifest(wrap_chunks);
+  CHECK_MESSAGE(st.message().find("0 checksums for 1 chunks") != std::string::npos, st.message());
+  CHECK(ChunkCount(UINT64_MAX, 2) == (UINT64_MAX / 2) + 1);
+
+  Manifest negative = base();
+  negative.tensors[0].shape = {8, -4};
+  CHECK(!ValidateManifest(negative).ok());
+  Manifest past = base();  // a slice longer than its file
+  past.files[0].size_bytes = 4096 + 16;
+  CHECK(!ValidateManifest(past).ok());
+}
+
+}  // namespace
+}  // namespace lk::ckpt

@@ -12,6 +12,11 @@ Status ValidateTensor(const Manifest& m, const TensorInfo& t, bool partial,
   for (int64_t d : t.shape) {
     if (d < 0) return InvalidArgument("tensor '{}' has a negative dimension", t.name);
   }
+  // The whole tensor's bytes must fit 64 bits; then so do a row's and every slice's, and the
+  // products below cannot wrap.
+  if (!CheckedBytes(t.dtype, t.shape.data(), t.shape.size())) {
+    return InvalidArgument("tensor '{}': its shape does not fit 64 bits of bytes", t.name);
+  }
   uint64_t row_bytes = RowBytes(t.dtype, t.shape);
   int64_t rows = RowsOf(t.shape);
   int64_t at = 0;
@@ -26,13 +31,15 @@ Status ValidateTensor(const Manifest& m, const TensorInfo& t, bool partial,
       return InvalidArgument("tensor '{}': rows [{},{}) are in no shard", t.name, at, s.rows.begin);
     }
     at = s.rows.end;
-    if (s.length != static_cast<uint64_t>(s.rows.rows()) * row_bytes) {
+    std::optional<uint64_t> slice_bytes = CheckedMul(static_cast<uint64_t>(s.rows.rows()), row_bytes);
+    if (!slice_bytes || s.length != *slice_bytes) {
       return InvalidArgument("tensor '{}' in {}: {} bytes for {} rows of {} bytes", t.name, f.name,
                              s.length, s.rows.rows(), row_bytes);
     }
-    if (s.offset < f.header_bytes || s.offset + s.length > f.size_bytes) {
-      return InvalidArgument("tensor '{}': bytes [{},{}) lie outside the data of {}", t.name,
-                             s.offset, s.offset + s.length, f.name);
+    // Written so that nothing wraps: offset + length may not fit 64 bits.
+    if (s.offset < f.header_bytes || s.length > f.size_bytes || s.offset > f.size_bytes - s.length) {
+      return InvalidArgument("tensor '{}': {} bytes at {} lie outside the data of {}", t.name,
+                             s.length, s.offset, f.name);
     }
     if (s.chunk_xxh3.size() != ChunkCount(s.length, m.chunk_bytes)) {
       return InvalidArgument("tensor '{}' in {}: {} checksums for {} chunks", t.name, f.name,

@@ -24,6 +24,7 @@ struct SliceInfo {
   uint64_t offset = 0;  // in the file
   uint64_t length = 0;
   std::vector<uint64_t> chunk_xxh3;  // chunk i: [offset + i * chunk_bytes, ...) clipped
+  bool operator==(const SliceInfo&) const = default;
 };
 
 struct TensorInfo {
@@ -31,6 +32,7 @@ struct TensorInfo {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;     // global
   std::vector<SliceInfo> slices;  // sorted by rows.begin
+  bool operator==(const TensorInfo&) const = default;
 };
 
 struct ShardFileInfo {
@@ -39,6 +41,7 @@ struct ShardFileInfo {
   uint64_t size_bytes = 0;
   uint64_t header_bytes = 0;
   uint64_t header_xxh3 = 0;
+  bool operator==(const ShardFileInfo&) const = default;
 };
 
 struct Manifest {
@@ -54,6 +57,7 @@ struct Manifest {
 
   uint64_t data_bytes() const;
   const TensorInfo* Find(std::string_view name) const;
+  bool operator==(const Manifest&) const = default;
 };
 
 // Checks the manifest against itself: dtypes and shapes sane, slices inside their files and not

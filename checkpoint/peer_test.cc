@@ -279,6 +279,22 @@ TEST_CASE("shard server answers ranges with 206 - bad ranges with 416 and hides 
   CHECK(beyond->status == 416);
   auto multi = (*client)->Do("GET", file, "", "", Millis(5000), "Range", "bytes=0-1,4-5");
   CHECK(multi->status == 416);
+  // The largest end a 64-bit parser reads is clipped to the file, not wrapped to an empty range.
+  auto max_end = (*client)->Do("GET", file, "", "", Millis(5000), "Range", "bytes=0-18446744073709551615");
+  REQUIRE(max_end.ok());
+  CHECK(max_end->status == 206);
+  CHECK(max_end->body.size() == size);
+  for (const auto& [k, v] : max_end->headers) {
+    if (k == "Content-Range") CHECK(v == fmt::format("bytes 0-{}/{}", size - 1, size));
+  }
+  // One past 64 bits is refused with the reason, and the server goes on answering.
+  auto over = (*client)->Do("GET", file, "", "", Millis(5000), "Range", "bytes=18446744073709551616-");
+  REQUIRE(over.ok());
+  CHECK(over->status == 416);
+  CHECK_MESSAGE(over->body.find("bad range start") != std::string::npos, over->body);
+  auto after = (*client)->Do("GET", file, "", "", Millis(5000), "Range", "bytes=0-7");
+  REQUIRE(after.ok());
+  CHECK(after->status == 206);
   for (const char* path : {"/v1/shards/files/_/step-000000000003/../../etc/passwd",
                            "/v1/shards/files/_/.tmp-step-000000000004-x/MANIFEST",
                            "/v1/shards/files/_/step-000000000003/.hidden", "/v1/other"}) {

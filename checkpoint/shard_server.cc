@@ -3,7 +3,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <charconv>
 #include <mutex>
 #include <vector>
 
@@ -29,39 +28,7 @@ bool PlainName(std::string_view s) {
   return !s.empty() && s[0] != '.' && s.find('/') == std::string_view::npos;
 }
 
-bool ParseU64(std::string_view s, uint64_t* v) {
-  if (s.empty()) return false;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *v);
-  return ec == std::errc() && p == s.data() + s.size();
-}
-
 }  // namespace
-
-Status ParseRange(std::string_view header, uint64_t size, uint64_t* begin, uint64_t* end) {
-  constexpr std::string_view kUnit = "bytes=";
-  if (header.substr(0, kUnit.size()) != kUnit) return InvalidArgument("range unit is not bytes");
-  std::string_view spec = header.substr(kUnit.size());
-  if (spec.find(',') != std::string_view::npos) return InvalidArgument("multiple ranges");
-  auto dash = spec.find('-');
-  if (dash == std::string_view::npos) return InvalidArgument("range without '-'");
-  std::string_view a = spec.substr(0, dash), b = spec.substr(dash + 1);
-  uint64_t x = 0, y = 0;
-  if (a.empty()) {  // suffix: the last N bytes
-    if (!ParseU64(b, &y) || y == 0 || size == 0) return InvalidArgument("bad suffix range");
-    *begin = size - std::min(y, size);
-    *end = size;
-    return Status::Ok();
-  }
-  if (!ParseU64(a, &x) || x >= size) return InvalidArgument("range starts outside the file");
-  if (b.empty()) {
-    y = size - 1;
-  } else if (!ParseU64(b, &y) || y < x) {
-    return InvalidArgument("bad range end");
-  }
-  *begin = x;
-  *end = std::min(y + 1, size);
-  return Status::Ok();
-}
 
 // Idle response buffers. A buffer is handed out as a shared_ptr whose deleter gives it back,
 // so it returns here when the http server has written the response and dropped it.
@@ -210,8 +177,8 @@ http::Response ShardServer::ServeFile(const http::Request& req, std::string_view
   if (!f.ok()) return Text(f.status().code() == Code::kNotFound ? 404 : 503, f.status().ToString() + "\n");
   uint64_t size = (*f)->size(), begin = 0, end = size;
   bool ranged = !req.range.empty();
-  if (ranged && !ParseRange(req.range, size, &begin, &end).ok()) {
-    http::Response r = Text(416, "range not satisfiable\n");
+  if (Status st = ranged ? ParseRange(req.range, size, &begin, &end) : Status::Ok(); !st.ok()) {
+    http::Response r = Text(416, fmt::format("range not satisfiable: {}\n", st.message()));
     r.headers.emplace_back("Content-Range", fmt::format("bytes */{}", size));
     return r;
   }

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "checkpoint/env.h"
+#include "checkpoint/range.h"
 #include "common/http/http.h"
 
 namespace lk::ckpt {
@@ -92,9 +93,5 @@ class ShardServer {
   std::atomic<uint64_t> bytes_served_{0};
   std::atomic<uint64_t> requests_{0};
 };
-
-// Parses a single-range "bytes=A-B" / "bytes=A-" / "bytes=-N" against a file of `size` bytes into
-// [begin, end). Fails (the caller answers 416) when it is malformed, multi-range or outside.
-Status ParseRange(std::string_view header, uint64_t size, uint64_t* begin, uint64_t* end);
 
 }  // namespace lk::ckpt

@@ -97,6 +97,24 @@ uint64_t RowBytes(DType dtype, const std::vector<int64_t>& shape) {
   return n;
 }
 
+std::optional<uint64_t> CheckedMul(uint64_t a, uint64_t b) {
+  uint64_t out = 0;
+  if (__builtin_mul_overflow(a, b, &out)) return std::nullopt;
+  return out;
+}
+
+std::optional<uint64_t> CheckedBytes(DType dtype, const int64_t* dims, size_t count) {
+  // A zero dimension empties the tensor whatever the others say, so it is looked for first:
+  // [0, 2^40, 2^40] holds no bytes and is not an overflow.
+  for (size_t i = 0; i < count; ++i) {
+    if (dims[i] < 0) return std::nullopt;
+    if (dims[i] == 0) return 0;
+  }
+  std::optional<uint64_t> n = DTypeBytes(dtype);
+  for (size_t i = 0; i < count && n; ++i) n = CheckedMul(*n, static_cast<uint64_t>(dims[i]));
+  return n;
+}
+
 RowRange EvenRows(int64_t rows, uint32_t ranks, uint32_t rank) {
   LK_CHECK(ranks > 0 && rank < ranks) << "rank " << rank << " of " << ranks;
   int64_t base = rows / ranks;

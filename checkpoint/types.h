@@ -78,6 +78,12 @@ struct RowRange {
 int64_t RowsOf(const std::vector<int64_t>& shape);
 // Bytes of one row: the product of shape[1:] times the dtype size.
 uint64_t RowBytes(DType dtype, const std::vector<int64_t>& shape);
+// The dtype size times the product of `dims` (a 0 among them makes it 0), or nullopt when a
+// dimension is negative or the product does not fit 64 bits. Parsers of shapes that came from
+// a file or a peer use this before any product: RowBytes would wrap.
+std::optional<uint64_t> CheckedBytes(DType dtype, const int64_t* dims, size_t count);
+// a * b, or nullopt when it does not fit 64 bits.
+std::optional<uint64_t> CheckedMul(uint64_t a, uint64_t b);
 // The even split of `rows` over `ranks`: the first rows % ranks ranks get one more row.
 RowRange EvenRows(int64_t rows, uint32_t ranks, uint32_t rank);
 // Rows a writer rank stores by default: the even split; a 0-d tensor is stored by rank 0 only.

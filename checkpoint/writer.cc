@@ -120,7 +120,8 @@ Result<Manifest> CheckpointWriter::WriteShard(const Snapshot& s, const std::stri
 Result<SaveResult> CheckpointWriter::Save(const Snapshot& s) {
   LK_RETURN_IF_ERROR(options_.Validate());
   LK_RETURN_IF_ERROR(ValidateSnapshot(s));
-  LK_RETURN_IF_ERROR(env_->CreateDir(options_.root));
+  // Durable: a root created by this save must not vanish with its first checkpoint in a crash.
+  LK_RETURN_IF_ERROR(CreateDirDurable(env_, options_.root));
   std::string final_dir = JoinPath(options_.root, StepDirName(s.step));
   if (env_->Exists(final_dir)) {
     return Error(Code::kConflict, "{} exists: a committed checkpoint is never overwritten", final_dir);

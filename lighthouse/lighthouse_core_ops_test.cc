@@ -1,9 +1,9 @@
 // Tests of the lighthouse core around the rules: multi-node groups, bad input, retries, Load,
-// divergence, drain, forget, leave, the checkpoint registry, views, and the hot path's cost.
+// divergence, drain, forget, leave, the checkpoint registry, views, the hot path and scale
+// (their costs are measured in bench/lighthouse_core_bench.cc).
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -380,24 +380,22 @@ TEST_CASE("NextDeadline: none without state - only the collection after everyone
   CHECK(h.Group("a") == nullptr);
 }
 
-TEST_CASE("hot path: an unchanged quorum of 16 groups issues well under 0.3 ms") {
+// The hot path's cost is measured in bench/lighthouse_core_bench.cc, not asserted here: a test
+// never asserts a speed. This pins down what the hot path does.
+TEST_CASE("hot path: an unchanged quorum of 16 groups is re-issued with its id to all 16") {
   Harness h;
   std::vector<std::string> groups;
   for (int i = 0; i < 16; ++i) groups.push_back(fmt::format("g{:02}", i));
   h.Form(groups);
-  std::vector<double> last_ask_us;
   for (uint32_t step = 1; step <= 200; ++step) {
     for (size_t i = 0; i + 1 < groups.size(); ++i) REQUIRE(h.Join(groups[i], step).ok());
-    auto t0 = std::chrono::steady_clock::now();
+    REQUIRE(h.fx.answers.empty());  // nobody is answered before the last member asked
     REQUIRE(h.Join(groups.back(), step).ok());
-    auto t1 = std::chrono::steady_clock::now();
     REQUIRE(h.fx.answers.size() == 16);
-    REQUIRE(h.fx.issued.at(0).quorum_id == 1);
-    last_ask_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    REQUIRE(h.fx.issued.size() == 1);
+    CHECK(h.fx.issued.at(0).quorum_id == 1);
+    CHECK(!h.fx.issued.at(0).changed);
   }
-  std::sort(last_ask_us.begin(), last_ask_us.end());
-  MESSAGE("unchanged quorum of 16, last ask to all answers: p50 " << last_ask_us[100] << " us");
-  CHECK(last_ask_us[100] < 300.0);
 }
 
 TEST_CASE("scale: 10 jobs x 1 000 groups - and one round of 1 024 groups") {
@@ -413,20 +411,12 @@ TEST_CASE("scale: 10 jobs x 1 000 groups - and one round of 1 024 groups") {
   std::vector<std::string> groups;
   for (int g = 0; g < 1024; ++g) groups.push_back(fmt::format("g{:04}", g));
   for (const std::string& g : groups) REQUIRE(h.Beat(g).ok());
-  auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i + 1 < groups.size(); ++i) REQUIRE(h.Join(groups[i], 0).ok());
-  auto t1 = std::chrono::steady_clock::now();
   REQUIRE(h.Join(groups.back(), 0).ok());
-  auto t2 = std::chrono::steady_clock::now();
   REQUIRE(h.fx.answers.size() == 1024);
   CHECK(h.fx.answers[7].second.members.empty());
   CHECK(h.fx.answers[7].second.members_shared->size() == 1024);
   CHECK(h.fx.answers[7].second.members_shared == h.fx.answers[9].second.members_shared);
-  MESSAGE("1,024 groups: 1,023 asks " << std::chrono::duration<double, std::milli>(t1 - t0).count()
-                                      << " ms, last ask to all answers "
-                                      << std::chrono::duration<double, std::milli>(t2 - t1).count()
-                                      << " ms");
-  CHECK(std::chrono::duration<double, std::milli>(t2 - t1).count() < 20.0);
 }
 
 }  // namespace

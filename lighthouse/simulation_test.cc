@@ -396,12 +396,17 @@ class Sim {
     }
     uint32_t& last = last_issued_[is.job];
     Check(is.quorum_id >= last, fmt::format("quorum_id went back: {} after {}", is.quorum_id, last));
+    // Rule 6 both ways: a change (of members, or after a failed commit) takes an id never issued
+    // before; no change keeps the id the job had.
+    Check(is.changed || is.quorum_id == last,
+          fmt::format("an unchanged quorum of {} moved from id {} to {}", is.job, last, is.quorum_id));
     last = is.quorum_id;
     auto [it, fresh] = memberships_.try_emplace({is.job, is.quorum_id}, members);
     Check(it->second == members, fmt::format("quorum {} of {} issued with two memberships: [{}] "
                                              "and [{}]",
                                              is.quorum_id, is.job, it->second, members));
-    Check(fresh == is.changed || !fresh, "a changed quorum reused an id");
+    Check(!is.changed || fresh,
+          fmt::format("a changed quorum reused an id: {} of {}", is.quorum_id, is.job));
   }
 
   void CheckAnswer(const AgentKey& key, const QuorumAnswer& a) {

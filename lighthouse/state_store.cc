@@ -4,6 +4,10 @@
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
+#include <algorithm>
+#include <charconv>
+
+#include "common/log.h"
 #include "common/proto/lightkeeper.pb.h"
 #include "lighthouse/convert.h"
 
@@ -30,6 +34,33 @@ std::string CkptKey(const std::string& job, uint32_t step) {
 std::string KvPrefix(const std::string& job) { return "kv/" + job + "/"; }
 std::string KvKey(const std::string& job, uint32_t qid, const std::string& key) {
   return fmt::format("kv/{}/{:010}/{}", job, qid, key);
+}
+
+bool PlainJobName(std::string_view job) {
+  return !job.empty() && job.find('/') == std::string_view::npos;
+}
+
+// Parses kv/<job>/<quorum_id:010>/<key> (the job has no '/', the id is exactly 10 digits, the key
+// is the rest) into `e`. Every byte is checked: the key came from disk and may be anything.
+bool ParseKvKey(std::string_view k, KvEntry* e) {
+  constexpr std::string_view kPrefix = "kv/";
+  if (k.substr(0, kPrefix.size()) != kPrefix) return false;
+  k.remove_prefix(kPrefix.size());
+  auto slash = k.find('/');
+  if (slash == std::string_view::npos || slash == 0 || k.size() < slash + 12 || k[slash + 11] != '/') {
+    return false;
+  }
+  std::string_view digits = k.substr(slash + 1, 10);
+  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return false;
+  }
+  uint64_t qid = 0;
+  auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), qid);
+  if (ec != std::errc() || p != digits.data() + digits.size() || qid > UINT32_MAX) return false;
+  e->job = std::string(k.substr(0, slash));
+  e->quorum_id = static_cast<uint32_t>(qid);
+  e->key = std::string(k.substr(slash + 12));
+  return true;
 }
 
 Status FromRocks(const rocksdb::Status& st, std::string_view what) {
@@ -99,7 +130,11 @@ class RocksDbStore final : public StateStore {
     Status st = Scan("job/", [&](const rocksdb::Slice& key, const rocksdb::Slice& value) {
       pb::JobRecord rec;
       if (!rec.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
-        return Error(Code::kDataLoss, "corrupt job record {}", key.ToString());
+        return Error(Code::kDataLoss, "corrupt job record {}", Q(key.ToString()));
+      }
+      // The key names the job too: a record under another job's key is not this job's state.
+      if (key.ToString() != JobKey(rec.job()) || !PlainJobName(rec.job())) {
+        return Error(Code::kDataLoss, "job record {} holds job {}", Q(key.ToString()), Q(rec.job()));
       }
       JobRecordData j;
       j.job = rec.job();
@@ -144,7 +179,11 @@ class RocksDbStore final : public StateStore {
     Status st = Scan("ckpt/", [&](const rocksdb::Slice& key, const rocksdb::Slice& value) {
       pb::CheckpointInfo info;
       if (!info.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
-        return Error(Code::kDataLoss, "corrupt checkpoint record {}", key.ToString());
+        return Error(Code::kDataLoss, "corrupt checkpoint record {}", Q(key.ToString()));
+      }
+      if (key.ToString() != CkptKey(info.job(), info.step()) || !PlainJobName(info.job())) {
+        return Error(Code::kDataLoss, "checkpoint record {} holds job {} step {}",
+                     Q(key.ToString()), Q(info.job()), info.step());
       }
       out.push_back(FromProto(info));
       return Status::Ok();
@@ -161,16 +200,10 @@ class RocksDbStore final : public StateStore {
   Result<std::vector<KvEntry>> LoadKv() override {
     std::vector<KvEntry> out;
     Status st = Scan("kv/", [&](const rocksdb::Slice& key, const rocksdb::Slice& value) {
-      // kv/<job>/<qid>/<key>: the job has no '/', the qid is 10 digits, the key is the rest.
-      std::string k = key.ToString().substr(3);
-      auto slash = k.find('/');
-      if (slash == std::string::npos || k.size() < slash + 12) {
-        return Error(Code::kDataLoss, "corrupt kv key {}", key.ToString());
-      }
       KvEntry e;
-      e.job = k.substr(0, slash);
-      e.quorum_id = static_cast<uint32_t>(std::stoul(k.substr(slash + 1, 10)));
-      e.key = k.substr(slash + 12);
+      if (!ParseKvKey(std::string_view(key.data(), key.size()), &e)) {
+        return Error(Code::kDataLoss, "corrupt kv key {}", Q(key.ToString()));
+      }
       e.value = value.ToString();
       out.push_back(std::move(e));
       return Status::Ok();

@@ -21,7 +21,8 @@ bool AllDigits(std::string_view s) {
 }
 
 // One bracket group, expanded to its zero-padded suffixes ("01-03,7" -> 01 02 03 7).
-Status ExpandGroup(std::string_view item, std::string_view group, std::vector<std::string>* out) {
+Status ExpandGroup(std::string_view item, std::string_view group, size_t hosts_max,
+                   std::vector<std::string>* out) {
   size_t start = 0;
   while (start <= group.size()) {
     size_t comma = group.find(',', start);
@@ -38,14 +39,14 @@ Status ExpandGroup(std::string_view item, std::string_view group, std::vector<st
     if (lo.size() > 9 || hi.size() > 9) {
       return InvalidArgument("hostlist item '{}': number in '{}' is too large", item, range);
     }
+    // At most 9 digits each (checked above): these cannot overflow.
     uint64_t lo_v = std::stoull(std::string(lo));
     uint64_t hi_v = std::stoull(std::string(hi));
     if (lo_v > hi_v || hi_v > kIndexMax) {
       return InvalidArgument("hostlist item '{}': range '{}' goes backwards", item, range);
     }
-    if (out->size() + (hi_v - lo_v) + 1 > kHostlistHostsMax) {
-      return InvalidArgument("hostlist item '{}' expands to more than {} hosts", item,
-                             kHostlistHostsMax);
+    if (out->size() + (hi_v - lo_v) + 1 > hosts_max) {
+      return InvalidArgument("hostlist item '{}' expands to more than {} hosts", item, hosts_max);
     }
     for (uint64_t v = lo_v; v <= hi_v; ++v) {
       out->push_back(fmt::format("{:0{}}", v, lo.size()));
@@ -55,8 +56,10 @@ Status ExpandGroup(std::string_view item, std::string_view group, std::vector<st
 }
 
 // One item without top-level separators: literal text and bracket groups.
-Status ExpandItem(std::string_view item, std::vector<std::string>* out) {
+Status ExpandItem(std::string_view item, size_t hosts_max, std::vector<std::string>* out,
+                  size_t* bytes) {
   std::vector<std::string> partial = {""};
+  size_t partial_bytes = 0;  // of all names in `partial`
   size_t i = 0;
   while (i < item.size()) {
     if (item[i] == ']') {
@@ -65,6 +68,12 @@ Status ExpandItem(std::string_view item, std::vector<std::string>* out) {
     if (item[i] != '[') {
       size_t next = item.find_first_of("[]", i);
       if (next == std::string_view::npos) next = item.size();
+      // Appended to every partial name: bounded first, like the product below.
+      if (partial_bytes + partial.size() * (next - i) + *bytes > kHostlistBytesMax) {
+        return InvalidArgument("hostlist item '{}' expands to more than {} bytes", item,
+                               kHostlistBytesMax);
+      }
+      partial_bytes += partial.size() * (next - i);
       for (auto& p : partial) p.append(item.substr(i, next - i));
       i = next;
       continue;
@@ -78,10 +87,17 @@ Status ExpandItem(std::string_view item, std::vector<std::string>* out) {
       return InvalidArgument("hostlist item '{}': nested '['", item);
     }
     std::vector<std::string> suffixes;
-    LK_RETURN_IF_ERROR(ExpandGroup(item, group, &suffixes));
-    if (partial.size() * suffixes.size() + out->size() > kHostlistHostsMax) {
-      return InvalidArgument("hostlist item '{}' expands to more than {} hosts", item,
-                             kHostlistHostsMax);
+    LK_RETURN_IF_ERROR(ExpandGroup(item, group, hosts_max, &suffixes));
+    if (partial.size() * suffixes.size() + out->size() > hosts_max) {
+      return InvalidArgument("hostlist item '{}' expands to more than {} hosts", item, hosts_max);
+    }
+    size_t suffix_bytes = 0;
+    for (const auto& x : suffixes) suffix_bytes += x.size();
+    // Every partial name is joined with every suffix: the bytes of the product, bounded before
+    // a byte of it is allocated (each factor is at most a million names of a bounded item).
+    if (partial_bytes * suffixes.size() + suffix_bytes * partial.size() + *bytes > kHostlistBytesMax) {
+      return InvalidArgument("hostlist item '{}' expands to more than {} bytes", item,
+                             kHostlistBytesMax);
     }
     std::vector<std::string> next;
     next.reserve(partial.size() * suffixes.size());
@@ -89,16 +105,20 @@ Status ExpandItem(std::string_view item, std::vector<std::string>* out) {
       for (const auto& s : suffixes) next.push_back(p + s);
     }
     partial = std::move(next);
+    partial_bytes = 0;
+    for (const auto& p : partial) partial_bytes += p.size();
     i = close + 1;
   }
+  *bytes += partial_bytes;
   for (auto& p : partial) out->push_back(std::move(p));
   return Status::Ok();
 }
 
 }  // namespace
 
-Result<std::vector<std::string>> ExpandHostlist(std::string_view list) {
+Result<std::vector<std::string>> ExpandHostlist(std::string_view list, size_t hosts_max) {
   std::vector<std::string> hosts;
+  size_t bytes = 0;  // of all names in `hosts`
   size_t i = 0;
   while (i < list.size()) {
     if (IsSeparator(list[i])) {
@@ -116,7 +136,11 @@ Result<std::vector<std::string>> ExpandHostlist(std::string_view list) {
       ++end;
     }
     std::string_view item = list.substr(i, end - i);
-    LK_RETURN_IF_ERROR(ExpandItem(item, &hosts).WithContext(fmt::format("hostlist '{}'", list)));
+    // The context is formatted on failure only: it quotes the whole list, and formatting it for
+    // every item made a list of n names cost n times its length (found by fuzz/hostlist).
+    if (Status st = ExpandItem(item, hosts_max, &hosts, &bytes); !st.ok()) {
+      return st.WithContext(fmt::format("hostlist '{}'", list));
+    }
     i = end;
   }
   if (hosts.empty()) return InvalidArgument("hostlist '{}' names no host", list);

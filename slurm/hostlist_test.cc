@@ -77,5 +77,52 @@ TEST_CASE("hostlist: a product of groups over the bound is refused before it is 
   CHECK(hosts.status().message().find("more than") != std::string::npos);
 }
 
+TEST_CASE("hostlist: long names times many hosts are refused by their bytes - not built") {
+  // Each under the host bound, but gigabytes of names together (100 bytes x a million hosts).
+  const std::string prefix(100, 'x');
+  for (const std::string& list :
+       {prefix + "[1-999999]", "[1-999999]" + prefix, "[1-1000]" + prefix + "[1-1000]",
+        "a[1-500000]," + std::string(200, 'x') + "[1-400000]"}) {
+    CAPTURE(list.substr(0, 30));
+    auto hosts = ExpandHostlist(list);
+    REQUIRE_FALSE(hosts.ok());
+    CHECK_MESSAGE(hosts.status().message().find("more than 67108864 bytes") != std::string::npos,
+                  hosts.status().message());
+  }
+  // Just under the byte bound is fine: 40-byte names of a million hosts.
+  auto ok = ExpandHostlist(std::string(33, 'y') + "[000001-999999]");
+  REQUIRE_MESSAGE(ok.ok(), ok.status().ToString());
+  CHECK(ok->size() == 999'999);
+}
+
+TEST_CASE("hostlist: a long list of plain names expands to them (fuzz/hostlist's finding)") {
+  // libFuzzer timed out on "\0b[1-666015]": the names it expands to, joined by commas, took
+  // minutes to expand again, because every item formatted the whole list into an error context
+  // it did not need. 200,000 names of a real cluster's length make the same shape.
+  std::string list;
+  std::vector<std::string> want;
+  for (int i = 0; i < 200'000; ++i) {
+    want.push_back(fmt::format("nid{:06}", i));
+    list += (i ? "," : "") + want.back();
+  }
+  auto hosts = ExpandHostlist(list);
+  REQUIRE(hosts.ok());
+  CHECK(*hosts == want);
+  // The fuzzer's input itself, and its round trip.
+  auto odd = ExpandHostlist(std::string("\0b[1-666015]", 12));
+  REQUIRE(odd.ok());
+  REQUIRE(odd->size() == 666'015);
+  CHECK(odd->back() == std::string("\0b666015", 8));
+  std::string joined;
+  for (const auto& h : *odd) joined += (joined.empty() ? "" : ",") + h;
+  auto again = ExpandHostlist(joined);
+  REQUIRE(again.ok());
+  CHECK(*again == *odd);
+  // A failing item still names the list it is in.
+  auto bad = ExpandHostlist("a,b[2-1],c");
+  REQUIRE(!bad.ok());
+  CHECK(bad.status().message().find("hostlist 'a,b[2-1],c'") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace lk::slurm

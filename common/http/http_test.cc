@@ -11,6 +11,7 @@
 #include <boost/asio/post.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
 #include <thread>
 
 #include "common/http/auth.h"
@@ -513,8 +514,26 @@ TEST_CASE("Stop closes idle keep-alive connections so run() returns") {
   auto c = Client::Create(ts->Url());
   REQUIRE(c.ok());
   REQUIRE((*c)->Do("GET", "/nothing").ok());
-  ts.reset();  // joins the io_context thread: would hang if the idle connection stayed open
-  CHECK(true);
+  // ~TestServer joins the io_context thread, which would wait for ever if the idle connection
+  // stayed open. It runs on a helper thread and the wait for it is bounded, so that a
+  // regression fails here within seconds instead of hanging until CTest's timeout.
+  std::promise<void> stopped;
+  std::future<void> done = stopped.get_future();
+  std::thread stopper([&] {
+    ts.reset();
+    stopped.set_value();
+  });
+  bool in_time = done.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  if (!in_time) {
+    // The stuck thread still owns the server: nothing can be torn down safely.
+    std::fprintf(stderr, "FAILED: run() did not return within 10 s of Stop with an idle "
+                         "keep-alive connection open\n");
+    std::_Exit(1);
+  }
+  stopper.join();
+  CHECK(in_time);
+  // And the server is gone, not merely unblocked: the next request finds nobody listening.
+  CHECK((*c)->Do("GET", "/nothing", "", "", Millis(2000)).status().code() == Code::kUnavailable);
 }
 
 TEST_CASE("TLS: the same protocol over HTTPS with a self-signed certificate") {

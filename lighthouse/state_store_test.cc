@@ -1,0 +1,143 @@
+// The RocksDB state store on hostile disk contents: a key or value that is not what this build
+// writes (a torn write, another version, a hand edit) is a kDataLoss error naming the key, at
+// start, never an exception or an abort; and the lighthouse service refuses to start on it.
+#include "lighthouse/state_store.h"
+
+#include <doctest/doctest.h>
+#include <rocksdb/db.h>
+
+#include <boost/asio/io_context.hpp>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "common/proto/lightkeeper.pb.h"
+#include "lighthouse/service.h"
+
+namespace lk::lighthouse {
+namespace {
+
+// A fresh directory for one RocksDB, removed at the end.
+struct Scratch {
+  std::string dir;
+  Scratch() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "lk-test-state-XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    dir = tmpl;
+  }
+  ~Scratch() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+};
+
+// Writes raw key/value pairs with RocksDB itself, behind the store's back.
+void PutRaw(const std::string& dir, const std::string& key, const std::string& value) {
+  rocksdb::Options o;
+  o.create_if_missing = true;
+  rocksdb::DB* raw = nullptr;
+  REQUIRE(rocksdb::DB::Open(o, dir, &raw).ok());
+  std::unique_ptr<rocksdb::DB> db(raw);
+  REQUIRE(db->Put(rocksdb::WriteOptions(), key, value).ok());
+}
+
+std::string JobValue(const std::string& job) {
+  lightkeeper::v1::JobRecord rec;
+  rec.set_job(job);
+  rec.set_quorum_id(3);
+  return rec.SerializeAsString();
+}
+
+std::string CheckpointValue(const std::string& job, uint32_t step) {
+  lightkeeper::v1::CheckpointInfo info;
+  info.set_job(job);
+  info.set_step(step);
+  info.set_location("/ckpt");
+  return info.SerializeAsString();
+}
+
+TEST_CASE("state store: what it wrote loads back - the baseline the corrupt cases differ from") {
+  Scratch s;
+  {
+    auto store = OpenRocksDbStore(s.dir);
+    REQUIRE(store.ok());
+    JobRecordData j;
+    j.job = "j";
+    j.quorum_id = 4;
+    j.committed_step = 9;
+    CheckpointData c{"j", 9, "/ckpt/step-9", "d", "g", 1};
+    REQUIRE((*store)->Apply({j}, {c}, {}, true).ok());
+    REQUIRE((*store)->PutKv({"j", 4, "nccl/0", "id-bytes"}).ok());
+  }
+  auto store = OpenRocksDbStore(s.dir);
+  REQUIRE(store.ok());
+  auto jobs = (*store)->LoadJobs();
+  REQUIRE(jobs.ok());
+  REQUIRE(jobs->size() == 1);
+  CHECK((*jobs)[0].quorum_id == 4);
+  auto ckpts = (*store)->LoadCheckpoints();
+  REQUIRE(ckpts.ok());
+  REQUIRE(ckpts->size() == 1);
+  CHECK((*ckpts)[0].step == 9);
+  auto kv = (*store)->LoadKv();
+  REQUIRE(kv.ok());
+  REQUIRE(kv->size() == 1);
+  CHECK((*kv)[0].job == "j");
+  CHECK((*kv)[0].quorum_id == 4);
+  CHECK((*kv)[0].key == "nccl/0");
+  CHECK((*kv)[0].value == "id-bytes");
+}
+
+TEST_CASE("state store: a corrupt key or value is kDataLoss naming the key - not an exception") {
+  enum class Load { kJobs, kCheckpoints, kKv };
+  struct Case {
+    std::string what, key, value;
+    Load load;
+  };
+  const Case cases[] = {
+      // std::stoul threw std::invalid_argument on this one and took the lighthouse down.
+      {"kv id not digits", "kv/j/12345abcde/key", "v", Load::kKv},
+      {"kv id with a sign", "kv/j/+000000001/key", "v", Load::kKv},
+      {"kv id past 32 bits", "kv/j/9999999999/key", "v", Load::kKv},
+      {"kv key cut short", "kv/j/00000001", "v", Load::kKv},
+      {"kv without separator", "kv/j/0000000001xkey", "v", Load::kKv},
+      {"kv without a job", "kv//0000000001/key", "v", Load::kKv},
+      {"job value not a record", "job/j", std::string("\xff\xff\xff\x01", 4), Load::kJobs},
+      {"job under another job's key", "job/a", JobValue("b"), Load::kJobs},
+      {"job name with a slash", "job/a/b", JobValue("a/b"), Load::kJobs},
+      {"checkpoint value not a record", "ckpt/j/0000000001", std::string("\x0a\xff", 2),
+       Load::kCheckpoints},
+      {"checkpoint under another step", "ckpt/j/0000000002", CheckpointValue("j", 1),
+       Load::kCheckpoints},
+      {"checkpoint key not padded", "ckpt/j/1", CheckpointValue("j", 1), Load::kCheckpoints},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.what);
+    Scratch s;
+    PutRaw(s.dir, c.key, c.value);
+    auto store = OpenRocksDbStore(s.dir);
+    REQUIRE(store.ok());
+    Status st = c.load == Load::kJobs          ? (*store)->LoadJobs().status()
+                : c.load == Load::kCheckpoints ? (*store)->LoadCheckpoints().status()
+                                               : (*store)->LoadKv().status();
+    CHECK(st.code() == Code::kDataLoss);
+    CHECK_MESSAGE(st.message().find(c.key) != std::string::npos, st.message());
+  }
+}
+
+TEST_CASE("state store: the lighthouse service does not start on a corrupt kv key") {
+  Scratch s;
+  PutRaw(s.dir, "kv/j/12345abcde/key", "v");
+  auto store = OpenRocksDbStore(s.dir);
+  REQUIRE(store.ok());
+  boost::asio::io_context ioc;
+  ServiceOptions o;
+  o.bind = "127.0.0.1:0";
+  Service service(ioc, o, std::move(*store));
+  Status st = service.Start();
+  CHECK(st.code() == Code::kDataLoss);
+  CHECK_MESSAGE(st.message().find("kv/j/12345abcde/key") != std::string::npos, st.message());
+}
+
+}  // namespace
+}  // namespace lk::lighthouse

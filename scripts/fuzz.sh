@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
+#
+# Builds the libFuzzer targets of fuzz/ with clang-14 (-fsanitize=fuzzer,address,undefined) in
+# their own build directory ($LK_FUZZ_BUILD, default build-fuzz), then runs each target for
+# SECONDS_PER_TARGET (default 60) from the corpus kept in the repo (fuzz/corpus/TARGET/, read
+# only: inputs found on the way go to a scratch directory). Prints one line per target with its
+# executions and exits non-zero when any target crashed, leaked or timed out; the input that did
+# it is kept as $LK_FUZZ_BUILD/artifacts/TARGET-crash-... (replay: run the target on that file).
+# Exits 77 (CTest's SKIP_RETURN_CODE) where clang-14 or libFuzzer is missing. With
+# LK_FUZZ_RUNS=N each target stops after N executions (or SECONDS_PER_TARGET, whichever is first).
+# Targets: http_head codec range safetensors manifest hostlist (default: all).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+[ $# -gt 0 ] && shift
+all=(http_head codec range safetensors manifest hostlist)
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
+build=${LK_FUZZ_BUILD:-build-fuzz}
+
+if ! command -v clang++-14 >/dev/null || ! command -v clang-14 >/dev/null ||
+   ! compgen -G "/usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a" >/dev/null; then
+  echo "fuzz: clang-14 and libfuzzer-14-dev are needed (scripts/install-deps.sh): skipped"
+  exit 77
+fi
+
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
+cmake -S fuzz -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang-14 \
+  -DCMAKE_CXX_COMPILER=clang++-14 "${launcher[@]}" >/dev/null
+ninja -C "$build" -j"${LK_FUZZ_JOBS:-2}" "${targets[@]/#/fuzz_}"
+
+mkdir -p "$build/artifacts"
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/lk-fuzz-XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+failed=0
+for t in "${targets[@]}"; do
+  mkdir -p "$scratch/$t"
+  log="$build/artifacts/$t.log"
+  start=$(date +%s.%N)
+  rc=0
+  # -timeout: one input running past it is a hang, reported like a crash. -rss_limit_mb: one
+  # input that makes the parser hold more than this is a finding too.
+  runs=()
+  [ -n "${LK_FUZZ_RUNS:-}" ] && runs=(-runs="$LK_FUZZ_RUNS")
+  "$build/fuzz_$t" -max_total_time="$seconds" "${runs[@]}" -timeout=60 -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="$build/artifacts/$t-" "$scratch/$t" "fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
+  end=$(date +%s.%N)
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
+  rate=$(awk -v n="${execs:-0}" -v s="$secs" 'BEGIN { printf "%d", (s > 0) ? n / s : 0 }')
+  echo "fuzz_result target=$t executions=${execs:-0} seconds=$secs per_second=$rate rc=$rc" |
+    tee -a "$build/artifacts/results.txt"
+  if [ "$rc" -ne 0 ]; then
+    failed=1
+    echo "fuzz: $t failed (rc $rc); its log: $log"
+    grep -m5 -E "ERROR|Check failed|SUMMARY|Test unit written" "$log" || tail -20 "$log"
+  fi
+done
+exit "$failed"
