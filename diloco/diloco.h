@@ -56,6 +56,7 @@
 
 namespace lk::client {
 class Session;
+struct Notice;
 }  // namespace lk::client
 
 namespace lk::diloco {
@@ -104,6 +105,10 @@ struct DilocoOptions {
   // How long a failed quorum may last before Sync gives up with kDeadlineExceeded: long enough
   // for the lighthouse to notice a dead peer. 0: op_timeout + 60 s.
   Millis stuck_timeout{0};
+  // true: Create installs the session's notice callback. false: the owner keeps the session's
+  // callback (e.g. a binding that fans notices out to several objects) and passes every notice
+  // on to HandleNotice.
+  bool own_notices = true;
   Status Validate() const;
 };
 
@@ -194,6 +199,15 @@ class Diloco {
   // trainer of the group agrees on (e.g. by carrying the flag in the gradient allreduce) and
   // call Sync, which then answers the drain without a cross-group allreduce.
   bool drain_requested() const;
+  // Marks a drain as noticed, as the agent's drain notice does: for a trainer that learned of
+  // the drain from another trainer of its group (through the collective that agreed on it)
+  // before its own notice came. The next Sync then waits for the agent's drain answer instead
+  // of starting a cross-group allreduce that the rest of the group will not join.
+  void RequestDrain();
+
+  // A notice of the session (with own_notices false): aborts the slot collective on a lost
+  // quorum or a drain and notes the drain. Any thread; it does not block.
+  void HandleNotice(const client::Notice& notice);
 
   // Sums `values` over the trainers of this group in place on the library's in-group Gloo
   // communicator (identity for a group of one), for a caller without a group communicator of

@@ -223,6 +223,9 @@ void lk_diloco_close(lk_diloco* d);
 int lk_diloco_join(lk_diloco* d, float* params, size_t count, lk_diloco_result* out);
 int lk_diloco_sync(lk_diloco* d, float* params, size_t count, lk_diloco_result* out);
 int lk_diloco_drain_requested(const lk_diloco* d);
+/* Marks a drain as noticed (Diloco::RequestDrain): for a trainer that learned of it from another
+ * trainer of its group before its own notice came. */
+void lk_diloco_request_drain(lk_diloco* d);
 int lk_diloco_group_allreduce_sum(lk_diloco* d, float* values, size_t count);
 int lk_diloco_finish(lk_diloco* d);
 /* After a result with inner == LK_INNER_RESTORED: the restored inner state (the inner_state
