@@ -320,9 +320,9 @@ Status Diloco::Impl::Heal(const client::PollResult& pr) {
       inner_from_disk_ = inner.has_value();
       if (inner) restored_inner_shard_ = std::move(*inner);
       LK_LOG_INFO("heal_fetched from={} step={} inner_state={}", Q(from), state_.step,
-                  src.kind == HealSourceKind::kPeers ? std::string("fresh")
-                  : inner_from_disk_                 ? std::string("restored")
-                                                     : "fresh (" + inner_missing + ")");
+                  Q(src.kind == HealSourceKind::kPeers ? std::string("fresh")
+                    : inner_from_disk_                 ? std::string("restored")
+                                                       : "fresh (" + inner_missing + ")"));
       return Status::Ok();
     }
     LK_LOG_WARN("heal_fetch_failed from={} error={} fallback={}", Q(from),
