@@ -124,7 +124,7 @@ TEST_CASE("diloco poll decisions: drain first, then a noticed drain, the failed 
   }
 }
 
-TEST_CASE("diloco heal sources: live peers, then the durable checkpoint; none at the first start or without heal") {
+TEST_CASE("diloco heal sources: live peers, then the durable checkpoint, none at the first start or without heal") {
   const std::vector<std::string> peers{"a:1", "b:2"};
   const HealSource from_peers{HealSourceKind::kPeers, peers, 7, ""};
   const HealSource from_disk{HealSourceKind::kDurable, {}, 0, "/ckpt"};

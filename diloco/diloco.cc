@@ -153,6 +153,12 @@ class Diloco::Impl {
   std::vector<float> restored_inner_;  // full inner buffer of the last durable restore
   std::vector<float> restored_inner_shard_;
   std::optional<std::vector<float>> pending_delta_;
+  // The poll answer of the quorum joined by the last call, which returned to the caller for the
+  // inner steps before that quorum's allreduce. The next Sync runs the allreduce on it without
+  // polling again: the agent answers one poll per step, and a healed trainer's next poll (at
+  // its new step, before any commit) would ask for a new round while the other members wait
+  // for it in this quorum's allreduce.
+  std::optional<client::PollResult> joined_unstepped_;
   uint32_t ready_quorum_id_ = 0;
   uint32_t bad_quorum_id_ = 0;
   Clock::time_point bad_since_;
@@ -480,6 +486,7 @@ Result<SyncResult> Diloco::Impl::Join(std::span<float> params) {
       continue;
     }
     ready_quorum_id_ = turn.poll.quorum_id;
+    joined_unstepped_ = turn.poll;
     SyncResult r = MakeResult(received_ ? SyncKind::kReceived : SyncKind::kJoined, turn.poll, stats);
     r.healed = healed_;
     r.heal_source = heal_source_;
@@ -501,7 +508,13 @@ Result<SyncResult> Diloco::Impl::Sync(std::span<float> params) {
   }
   SyncStats stats;
   while (true) {
-    LK_ASSIGN_OR_RETURN(Turn turn, PollOnce(&stats));
+    Turn turn;
+    if (joined_unstepped_ && !sink_->drain.load()) {
+      turn = Turn{std::move(*joined_unstepped_), {PollAction::kStep, "joined in the last call"}};
+    } else {
+      LK_ASSIGN_OR_RETURN(turn, PollOnce(&stats));
+    }
+    joined_unstepped_.reset();
     const PollAction a = turn.decision.action;
     if (a == PollAction::kDrain || a == PollAction::kDrainSave) return Drain(turn, stats);
     LK_ASSIGN_OR_RETURN(bool again, Wait(turn));
@@ -517,6 +530,7 @@ Result<SyncResult> Diloco::Impl::Sync(std::span<float> params) {
       }
       ready_quorum_id_ = pr.quorum_id;
       if (received_) {
+        joined_unstepped_ = pr;
         SyncResult r = MakeResult(SyncKind::kReceived, pr, stats);
         r.healed = healed_;
         r.heal_source = heal_source_;
