@@ -52,12 +52,15 @@ fi
 INC=$P/include/lightkeeper
 while IFS= read -r h; do
   rel=${h#"$INC"/}
-  c++ -std=c++20 -fsyntax-only -x c++ -I"$INC" -MD -MF "$TMP/deps" "$h" || fail "$rel does not compile alone"
+  echo "#include \"$rel\"" > "$TMP/one.cc"
+  c++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror -I"$INC" -MD -MF "$TMP/deps" "$TMP/one.cc" ||
+    fail "$rel does not compile alone"
   if grep -E '/(boost|google/protobuf|openssl|gloo|asio)/' "$TMP/deps"; then
     fail "$rel includes a header it must not"
   fi
 done < <(find "$INC" -name '*.h' | sort)
-cc -std=c11 -fsyntax-only -x c -Wall -Wextra -Werror -I"$INC" "$INC/replica_agent/client/lightkeeper.h" ||
+echo '#include "replica_agent/client/lightkeeper.h"' > "$TMP/one.c"
+cc -std=c11 -fsyntax-only -Wall -Wextra -Werror -I"$INC" "$TMP/one.c" ||
   fail "lightkeeper.h does not compile as C"
 
 # 3. Out-of-tree builds: find_package and pkg-config.
