@@ -14,7 +14,8 @@
  * communicators and the DiLoCo object made over it, come from one thread at a time, except
  * lk_comm_abort, lk_comm_abort_quorum and lk_diloco_drain_requested, which any thread may call
  * at any time (in particular from a notice callback while an allreduce is blocked). Notice
- * callbacks run on the session's own thread. A session outlives the communicators and the
+ * callbacks run on the session's own thread, one at a time; a callback must not call
+ * lk_session_on_notice*, lk_comm_create/close or lk_diloco_create/close (they wait for it). A session outlives the communicators and the
  * DiLoCo object made over it: close them first. */
 #ifndef LIGHTKEEPER_H_
 #define LIGHTKEEPER_H_
