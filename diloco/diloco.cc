@@ -1,0 +1,383 @@
+// The shell of the DiLoCo outer step: it polls, runs the collectives and the state I/O, and
+// asks diloco/core.h what to do at each turn. Only the shell logs. Joining a quorum is in
+// diloco_join.cc.
+#include "diloco/diloco.h"
+
+#include <filesystem>
+#include <thread>
+
+#include "common/log.h"
+#include "diloco/diloco_impl.h"
+#include "diloco/net_bytes.h"
+
+namespace lk::diloco {
+
+namespace {
+
+using internal::MsSince;
+using internal::NoticeSink;
+using internal::Since;
+using Clock = internal::Clock;
+
+}  // namespace
+
+void internal::Deliver(NoticeSink& sink, const client::Notice& n) {
+  if (n.drain) sink.drain = true;
+  std::lock_guard lock(sink.mu);
+  if (sink.slot == nullptr) return;
+  if (n.drain) {
+    sink.slot->Abort("drain: " + n.reason);
+  } else if (n.lost) {
+    sink.slot->AbortQuorum(n.quorum_id, "quorum lost: " + n.reason);
+  }
+}
+
+Status DilocoOptions::Validate() const {
+  if (group_size == 0 || group_rank >= group_size) {
+    return InvalidArgument("group_rank {} must be below group_size {}", group_rank, group_size);
+  }
+  size_t total = 0;
+  if (params.empty()) return InvalidArgument("no parameters");
+  LK_RETURN_IF_ERROR(ValidateSpecs(params, &total).WithContext("params"));
+  LK_RETURN_IF_ERROR(ValidateSpecs(inner_state, &total).WithContext("inner_state"));
+  if (!(outer.lr > 0) || !(outer.momentum >= 0) || outer.momentum >= 1) {
+    return InvalidArgument("the outer lr must be positive and the outer momentum in [0, 1)");
+  }
+  if (ckpt_every > 0 && ckpt_dir.empty()) return InvalidArgument("ckpt_every needs a ckpt_dir");
+  if (ckpt_keep == 0) return InvalidArgument("ckpt_keep must be at least 1");
+  return Status::Ok();
+}
+
+Status Diloco::Impl::Init() {
+  comm::CommOptions co;
+  co.slot = o_.group_rank;
+  co.bind_host = o_.bind_host;
+  co.init_timeout = o_.init_timeout;
+  co.op_timeout = o_.op_timeout;
+  kv_ = std::make_unique<client::SessionKvStore>(session_->socket_path());
+  slot_store_ = std::make_unique<PrefixedStore>(kv_.get(), "diloco/");
+  LK_ASSIGN_OR_RETURN(slot_comm_,
+                      comm::CommManager::Create(comm::Backend::kGloo, slot_store_.get(), co));
+  if (o_.group_size > 1) {
+    // The prefix names the group once its replica_rank is known (the first quorum).
+    group_store_ = std::make_unique<PrefixedStore>(kv_.get(), "");
+    co.slot = 0;
+    LK_ASSIGN_OR_RETURN(group_comm_,
+                        comm::CommManager::Create(comm::Backend::kGloo, group_store_.get(), co));
+  }
+  {
+    std::lock_guard lock(sink_->mu);
+    sink_->slot = slot_comm_.get();
+  }
+  if (o_.own_notices) {
+    session_->OnNotice([sink = sink_](const client::Notice& n) { internal::Deliver(*sink, n); });
+  }
+  state_io_ =
+      MakeCheckpointStateIo(StateIoOptions{o_.ckpt_dir, o_.live_dir, o_.group_rank, o_.group_size,
+                                           o_.params, o_.inner_state, o_.ckpt_keep});
+  state_.global.assign(layout_.shard_numel, 0.0f);
+  state_.momentum.assign(layout_.shard_numel, 0.0f);
+  return Status::Ok();
+}
+
+Status Diloco::Impl::GroupSum(std::span<float> v) {
+  if (o_.group_size == 1) return Status::Ok();
+  if (!group_ready_)
+    return Status(Code::kInvalidArgument, "the group communicator needs Join first");
+  Status st =
+      group_comm_->AllReduce(v.data(), v.size(), comm::DType::kFloat32, comm::ReduceOp::kSum);
+  if (st.ok()) return st;
+  group_failed_ = true;
+  return st.WithContext("intra-group allreduce");
+}
+
+Result<bool> Diloco::Impl::GroupAgree(bool ok) {
+  float v = ok ? 1.0f : 0.0f;
+  LK_RETURN_IF_ERROR(GroupSum(std::span<float>(&v, 1)));
+  return v > static_cast<float>(o_.group_size) - 0.5f;
+}
+
+Result<Diloco::Impl::Turn> Diloco::Impl::PollOnce(SyncStats* stats) {
+  auto t0 = Clock::now();
+  auto pr = session_->Poll(state_.step);
+  stats->poll_ms += MsSince(t0);
+  if (!pr.ok()) return pr.status().WithContext(fmt::format("poll at step {}", state_.step));
+  LocalView local;
+  local.ready_quorum_id = ready_quorum_id_;
+  local.bad_quorum_id = bad_quorum_id_;
+  local.bad_for = Since(bad_since_);
+  local.drain_noticed = sink_->drain.load();
+  if (local.drain_noticed && !pr->drain && !drain_wait_since_) drain_wait_since_ = Clock::now();
+  local.drain_wait_for = drain_wait_since_ ? Since(*drain_wait_since_) : Millis(0);
+  local.has_state = has_state_;
+  local.can_save = !o_.ckpt_dir.empty();
+  local.stuck_timeout = stuck_timeout_;
+  PollView view{pr->quorum_id, pr->drain, pr->checkpoint_now};
+  return Turn{std::move(*pr), DecidePoll(view, local)};
+}
+
+Result<bool> Diloco::Impl::Wait(const Turn& turn) {
+  switch (turn.decision.action) {
+    case PollAction::kGiveUp:
+      LK_LOG_ERROR("stuck quorum_id={} reason={}", turn.poll.quorum_id, Q(turn.decision.reason));
+      return Status(Code::kDeadlineExceeded, turn.decision.reason);
+    case PollAction::kWaitForDrain:
+      std::this_thread::sleep_for(Millis(50));  // the next poll answers the drain
+      return true;
+    case PollAction::kWaitNewQuorum:
+      std::this_thread::sleep_for(Millis(100));
+      return true;
+    default:
+      return false;
+  }
+}
+
+void Diloco::Impl::MarkBad(uint32_t quorum_id, bool report) {
+  bad_quorum_id_ = quorum_id;
+  bad_since_ = Clock::now();
+  // Tells the lighthouse this quorum failed us, so the next round has a new quorum_id.
+  if (report) (void)session_->Commit(state_.step + 1, false);
+}
+
+Result<SyncResult> Diloco::Impl::Drain(const Turn& turn, SyncStats stats) {
+  const client::PollResult& pr = turn.poll;
+  LK_LOG_INFO("drain step={} checkpoint_now={} reason={}", state_.step, pr.checkpoint_now,
+              Q(pr.reason));
+  SyncResult r = MakeResult(SyncKind::kDrained, pr, stats);
+  r.checkpoint_now = pr.checkpoint_now;
+  if (turn.decision.action == PollAction::kDrainSave) {
+    if (Status st = SaveDurable(ready_quorum_id_); !st.ok()) {
+      LK_LOG_ERROR("drain_save_failed error={}", Q(st.ToString()));
+      return st.WithContext("drain save");
+    }
+    r.saved = true;
+  }
+  return r;
+}
+
+Status Diloco::Impl::SaveDurable(uint32_t attempt) {
+  std::vector<float> inner_shard;
+  if (hooks_.save && inner_total_ > 0) {
+    std::vector<float> inner(inner_total_, 0.0f);
+    LK_RETURN_IF_ERROR(hooks_.save(inner).WithContext("inner state for the save"));
+    inner_shard.resize(inner_layout_.shard_numel);
+    inner_layout_.Take(inner, inner_shard);
+    LK_LOG_INFO("inner_state_saved step={} hash={}", state_.step, StateHash(inner));
+  }
+  LK_RETURN_IF_ERROR(state_io_->SaveDurable(state_, inner_shard, attempt));
+  // Tells the lighthouse (through the agent) where this group's durable checkpoints are, so
+  // that a job whose groups all lost their live state restores the newest one. Rank 0 speaks
+  // for the group; the location is the checkpoint root, whose LATEST names the newest step.
+  if (o_.group_rank == 0) {
+    std::error_code ec;
+    auto root = std::filesystem::absolute(o_.ckpt_dir, ec).string();
+    if (Status st = session_->RegisterCheckpoint(state_.step, root, ""); !st.ok()) {
+      LK_LOG_WARN("checkpoint_register_failed step={} error={}", state_.step, Q(st.ToString()));
+    }
+  }
+  return Status::Ok();
+}
+
+SyncResult Diloco::Impl::MakeResult(SyncKind kind, const client::PollResult& pr,
+                                    const SyncStats& stats) const {
+  SyncResult r;
+  r.kind = kind;
+  r.step = state_.step;
+  r.quorum_id = pr.quorum_id;
+  r.replica_rank = pr.replica_rank;
+  r.replica_world_size = pr.replica_world_size;
+  r.state_hash = StateHash(state_.global);
+  r.reason = pr.reason;
+  r.stats = stats;
+  return r;
+}
+
+Result<SyncResult> Diloco::Impl::Join(std::span<float> params) {
+  if (params.size() != layout_.total) {
+    return InvalidArgument("params has {} elements, the specs {}", params.size(), layout_.total);
+  }
+  if (ready_quorum_id_ != 0) return InvalidArgument("Join was called already");
+  CanonicalizeZeros(params);
+  layout_.Take(params, state_.global);
+  SyncStats stats;
+  while (true) {
+    LK_ASSIGN_OR_RETURN(Turn turn, PollOnce(&stats));
+    const PollAction a = turn.decision.action;
+    if (a == PollAction::kDrain || a == PollAction::kDrainSave) return Drain(turn, stats);
+    LK_ASSIGN_OR_RETURN(bool again, Wait(turn));
+    if (again) continue;
+    Status st = JoinQuorum(turn.poll, params, &stats);
+    if (!st.ok()) {
+      LK_LOG_WARN("quorum_join_failed quorum_id={} error={}", turn.poll.quorum_id,
+                  Q(st.ToString()));
+      if (group_failed_) return st;
+      MarkBad(turn.poll.quorum_id, true);
+      continue;
+    }
+    ready_quorum_id_ = turn.poll.quorum_id;
+    joined_unstepped_ = turn.poll;
+    SyncResult r =
+        MakeResult(received_ ? SyncKind::kReceived : SyncKind::kJoined, turn.poll, stats);
+    r.healed = healed_;
+    r.heal_source = heal_source_;
+    r.inner = received_ ? inner_action_ : InnerAction::kKeep;
+    return r;
+  }
+}
+
+Result<SyncResult> Diloco::Impl::Sync(std::span<float> params) {
+  if (params.size() != layout_.total) {
+    return InvalidArgument("params has {} elements, the specs {}", params.size(), layout_.total);
+  }
+  if (ready_quorum_id_ == 0) return InvalidArgument("Sync before Join");
+  if (!pending_delta_) {
+    std::vector<float> delta(layout_.shard_numel);
+    layout_.Take(params, delta);
+    for (size_t i = 0; i < delta.size(); ++i) delta[i] = state_.global[i] - delta[i];
+    pending_delta_ = std::move(delta);
+  }
+  SyncStats stats;
+  while (true) {
+    Turn turn;
+    if (joined_unstepped_ && !sink_->drain.load()) {
+      turn = Turn{std::move(*joined_unstepped_), {PollAction::kStep, "joined in the last call"}};
+    } else {
+      LK_ASSIGN_OR_RETURN(turn, PollOnce(&stats));
+    }
+    joined_unstepped_.reset();
+    const PollAction a = turn.decision.action;
+    if (a == PollAction::kDrain || a == PollAction::kDrainSave) return Drain(turn, stats);
+    LK_ASSIGN_OR_RETURN(bool again, Wait(turn));
+    if (again) continue;
+    const client::PollResult& pr = turn.poll;
+    if (a == PollAction::kJoin) {
+      Status st = JoinQuorum(pr, params, &stats);
+      if (!st.ok()) {
+        LK_LOG_WARN("quorum_join_failed quorum_id={} error={}", pr.quorum_id, Q(st.ToString()));
+        if (group_failed_) return st;
+        MarkBad(pr.quorum_id, true);
+        continue;
+      }
+      ready_quorum_id_ = pr.quorum_id;
+      if (received_) {
+        joined_unstepped_ = pr;
+        SyncResult r = MakeResult(SyncKind::kReceived, pr, stats);
+        r.healed = healed_;
+        r.heal_source = heal_source_;
+        r.inner = inner_action_;
+        return r;
+      }
+    }
+    LK_ASSIGN_OR_RETURN(bool done, OuterAttempt(pr, params, &stats));
+    if (!done) {
+      // A drain aborts the allreduce on purpose: the next poll answers it, no failure to report.
+      MarkBad(pr.quorum_id, !sink_->drain.load());
+      continue;
+    }
+    SyncResult r = MakeResult(SyncKind::kCommitted, pr, stats);
+    r.healed = healed_since_commit_;
+    r.saved = saved_at_last_commit_;
+    healed_since_commit_ = false;
+    return r;
+  }
+}
+
+Result<bool> Diloco::Impl::OuterAttempt(const client::PollResult& pr, std::span<float> params,
+                                        SyncStats* stats) {
+  auto t0 = Clock::now();
+  std::vector<float> avg = *pending_delta_;
+  TcpSent ar_b0 = SnapshotTcpSent();
+  // Waiting on the other groups is not this group's stall (the lighthouse's progress timeout).
+  (void)session_->SetPeerWait(true);
+  Status st =
+      slot_comm_->AllReduce(avg.data(), avg.size(), comm::DType::kFloat32, comm::ReduceOp::kAvg);
+  (void)session_->SetPeerWait(false);
+  stats->cross_bytes += TcpSentBetween(ar_b0, SnapshotTcpSent());
+  stats->allreduce_ms += MsSince(t0);
+  LK_ASSIGN_OR_RETURN(bool all_ok, GroupAgree(st.ok()));
+  if (!all_ok) {
+    LK_LOG_WARN("outer_step_aborted step={} quorum_id={} error={}", state_.step + 1, pr.quorum_id,
+                Q(st.ok() ? std::string("another trainer of the group failed") : st.ToString()));
+    return false;
+  }
+  auto gather_t0 = Clock::now();
+  TcpSent gather_b0 = SnapshotTcpSent();
+  OuterNesterovStep(state_.global, state_.momentum, avg, o_.outer);
+  LK_RETURN_IF_ERROR(LoadGlobal(params));
+  stats->group_bytes += TcpSentBetween(gather_b0, SnapshotTcpSent());
+  stats->gather_ms += MsSince(gather_t0);
+  state_.step += 1;
+  pending_delta_.reset();
+  auto publish_t0 = Clock::now();
+  // Published before the commit: once the lighthouse hears of this step, peers may fetch it.
+  if (Status p = state_io_->PublishLive(state_); !p.ok()) {
+    LK_LOG_WARN("publish_live_failed step={} error={}", state_.step, Q(p.ToString()));
+  }
+  stats->publish_ms += MsSince(publish_t0);
+  const std::string hash = StateHash(state_.global);
+  auto commit_t0 = Clock::now();
+  LK_RETURN_IF_ERROR(session_->Commit(state_.step, true, hash).WithContext("commit"));
+  stats->commit_ms += MsSince(commit_t0);
+  stats->outer_ms = MsSince(t0);
+  saved_at_last_commit_ = false;
+  if (SaveAfterCommit(state_.step, o_.ckpt_every)) {
+    LK_RETURN_IF_ERROR(SaveDurable(pr.quorum_id));
+    saved_at_last_commit_ = true;
+  }
+  return true;
+}
+
+Status Diloco::Impl::Finish() {
+  // A finished group's leave is a lost member to the others: were it to leave while another
+  // member still waits for the last bytes of the final allreduce, that member's step would be
+  // aborted with nobody left to heal from. So no member leaves before all have come out of it.
+  float done = 1.0f;
+  if (Status st = slot_comm_->AllReduce(&done, 1, comm::DType::kFloat32, comm::ReduceOp::kSum);
+      !st.ok()) {
+    LK_LOG_WARN("final_barrier_failed error={}", Q(st.ToString()));
+  }
+  // The run's result is the final weights: they are saved durably (and registered) unless the
+  // last commit just did, so that a group coming back after every other group finished
+  // restores the final step rather than an older checkpoint, and the user has the model.
+  if (SaveAtFinish(!o_.ckpt_dir.empty(), has_state_, state_.step, o_.ckpt_every)) {
+    if (Status st = SaveDurable(ready_quorum_id_); !st.ok()) {
+      LK_LOG_ERROR("final_save_failed step={} error={}", state_.step, Q(st.ToString()));
+      return st.WithContext("final save");
+    }
+  }
+  LK_LOG_INFO("trainer_done step={} hash={}", state_.step, StateHash(state_.global));
+  // Without the goodbye the agent would take this exit for a crash and fail the group.
+  return session_->Finish().WithContext("finish");
+}
+
+Result<std::unique_ptr<Diloco>> Diloco::Create(client::Session* session, DilocoOptions options,
+                                               InnerStateHooks hooks) {
+  if (session == nullptr) return InvalidArgument("no session");
+  LK_RETURN_IF_ERROR(options.Validate());
+  if (options.group_rank != session->group_rank() || options.group_size != session->group_size()) {
+    return InvalidArgument("group rank/size {}/{} differ from the session's {}/{}",
+                           options.group_rank, options.group_size, session->group_rank(),
+                           session->group_size());
+  }
+  auto impl = std::make_unique<Impl>(session, std::move(options), std::move(hooks));
+  LK_RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<Diloco>(new Diloco(std::move(impl)));
+}
+
+Diloco::Diloco(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Diloco::~Diloco() = default;
+Result<SyncResult> Diloco::Join(std::span<float> params) { return impl_->Join(params); }
+Result<SyncResult> Diloco::Sync(std::span<float> params) { return impl_->Sync(params); }
+bool Diloco::drain_requested() const { return impl_->drain_requested(); }
+void Diloco::RequestDrain() { impl_->RequestDrain(); }
+void Diloco::HandleNotice(const client::Notice& notice) { impl_->HandleNotice(notice); }
+Status Diloco::GroupAllReduceSum(std::span<float> values) { return impl_->GroupSum(values); }
+Status Diloco::Finish() { return impl_->Finish(); }
+std::span<const float> Diloco::restored_inner_state() const { return impl_->restored_inner(); }
+uint32_t Diloco::step() const { return impl_->step(); }
+size_t Diloco::numel() const { return impl_->numel(); }
+size_t Diloco::shard_numel() const { return impl_->shard_numel(); }
+size_t Diloco::inner_numel() const { return impl_->inner_numel(); }
+std::string Diloco::state_hash() const { return impl_->hash(); }
+
+}  // namespace lk::diloco
