@@ -1,0 +1,14 @@
+"""Lightkeeper for PyTorch trainers.
+
+``Manager`` is one trainer's link to its node's replica agent (poll, commit, allreduce over the
+cross-group communicator, the group's process group). The compiled part
+(``lightkeeper._native``) links no torch: tensors cross as (data pointer, element count, dtype,
+device), so one build serves whatever PyTorch the trainer imports.
+"""
+
+from lightkeeper.errors import Error, QuorumLost
+from lightkeeper import _native
+from lightkeeper._native import Quorum
+from lightkeeper.manager import Manager
+
+__all__ = ["Error", "Manager", "Quorum", "QuorumLost"]
