@@ -8,7 +8,6 @@ was made in; that is enough for a process group, which needs its store only to c
 import datetime
 import re
 
-import torch
 import torch.distributed as dist
 
 from lightkeeper.errors import Error
@@ -27,10 +26,10 @@ class AgentStore(dist.Store):
     It supports what process groups use to connect (set, get, wait, check). The KV has no atomic
     add or delete, so ``add``, ``compare_set``, ``delete_key`` and ``num_keys`` raise."""
 
-    def __init__(self, native, quorum_id: int, prefix: str,
+    def __init__(self, session, quorum_id: int, prefix: str,
                  timeout: datetime.timedelta = datetime.timedelta(minutes=5)):
         super().__init__()
-        self._native = native
+        self._session = session
         self._quorum_id = quorum_id
         self._prefix = prefix
         self._timeout = timeout
@@ -45,15 +44,15 @@ class AgentStore(dist.Store):
     def set(self, key, value):
         if isinstance(value, str):
             value = value.encode()
-        self._native.kv_put(self._quorum_id, self._key(key), bytes(value))
+        self._session.kv_put(self._quorum_id, self._key(key), bytes(value))
 
     def get(self, key):
-        return self._native.kv_get(self._quorum_id, self._key(key), self._timeout_ms())
+        return self._session.kv_get(self._quorum_id, self._key(key), self._timeout_ms())
 
     def check(self, keys):
         for key in keys:
             try:
-                self._native.kv_get(self._quorum_id, self._key(key), 0)
+                self._session.kv_get(self._quorum_id, self._key(key), 0)
             except Error as e:
                 if e.code == "not_found":
                     return False
@@ -62,7 +61,7 @@ class AgentStore(dist.Store):
 
     def wait(self, keys, timeout=None):
         for key in keys:
-            self._native.kv_get(self._quorum_id, self._key(key), self._timeout_ms(timeout))
+            self._session.kv_get(self._quorum_id, self._key(key), self._timeout_ms(timeout))
 
     def set_timeout(self, timeout):
         self._timeout = timeout
@@ -80,13 +79,13 @@ class AgentStore(dist.Store):
         raise Error("invalid_argument", "the lighthouse KV does not count keys")
 
 
-def gloo_process_group(store: dist.Store, rank: int, size: int,
-                       timeout: datetime.timedelta) -> dist.ProcessGroup:
+def gloo_process_group(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta,
+                       bind_host: str = "127.0.0.1") -> dist.ProcessGroup:
     """ProcessGroupGloo over ``store``, without init_process_group (no global default group)."""
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = timeout
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=bind_host)]
     return dist.ProcessGroupGloo(store, rank, size, opts)
 
 
-__all__ = ["AgentStore", "gloo_process_group", "torch"]
+__all__ = ["AgentStore", "gloo_process_group"]

@@ -81,6 +81,7 @@ class Cluster:
         self.dir = tmp
         self.procs = []
         self.sockets = {}
+        self.live_dirs = {}
         self.agents = {}
         self.lighthouse = self._spawn(
             [str(BIN_DIR / "lighthouse"), "--bind", "127.0.0.1:0", "--data-dir",
@@ -102,6 +103,7 @@ class Cluster:
                         self.dir / f"agent-{group}-{len(self.procs)}.log")
         a.wait_log("agent_listening")
         self.sockets[group] = sock
+        self.live_dirs[group] = str(live)
         self.agents[group] = a
         return a
 
@@ -109,6 +111,7 @@ class Cluster:
         """A Python trainer process running ``trainers.py`` with ``script_args``."""
         name = name or f"trainer-{group}-{len(self.procs)}"
         full_env = {"LK_AGENT_SOCKET": self.sockets[group], "LK_GROUP_ID": group,
+                    "LK_LIVE_DIR": self.live_dirs[group],
                     "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
         full_env.update(env or {})
         return self._spawn([PYTHON, str(HERE / "trainers.py"), *script_args],
