@@ -1,10 +1,12 @@
 """lightkeeper.DiLoCo against real processes: the C++ library's outer step on a PyTorch model,
 with groups of Python trainers (trainers.py, mode diloco)."""
 
-import json
+import re
 import signal
+import subprocess
 from collections import defaultdict
 
+from conftest import BIN_DIR
 from test_manager import events
 
 
@@ -85,6 +87,19 @@ def test_durable_restore_resumes_the_inner_optimizer(cluster_factory, tmp_dir):
     saved = [e for e in outer_commits(first) if e["saved"]]
     assert [e["step"] for e in saved] == [2, 4], first.log()
     at_save = saved[-1]
+    # The project's checkpoint format, tensors named by the model's parameter names.
+    inspect = subprocess.run([str(BIN_DIR / "lkctl"), "checkpoint", "inspect", ckpt],
+                             capture_output=True, text=True, timeout=60)
+    assert inspect.returncode == 0, inspect.stderr
+    assert re.search(r"^step 4$", inspect.stdout, re.M), inspect.stdout
+    names = set(re.findall(r"^tensor (\S+)", inspect.stdout, re.M))
+    for name in ("embed.weight", "embed.bias", "head.weight", "outer_momentum/embed.weight",
+                 "inner/exp_avg/embed.weight", "inner/exp_avg_sq/head.weight",
+                 "inner/step/embed.bias"):
+        assert name in names, sorted(names)
+    verify = subprocess.run([str(BIN_DIR / "lkctl"), "checkpoint", "verify", ckpt],
+                            capture_output=True, text=True, timeout=60)
+    assert verify.returncode == 0 and "verified" in verify.stdout, verify.stdout + verify.stderr
     # The whole job restarts: a new life of the group with no live state anywhere restores the
     # registered durable checkpoint of step 4, inner optimizer included.
     c.agents["g0"].signal(signal.SIGTERM)

@@ -3,6 +3,7 @@ Python trainers (trainers.py) that poll, allreduce and commit."""
 
 import json
 import signal
+import time
 
 import pytest
 
@@ -74,16 +75,19 @@ def test_cuda_tensors_allreduce_on_nccl(cluster_factory):
 
 
 def test_failure_notice_raises_quorum_lost_in_a_blocked_allreduce(cluster_factory):
-    c = cluster_factory(("--min-replicas", "1", "--join-timeout-ms", "300",
+    # min-replicas 1 so that g0 goes on alone after the kill; the long join timeout makes the
+    # first quorum wait until both healthy groups asked, so it holds both.
+    c = cluster_factory(("--min-replicas", "1", "--join-timeout-ms", "10000",
                          "--heartbeat-timeout-ms", "3000"))
     c.agent("g0")
     c.agent("g1")
     # g1's trainer joins the quorum and never allreduces: g0's allreduce blocks on it. The op
     # timeout is far above the test's bound, so only the failure notice can end the wait.
     idle = c.trainer("g1", ["idle"])
-    idle.wait_log(r'"event": "poll"', 30)
     busy = c.trainer("g0", ["allreduce", "--steps", "2", "--timeout-s", "600"])
+    idle.wait_log(r'"world": 2', 30)
     busy.wait_log(r'"world": 2', 30)
+    time.sleep(0.5)  # busy is inside its allreduce now (nothing else is left for it to do)
     idle.signal(signal.SIGKILL)  # g1's agent reports the crash; the lighthouse tells g0
     assert busy.wait(60) == 0, busy.log()
     lost = events(busy, "quorum_lost")
