@@ -36,9 +36,11 @@ def test_two_groups_commit_bitwise_equal_weights_at_every_step(cluster_factory):
         assert events(t, "finished")
     for step, hashes in by_step.items():
         assert len(hashes) == 1, f"step {step}: {hashes}"
-    # The groups trained on different data, so their first inner steps differed: equal weights
-    # come from the outer step, not from identical inputs.
+    # Both started from the same global weights (replica_rank 0's) and trained on different
+    # data, so equal weights after each commit come from the outer step, not equal inputs.
     assert len({events(t, "joined")[0]["model_hash"] for t in ts}) == 1
+    losses = [[e["loss"] for e in outer_commits(t)] for t in ts]
+    assert losses[0] != losses[1]
     for g in ("g0", "g1"):
         assert "trainer_crashed" not in c.agents[g].log()
 
