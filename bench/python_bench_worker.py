@@ -48,6 +48,7 @@ def bench_diloco(args, m):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(11 + m.group_rank)
     rows = []
+    last_commit = time.perf_counter()
     with lightkeeper.DiLoCo(m, model, opt, sync_every=args.sync_every) as d:
         while d.outer_step < args.steps and not d.should_stop:
             x = torch.randn(32, args.width, generator=gen)
@@ -58,11 +59,14 @@ def bench_diloco(args, m):
             prev = d.last_result
             t0 = time.perf_counter()
             d.step()
-            wall_ms = (time.perf_counter() - t0) * 1000
+            t1 = time.perf_counter()
+            wall_ms = (t1 - t0) * 1000
             r = d.last_result
             if r is not prev and r["kind"] == "committed":
                 s = r["stats"]
-                rows.append(dict(step=r["step"], wall_ms=wall_ms, **{k: s[k] for k in (
+                step_ms = (t1 - last_commit) * 1000  # commit to commit, inner steps included
+                last_commit = t1
+                rows.append(dict(step=r["step"], wall_ms=wall_ms, step_ms=step_ms, **{k: s[k] for k in (
                     "poll_ms", "join_ms", "allreduce_ms", "gather_ms", "publish_ms",
                     "commit_ms", "outer_ms")}))
     print(json.dumps(dict(mode="diloco", rows=rows, params=sum(p.numel() for p in
