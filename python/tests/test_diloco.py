@@ -116,3 +116,20 @@ def test_durable_restore_resumes_the_inner_optimizer(cluster_factory, tmp_dir):
     assert joined["inner_hash"] == at_save["inner_hash"]  # AdamW resumes where it stopped
     assert joined["model_hash"] == at_save["model_hash"]
     assert [e["step"] for e in outer_commits(second)] == [5, 6]
+
+
+def test_drain_in_a_group_of_two_stops_both_trainers_together_without_a_hang(cluster_factory):
+    c = cluster_factory()
+    agent = c.agent("g0", ["--drain-timeout-ms", "15000"])
+    ts = [c.trainer("g0", ["diloco", "--group-rank", str(r), "--group-size", "2", "--steps",
+                           "100000", "--sync-every", "3", "--sleep-ms", "5"]) for r in range(2)]
+    for t in ts:
+        t.wait_log(r'"kind": "committed"', 90)
+    agent.signal(signal.SIGTERM)
+    for t in ts:
+        assert t.wait(60) == 0, t.log()
+    last = [events(t, "outer")[-1] for t in ts]
+    assert [e["kind"] for e in last] == ["drained", "drained"], [t.log() for t in ts]
+    assert last[0]["step"] == last[1]["step"]
+    assert all(events(t, "stopping")[0]["should_stop"] for t in ts)
+    assert agent.wait(30) == 0
