@@ -28,13 +28,13 @@ sys.path.insert(0, str(ROOT / "python" / "tests"))
 from conftest import Cluster  # noqa: E402  (the tests' process helpers)
 
 
-def run_pair(cluster, args_for, timeout_s, script):
+def run_pair(cluster, args_for, timeout_s, script, live=True):
     procs = []
     for g in ("b0", "b1"):
         cluster.agent(g)
     for g in ("b0", "b1"):
         env = dict(os.environ, LK_AGENT_SOCKET=cluster.sockets[g], LK_GROUP_ID=g,
-                   LK_LIVE_DIR=cluster.live_dirs[g])
+                   LK_LIVE_DIR=cluster.live_dirs[g] if live else "")
         procs.append(subprocess.Popen(["/usr/bin/python3", str(script), *args_for(g)],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                       text=True))
@@ -47,7 +47,7 @@ def run_pair(cluster, args_for, timeout_s, script):
     return out
 
 
-def cpp_diloco(cluster_dir, build, steps, timeout_s):
+def cpp_diloco(cluster_dir, build, steps, timeout_s, live=True):
     """Two groups of one C++ diloco_trainer; its --log lines, steady steps only."""
     trainer = build / "bin" / "diloco_trainer"
     if not trainer.exists():
@@ -66,7 +66,8 @@ def cpp_diloco(cluster_dir, build, steps, timeout_s):
                 [str(trainer), "--group-rank", "0", "--group-size", "1", "--inner-steps", "4",
                  "--outer-steps", str(steps), "--seed", "3", "--log", str(log),
                  "--model-width", "32", "--layers", "1", "--heads", "2", "--seq-len", "32",
-                 "--batch", "8", "--corpus-bytes", "16384", "--live-dir", c.live_dirs[g]],
+                 "--batch", "8", "--corpus-bytes", "16384"]
+                + (["--live-dir", c.live_dirs[g]] if live else []),
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True))
         for p in procs:
             _, se = p.communicate(timeout=timeout_s)
@@ -124,44 +125,53 @@ def main():
               f"Python median time): **{med(d_s) / med(m_s):.3f}x**; "
               f"{len(m_s)} rounds per path over both members, results correct: {ok}.\n")
 
-        (Path(d) / "dl").mkdir()
-        c = Cluster(Path(d) / "dl", ("--min-replicas", "2", "--join-timeout-ms", "300",
-                                     "--heartbeat-timeout-ms", "5000"))
-        try:
-            res = run_pair(c, lambda g: ["diloco", "--steps", str(a.steps)], 900, worker)
-        finally:
-            c.close()
-        rows = [r for w in res for r in w["rows"] if r["step"] > 2]
-        coord = [r["wall_ms"] - r["allreduce_ms"] - r["gather_ms"] for r in rows]
-        parts = [r["poll_ms"] + r["join_ms"] + r["publish_ms"] + r["commit_ms"] for r in rows]
-        sync = [r["wall_ms"] for r in rows]
-        outer = [r["step_ms"] for r in rows]
-        (Path(d) / "cpp").mkdir()
-        cpp = cpp_diloco(Path(d) / "cpp", build, a.steps, 900)
-        print(f"## Coordination per outer step, 2 groups x 1 trainer ({res[0]['params']} "
-              f"parameters in Python, the C++ trainer's tiny model beside it; steady steps "
-              f"3..{a.steps})\n")
+        print("## Coordination per outer step, 2 groups x 1 trainer (the C++ trainer's tiny "
+              "model beside a Python model of similar size; steady steps 3.."
+              f"{a.steps})\n")
         print("Coordination is the sync's wall time minus the cross-group allreduce and the outer "
               "update with the in-group gather (the library's `allreduce_ms` and `gather_ms`): "
               "for Python the wall time of `DiLoCo.step()` at a sync, for C++ the step's wall "
-              "time minus its inner steps (`step_ms - inner_ms - eval_ms`). The second column is "
-              "the library's own poll + join + publish + commit of the same steps.\n")
-        print("| trainer | coordination median ms | poll+join+publish+commit median ms | "
-              "sync median ms | outer step median ms (commit to commit) | "
-              "coordination / outer step |\n|---|---|---|---|---|---|")
-        print(f"| Python: DiLoCo.step() | {med(coord):.3f} | {med(parts):.3f} | {med(sync):.2f} | "
-              f"{med(outer):.2f} | {med(coord) / med(outer):.4f} |")
-        if cpp:
+              "time minus its inner steps (`step_ms - inner_ms - eval_ms`). Beside it, from the "
+              "library's own counters of the same steps: poll + join + commit (the figure the "
+              "C++ trainer's earlier runs quote) and the live-state publish.\n")
+        print("| trainer | live state | coordination median ms | poll+join+commit median ms | "
+              "publish median ms | outer step median ms (commit to commit) | "
+              "coordination / outer step |\n|---|---|---|---|---|---|---|")
+        ratios = []
+        for live in (False, True):
+            tag = "live" if live else "nolive"
+            (Path(d) / f"dl-{tag}").mkdir()
+            c = Cluster(Path(d) / f"dl-{tag}", ("--min-replicas", "2", "--join-timeout-ms",
+                                                "300", "--heartbeat-timeout-ms", "5000"))
+            try:
+                res = run_pair(c, lambda g: ["diloco", "--steps", str(a.steps), "--width", "128"],
+                               900, worker, live)
+            finally:
+                c.close()
+            rows = [r for w in res for r in w["rows"] if r["step"] > 2]
+            coord = [r["wall_ms"] - r["allreduce_ms"] - r["gather_ms"] for r in rows]
+            pjc = [r["poll_ms"] + r["join_ms"] + r["commit_ms"] for r in rows]
+            pub = [r["publish_ms"] for r in rows]
+            outer = [r["step_ms"] for r in rows]
+            print(f"| Python DiLoCo.step(), {res[0]['params']} params | {'yes' if live else 'no'} "
+                  f"| {med(coord):.3f} | {med(pjc):.4f} | {med(pub):.3f} | {med(outer):.2f} | "
+                  f"{med(coord) / med(outer):.4f} |")
+            (Path(d) / f"cpp-{tag}").mkdir()
+            cpp = cpp_diloco(Path(d) / f"cpp-{tag}", build, a.steps, 900, live)
+            if not cpp:
+                print("| C++ | (no build/bin/diloco_trainer in this build) | | | | | |")
+                continue
             cc = [r["step_ms"] - r["inner_ms"] - r.get("eval_ms", 0) - r["allreduce_ms"]
                   - r["gather_ms"] for r in cpp]
-            cp = [r["poll_ms"] + r["join_ms"] + r["publish_ms"] + r["commit_ms"] for r in cpp]
-            sy = [r["step_ms"] - r["inner_ms"] - r.get("eval_ms", 0) for r in cpp]
+            cpjc = [r["poll_ms"] + r["join_ms"] + r["commit_ms"] for r in cpp]
+            cpub = [r["publish_ms"] for r in cpp]
             so = [r["step_ms"] for r in cpp]
-            print(f"| C++ diloco_trainer: Sync | {med(cc):.3f} | {med(cp):.3f} | {med(sy):.2f} | "
-                  f"{med(so):.2f} | {med(cc) / med(so):.4f} |")
-            print(f"\nPython / C++ coordination: **{med(coord) / med(cc):.2f}x**.")
-        else:
-            print("\n(no build/bin/diloco_trainer: the C++ row is missing from this run)")
+            print(f"| C++ diloco_trainer Sync, {cpp[0]['params']} params | "
+                  f"{'yes' if live else 'no'} | {med(cc):.3f} | {med(cpjc):.4f} | "
+                  f"{med(cpub):.3f} | {med(so):.2f} | {med(cc) / med(so):.4f} |")
+            ratios.append((tag, med(coord) / med(cc)))
+        print("\nPython / C++ coordination: " + ", ".join(f"**{r:.2f}x** ({t})" for t, r in ratios)
+              + ".")
         print(f"\nload average at end {' '.join(open('/proc/loadavg').read().split()[:3])}")
 
 
