@@ -3,10 +3,10 @@ with groups of Python trainers (trainers.py, mode diloco)."""
 
 import re
 import signal
-
-import pytest
 import subprocess
 from collections import defaultdict
+
+import pytest
 
 from conftest import BIN_DIR
 from test_manager import events
@@ -41,6 +41,10 @@ def test_two_groups_commit_bitwise_equal_weights_at_every_step(cluster_factory):
     # Both started from the same global weights (replica_rank 0's) and trained on different
     # data, so equal weights after each commit come from the outer step, not equal inputs.
     assert len({events(t, "joined")[0]["model_hash"] for t in ts}) == 1
+    # replica_rank 0 joined with its own weights; the other received them and started its
+    # inner optimizer afresh.
+    kinds = sorted((events(t, "joined")[0]["kind"], events(t, "joined")[0]["inner"]) for t in ts)
+    assert kinds == [("joined", "keep"), ("received", "reset")], kinds
     losses = [[e["loss"] for e in outer_commits(t)] for t in ts]
     assert losses[0] != losses[1]
     for g in ("g0", "g1"):
