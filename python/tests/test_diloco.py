@@ -142,9 +142,11 @@ def test_drain_in_a_group_of_two_stops_both_trainers_together_without_a_hang(clu
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "known hang, under investigation: after the late group's Join (healed from peers at step S) "
-    "the running group's Sync sits in the cross-group allreduce of quorum 2 while the late "
-    "group's next Sync gets no answer; both stay silent until the op timeout"))
+    "a hang in the DiLoCo library/agent protocol, not in the Python layer: the quorum that lets "
+    "the late group in is an ask-ahead one (max_step S) while the running group has committed "
+    "S+1; the late group heals to S+1 from live peers, the running group goes on into the "
+    "allreduce of S+2 on that quorum, and the late group's next poll (step S+1) waits for a "
+    "round the running group never asks for, until the op timeout"))
 def test_a_late_group_heals_from_live_peers_with_a_fresh_inner_optimizer(cluster_factory):
     c = cluster_factory(("--min-replicas", "1", "--join-timeout-ms", "300",
                          "--heartbeat-timeout-ms", "3000"))
