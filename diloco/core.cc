@@ -1,9 +1,9 @@
 #include "diloco/core.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <set>
-
-#include <fmt/format.h>
 
 #include "common/check.h"
 
@@ -25,8 +25,10 @@ Status ValidateSpecs(const std::vector<TensorSpec>& specs, size_t* total) {
       if (d <= 0) return InvalidArgument("tensor '{}' has a dimension of {}", s.name, d);
     }
     if (s.offset != at) {
-      return InvalidArgument("tensor '{}' starts at element {}, not at {} where the one before "
-                             "ends (tensors must tile the buffer in order)", s.name, s.offset, at);
+      return InvalidArgument(
+          "tensor '{}' starts at element {}, not at {} where the one before "
+          "ends (tensors must tile the buffer in order)",
+          s.name, s.offset, at);
     }
     at += s.numel();
   }
@@ -51,8 +53,12 @@ ShardLayout MakeShardLayout(const std::vector<TensorSpec>& specs, uint32_t ranks
     }
     if (end <= begin) continue;
     const size_t row_numel = s.shape.empty() ? 1 : numel / static_cast<size_t>(s.shape[0]);
-    ShardPiece p{i, begin, end, s.offset + static_cast<size_t>(begin) * row_numel,
-                 out.shard_numel, static_cast<size_t>(end - begin) * row_numel};
+    ShardPiece p{i,
+                 begin,
+                 end,
+                 s.offset + static_cast<size_t>(begin) * row_numel,
+                 out.shard_numel,
+                 static_cast<size_t>(end - begin) * row_numel};
     out.shard_numel += p.count;
     out.pieces.push_back(p);
   }
@@ -92,7 +98,8 @@ PollDecision DecidePoll(const PollView& poll, const LocalView& local) {
   if (local.drain_noticed) {
     if (local.drain_wait_for > local.stuck_timeout) {
       return {PollAction::kGiveUp, fmt::format("a drain notice was not followed by a drain in "
-                                               "the poll for {} ms", local.drain_wait_for.count())};
+                                               "the poll for {} ms",
+                                               local.drain_wait_for.count())};
     }
     return {PollAction::kWaitForDrain, "drain noticed: wait for the agent's answer"};
   }
@@ -104,8 +111,8 @@ PollDecision DecidePoll(const PollView& poll, const LocalView& local) {
     return {PollAction::kWaitNewQuorum, "this quorum failed: wait for the next one"};
   }
   if (poll.quorum_id != local.ready_quorum_id) {
-    return {PollAction::kJoin, fmt::format("new quorum {} (joined: {})", poll.quorum_id,
-                                           local.ready_quorum_id)};
+    return {PollAction::kJoin,
+            fmt::format("new quorum {} (joined: {})", poll.quorum_id, local.ready_quorum_id)};
   }
   return {PollAction::kStep, "joined quorum"};
 }

@@ -67,13 +67,13 @@ struct LocalView {
 };
 
 enum class PollAction {
-  kDrain,         // leave without saving
-  kDrainSave,     // save a durable checkpoint, register it, then leave
-  kWaitForDrain,  // a drain was noticed but the agent's answer is not there yet: poll again
-  kWaitNewQuorum, // this quorum failed for us: poll again until a newer one
-  kGiveUp,        // waited past stuck_timeout: fail the trainer
-  kJoin,          // a quorum this trainer has not joined: reconfigure, heal, sync
-  kStep,          // the joined quorum: run the cross-group allreduce and commit
+  kDrain,          // leave without saving
+  kDrainSave,      // save a durable checkpoint, register it, then leave
+  kWaitForDrain,   // a drain was noticed but the agent's answer is not there yet: poll again
+  kWaitNewQuorum,  // this quorum failed for us: poll again until a newer one
+  kGiveUp,         // waited past stuck_timeout: fail the trainer
+  kJoin,           // a quorum this trainer has not joined: reconfigure, heal, sync
+  kStep,           // the joined quorum: run the cross-group allreduce and commit
 };
 
 struct PollDecision {

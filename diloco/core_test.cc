@@ -1,10 +1,10 @@
 // Table tests of the DiLoCo library's pure decisions: the shard layout over named tensors, what a
 // poll answer leads to, the heal sources' order, the inner optimizer after a join, the saves.
+#include "diloco/core.h"
+
 #include <doctest/doctest.h>
 
 #include <numeric>
-
-#include "diloco/core.h"
 
 namespace lk::diloco {
 namespace {
@@ -36,7 +36,9 @@ TEST_CASE("diloco specs must tile the buffer in order with unique names and posi
   }
 }
 
-TEST_CASE("diloco shard layout: every element in exactly one rank's shard, rows as the checkpoint splits them") {
+TEST_CASE(
+    "diloco shard layout: every element in exactly one rank's shard, rows as the checkpoint splits "
+    "them") {
   const auto specs = Specs();
   for (uint32_t ranks : {1u, 2u, 3u, 5u}) {
     CAPTURE(ranks);
@@ -73,7 +75,9 @@ TEST_CASE("diloco shard layout: every element in exactly one rank's shard, rows 
   for (const ShardPiece& p : r2.pieces) CHECK(p.spec != 2);
 }
 
-TEST_CASE("diloco shard take then place of every rank's shard into zeros rebuilds the buffer bit for bit") {
+TEST_CASE(
+    "diloco shard take then place of every rank's shard into zeros rebuilds the buffer bit for "
+    "bit") {
   const auto specs = Specs();
   std::vector<float> full(34);
   std::iota(full.begin(), full.end(), -7.5f);
@@ -88,7 +92,9 @@ TEST_CASE("diloco shard take then place of every rank's shard into zeros rebuild
   CHECK(rebuilt == full);
 }
 
-TEST_CASE("diloco poll decisions: drain first, then a noticed drain, the failed quorum, a new quorum, a step") {
+TEST_CASE(
+    "diloco poll decisions: drain first, then a noticed drain, the failed quorum, a new quorum, a "
+    "step") {
   const Millis stuck{1000};
   struct Row {
     const char* what;
@@ -96,7 +102,8 @@ TEST_CASE("diloco poll decisions: drain first, then a noticed drain, the failed 
     LocalView local;
     PollAction want;
   };
-  LocalView joined{.ready_quorum_id = 4, .has_state = true, .can_save = true, .stuck_timeout = stuck};
+  LocalView joined{
+      .ready_quorum_id = 4, .has_state = true, .can_save = true, .stuck_timeout = stuck};
   auto with = [&](auto f) {
     LocalView l = joined;
     f(l);
@@ -105,17 +112,59 @@ TEST_CASE("diloco poll decisions: drain first, then a noticed drain, the failed 
   for (const Row& row : std::vector<Row>{
            {"same quorum: step", {4, false, false}, joined, PollAction::kStep},
            {"newer quorum: join", {5, false, false}, joined, PollAction::kJoin},
-           {"first quorum: join", {1, false, false}, with([](LocalView& l) { l.ready_quorum_id = 0; l.has_state = false; }), PollAction::kJoin},
+           {"first quorum: join",
+            {1, false, false},
+            with([](LocalView& l) {
+              l.ready_quorum_id = 0;
+              l.has_state = false;
+            }),
+            PollAction::kJoin},
            {"drain", {4, true, false}, joined, PollAction::kDrain},
            {"drain with checkpoint_now saves", {4, true, true}, joined, PollAction::kDrainSave},
-           {"checkpoint_now without a directory does not save", {4, true, true}, with([](LocalView& l) { l.can_save = false; }), PollAction::kDrain},
-           {"checkpoint_now without state does not save", {4, true, true}, with([](LocalView& l) { l.has_state = false; }), PollAction::kDrain},
-           {"drain beats a failed quorum", {4, true, false}, with([](LocalView& l) { l.bad_quorum_id = 4; }), PollAction::kDrain},
-           {"noticed drain: wait for the poll to say so", {5, false, false}, with([](LocalView& l) { l.drain_noticed = true; }), PollAction::kWaitForDrain},
-           {"noticed drain never answered: give up", {5, false, false}, with([&](LocalView& l) { l.drain_noticed = true; l.drain_wait_for = stuck + Millis(1); }), PollAction::kGiveUp},
-           {"failed quorum: wait", {4, false, false}, with([](LocalView& l) { l.bad_quorum_id = 4; l.bad_for = Millis(999); }), PollAction::kWaitNewQuorum},
-           {"failed quorum past the timeout: give up", {4, false, false}, with([](LocalView& l) { l.bad_quorum_id = 4; l.bad_for = Millis(1001); }), PollAction::kGiveUp},
-           {"a newer quorum after a failed one: join", {6, false, false}, with([](LocalView& l) { l.bad_quorum_id = 4; l.bad_for = Millis(5000); }), PollAction::kJoin},
+           {"checkpoint_now without a directory does not save",
+            {4, true, true},
+            with([](LocalView& l) { l.can_save = false; }),
+            PollAction::kDrain},
+           {"checkpoint_now without state does not save",
+            {4, true, true},
+            with([](LocalView& l) { l.has_state = false; }),
+            PollAction::kDrain},
+           {"drain beats a failed quorum",
+            {4, true, false},
+            with([](LocalView& l) { l.bad_quorum_id = 4; }),
+            PollAction::kDrain},
+           {"noticed drain: wait for the poll to say so",
+            {5, false, false},
+            with([](LocalView& l) { l.drain_noticed = true; }),
+            PollAction::kWaitForDrain},
+           {"noticed drain never answered: give up",
+            {5, false, false},
+            with([&](LocalView& l) {
+              l.drain_noticed = true;
+              l.drain_wait_for = stuck + Millis(1);
+            }),
+            PollAction::kGiveUp},
+           {"failed quorum: wait",
+            {4, false, false},
+            with([](LocalView& l) {
+              l.bad_quorum_id = 4;
+              l.bad_for = Millis(999);
+            }),
+            PollAction::kWaitNewQuorum},
+           {"failed quorum past the timeout: give up",
+            {4, false, false},
+            with([](LocalView& l) {
+              l.bad_quorum_id = 4;
+              l.bad_for = Millis(1001);
+            }),
+            PollAction::kGiveUp},
+           {"a newer quorum after a failed one: join",
+            {6, false, false},
+            with([](LocalView& l) {
+              l.bad_quorum_id = 4;
+              l.bad_for = Millis(5000);
+            }),
+            PollAction::kJoin},
        }) {
     CAPTURE(row.what);
     PollDecision d = DecidePoll(row.poll, row.local);
@@ -124,19 +173,23 @@ TEST_CASE("diloco poll decisions: drain first, then a noticed drain, the failed 
   }
 }
 
-TEST_CASE("diloco heal sources: live peers, then the durable checkpoint; none at the first start or without heal") {
+TEST_CASE(
+    "diloco heal sources: live peers, then the durable checkpoint, none at the first start or "
+    "without heal") {
   const std::vector<std::string> peers{"a:1", "b:2"};
   const HealSource from_peers{HealSourceKind::kPeers, peers, 7, ""};
   const HealSource from_disk{HealSourceKind::kDurable, {}, 0, "/ckpt"};
   CHECK(PlanHeal(true, false, peers, 7, "/ckpt") == std::vector<HealSource>{from_peers, from_disk});
   CHECK(PlanHeal(true, false, peers, 7, "") == std::vector<HealSource>{from_peers});
   CHECK(PlanHeal(true, false, {}, 7, "/ckpt") == std::vector<HealSource>{from_disk});
-  CHECK(PlanHeal(true, true, peers, 0, "").empty());   // first start: the slot sync
-  CHECK(PlanHeal(true, false, {}, 7, "").empty());      // nothing named: the slot sync
+  CHECK(PlanHeal(true, true, peers, 0, "").empty());  // first start: the slot sync
+  CHECK(PlanHeal(true, false, {}, 7, "").empty());    // nothing named: the slot sync
   CHECK(PlanHeal(false, false, peers, 7, "/ckpt").empty());
 }
 
-TEST_CASE("diloco inner optimizer: kept without new state, resumed only when the whole group restored it") {
+TEST_CASE(
+    "diloco inner optimizer: kept without new state, resumed only when the whole group restored "
+    "it") {
   CHECK(DecideInner(false, 0, 2) == InnerAction::kKeep);
   CHECK(DecideInner(false, 2, 2) == InnerAction::kKeep);
   CHECK(DecideInner(true, 2, 2) == InnerAction::kRestored);

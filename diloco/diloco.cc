@@ -1,47 +1,27 @@
 // The shell of the DiLoCo outer step: it polls, runs the collectives and the state I/O, and
-// asks diloco/core.h what to do at each turn. Only this file logs.
+// asks diloco/core.h what to do at each turn. Only the shell logs. Joining a quorum is in
+// diloco_join.cc.
 #include "diloco/diloco.h"
 
-#include <atomic>
-#include <chrono>
 #include <filesystem>
-#include <mutex>
-#include <optional>
 #include <thread>
 
 #include "common/log.h"
-#include "diloco/core.h"
+#include "diloco/diloco_impl.h"
 #include "diloco/net_bytes.h"
-#include "diloco/outer.h"
-#include "diloco/prefixed_store.h"
-#include "diloco/state_io.h"
-#include "replica_agent/client/session.h"
-#include "replica_agent/client/session_store.h"
-#include "replica_agent/comm/comm.h"
 
 namespace lk::diloco {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using internal::MsSince;
+using internal::NoticeSink;
+using internal::Since;
+using Clock = internal::Clock;
 
-double MsSince(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
+}  // namespace
 
-Millis Since(Clock::time_point t0) {
-  return std::chrono::duration_cast<Millis>(Clock::now() - t0);
-}
-
-// The notice callback runs on the session's thread and may outlive the Diloco (the session
-// may keep that thread past it), so it reaches the communicator only through this holder.
-struct NoticeSink {
-  std::mutex mu;
-  comm::CommManager* slot = nullptr;  // guarded by mu; cleared before the comm goes away
-  std::atomic<bool> drain{false};
-};
-
-void Deliver(NoticeSink& sink, const client::Notice& n) {
+void internal::Deliver(NoticeSink& sink, const client::Notice& n) {
   if (n.drain) sink.drain = true;
   std::lock_guard lock(sink.mu);
   if (sink.slot == nullptr) return;
@@ -51,8 +31,6 @@ void Deliver(NoticeSink& sink, const client::Notice& n) {
     sink.slot->AbortQuorum(n.quorum_id, "quorum lost: " + n.reason);
   }
 }
-
-}  // namespace
 
 Status DilocoOptions::Validate() const {
   if (group_size == 0 || group_rank >= group_size) {
@@ -69,96 +47,6 @@ Status DilocoOptions::Validate() const {
   if (ckpt_keep == 0) return InvalidArgument("ckpt_keep must be at least 1");
   return Status::Ok();
 }
-
-class Diloco::Impl {
- public:
-  Impl(client::Session* session, DilocoOptions o, InnerStateHooks hooks)
-      : session_(session),
-        o_(std::move(o)),
-        hooks_(std::move(hooks)),
-        layout_(MakeShardLayout(o_.params, o_.group_size, o_.group_rank)),
-        inner_layout_(MakeShardLayout(o_.inner_state, o_.group_size, o_.group_rank)),
-        stuck_timeout_(EffectiveStuckTimeout(o_.stuck_timeout, o_.op_timeout)),
-        sink_(std::make_shared<NoticeSink>()) {
-    ValidateSpecs(o_.inner_state, &inner_total_).ok();
-  }
-
-  ~Impl() {
-    std::lock_guard lock(sink_->mu);
-    sink_->slot = nullptr;
-  }
-
-  Status Init();
-  Result<SyncResult> Join(std::span<float> params);
-  Result<SyncResult> Sync(std::span<float> params);
-  Status GroupSum(std::span<float> v);
-  Status Finish();
-
-  bool drain_requested() const { return sink_->drain.load(); }
-  void RequestDrain() { sink_->drain = true; }
-  void HandleNotice(const client::Notice& n) { Deliver(*sink_, n); }
-  std::span<const float> restored_inner() const { return restored_inner_; }
-  uint32_t step() const { return state_.step; }
-  size_t numel() const { return layout_.total; }
-  size_t shard_numel() const { return layout_.shard_numel; }
-  size_t inner_numel() const { return inner_total_; }
-  std::string hash() const { return StateHash(state_.global); }
-
- private:
-  // One poll and what the core makes of it.
-  struct Turn {
-    client::PollResult poll;
-    PollDecision decision;
-  };
-  Result<Turn> PollOnce(SyncStats* stats);
-  // Acts on the waiting decisions (sleeps, failures); true when the caller polls again.
-  Result<bool> Wait(const Turn& turn);
-  Result<SyncResult> Drain(const Turn& turn, SyncStats stats);
-  // Joins quorum pr.quorum_id; `params` gets the state when the group received some.
-  Status JoinQuorum(const client::PollResult& pr, std::span<float> params, SyncStats* stats);
-  Status Heal(const client::PollResult& pr);
-  Status SyncSlot(const client::PollResult& pr);
-  Result<bool> GroupAgree(bool ok);
-  // One cross-group attempt with the pending pseudo-gradient: false when it was cut short.
-  Result<bool> OuterAttempt(const client::PollResult& pr, std::span<float> params,
-                            SyncStats* stats);
-  Status LoadGlobal(std::span<float> params);
-  Status SaveDurable(uint32_t attempt);
-  void MarkBad(uint32_t quorum_id, bool report);
-  SyncResult MakeResult(SyncKind kind, const client::PollResult& pr, const SyncStats& stats) const;
-
-  client::Session* session_;
-  DilocoOptions o_;
-  InnerStateHooks hooks_;
-  ShardLayout layout_, inner_layout_;
-  size_t inner_total_ = 0;
-  Millis stuck_timeout_;
-  std::shared_ptr<NoticeSink> sink_;
-  // The lighthouse KV through the agent, on a connection of its own (a KV wait never holds up
-  // a Poll); each communicator sees it under its own key prefix.
-  std::unique_ptr<client::SessionKvStore> kv_;
-  std::unique_ptr<PrefixedStore> slot_store_, group_store_;
-  std::unique_ptr<comm::CommManager> slot_comm_, group_comm_;
-  std::unique_ptr<StateIo> state_io_;
-  bool group_ready_ = false;
-  bool group_failed_ = false;  // an in-group collective failed: the group is going down
-  OuterState state_;
-  bool has_state_ = false;       // state_ is valid for state_.step
-  bool received_ = false;        // state came from elsewhere in the current quorum
-  bool healed_ = false;          // ... and it was a heal, not the first start's initial weights
-  bool inner_from_disk_ = false; // ... from a durable checkpoint that held the inner state
-  bool healed_since_commit_ = false;
-  std::string heal_source_;
-  InnerAction inner_action_ = InnerAction::kKeep;
-  std::vector<float> restored_inner_;  // full inner buffer of the last durable restore
-  std::vector<float> restored_inner_shard_;
-  std::optional<std::vector<float>> pending_delta_;
-  uint32_t ready_quorum_id_ = 0;
-  uint32_t bad_quorum_id_ = 0;
-  Clock::time_point bad_since_;
-  std::optional<Clock::time_point> drain_wait_since_;
-  bool saved_at_last_commit_ = false;
-};
 
 Status Diloco::Impl::Init() {
   comm::CommOptions co;
@@ -182,11 +70,11 @@ Status Diloco::Impl::Init() {
     sink_->slot = slot_comm_.get();
   }
   if (o_.own_notices) {
-    session_->OnNotice([sink = sink_](const client::Notice& n) { Deliver(*sink, n); });
+    session_->OnNotice([sink = sink_](const client::Notice& n) { internal::Deliver(*sink, n); });
   }
-  state_io_ = MakeCheckpointStateIo(StateIoOptions{o_.ckpt_dir, o_.live_dir, o_.group_rank,
-                                                   o_.group_size, o_.params, o_.inner_state,
-                                                   o_.ckpt_keep});
+  state_io_ =
+      MakeCheckpointStateIo(StateIoOptions{o_.ckpt_dir, o_.live_dir, o_.group_rank, o_.group_size,
+                                           o_.params, o_.inner_state, o_.ckpt_keep});
   state_.global.assign(layout_.shard_numel, 0.0f);
   state_.momentum.assign(layout_.shard_numel, 0.0f);
   return Status::Ok();
@@ -194,9 +82,10 @@ Status Diloco::Impl::Init() {
 
 Status Diloco::Impl::GroupSum(std::span<float> v) {
   if (o_.group_size == 1) return Status::Ok();
-  if (!group_ready_) return Status(Code::kInvalidArgument, "the group communicator needs Join first");
-  Status st = group_comm_->AllReduce(v.data(), v.size(), comm::DType::kFloat32,
-                                     comm::ReduceOp::kSum);
+  if (!group_ready_)
+    return Status(Code::kInvalidArgument, "the group communicator needs Join first");
+  Status st =
+      group_comm_->AllReduce(v.data(), v.size(), comm::DType::kFloat32, comm::ReduceOp::kSum);
   if (st.ok()) return st;
   group_failed_ = true;
   return st.WithContext("intra-group allreduce");
@@ -289,160 +178,6 @@ Status Diloco::Impl::SaveDurable(uint32_t attempt) {
   return Status::Ok();
 }
 
-// Pulls this shard from live peers or the durable checkpoint, in the core's order. A failure is
-// not fatal: the slot sync then hands this member the donor's state over the communicator.
-Status Diloco::Impl::Heal(const client::PollResult& pr) {
-  has_state_ = false;
-  for (const HealSource& src : PlanHeal(pr.heal, pr.initial, pr.heal_sources, pr.max_step,
-                                        pr.restore_location)) {
-    Result<OuterState> got = Status(Code::kNotFound, "no source");
-    std::string from;
-    std::optional<std::vector<float>> inner;
-    std::string inner_missing;
-    if (src.kind == HealSourceKind::kPeers) {
-      from = "peers";
-      got = state_io_->FetchFromPeers(src.peers, src.step);
-    } else {
-      from = "durable " + src.location;
-      auto r = state_io_->Restore(src.location);
-      if (r.ok()) {
-        inner = std::move(r->inner);
-        inner_missing = r->inner_missing;
-        got = std::move(r->state);
-      } else {
-        got = r.status();
-      }
-    }
-    if (got.ok()) {
-      state_ = std::move(*got);
-      has_state_ = received_ = healed_ = true;
-      heal_source_ = from;
-      inner_from_disk_ = inner.has_value();
-      if (inner) restored_inner_shard_ = std::move(*inner);
-      LK_LOG_INFO("heal_fetched from={} step={} inner_state={}", Q(from), state_.step,
-                  Q(src.kind == HealSourceKind::kPeers ? std::string("fresh")
-                    : inner_from_disk_                 ? std::string("restored")
-                                                       : "fresh (" + inner_missing + ")"));
-      return Status::Ok();
-    }
-    LK_LOG_WARN("heal_fetch_failed from={} error={} fallback={}", Q(from),
-                Q(got.status().ToString()),
-                src.kind == HealSourceKind::kPeers && !pr.restore_location.empty() ? "durable"
-                                                                                    : "communicator");
-  }
-  return Status::Ok();
-}
-
-// Every member of the slot tells the others whether it holds state and for which step; the
-// members without it (or behind) get the donor's global weights and momentum by a sum-allreduce
-// in which only the donor contributes non-zeros: x + 0 == x, so they arrive bit for bit.
-Status Diloco::Impl::SyncSlot(const client::PollResult& pr) {
-  const uint32_t rank = pr.replica_rank, world = pr.replica_world_size;
-  std::vector<float> states = EncodeMemberState({has_state_, state_.step}, rank, world);
-  LK_RETURN_IF_ERROR(slot_comm_->AllReduce(states.data(), states.size(), comm::DType::kFloat32,
-                                           comm::ReduceOp::kSum));
-  SyncPlan plan = PlanStateSync(DecodeMemberStates(states));
-  if (!plan.donor) return Status(Code::kUnavailable, "no member of the quorum holds state");
-  if (!plan.any_receives()) return Status::Ok();
-  const size_t n = layout_.shard_numel;
-  std::vector<float> buf(2 * n, 0.0f);
-  if (rank == *plan.donor) {
-    std::copy(state_.global.begin(), state_.global.end(), buf.begin());
-    std::copy(state_.momentum.begin(), state_.momentum.end(), buf.begin() + n);
-  }
-  LK_RETURN_IF_ERROR(
-      slot_comm_->AllReduce(buf.data(), buf.size(), comm::DType::kFloat32, comm::ReduceOp::kSum));
-  if (plan.receives[rank]) {
-    state_.global.assign(buf.begin(), buf.begin() + n);
-    state_.momentum.assign(buf.begin() + n, buf.end());
-    state_.step = plan.step;
-    has_state_ = true;
-    received_ = true;
-    healed_ = !pr.initial;
-    inner_from_disk_ = false;  // whatever a restore brought is for another step now
-    heal_source_ = fmt::format("replica_rank {}", *plan.donor);
-    LK_LOG_INFO("heal_received donor_replica_rank={} step={} quorum_id={}", *plan.donor,
-                plan.step, pr.quorum_id);
-  }
-  return Status::Ok();
-}
-
-Status Diloco::Impl::LoadGlobal(std::span<float> params) {
-  std::vector<float> full(layout_.total, 0.0f);
-  layout_.Place(state_.global, full);
-  LK_RETURN_IF_ERROR(GroupSum(full));
-  std::copy(full.begin(), full.end(), params.begin());
-  return Status::Ok();
-}
-
-// Joins quorum pr.quorum_id: builds the in-group communicator the first time, rebuilds the
-// slot communicator, heals, syncs state across the slot, and agrees with the group's other
-// trainers that all of that worked (they must go on, or go back to polling, together).
-Status Diloco::Impl::JoinQuorum(const client::PollResult& pr, std::span<float> params,
-                                SyncStats* stats) {
-  auto t0 = Clock::now();
-  TcpSent b0 = SnapshotTcpSent();
-  auto account = [&] {
-    stats->sync_bytes += TcpSentBetween(b0, SnapshotTcpSent());
-    stats->join_ms += MsSince(t0);
-  };
-  if (o_.group_size > 1 && !group_ready_) {
-    // Groups of one quorum have distinct replica_ranks, so the prefix is unique within it.
-    group_store_->set_prefix(fmt::format("diloco-group{}/", pr.replica_rank));
-    Status st = group_comm_->Reconfigure(pr.quorum_id, o_.group_rank, o_.group_size);
-    if (!st.ok()) {
-      account();
-      return st.WithContext("intra-group communicator");
-    }
-    group_ready_ = true;
-  }
-  received_ = healed_ = inner_from_disk_ = false;
-  heal_source_.clear();
-  if (pr.heal) {
-    LK_RETURN_IF_ERROR(Heal(pr));
-  } else {
-    has_state_ = true;  // the plan says this group's state is current (or the initial one)
-  }
-  Status st = slot_comm_->Reconfigure(pr.quorum_id, pr.replica_rank, pr.replica_world_size);
-  if (st.ok()) st = SyncSlot(pr);
-  auto all_ok = GroupAgree(st.ok());
-  if (!all_ok.ok() || !*all_ok) {
-    account();
-    if (!all_ok.ok()) return all_ok.status();
-    return st.ok() ? Status(Code::kAborted, "another trainer of the group failed") : st;
-  }
-  // Whether anyone healed, from where, and at which step everyone now is, must agree across
-  // the group.
-  std::vector<float> v = {received_ ? 1.0f : 0.0f, healed_ ? 1.0f : 0.0f,
-                          static_cast<float>(state_.step), inner_from_disk_ ? 1.0f : 0.0f};
-  LK_RETURN_IF_ERROR(GroupSum(v));
-  LK_CHECK(v[2] == static_cast<float>(state_.step) * o_.group_size)
-      << "trainers of one group disagree on the step after healing";
-  healed_ = v[1] > 0;
-  inner_action_ = DecideInner(v[0] > 0, static_cast<uint32_t>(v[3] + 0.5f), o_.group_size);
-  if (v[0] > 0) {
-    pending_delta_.reset();  // the inner work since the last commit does not reach the model
-    LK_RETURN_IF_ERROR(LoadGlobal(params));
-    healed_since_commit_ = healed_since_commit_ || healed_;
-    if (inner_action_ == InnerAction::kRestored) {
-      std::vector<float> full(inner_total_, 0.0f);
-      inner_layout_.Place(restored_inner_shard_, full);
-      LK_RETURN_IF_ERROR(GroupSum(full));
-      restored_inner_ = std::move(full);
-      LK_LOG_INFO("inner_state_restored step={} hash={}", state_.step, StateHash(restored_inner_));
-    }
-  }
-  account();
-  LK_LOG_INFO("quorum_joined quorum_id={} replica_rank={} world={} step={} healed={} "
-              "inner_state={} reason={}",
-              pr.quorum_id, pr.replica_rank, pr.replica_world_size, state_.step, healed_,
-              inner_action_ == InnerAction::kKeep    ? "kept"
-              : inner_action_ == InnerAction::kReset ? "fresh"
-                                                     : "restored",
-              Q(pr.reason));
-  return Status::Ok();
-}
-
 SyncResult Diloco::Impl::MakeResult(SyncKind kind, const client::PollResult& pr,
                                     const SyncStats& stats) const {
   SyncResult r;
@@ -480,7 +215,9 @@ Result<SyncResult> Diloco::Impl::Join(std::span<float> params) {
       continue;
     }
     ready_quorum_id_ = turn.poll.quorum_id;
-    SyncResult r = MakeResult(received_ ? SyncKind::kReceived : SyncKind::kJoined, turn.poll, stats);
+    joined_unstepped_ = turn.poll;
+    SyncResult r =
+        MakeResult(received_ ? SyncKind::kReceived : SyncKind::kJoined, turn.poll, stats);
     r.healed = healed_;
     r.heal_source = heal_source_;
     r.inner = received_ ? inner_action_ : InnerAction::kKeep;
@@ -501,7 +238,13 @@ Result<SyncResult> Diloco::Impl::Sync(std::span<float> params) {
   }
   SyncStats stats;
   while (true) {
-    LK_ASSIGN_OR_RETURN(Turn turn, PollOnce(&stats));
+    Turn turn;
+    if (joined_unstepped_ && !sink_->drain.load()) {
+      turn = Turn{std::move(*joined_unstepped_), {PollAction::kStep, "joined in the last call"}};
+    } else {
+      LK_ASSIGN_OR_RETURN(turn, PollOnce(&stats));
+    }
+    joined_unstepped_.reset();
     const PollAction a = turn.decision.action;
     if (a == PollAction::kDrain || a == PollAction::kDrainSave) return Drain(turn, stats);
     LK_ASSIGN_OR_RETURN(bool again, Wait(turn));
@@ -517,6 +260,7 @@ Result<SyncResult> Diloco::Impl::Sync(std::span<float> params) {
       }
       ready_quorum_id_ = pr.quorum_id;
       if (received_) {
+        joined_unstepped_ = pr;
         SyncResult r = MakeResult(SyncKind::kReceived, pr, stats);
         r.healed = healed_;
         r.heal_source = heal_source_;
@@ -545,8 +289,8 @@ Result<bool> Diloco::Impl::OuterAttempt(const client::PollResult& pr, std::span<
   TcpSent ar_b0 = SnapshotTcpSent();
   // Waiting on the other groups is not this group's stall (the lighthouse's progress timeout).
   (void)session_->SetPeerWait(true);
-  Status st = slot_comm_->AllReduce(avg.data(), avg.size(), comm::DType::kFloat32,
-                                    comm::ReduceOp::kAvg);
+  Status st =
+      slot_comm_->AllReduce(avg.data(), avg.size(), comm::DType::kFloat32, comm::ReduceOp::kAvg);
   (void)session_->SetPeerWait(false);
   stats->cross_bytes += TcpSentBetween(ar_b0, SnapshotTcpSent());
   stats->allreduce_ms += MsSince(t0);

@@ -156,10 +156,10 @@ struct SyncResult {
   // "" (this group's own state); the log line heal_* says the same.
   std::string heal_source;
   InnerAction inner = InnerAction::kKeep;
-  std::string state_hash;        // of this trainer's shard of the global weights (16 hex digits)
-  bool saved = false;            // a durable checkpoint was saved (and registered) in this call
-  bool checkpoint_now = false;   // kDrained: the agent asked for a durable save
-  std::string reason;            // the lighthouse's reason for the quorum, or the drain's
+  std::string state_hash;       // of this trainer's shard of the global weights (16 hex digits)
+  bool saved = false;           // a durable checkpoint was saved (and registered) in this call
+  bool checkpoint_now = false;  // kDrained: the agent asked for a durable save
+  std::string reason;           // the lighthouse's reason for the quorum, or the drain's
   SyncStats stats;
 };
 

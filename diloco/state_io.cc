@@ -149,7 +149,8 @@ class CheckpointStateIo final : public StateIo {
 
   // The restore writes each tensor's rows in place instead of into buffers of its own that
   // would then be copied: one pass over the state fewer.
-  static std::function<uint8_t*(const ckpt::TargetTensor&)> Into(std::map<std::string, Slot>* slots) {
+  static std::function<uint8_t*(const ckpt::TargetTensor&)> Into(
+      std::map<std::string, Slot>* slots) {
     return [slots](const ckpt::TargetTensor& t) -> uint8_t* {
       auto it = slots->find(t.name);
       if (it == slots->end() || it->second.piece == nullptr || t.dtype != ckpt::DType::kF32 ||
@@ -165,7 +166,8 @@ class CheckpointStateIo final : public StateIo {
     if (t.dtype != ckpt::DType::kF32 || t.shape != spec.shape) {
       return Status(Code::kDataLoss,
                     fmt::format("tensor '{}' in the checkpoint has another dtype or shape than "
-                                "the model's", t.name));
+                                "the model's",
+                                t.name));
     }
     if (slot.piece == nullptr) return Status::Ok();  // a scalar of rank 0, or no rows here
     if (t.rows.begin != slot.piece->row_begin || t.rows.end != slot.piece->row_end ||
@@ -185,15 +187,17 @@ class CheckpointStateIo final : public StateIo {
     for (const TensorSpec& spec : options_.params) {
       for (const std::string& name : {spec.name, MomentumName(spec.name)}) {
         const ckpt::RestoredTensor* t = s.Find(name);
-        if (t == nullptr) return Status(Code::kDataLoss, fmt::format("checkpoint has no '{}'", name));
+        if (t == nullptr)
+          return Status(Code::kDataLoss, fmt::format("checkpoint has no '{}'", name));
         LK_RETURN_IF_ERROR(CheckAndCopy(*t, slots.at(name)));
       }
     }
     for (const TensorSpec& spec : options_.inner_state) {
       const std::string name = InnerName(spec.name);
       const ckpt::RestoredTensor* t = s.Find(name);
-      Status st = t == nullptr ? Status(Code::kNotFound, fmt::format("checkpoint has no '{}'", name))
-                               : CheckAndCopy(*t, slots.at(name));
+      Status st = t == nullptr
+                      ? Status(Code::kNotFound, fmt::format("checkpoint has no '{}'", name))
+                      : CheckAndCopy(*t, slots.at(name));
       if (!st.ok()) {
         out->inner.reset();
         out->inner_missing = st.message();

@@ -2,14 +2,15 @@
 // restores every shard and the inner optimizer state bit for bit, under the caller's tensor
 // names, into the same or another number of trainers; bad locations and other models fail with
 // an error instead of bad state.
+#include "diloco/state_io.h"
+
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <filesystem>
-#include <unistd.h>
 
 #include "checkpoint/restore.h"
 #include "diloco/outer.h"
-#include "diloco/state_io.h"
 
 namespace lk::diloco {
 namespace {
@@ -55,16 +56,20 @@ std::vector<float> InnerShard(const std::vector<float>& inner, uint32_t ranks, u
   return s;
 }
 
-TEST_CASE("diloco durable save of a two-trainer group restores each shard and the inner state bit for bit") {
+TEST_CASE(
+    "diloco durable save of a two-trainer group restores each shard and the inner state bit for "
+    "bit") {
   const std::string dir = FreshDir("state-io");
   const auto global = Ramp(39, 0.001f, -0.3f), momentum = Ramp(39, -0.0005f, 0.15f);
   const auto inner = Ramp(36, 0.25f, 1.0f);
   std::vector<std::unique_ptr<StateIo>> io;
   for (uint32_t r = 0; r < 2; ++r) io.push_back(MakeCheckpointStateIo(Options(dir, r, 2)));
   // Neither save alone commits: the checkpoint exists only once both shards are written.
-  REQUIRE(io[0]->SaveDurable(ShardState(global, momentum, 2, 0, 7), InnerShard(inner, 2, 0), 3).ok());
+  REQUIRE(
+      io[0]->SaveDurable(ShardState(global, momentum, 2, 0, 7), InnerShard(inner, 2, 0), 3).ok());
   CHECK_FALSE(io[0]->Restore(dir).ok());
-  REQUIRE(io[1]->SaveDurable(ShardState(global, momentum, 2, 1, 7), InnerShard(inner, 2, 1), 3).ok());
+  REQUIRE(
+      io[1]->SaveDurable(ShardState(global, momentum, 2, 1, 7), InnerShard(inner, 2, 1), 3).ok());
   for (uint32_t r = 0; r < 2; ++r) {
     auto got = io[r]->Restore(dir);
     REQUIRE_MESSAGE(got.ok(), got.status().ToString());
@@ -103,7 +108,9 @@ TEST_CASE("diloco durable save of a two-trainer group restores each shard and th
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("diloco durable save without inner state restores the outer state and says the inner state is missing") {
+TEST_CASE(
+    "diloco durable save without inner state restores the outer state and says the inner state is "
+    "missing") {
   const std::string dir = FreshDir("state-io-noinner");
   const auto global = Ramp(39, 0.5f, 1.0f), momentum = Ramp(39, 0.0f, 0.0f);
   auto io = MakeCheckpointStateIo(Options(dir, 0, 1));

@@ -231,7 +231,7 @@ std::string LogField(const std::string& log, const std::string& needle, const st
   return line.substr(k, line.find(' ', k) - k);
 }
 
-TEST_CASE("diloco a group restored from its durable checkpoint resumes AdamW bit for bit, a heal from peers starts it afresh") {
+TEST_CASE("diloco a group restored from its durable checkpoint resumes AdamW bit for bit") {
   // One group of two trainers saves at steps 2 and 4 and finishes; the same group comes back
   // as a new life with no live state anywhere, so the lighthouse names the durable checkpoint.
   Run run("diloco-inner", 1, 2, 4);

@@ -26,9 +26,9 @@ double MsSince(Clock::time_point t0) {
 // (or the start of the process) to this one, retries of a failed attempt included. Logged with
 // the step, for bench/diloco_bench.sh: coordination (poll, join, commit) against training.
 struct StepStats {
-  double inner_ms = 0;      // the H inner steps, with the intra-group gradient allreduces
-  double discarded_ms = 0;  // inner steps whose pseudo-gradient a heal threw away
-  double eval_ms = 0;       // --eval-batches
+  double inner_ms = 0;       // the H inner steps, with the intra-group gradient allreduces
+  double discarded_ms = 0;   // inner steps whose pseudo-gradient a heal threw away
+  double eval_ms = 0;        // --eval-batches
   uint64_t group_bytes = 0;  // TCP bytes sent inside the group by the gradient allreduces
   SyncStats sync;            // the library's part, summed over the calls since the commit
 };
@@ -181,12 +181,11 @@ void Trainer::WriteLogLine(const SyncResult& r) {
                   "\"cross_bytes\":{},\"sync_bytes\":{},\"group_bytes\":{},\"params\":{},"
                   "\"shard\":{},\"inner_steps\":{},\"group_size\":{}}}\n",
                   r.step, r.quorum_id, r.replica_world_size, loss_, r.state_hash,
-                  r.healed ? "true" : "false", o_.group_rank,
-                  static_cast<int64_t>(y.outer_ms), eval, t_ms, step_ms, y.poll_ms, y.join_ms,
-                  s.inner_ms, s.discarded_ms, y.allreduce_ms, y.gather_ms, y.publish_ms,
-                  y.commit_ms, s.eval_ms, y.cross_bytes, y.sync_bytes,
-                  s.group_bytes + y.group_bytes, diloco_->numel(), diloco_->shard_numel(),
-                  o_.inner_steps, o_.group_size)
+                  r.healed ? "true" : "false", o_.group_rank, static_cast<int64_t>(y.outer_ms),
+                  eval, t_ms, step_ms, y.poll_ms, y.join_ms, s.inner_ms, s.discarded_ms,
+                  y.allreduce_ms, y.gather_ms, y.publish_ms, y.commit_ms, s.eval_ms, y.cross_bytes,
+                  y.sync_bytes, s.group_bytes + y.group_bytes, diloco_->numel(),
+                  diloco_->shard_numel(), o_.inner_steps, o_.group_size)
           .c_str(),
       log_);
   std::fflush(log_);

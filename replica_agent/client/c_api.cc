@@ -68,7 +68,8 @@ lk_session* lk_session_open(const char* socket_path, uint32_t group_rank, uint32
   out->fanout = std::make_shared<lk::capi::Fanout>();
   // One callback for everything made over this session; it starts the notice thread, which
   // watches the quorum of the last poll.
-  out->session->OnNotice([fanout = out->fanout](const lk::client::Notice& n) { fanout->Deliver(n); });
+  out->session->OnNotice(
+      [fanout = out->fanout](const lk::client::Notice& n) { fanout->Deliver(n); });
   return out.release();
 }
 
@@ -146,8 +147,8 @@ int lk_session_register_checkpoint(lk_session* s, uint32_t step, const char* loc
 }
 
 int lk_kv_put(lk_session* s, uint32_t quorum_id, const char* key, const void* value, size_t len) {
-  lk::Status st = s->session->KvPut(quorum_id, key,
-                                    std::string(static_cast<const char*>(value), len));
+  lk::Status st =
+      s->session->KvPut(quorum_id, key, std::string(static_cast<const char*>(value), len));
   return st.ok() ? 0 : Fail(st);
 }
 

@@ -109,8 +109,8 @@ lk_comm* lk_comm_create(lk_session* s, const lk_comm_options* options) {
   auto c = std::make_unique<lk_comm>();
   c->fanout = s->fanout;
   c->kv = std::make_unique<lk::client::SessionKvStore>(s->session->socket_path());
-  c->store = std::make_unique<lk::diloco::PrefixedStore>(c->kv.get(),
-                                                         o.key_prefix ? o.key_prefix : "");
+  c->store =
+      std::make_unique<lk::diloco::PrefixedStore>(c->kv.get(), o.key_prefix ? o.key_prefix : "");
   auto comm = lk::comm::CommManager::Create(backend, c->store.get(), co);
   if (!comm.ok()) {
     Fail(comm.status());
@@ -141,9 +141,11 @@ int lk_comm_allreduce(lk_comm* c, void* data, size_t count, int dtype, int op) {
   if (dtype != LK_DTYPE_FLOAT32 && dtype != LK_DTYPE_BFLOAT16) {
     return Fail(lk::InvalidArgument("unknown dtype {}", dtype));
   }
-  if (op != LK_REDUCE_SUM && op != LK_REDUCE_AVG) return Fail(lk::InvalidArgument("unknown op {}", op));
+  if (op != LK_REDUCE_SUM && op != LK_REDUCE_AVG)
+    return Fail(lk::InvalidArgument("unknown op {}", op));
   lk::Status st = c->comm->AllReduce(
-      data, count, dtype == LK_DTYPE_FLOAT32 ? lk::comm::DType::kFloat32 : lk::comm::DType::kBFloat16,
+      data, count,
+      dtype == LK_DTYPE_FLOAT32 ? lk::comm::DType::kFloat32 : lk::comm::DType::kBFloat16,
       op == LK_REDUCE_SUM ? lk::comm::ReduceOp::kSum : lk::comm::ReduceOp::kAvg);
   return st.ok() ? 0 : Fail(st);
 }

@@ -14,8 +14,9 @@
  * communicators and the DiLoCo object made over it, come from one thread at a time, except
  * lk_comm_abort, lk_comm_abort_quorum and lk_diloco_drain_requested, which any thread may call
  * at any time (in particular from a notice callback while an allreduce is blocked). Notice
- * callbacks run on the session's own thread. A session outlives the communicators and the
- * DiLoCo object made over it: close them first. */
+ * callbacks run on the session's own thread, one at a time; a callback must not call
+ * lk_session_on_notice*, lk_comm_create/close or lk_diloco_create/close (they wait for it). A
+ * session outlives the communicators and the DiLoCo object made over it: close them first. */
 #ifndef LIGHTKEEPER_H_
 #define LIGHTKEEPER_H_
 
@@ -57,11 +58,11 @@ typedef struct lk_poll_result {
   uint32_t replica_rank;
   uint32_t replica_world_size;
   uint32_t max_step;
-  int reconfigure;    /* rebuild the cross-group communicator for quorum_id */
-  int heal;           /* fetch state before the next outer step */
-  int drain;          /* stop now (after a durable save when checkpoint_now) */
-  int initial;        /* first start: take replica_rank 0's initial weights */
-  int checkpoint_now; /* with drain: save a durable checkpoint first */
+  int reconfigure;            /* rebuild the cross-group communicator for quorum_id */
+  int heal;                   /* fetch state before the next outer step */
+  int drain;                  /* stop now (after a durable save when checkpoint_now) */
+  int initial;                /* first start: take replica_rank 0's initial weights */
+  int checkpoint_now;         /* with drain: save a durable checkpoint first */
   uint32_t heal_source_count; /* read each with lk_session_heal_source */
   int from_board; /* answered from the agent's shared memory, without a socket round trip */
   /* Added after the fields above (which keep their places). */
@@ -126,10 +127,10 @@ enum { LK_DTYPE_FLOAT32 = 0, LK_DTYPE_BFLOAT16 = 1 };
 enum { LK_REDUCE_SUM = 0, LK_REDUCE_AVG = 1 };
 
 typedef struct lk_comm_options {
-  const char* backend;     /* "gloo" (host buffers) or "nccl" (device buffers); NULL: "gloo" */
-  uint32_t slot;           /* the cross-group slot, usually the trainer's group_rank */
-  const char* key_prefix;  /* put before every KV key, so communicators never share keys; NULL: "" */
-  const char* bind_host;   /* Gloo: the address to listen on; NULL: "127.0.0.1" */
+  const char* backend;    /* "gloo" (host buffers) or "nccl" (device buffers); NULL: "gloo" */
+  uint32_t slot;          /* the cross-group slot, usually the trainer's group_rank */
+  const char* key_prefix; /* put before every KV key, so communicators never share keys; NULL: "" */
+  const char* bind_host;  /* Gloo: the address to listen on; NULL: "127.0.0.1" */
   uint32_t init_timeout_ms; /* rendezvous + connect; 0: 30000 */
   uint32_t op_timeout_ms;   /* one collective; 0: 60000 */
   int device_index;         /* NCCL: the CUDA device */
@@ -142,8 +143,7 @@ lk_comm* lk_comm_create(lk_session* s, const lk_comm_options* options);
 void lk_comm_close(lk_comm* c);
 /* On a new quorum_id: aborts the old communicator and builds the new one within the init
  * timeout; the same quorum_id again returns the first call's outcome. */
-int lk_comm_reconfigure(lk_comm* c, uint32_t quorum_id, uint32_t replica_rank,
-                        uint32_t world_size);
+int lk_comm_reconfigure(lk_comm* c, uint32_t quorum_id, uint32_t replica_rank, uint32_t world_size);
 /* In place on `count` elements at `data`. LK_ERR_ABORTED when a notice or lk_comm_abort cut it
  * short or a peer failed, LK_ERR_DEADLINE_EXCEEDED past the op timeout; it never hangs. After an
  * error the buffer's content is unspecified and the communicator stays failed until the next
@@ -180,16 +180,16 @@ typedef struct lk_diloco_options {
   size_t inner_state_count;
   lk_inner_save_fn inner_save; /* with inner_state: fills it for a durable save */
   void* inner_save_user;
-  float outer_lr;       /* 0: 0.7 */
-  float outer_momentum; /* in [0, 1); negative: 0.9 */
-  int nesterov;         /* 0: heavy-ball momentum, otherwise Nesterov */
-  const char* ckpt_dir; /* NULL or "": no durable checkpoints */
-  uint32_t ckpt_every;  /* 0: on drain and at finish only */
-  uint32_t ckpt_keep;   /* 0: 3 */
-  const char* live_dir; /* the agent's --serve-dir; NULL or "": none */
-  const char* bind_host; /* NULL: "127.0.0.1" */
-  uint32_t init_timeout_ms; /* 0: 30000 */
-  uint32_t op_timeout_ms;   /* 0: 120000 */
+  float outer_lr;            /* 0: 0.7 */
+  float outer_momentum;      /* in [0, 1); negative: 0.9 */
+  int nesterov;              /* 0: heavy-ball momentum, otherwise Nesterov */
+  const char* ckpt_dir;      /* NULL or "": no durable checkpoints */
+  uint32_t ckpt_every;       /* 0: on drain and at finish only */
+  uint32_t ckpt_keep;        /* 0: 3 */
+  const char* live_dir;      /* the agent's --serve-dir; NULL or "": none */
+  const char* bind_host;     /* NULL: "127.0.0.1" */
+  uint32_t init_timeout_ms;  /* 0: 30000 */
+  uint32_t op_timeout_ms;    /* 0: 120000 */
   uint32_t stuck_timeout_ms; /* 0: op timeout + 60000 */
 } lk_diloco_options;
 
@@ -208,9 +208,9 @@ typedef struct lk_diloco_result {
   int inner; /* LK_INNER_*: what the caller's inner optimizer must do now */
   int saved;
   int checkpoint_now;
-  char state_hash[17];    /* 16 hex digits and a NUL */
-  char heal_source[256];  /* truncated to fit */
-  char reason[256];       /* truncated to fit */
+  char state_hash[17];   /* 16 hex digits and a NUL */
+  char heal_source[256]; /* truncated to fit */
+  char reason[256];      /* truncated to fit */
   double poll_ms, join_ms, allreduce_ms, gather_ms, publish_ms, commit_ms, outer_ms;
   uint64_t cross_bytes, sync_bytes, group_bytes;
 } lk_diloco_result;

@@ -48,8 +48,8 @@ int main(int argc, char** argv) {
 
   const int64_t w_shape[2] = {4, 3}, b_shape[1] = {5};
   lk_tensor_spec params[2] = {{"w", 0, w_shape, 2}, {"b", 12, b_shape, 1}};
-  lk_tensor_spec inner[3] = {{"momentum/w", 0, w_shape, 2}, {"momentum/b", 12, b_shape, 1},
-                             {"count", 17, NULL, 0}};
+  lk_tensor_spec inner[3] = {
+      {"momentum/w", 0, w_shape, 2}, {"momentum/b", 12, b_shape, 1}, {"count", 17, NULL, 0}};
   lk_diloco_options o;
   memset(&o, 0, sizeof(o));
   o.group_rank = 0;

@@ -1,0 +1,150 @@
+// The inside of lk::diloco::Diloco (diloco/diloco.h): its state and the steps of the outer
+// protocol, shared by diloco.cc (poll, outer step, saves, finish) and diloco_join.cc (joining a
+// quorum: heal, slot state sync, the group's agreement). Internal to the library.
+// Thread-safety: as Diloco; the NoticeSink is shared with the session's notice thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "diloco/core.h"
+#include "diloco/diloco.h"
+#include "diloco/outer.h"
+#include "diloco/prefixed_store.h"
+#include "diloco/state_io.h"
+#include "replica_agent/client/session.h"
+#include "replica_agent/client/session_store.h"
+#include "replica_agent/comm/comm.h"
+
+namespace lk::diloco {
+
+namespace internal {
+
+using Clock = std::chrono::steady_clock;
+
+inline double MsSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+inline Millis Since(Clock::time_point t0) {
+  return std::chrono::duration_cast<Millis>(Clock::now() - t0);
+}
+
+// The notice callback runs on the session's thread and may outlive the Diloco (the session
+// may keep that thread past it), so it reaches the communicator only through this holder.
+struct NoticeSink {
+  std::mutex mu;
+  comm::CommManager* slot = nullptr;  // guarded by mu; cleared before the comm goes away
+  std::atomic<bool> drain{false};
+};
+
+// Aborts the slot collective on a lost quorum or a drain and notes a drain (any thread).
+void Deliver(NoticeSink& sink, const client::Notice& n);
+
+}  // namespace internal
+
+class Diloco::Impl {
+  using Clock = internal::Clock;
+  using NoticeSink = internal::NoticeSink;
+
+ public:
+  Impl(client::Session* session, DilocoOptions o, InnerStateHooks hooks)
+      : session_(session),
+        o_(std::move(o)),
+        hooks_(std::move(hooks)),
+        layout_(MakeShardLayout(o_.params, o_.group_size, o_.group_rank)),
+        inner_layout_(MakeShardLayout(o_.inner_state, o_.group_size, o_.group_rank)),
+        stuck_timeout_(EffectiveStuckTimeout(o_.stuck_timeout, o_.op_timeout)),
+        sink_(std::make_shared<NoticeSink>()) {
+    ValidateSpecs(o_.inner_state, &inner_total_).ok();
+  }
+
+  ~Impl() {
+    std::lock_guard lock(sink_->mu);
+    sink_->slot = nullptr;
+  }
+
+  Status Init();
+  Result<SyncResult> Join(std::span<float> params);
+  Result<SyncResult> Sync(std::span<float> params);
+  Status GroupSum(std::span<float> v);
+  Status Finish();
+
+  bool drain_requested() const { return sink_->drain.load(); }
+  void RequestDrain() { sink_->drain = true; }
+  void HandleNotice(const client::Notice& n) { internal::Deliver(*sink_, n); }
+  std::span<const float> restored_inner() const { return restored_inner_; }
+  uint32_t step() const { return state_.step; }
+  size_t numel() const { return layout_.total; }
+  size_t shard_numel() const { return layout_.shard_numel; }
+  size_t inner_numel() const { return inner_total_; }
+  std::string hash() const { return StateHash(state_.global); }
+
+ private:
+  // One poll and what the core makes of it.
+  struct Turn {
+    client::PollResult poll;
+    PollDecision decision;
+  };
+  Result<Turn> PollOnce(SyncStats* stats);
+  // Acts on the waiting decisions (sleeps, failures); true when the caller polls again.
+  Result<bool> Wait(const Turn& turn);
+  Result<SyncResult> Drain(const Turn& turn, SyncStats stats);
+  // Joins quorum pr.quorum_id; `params` gets the state when the group received some.
+  Status JoinQuorum(const client::PollResult& pr, std::span<float> params, SyncStats* stats);
+  Status Heal(const client::PollResult& pr);
+  Status SyncSlot(const client::PollResult& pr);
+  Result<bool> GroupAgree(bool ok);
+  // One cross-group attempt with the pending pseudo-gradient: false when it was cut short.
+  Result<bool> OuterAttempt(const client::PollResult& pr, std::span<float> params,
+                            SyncStats* stats);
+  Status LoadGlobal(std::span<float> params);
+  Status SaveDurable(uint32_t attempt);
+  void MarkBad(uint32_t quorum_id, bool report);
+  SyncResult MakeResult(SyncKind kind, const client::PollResult& pr, const SyncStats& stats) const;
+
+  client::Session* session_;
+  DilocoOptions o_;
+  InnerStateHooks hooks_;
+  ShardLayout layout_, inner_layout_;
+  size_t inner_total_ = 0;
+  Millis stuck_timeout_;
+  std::shared_ptr<NoticeSink> sink_;
+  // The lighthouse KV through the agent, on a connection of its own (a KV wait never holds up
+  // a Poll); each communicator sees it under its own key prefix.
+  std::unique_ptr<client::SessionKvStore> kv_;
+  std::unique_ptr<PrefixedStore> slot_store_, group_store_;
+  std::unique_ptr<comm::CommManager> slot_comm_, group_comm_;
+  std::unique_ptr<StateIo> state_io_;
+  bool group_ready_ = false;
+  bool group_failed_ = false;  // an in-group collective failed: the group is going down
+  OuterState state_;
+  bool has_state_ = false;        // state_ is valid for state_.step
+  bool received_ = false;         // state came from elsewhere in the current quorum
+  bool healed_ = false;           // ... and it was a heal, not the first start's initial weights
+  bool inner_from_disk_ = false;  // ... from a durable checkpoint that held the inner state
+  bool healed_since_commit_ = false;
+  std::string heal_source_;
+  InnerAction inner_action_ = InnerAction::kKeep;
+  std::vector<float> restored_inner_;  // full inner buffer of the last durable restore
+  std::vector<float> restored_inner_shard_;
+  std::optional<std::vector<float>> pending_delta_;
+  // The poll answer of the quorum joined by the last call, which returned to the caller for the
+  // inner steps before that quorum's allreduce. The next Sync runs the allreduce on it without
+  // polling again: the agent answers one poll per step, and a healed trainer's next poll (at
+  // its new step, before any commit) would ask for a new round while the other members wait
+  // for it in this quorum's allreduce.
+  std::optional<client::PollResult> joined_unstepped_;
+  uint32_t ready_quorum_id_ = 0;
+  uint32_t bad_quorum_id_ = 0;
+  Clock::time_point bad_since_;
+  std::optional<Clock::time_point> drain_wait_since_;
+  bool saved_at_last_commit_ = false;
+};
+
+}  // namespace lk::diloco

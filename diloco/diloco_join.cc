@@ -1,0 +1,166 @@
+// Joining a quorum: the in-group communicator the first time, the slot communicator, a heal
+// in the core's source order, the slot state sync, and the group's agreement on all of it.
+#include "common/log.h"
+#include "diloco/diloco_impl.h"
+#include "diloco/net_bytes.h"
+
+namespace lk::diloco {
+
+using internal::MsSince;
+
+// Pulls this shard from live peers or the durable checkpoint, in the core's order. A failure is
+// not fatal: the slot sync then hands this member the donor's state over the communicator.
+Status Diloco::Impl::Heal(const client::PollResult& pr) {
+  has_state_ = false;
+  for (const HealSource& src :
+       PlanHeal(pr.heal, pr.initial, pr.heal_sources, pr.max_step, pr.restore_location)) {
+    Result<OuterState> got = Status(Code::kNotFound, "no source");
+    std::string from;
+    std::optional<std::vector<float>> inner;
+    std::string inner_missing;
+    if (src.kind == HealSourceKind::kPeers) {
+      from = "peers";
+      got = state_io_->FetchFromPeers(src.peers, src.step);
+    } else {
+      from = "durable " + src.location;
+      auto r = state_io_->Restore(src.location);
+      if (r.ok()) {
+        inner = std::move(r->inner);
+        inner_missing = r->inner_missing;
+        got = std::move(r->state);
+      } else {
+        got = r.status();
+      }
+    }
+    if (got.ok()) {
+      state_ = std::move(*got);
+      has_state_ = received_ = healed_ = true;
+      heal_source_ = from;
+      inner_from_disk_ = inner.has_value();
+      if (inner) restored_inner_shard_ = std::move(*inner);
+      LK_LOG_INFO("heal_fetched from={} step={} inner_state={}", Q(from), state_.step,
+                  Q(src.kind == HealSourceKind::kPeers ? std::string("fresh")
+                    : inner_from_disk_                 ? std::string("restored")
+                                                       : "fresh (" + inner_missing + ")"));
+      return Status::Ok();
+    }
+    LK_LOG_WARN(
+        "heal_fetch_failed from={} error={} fallback={}", Q(from), Q(got.status().ToString()),
+        src.kind == HealSourceKind::kPeers && !pr.restore_location.empty() ? "durable"
+                                                                           : "communicator");
+  }
+  return Status::Ok();
+}
+
+// Every member of the slot tells the others whether it holds state and for which step; the
+// members without it (or behind) get the donor's global weights and momentum by a sum-allreduce
+// in which only the donor contributes non-zeros: x + 0 == x, so they arrive bit for bit.
+Status Diloco::Impl::SyncSlot(const client::PollResult& pr) {
+  const uint32_t rank = pr.replica_rank, world = pr.replica_world_size;
+  std::vector<float> states = EncodeMemberState({has_state_, state_.step}, rank, world);
+  LK_RETURN_IF_ERROR(slot_comm_->AllReduce(states.data(), states.size(), comm::DType::kFloat32,
+                                           comm::ReduceOp::kSum));
+  SyncPlan plan = PlanStateSync(DecodeMemberStates(states));
+  if (!plan.donor) return Status(Code::kUnavailable, "no member of the quorum holds state");
+  if (!plan.any_receives()) return Status::Ok();
+  const size_t n = layout_.shard_numel;
+  std::vector<float> buf(2 * n, 0.0f);
+  if (rank == *plan.donor) {
+    std::copy(state_.global.begin(), state_.global.end(), buf.begin());
+    std::copy(state_.momentum.begin(), state_.momentum.end(), buf.begin() + n);
+  }
+  LK_RETURN_IF_ERROR(
+      slot_comm_->AllReduce(buf.data(), buf.size(), comm::DType::kFloat32, comm::ReduceOp::kSum));
+  if (plan.receives[rank]) {
+    state_.global.assign(buf.begin(), buf.begin() + n);
+    state_.momentum.assign(buf.begin() + n, buf.end());
+    state_.step = plan.step;
+    has_state_ = true;
+    received_ = true;
+    healed_ = !pr.initial;
+    inner_from_disk_ = false;  // whatever a restore brought is for another step now
+    heal_source_ = fmt::format("replica_rank {}", *plan.donor);
+    LK_LOG_INFO("heal_received donor_replica_rank={} step={} quorum_id={}", *plan.donor, plan.step,
+                pr.quorum_id);
+  }
+  return Status::Ok();
+}
+
+Status Diloco::Impl::LoadGlobal(std::span<float> params) {
+  std::vector<float> full(layout_.total, 0.0f);
+  layout_.Place(state_.global, full);
+  LK_RETURN_IF_ERROR(GroupSum(full));
+  std::copy(full.begin(), full.end(), params.begin());
+  return Status::Ok();
+}
+
+// Joins quorum pr.quorum_id: builds the in-group communicator the first time, rebuilds the
+// slot communicator, heals, syncs state across the slot, and agrees with the group's other
+// trainers that all of that worked (they must go on, or go back to polling, together).
+Status Diloco::Impl::JoinQuorum(const client::PollResult& pr, std::span<float> params,
+                                SyncStats* stats) {
+  auto t0 = Clock::now();
+  TcpSent b0 = SnapshotTcpSent();
+  auto account = [&] {
+    stats->sync_bytes += TcpSentBetween(b0, SnapshotTcpSent());
+    stats->join_ms += MsSince(t0);
+  };
+  if (o_.group_size > 1 && !group_ready_) {
+    // Groups of one quorum have distinct replica_ranks, so the prefix is unique within it.
+    group_store_->set_prefix(fmt::format("diloco-group{}/", pr.replica_rank));
+    Status st = group_comm_->Reconfigure(pr.quorum_id, o_.group_rank, o_.group_size);
+    if (!st.ok()) {
+      account();
+      return st.WithContext("intra-group communicator");
+    }
+    group_ready_ = true;
+  }
+  received_ = healed_ = inner_from_disk_ = false;
+  heal_source_.clear();
+  if (pr.heal) {
+    LK_RETURN_IF_ERROR(Heal(pr));
+  } else {
+    has_state_ = true;  // the plan says this group's state is current (or the initial one)
+  }
+  Status st = slot_comm_->Reconfigure(pr.quorum_id, pr.replica_rank, pr.replica_world_size);
+  if (st.ok()) st = SyncSlot(pr);
+  auto all_ok = GroupAgree(st.ok());
+  if (!all_ok.ok() || !*all_ok) {
+    account();
+    if (!all_ok.ok()) return all_ok.status();
+    return st.ok() ? Status(Code::kAborted, "another trainer of the group failed") : st;
+  }
+  // Whether anyone healed, from where, and at which step everyone now is, must agree across
+  // the group.
+  std::vector<float> v = {received_ ? 1.0f : 0.0f, healed_ ? 1.0f : 0.0f,
+                          static_cast<float>(state_.step), inner_from_disk_ ? 1.0f : 0.0f};
+  LK_RETURN_IF_ERROR(GroupSum(v));
+  LK_CHECK(v[2] == static_cast<float>(state_.step) * o_.group_size)
+      << "trainers of one group disagree on the step after healing";
+  healed_ = v[1] > 0;
+  inner_action_ = DecideInner(v[0] > 0, static_cast<uint32_t>(v[3] + 0.5f), o_.group_size);
+  if (v[0] > 0) {
+    pending_delta_.reset();  // the inner work since the last commit does not reach the model
+    LK_RETURN_IF_ERROR(LoadGlobal(params));
+    healed_since_commit_ = healed_since_commit_ || healed_;
+    if (inner_action_ == InnerAction::kRestored) {
+      std::vector<float> full(inner_total_, 0.0f);
+      inner_layout_.Place(restored_inner_shard_, full);
+      LK_RETURN_IF_ERROR(GroupSum(full));
+      restored_inner_ = std::move(full);
+      LK_LOG_INFO("inner_state_restored step={} hash={}", state_.step, StateHash(restored_inner_));
+    }
+  }
+  account();
+  LK_LOG_INFO(
+      "quorum_joined quorum_id={} replica_rank={} world={} step={} healed={} "
+      "inner_state={} reason={}",
+      pr.quorum_id, pr.replica_rank, pr.replica_world_size, state_.step, healed_,
+      inner_action_ == InnerAction::kKeep    ? "kept"
+      : inner_action_ == InnerAction::kReset ? "fresh"
+                                             : "restored",
+      Q(pr.reason));
+  return Status::Ok();
+}
+
+}  // namespace lk::diloco
