@@ -6,8 +6,6 @@ import signal
 import subprocess
 from collections import defaultdict
 
-import pytest
-
 from conftest import BIN_DIR
 from test_manager import events
 
@@ -141,12 +139,6 @@ def test_drain_in_a_group_of_two_stops_both_trainers_together_without_a_hang(clu
     assert agent.wait(30) == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a hang in the DiLoCo library/agent protocol, not in the Python layer: the quorum that lets "
-    "the late group in is an ask-ahead one (max_step S) while the running group has committed "
-    "S+1; the late group heals to S+1 from live peers, the running group goes on into the "
-    "allreduce of S+2 on that quorum, and the late group's next poll (step S+1) waits for a "
-    "round the running group never asks for, until the op timeout"))
 def test_a_late_group_heals_from_live_peers_with_a_fresh_inner_optimizer(cluster_factory):
     c = cluster_factory(("--min-replicas", "1", "--join-timeout-ms", "300",
                          "--heartbeat-timeout-ms", "3000"))
