@@ -12,7 +12,7 @@ PKGS=(
   libtorch-dev libgloo-dev libxxhash-dev libssl-dev
   slurm-wlm munge
   nginx-light wrk iperf3 fio procps iproute2 openssl
-  python3-torch python3-pytest python3-matplotlib pybind11-dev
+  python3-torch python3-pytest python3-matplotlib pybind11-dev python3-dev
   clang-14 libfuzzer-14-dev
 )
 
