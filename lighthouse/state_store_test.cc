@@ -66,7 +66,7 @@ TEST_CASE("state store: what it wrote loads back - the baseline the corrupt case
     j.quorum_id = 4;
     j.committed_step = 9;
     CheckpointData c{"j", 9, "/ckpt/step-9", "d", "g", 1};
-    REQUIRE((*store)->Apply({j}, {c}, {}, true).ok());
+    REQUIRE((*store)->Apply({j}, {c}, {}, {}, {}, true).ok());
     REQUIRE((*store)->PutKv({"j", 4, "nccl/0", "id-bytes"}).ok());
   }
   auto store = OpenRocksDbStore(s.dir);
