@@ -109,6 +109,11 @@ Status ExpandItem(std::string_view item, size_t hosts_max, std::vector<std::stri
     for (const auto& p : partial) partial_bytes += p.size();
     i = close + 1;
   }
+  // An item without a bracket group adds a host too: "a[1-1000000],b" is one over the bound
+  // (found by fuzz/hostlist).
+  if (out->size() + partial.size() > hosts_max) {
+    return InvalidArgument("hostlist item '{}' expands to more than {} hosts", item, hosts_max);
+  }
   *bytes += partial_bytes;
   for (auto& p : partial) out->push_back(std::move(p));
   return Status::Ok();

@@ -71,6 +71,20 @@ TEST_CASE("hostlist: unparsable lists are errors that say why") {
   }
 }
 
+TEST_CASE("hostlist: plain names count against the host bound too (fuzz/hostlist's finding)") {
+  // The fuzzer's input at its bound of 1,000: 2 * 125 * 4 hosts, then one more plain name.
+  std::string crash("r[1-2]\xa9\xa9[00-124][1-4] x", 23);
+  CHECK(ExpandHostlist(crash.substr(0, 21), 1000).ok());
+  auto over = ExpandHostlist(crash, 1000);
+  REQUIRE_FALSE(over.ok());
+  CHECK(over.status().message().find("more than 1000 hosts") != std::string::npos);
+  // At the real bound.
+  auto big = ExpandHostlist("n[1-1000000],x");
+  REQUIRE_FALSE(big.ok());
+  CHECK(big.status().message().find("more than 1000000 hosts") != std::string::npos);
+  CHECK(ExpandHostlist("n[1-999999],x").ok());
+}
+
 TEST_CASE("hostlist: a product of groups over the bound is refused before it is built") {
   auto hosts = ExpandHostlist("a[1-1000][1-1000][1-1000]");
   REQUIRE_FALSE(hosts.ok());
