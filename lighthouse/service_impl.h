@@ -53,17 +53,7 @@ inline Status ValidAgent(std::string_view job, std::string_view group, std::stri
   return ValidName("incarnation", inc);
 }
 
-inline Result<uint32_t> ParseU32(const std::map<std::string, std::string>& q, const std::string& key,
-                          uint32_t def) {
-  auto it = q.find(key);
-  if (it == q.end() || it->second.empty()) return def;
-  char* end = nullptr;
-  unsigned long v = std::strtoul(it->second.c_str(), &end, 10);
-  if (*end != '\0' || it->second[0] == '-' || v > UINT32_MAX) {
-    return InvalidArgument("query parameter {}='{}' is not a non-negative integer", key, it->second);
-  }
-  return static_cast<uint32_t>(v);
-}
+using http::ParseU32;
 
 // What a bearer token may do. Read-only sees every job's /status and /metrics and changes
 // nothing; a job token speaks for its one job; an all-jobs token for every job; admin for all.

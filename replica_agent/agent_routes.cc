@@ -458,15 +458,12 @@ void Agent::Impl::DrainTrainersLocked() {
 
 void Agent::Impl::HandleNotice(const http::Request& req, http::Responder respond) {
   http::Format f = http::ReplyFormat(req);
-  auto qit = req.query.find("quorum_id");
-  auto tit = req.query.find("timeout_ms");
-  uint32_t qid = 0, timeout_ms = 30'000;
-  try {
-    if (qit != req.query.end()) qid = static_cast<uint32_t>(std::stoul(qit->second));
-    if (tit != req.query.end()) timeout_ms = static_cast<uint32_t>(std::stoul(tit->second));
-  } catch (const std::exception&) {
-    return respond(http::ErrorReply(InvalidArgument("quorum_id and timeout_ms must be integers"), f));
-  }
+  // The lighthouse's parser: "-1" or a value past 2^32 - 1 is refused, never wrapped.
+  auto qid_or = http::ParseU32(req.query, "quorum_id", 0);
+  auto timeout_or = http::ParseU32(req.query, "timeout_ms", 30'000);
+  if (!qid_or.ok()) return respond(http::ErrorReply(qid_or.status(), f));
+  if (!timeout_or.ok()) return respond(http::ErrorReply(timeout_or.status(), f));
+  uint32_t qid = *qid_or, timeout_ms = *timeout_or;
   std::lock_guard<std::mutex> lock(mu);
   SyncBoardLocked();
   uint64_t id = next_id++;

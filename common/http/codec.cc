@@ -128,4 +128,23 @@ Code CodeForHttpStatus(int status) {
   }
 }
 
+Result<uint32_t> ParseU32(const std::map<std::string, std::string>& q, const std::string& key,
+                          uint32_t def) {
+  auto it = q.find(key);
+  if (it == q.end() || it->second.empty()) return def;
+  uint64_t v = 0;
+  for (char c : it->second) {
+    if (c < '0' || c > '9' || v > UINT32_MAX) {
+      return InvalidArgument("query parameter {}='{}' is not a non-negative integer", key,
+                             it->second);
+    }
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (v > UINT32_MAX) {
+    return InvalidArgument("query parameter {}='{}' is not a non-negative integer", key,
+                           it->second);
+  }
+  return static_cast<uint32_t>(v);
+}
+
 }  // namespace lk::http

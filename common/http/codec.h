@@ -6,6 +6,9 @@
 
 #include <google/protobuf/message.h>
 
+#include <map>
+#include <string>
+
 #include "common/http/http.h"
 #include "common/status.h"
 
@@ -33,6 +36,11 @@ Response ErrorReply(const Status& status, Format format);
 // The Status of a non-2xx answer: the code of the HTTP status, the server's reason text and its
 // reason code (ErrorResponse.code; kUnspecified when the body is no ErrorResponse).
 Status StatusFromErrorBody(int http_status, std::string_view body, std::string_view content_type);
+
+// The query parameter `key` as a 32-bit unsigned integer (decimal digits only), `def` when it is
+// absent or empty; anything else (a sign, a space, a value past 2^32 - 1) is kInvalidArgument.
+Result<uint32_t> ParseU32(const std::map<std::string, std::string>& q, const std::string& key,
+                          uint32_t def);
 Response TextReply(int status, std::string content_type, std::string body);
 
 int HttpStatusFor(Code code);

@@ -117,6 +117,19 @@ int RawConnect(const std::string& hostport) {
   return fd;
 }
 
+TEST_CASE("query integers: digits only, 32 bits, the default when absent - never a wrap") {
+  using Q = std::map<std::string, std::string>;
+  CHECK(*ParseU32(Q{}, "n", 7) == 7);
+  CHECK(*ParseU32(Q{{"n", ""}}, "n", 7) == 7);
+  CHECK(*ParseU32(Q{{"n", "0"}}, "n", 7) == 0);
+  CHECK(*ParseU32(Q{{"n", "4294967295"}}, "n", 7) == 4294967295u);
+  for (const char* bad : {"4294967296", "-1", "+1", " 1", "1 ", "0x10", "1e3",
+                          "18446744073709551616", "99999999999999999999999"}) {
+    auto r = ParseU32(Q{{"n", bad}}, "n", 7);
+    CHECK_MESSAGE(r.status().code() == Code::kInvalidArgument, bad);
+  }
+}
+
 TEST_CASE("protobuf and JSON bodies round-trip over one keep-alive connection") {
   TestServer ts;
   auto c = Client::Create(ts.Url());
