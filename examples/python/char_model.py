@@ -114,7 +114,12 @@ def make_corpus(size_bytes):
         if rng.below(2) == 0:
             clause += " " + pick(PLACES)
         if rng.below(4) == 0:
-            clause += ", " + pick(JOINERS) + " the " + pick(NOUNS) + " " + pick(VERBS)
+            # corpus.cc builds this part in one expression of three picks, whose operands GCC
+            # evaluates right to left (the order is unspecified in C++): the verb is drawn
+            # first, then the noun, then the joiner.
+            verb2 = pick(VERBS)
+            noun2 = pick(NOUNS)
+            clause += ", " + pick(JOINERS) + " the " + noun2 + " " + verb2
         clause = clause[0].upper() + clause[1:]
         clause += "!\n" if rng.below(8) == 0 else ".\n"
         parts.append(clause)
@@ -253,14 +258,6 @@ class LocalModel:
             for _ in range(batches):
                 total += self.batch_loss(rng).item()
         return torch.tensor(total / batches, dtype=torch.float32)
-
-
-def shard_of(total, ranks, rank):
-    """outer.h's ShardOf: [begin, end) of rank's even share (the first total % ranks hold one
-    more)."""
-    base, extra = divmod(total, ranks)
-    begin = rank * base + min(rank, extra)
-    return begin, begin + base + (1 if rank < extra else 0)
 
 
 _xxhash = None

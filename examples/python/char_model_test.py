@@ -98,10 +98,3 @@ def test_python_model_matches_cpp_bit_for_bit(case):
     assert diff.numel() == 0, f"{diff.numel()} of {n} weights differ after {steps} inner steps"
     assert char_model.state_hash(end) == ref["end_hash"]
     assert f32_hex(model.eval_loss(char_model.SplitMix(eval_seed), 2)) == ref["eval_loss"]
-
-
-def test_shard_of_is_the_even_split():
-    assert char_model.shard_of(10, 3, 0) == (0, 4)
-    assert char_model.shard_of(10, 3, 1) == (4, 7)
-    assert char_model.shard_of(10, 3, 2) == (7, 10)
-    assert char_model.shard_of(10, 1, 0) == (0, 10)

@@ -64,7 +64,7 @@ int Run(const DumpOptions& o) {
       std::fprintf(stderr, "diloco_model_dump: %s\n", loss.status().ToString().c_str());
       return 1;
     }
-    losses.push_back(fmt::format("{:08x}", std::bit_cast<uint32_t>(*loss)));
+    losses.push_back(fmt::format("\"{:08x}\"", std::bit_cast<uint32_t>(*loss)));
   }
   model->Flatten(end);
   const uint64_t eval_seed = MixSeed({o.seed, 0x65766131});
@@ -84,10 +84,10 @@ int Run(const DumpOptions& o) {
   fmt::print(
       "{{\"corpus_hash\":\"{:016x}\",\"corpus_size\":{},\"vocab_size\":{},\"group_key\":\"{}\","
       "\"data_seed\":\"{}\",\"eval_seed\":\"{}\",\"params\":{},\"start_hash\":\"{}\","
-      "\"end_hash\":\"{}\",\"losses\":[\"{}\"],\"eval_loss\":\"{:08x}\"}}\n",
+      "\"end_hash\":\"{}\",\"losses\":[{}],\"eval_loss\":\"{:08x}\"}}\n",
       XXH3_64bits(text.data(), text.size()), text.size(), data.vocab.size(), group_key,
       data_seed, eval_seed, start.size(), Hash(start), Hash(end),
-      fmt::join(losses, "\",\""), std::bit_cast<uint32_t>(eval));
+      fmt::join(losses, ","), std::bit_cast<uint32_t>(eval));
   return 0;
 }
 
