@@ -9,6 +9,7 @@
 #include <boost/json.hpp>
 
 #include <chrono>
+#include <csignal>
 #include <fstream>
 #include <map>
 #include <set>
@@ -216,6 +217,69 @@ TEST_CASE("diloco a group that joins mid-run heals from the others and then matc
   for (const char* g : {"g0", "g1", "g2"}) {
     CHECK(std::ifstream(run.dir + "/ckpt-" + g + "/step-000000000014/MANIFEST").good());
   }
+}
+
+// The value of `key=` on the first line of `log` that contains `needle`, or "".
+std::string LogField(const std::string& log, const std::string& needle, const std::string& key) {
+  auto at = log.find(needle);
+  if (at == std::string::npos) return "";
+  auto line_end = log.find('\n', at);
+  std::string line = log.substr(at, line_end == std::string::npos ? std::string::npos : line_end - at);
+  auto k = line.find(" " + key + "=");
+  if (k == std::string::npos) return "";
+  k += key.size() + 2;
+  return line.substr(k, line.find(' ', k) - k);
+}
+
+TEST_CASE("diloco a group restored from its durable checkpoint resumes AdamW bit for bit, a heal from peers starts it afresh") {
+  // One group of two trainers saves at steps 2 and 4 and finishes; the same group comes back
+  // as a new life with no live state anywhere, so the lighthouse names the durable checkpoint.
+  Run run("diloco-inner", 1, 2, 4);
+  run.StartGroup("g0", {"--ckpt-every", "2"});
+  run.WaitAll(50s);
+  std::vector<std::string> saved(2);
+  for (uint32_t r = 0; r < 2; ++r) {
+    std::string log = run.groups["g0"].trainers[r]->Log();
+    saved[r] = LogField(log, "inner_state_saved step=4", "hash");
+    INFO(log);
+    REQUIRE_FALSE(saved[r].empty());
+  }
+  // Both trainers of the group hold the same optimizer (their gradients are averaged).
+  CHECK(saved[0] == saved[1]);
+  run.groups["g0"].agent->Signal(SIGKILL);
+  (void)run.groups["g0"].agent->Wait(5s);
+  run.outer_steps = 6;
+  run.StartGroup("g0", {"--ckpt-every", "2"});
+  run.WaitAll(50s);
+  for (uint32_t r = 0; r < 2; ++r) {
+    std::string log = run.groups["g0"].trainers[r]->Log();
+    INFO(log);
+    CHECK(log.find("heal_fetched from=\"durable") != std::string::npos);
+    // The state the library restored, and the state AdamW holds after loading it, are the
+    // state at the save, bit for bit.
+    CHECK(LogField(log, "inner_state_restored step=4", "hash") == saved[r]);
+    CHECK(LogField(log, "inner_optimizer_loaded step=4", "hash") == saved[r]);
+    CHECK(log.find("inner_state=restored") != std::string::npos);
+  }
+  std::vector<LogLine> log = ReadLog(run.groups["g0"].logs[0]);
+  REQUIRE(log.size() == 6);  // steps 1-4, then 5-6 after the restore
+  CHECK(log[4].step == 5);
+  CHECK(log[4].healed);
+  CHECK(log[5].step == 6);
+}
+
+TEST_CASE("diloco a heal from live peers starts the inner optimizer afresh and says so") {
+  Run run("diloco-fresh-inner", 1, 1, 10);
+  run.StartGroup("g0");
+  REQUIRE_FALSE(run.groups["g0"].trainers[0]->WaitForLog("outer_committed step=2", 40s).empty());
+  run.StartGroup("g1");
+  run.WaitAll(50s);
+  std::string log = run.groups["g1"].trainers[0]->Log();
+  INFO(log);
+  CHECK(log.find("heal_fetched from=peers") != std::string::npos);
+  CHECK(log.find("inner_state=fresh") != std::string::npos);
+  CHECK(log.find("inner_optimizer_loaded") == std::string::npos);
+  CHECK(run.CheckHashesAgree() > 0);
 }
 
 }  // namespace

@@ -87,8 +87,21 @@ class TorchLocalModel final : public LocalModel {
       : options_(o), data_(data) {
     torch::manual_seed(init_seed);
     model_ = Gpt(static_cast<int64_t>(data.vocab.size()), o);
-    params_ = model_->parameters();
-    for (const auto& p : params_) numel_ += static_cast<size_t>(p.numel());
+    for (const auto& item : model_->named_parameters()) {
+      param_specs_.push_back(TensorSpec{item.key(), numel_, item.value().sizes().vec()});
+      params_.push_back(item.value());
+      numel_ += static_cast<size_t>(item.value().numel());
+    }
+    size_t at = 0;
+    for (const TensorSpec& p : param_specs_) {
+      for (const char* kind : {"exp_avg/", "exp_avg_sq/"}) {
+        optimizer_specs_.push_back(TensorSpec{kind + p.name, at, p.shape});
+        at += p.numel();
+      }
+      optimizer_specs_.push_back(TensorSpec{"step/" + p.name, at, {}});
+      at += 1;
+    }
+    optimizer_numel_ = at;
     ResetOptimizer();
   }
 
@@ -110,6 +123,50 @@ class TorchLocalModel final : public LocalModel {
     for (auto& p : params_) {
       std::memcpy(p.data_ptr<float>(), flat.data() + at, p.numel() * sizeof(float));
       at += static_cast<size_t>(p.numel());
+    }
+  }
+
+  std::vector<TensorSpec> ParamSpecs() const override { return param_specs_; }
+  std::vector<TensorSpec> OptimizerSpecs() const override { return optimizer_specs_; }
+
+  void ExportOptimizer(std::span<float> out) const override {
+    LK_CHECK(out.size() == optimizer_numel_) << "export into " << out.size();
+    size_t at = 0;
+    for (const auto& p : params_) {
+      const size_t n = static_cast<size_t>(p.numel());
+      auto it = optimizer_->state().find(Key(p));
+      if (it == optimizer_->state().end()) {
+        std::fill_n(out.begin() + at, 2 * n + 1, 0.0f);
+      } else {
+        const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+        std::memcpy(out.data() + at, st.exp_avg().contiguous().data_ptr<float>(), n * sizeof(float));
+        std::memcpy(out.data() + at + n, st.exp_avg_sq().contiguous().data_ptr<float>(),
+                    n * sizeof(float));
+        out[at + 2 * n] = static_cast<float>(st.step());
+      }
+      at += 2 * n + 1;
+    }
+  }
+
+  void ImportOptimizer(std::span<const float> in) override {
+    LK_CHECK(in.size() == optimizer_numel_) << "import from " << in.size();
+    ResetOptimizer();
+    size_t at = 0;
+    for (const auto& p : params_) {
+      const size_t n = static_cast<size_t>(p.numel());
+      const auto step = static_cast<int64_t>(in[at + 2 * n]);
+      if (step > 0) {
+        auto st = std::make_unique<torch::optim::AdamWParamState>();
+        auto blob = [&](size_t off) {
+          return torch::from_blob(const_cast<float*>(in.data() + off), p.sizes(), torch::kFloat32)
+              .clone();
+        };
+        st->step(step);
+        st->exp_avg(blob(at));
+        st->exp_avg_sq(blob(at + n));
+        optimizer_->state()[Key(p)] = std::move(st);
+      }
+      at += 2 * n + 1;
     }
   }
 
@@ -174,8 +231,15 @@ class TorchLocalModel final : public LocalModel {
     return torch::cross_entropy_loss(logits.view({b * t, logits.size(-1)}), ys);
   }
 
+  // libtorch keys an optimizer's per-parameter state by the tensor's implementation address.
+  static std::string Key(const torch::Tensor& p) {
+    return c10::guts::to_string(p.unsafeGetTensorImpl());
+  }
+
   ModelOptions options_;
   const Encoded& data_;
+  std::vector<TensorSpec> param_specs_, optimizer_specs_;
+  size_t optimizer_numel_ = 0;
   Gpt model_{nullptr};
   std::vector<torch::Tensor> params_;
   size_t numel_ = 0;

@@ -10,6 +10,7 @@
 #include <span>
 
 #include "common/status.h"
+#include "diloco/diloco.h"
 #include "examples/diloco/corpus.h"
 
 namespace lk::diloco {
@@ -41,8 +42,17 @@ class LocalModel {
   virtual size_t numel() const = 0;
   virtual void Flatten(std::span<float> out) const = 0;
   virtual void Load(std::span<const float> flat) = 0;
+  // The parameters inside the flat vector, by their module names (e.g. "blocks.0.qkv.weight").
+  virtual std::vector<TensorSpec> ParamSpecs() const = 0;
   // Forgets AdamW's moments (a group that healed starts its inner optimizer afresh).
   virtual void ResetOptimizer() = 0;
+  // AdamW's state as one flat float vector: per parameter "exp_avg/NAME", "exp_avg_sq/NAME"
+  // (its shape) and "step/NAME" (a scalar; exact below 2^24 steps). A parameter that has not
+  // been stepped yet exports zeros and step 0, which imports as a fresh state: AdamW's first
+  // step from zero moments is its first step from no state.
+  virtual std::vector<TensorSpec> OptimizerSpecs() const = 0;
+  virtual void ExportOptimizer(std::span<float> out) const = 0;
+  virtual void ImportOptimizer(std::span<const float> in) = 0;
   // One inner step on a batch drawn from `rng`: forward, backward, group average of the
   // gradients (and the loss, in the same buffer), clip, AdamW. Returns the group-mean loss.
   // The buffer `average` gets ends with [loss, 0]: the last float is the caller's, to agree on

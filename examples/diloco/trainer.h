@@ -12,7 +12,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "examples/diloco/local_model.h"
-#include "examples/diloco/outer.h"
+#include "diloco/diloco.h"
 
 namespace lk::diloco {
 

@@ -1,26 +1,60 @@
-// The C API over lk::client::Session: errors become -1 plus a thread-local message.
+// The C API over lk::client::Session: errors become -1 plus a thread-local message and code.
 #include <cstring>
 
-#include "replica_agent/client/lightkeeper.h"
-#include "replica_agent/client/session.h"
+#include "replica_agent/client/c_api_internal.h"
 
-struct lk_session {
-  std::unique_ptr<lk::client::Session> session;
-  lk::client::PollResult last;
-};
+namespace lk::capi {
 
 namespace {
 
 thread_local std::string g_error;
+thread_local int g_code = LK_OK;
 
-int Fail(const lk::Status& st) {
-  g_error = st.ToString();
-  return -1;
+// Copies `value` NUL-terminated into buf, or fails with kTooLarge leaving buf as it was.
+int CopyOut(const std::string& value, char* buf, size_t cap, size_t* len) {
+  if (len != nullptr) *len = value.size();
+  if (buf == nullptr || cap <= value.size()) {
+    return Fail(Status(Code::kTooLarge, fmt::format("buffer of {} bytes for {} bytes and a NUL",
+                                                    cap, value.size())));
+  }
+  std::memcpy(buf, value.c_str(), value.size() + 1);
+  return 0;
 }
 
 }  // namespace
 
+int Fail(const Status& st) {
+  g_error = st.ToString();
+  g_code = static_cast<int>(st.code());
+  return -1;
+}
+
+void Fanout::Deliver(const client::Notice& n) {
+  std::lock_guard lock(mu);
+  for (lk_comm* c : comms) {
+    if (n.drain) {
+      lk_comm_abort(c, ("drain: " + n.reason).c_str());
+    } else if (n.lost) {
+      lk_comm_abort_quorum(c, n.quorum_id, ("quorum lost: " + n.reason).c_str());
+    }
+  }
+  for (lk_diloco* d : dilocos) DeliverToDiloco(d, n);
+  if (fn != nullptr) fn(fn_user, n.quorum_id, n.lost ? 1 : 0, n.drain ? 1 : 0);
+  if (ex_fn != nullptr) {
+    lk_notice c{n.quorum_id, n.lost ? 1 : 0, n.drain ? 1 : 0, n.checkpoint_now ? 1 : 0,
+                n.reason.c_str()};
+    ex_fn(ex_user, &c);
+  }
+}
+
+}  // namespace lk::capi
+
+using lk::capi::Fail;
+
 extern "C" {
+
+const char* lk_last_error(void) { return lk::capi::g_error.c_str(); }
+int lk_last_error_code(void) { return lk::capi::g_code; }
 
 lk_session* lk_session_open(const char* socket_path, uint32_t group_rank, uint32_t group_size) {
   auto s = socket_path ? lk::client::Session::Connect(socket_path, group_rank, group_size)
@@ -29,12 +63,26 @@ lk_session* lk_session_open(const char* socket_path, uint32_t group_rank, uint32
     Fail(s.status());
     return nullptr;
   }
-  auto* out = new lk_session;  // owned by the caller until lk_session_close
+  auto out = std::make_unique<lk_session>();  // the caller's until lk_session_close
   out->session = std::move(*s);
-  return out;
+  out->fanout = std::make_shared<lk::capi::Fanout>();
+  // One callback for everything made over this session; it starts the notice thread, which
+  // watches the quorum of the last poll.
+  out->session->OnNotice([fanout = out->fanout](const lk::client::Notice& n) { fanout->Deliver(n); });
+  return out.release();
 }
 
-void lk_session_close(lk_session* s) { delete s; }
+void lk_session_close(lk_session* s) {
+  if (s == nullptr) return;
+  {
+    std::lock_guard lock(s->fanout->mu);
+    s->fanout->fn = nullptr;
+    s->fanout->ex_fn = nullptr;
+    s->fanout->comms.clear();
+    s->fanout->dilocos.clear();
+  }
+  delete s;
+}
 
 int lk_session_poll(lk_session* s, uint32_t step, lk_poll_result* out) {
   auto r = s->session->Poll(step);
@@ -51,6 +99,8 @@ int lk_session_poll(lk_session* s, uint32_t step, lk_poll_result* out) {
   out->checkpoint_now = r->checkpoint_now;
   out->heal_source_count = static_cast<uint32_t>(r->heal_sources.size());
   out->from_board = r->from_board;
+  out->restore_step = r->restore_step;
+  out->has_restore = r->restore_location.empty() ? 0 : 1;
   return 0;
 }
 
@@ -60,6 +110,14 @@ int lk_session_heal_source(lk_session* s, uint32_t i, char* buf, size_t cap) {
   if (cap <= src.size()) return Fail(lk::InvalidArgument("buffer of {} bytes too small", cap));
   std::memcpy(buf, src.c_str(), src.size() + 1);
   return 0;
+}
+
+int lk_session_restore_location(lk_session* s, char* buf, size_t cap, size_t* len) {
+  return lk::capi::CopyOut(s->last.restore_location, buf, cap, len);
+}
+
+int lk_session_poll_reason(lk_session* s, char* buf, size_t cap, size_t* len) {
+  return lk::capi::CopyOut(s->last.reason, buf, cap, len);
 }
 
 int lk_session_commit(lk_session* s, uint32_t step, int ok, const char* state_hash) {
@@ -74,6 +132,16 @@ int lk_session_set_peer_wait(lk_session* s, int waiting) {
 
 int lk_session_finish(lk_session* s) {
   lk::Status st = s->session->Finish();
+  return st.ok() ? 0 : Fail(st);
+}
+
+int lk_session_register_checkpoint(lk_session* s, uint32_t step, const char* location,
+                                   const char* manifest_digest) {
+  if (location == nullptr || *location == '\0') {
+    return Fail(lk::InvalidArgument("no checkpoint location"));
+  }
+  lk::Status st =
+      s->session->RegisterCheckpoint(step, location, manifest_digest ? manifest_digest : "");
   return st.ok() ? 0 : Fail(st);
 }
 
@@ -93,11 +161,15 @@ int lk_kv_get(lk_session* s, uint32_t quorum_id, const char* key, void* buf, siz
 }
 
 void lk_session_on_notice(lk_session* s, lk_notice_fn fn, void* user) {
-  s->session->OnNotice([fn, user](const lk::client::Notice& n) {
-    fn(user, n.quorum_id, n.lost ? 1 : 0, n.drain ? 1 : 0);
-  });
+  std::lock_guard lock(s->fanout->mu);
+  s->fanout->fn = fn;
+  s->fanout->fn_user = user;
 }
 
-const char* lk_last_error(void) { return g_error.c_str(); }
+void lk_session_on_notice_ex(lk_session* s, lk_notice_ex_fn fn, void* user) {
+  std::lock_guard lock(s->fanout->mu);
+  s->fanout->ex_fn = fn;
+  s->fanout->ex_user = user;
+}
 
 }  // extern "C"

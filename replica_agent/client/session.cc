@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include "common/http/client.h"
 #include "common/http/codec.h"
 #include "common/log.h"
 #include "common/proto/lightkeeper.pb.h"
+#include "replica_agent/client/poll_board.h"
 
 namespace lk::client {
 

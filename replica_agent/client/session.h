@@ -17,9 +17,16 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "common/http/client.h"
 #include "common/status.h"
-#include "replica_agent/client/poll_board.h"
+
+// Declared only: this header is public (liblightkeeper), and the HTTP client (Beast, Asio,
+// protobuf) and the poll board stay behind it.
+namespace lk::http {
+class Client;
+}  // namespace lk::http
+namespace lk::board {
+class View;
+}  // namespace lk::board
 
 namespace lk::client {
 
@@ -79,6 +86,7 @@ class Session {
   void OnNotice(std::function<void(const Notice&)> cb);
 
   uint32_t group_rank() const { return group_rank_; }
+  const std::string& socket_path() const { return socket_; }
   uint32_t group_size() const { return group_size_; }
 
  private:

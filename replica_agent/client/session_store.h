@@ -3,6 +3,7 @@
 // Thread-safety: as Session; the CommManager calls it from the trainer's thread.
 #pragma once
 
+#include "common/http/client.h"
 #include "replica_agent/client/session.h"
 #include "replica_agent/comm/comm.h"
 

@@ -7,8 +7,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "examples/diloco/corpus.h"
-#include "examples/diloco/outer.h"
+#include "diloco/outer.h"
 
 namespace lk::diloco {
 
@@ -80,6 +79,15 @@ TEST_CASE("diloco outer step with lr 1 and no momentum moves global onto the ave
   CHECK(global == local);
 }
 
+TEST_CASE("diloco outer step without nesterov is heavy-ball momentum: global -= lr * m") {
+  std::vector<float> global = {1.0f, -2.0f}, momentum = {0.5f, 1.0f};
+  const std::vector<float> delta = {0.25f, -0.75f};
+  OuterNesterovStep(global, momentum, delta, OuterOptions{0.5f, 0.5f, false});
+  // m = 0.5 * m + delta = {0.5, -0.25}; global -= 0.5 * m (all exact in binary).
+  CHECK(momentum == std::vector<float>{0.5f, -0.25f});
+  CHECK(global == std::vector<float>{0.75f, -1.875f});
+}
+
 TEST_CASE("diloco outer step leaves no negative zero, so sum-with-zeros copies keep every bit") {
   std::vector<float> global = {-0.0f, 0.0f}, momentum = {-0.0f, 0.0f}, delta = {0.0f, -0.0f};
   OuterNesterovStep(global, momentum, delta, OuterOptions{});
@@ -135,18 +143,6 @@ TEST_CASE("diloco member states survive the sum-allreduce encoding") {
     CHECK(out[r].has_state == in[r].has_state);
     CHECK(out[r].step == in[r].step);
   }
-}
-
-TEST_CASE("diloco corpus is deterministic and groups' data streams differ") {
-  CHECK(MakeCorpus(8192) == MakeCorpus(8192));
-  Encoded e = Encode(MakeCorpus(8192));
-  CHECK(e.vocab.size() > 20);
-  CHECK(e.vocab.size() < 64);
-  CHECK(e.tokens.size() >= 8192);
-  SplitMix a(MixSeed({1, 0, 0})), b(MixSeed({1, 1, 0})), a2(MixSeed({1, 0, 0}));
-  uint64_t x = a.Next();
-  CHECK(x == a2.Next());
-  CHECK(x != b.Next());
 }
 
 }  // namespace lk::diloco

@@ -1,5 +1,5 @@
-// The torch-free core of the DiLoCo outer step: how the flat parameter vector is sharded over a
-// group's trainers, the outer Nesterov update, the state hash, and who gives state to whom when
+// The arithmetic of the DiLoCo outer step: the even split of a flat vector over a group's
+// trainers, the outer Nesterov update, the state hash, and who gives state to whom when
 // a quorum forms. Pure: no I/O, no threads; the trainer calls it between collectives.
 // Thread-safety: plain functions on caller-owned memory.
 #pragma once
@@ -10,6 +10,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include "diloco/diloco.h"
 
 namespace lk::diloco {
 
@@ -32,14 +34,11 @@ std::vector<float> TakeShard(std::span<const float> full, ShardRange range);
 // rank's shard into zeros and summing the vectors is an exact all-gather: x + 0 == x.
 void PlaceShard(std::span<const float> shard, ShardRange range, std::span<float> full);
 
-struct OuterOptions {
-  float lr = 0.7f;        // the DiLoCo paper's outer learning rate
-  float momentum = 0.9f;  // Nesterov momentum
-};
 
-// One outer SGD step with Nesterov momentum (PyTorch's SGD(nesterov=True), no dampening) where
-// the gradient is the averaged pseudo-gradient `delta` = global - local:
+// One outer SGD step with momentum (PyTorch's SGD, no dampening) where the gradient is the
+// averaged pseudo-gradient `delta` = global - local. With options.nesterov (the default):
 //   m = momentum * m + delta;  global -= lr * (delta + momentum * m)
+// without it (heavy ball): m = momentum * m + delta;  global -= lr * m
 // Zeros come out as +0, so that a bitwise copy by summing with zeros keeps every bit.
 void OuterNesterovStep(std::span<float> global, std::span<float> momentum,
                        std::span<const float> delta, const OuterOptions& options);

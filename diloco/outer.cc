@@ -1,4 +1,4 @@
-#include "examples/diloco/outer.h"
+#include "diloco/outer.h"
 
 #include <xxhash.h>
 
@@ -35,7 +35,8 @@ void OuterNesterovStep(std::span<float> global, std::span<float> momentum,
   for (size_t i = 0; i < global.size(); ++i) {
     float m = mu * momentum[i] + delta[i];
     momentum[i] = m + 0.0f;
-    global[i] = (global[i] - lr * (delta[i] + mu * m)) + 0.0f;
+    float step = options.nesterov ? delta[i] + mu * m : m;
+    global[i] = (global[i] - lr * step) + 0.0f;
   }
 }
 

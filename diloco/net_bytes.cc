@@ -1,4 +1,4 @@
-#include "examples/diloco/net_bytes.h"
+#include "diloco/net_bytes.h"
 
 #include <dirent.h>
 #include <linux/tcp.h>

@@ -1,0 +1,73 @@
+# Install rules: a relocatable tree (every path inside it is relative to the tree).
+#   DIR/bin/{lighthouse,replica_agent,lkctl,diloco_trainer}
+#   DIR/lib/liblightkeeper.so*             the C API, the Session and the DiLoCo library
+#   DIR/include/lightkeeper/...            its public headers (paths as in the source tree)
+#   DIR/lib/cmake/Lightkeeper/             find_package(Lightkeeper) -> Lightkeeper::client
+#   DIR/lib/pkgconfig/lightkeeper.pc       pkg-config --cflags --libs lightkeeper
+#   DIR/lib/python3/dist-packages/lightkeeper/   the Python package, when it is built
+include(CMakePackageConfigHelpers)
+
+# The headers a program that links liblightkeeper includes. None of them pulls in Asio, Beast,
+# protobuf, OpenSSL or Gloo (tests/public_headers_test.sh checks it on the installed tree).
+set(LK_PUBLIC_HEADERS
+  replica_agent/client/lightkeeper.h
+  replica_agent/client/session.h
+  diloco/diloco.h
+  common/status.h
+  common/check.h
+  common/clock.h)
+foreach(h ${LK_PUBLIC_HEADERS})
+  get_filename_component(dir ${h} DIRECTORY)
+  install(FILES ${PROJECT_SOURCE_DIR}/${h} DESTINATION include/lightkeeper/${dir})
+endforeach()
+
+foreach(bin lighthouse replica_agent lkctl diloco_trainer)
+  if(TARGET ${bin})
+    install(TARGETS ${bin} RUNTIME DESTINATION bin)
+  endif()
+endforeach()
+
+install(TARGETS lightkeeper EXPORT LightkeeperTargets
+  LIBRARY DESTINATION lib
+  INCLUDES DESTINATION include/lightkeeper)
+install(EXPORT LightkeeperTargets NAMESPACE Lightkeeper:: DESTINATION lib/cmake/Lightkeeper)
+file(WRITE ${PROJECT_BINARY_DIR}/LightkeeperConfig.cmake.in [=[
+@PACKAGE_INIT@
+# Lightkeeper's trainer library: the target Lightkeeper::client (liblightkeeper.so and its
+# headers; C++ users also get fmt, which common/status.h uses).
+include(CMakeFindDependencyMacro)
+find_dependency(fmt)
+include("${CMAKE_CURRENT_LIST_DIR}/LightkeeperTargets.cmake")
+check_required_components(Lightkeeper)
+]=])
+configure_package_config_file(${PROJECT_BINARY_DIR}/LightkeeperConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/LightkeeperConfig.cmake INSTALL_DESTINATION lib/cmake/Lightkeeper)
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/LightkeeperConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMajorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/LightkeeperConfig.cmake
+  ${PROJECT_BINARY_DIR}/LightkeeperConfigVersion.cmake DESTINATION lib/cmake/Lightkeeper)
+
+# The prefix is computed from where the .pc file lies, so the tree may move.
+file(WRITE ${PROJECT_BINARY_DIR}/lightkeeper.pc "\
+prefix=\${pcfiledir}/../..
+libdir=\${prefix}/lib
+includedir=\${prefix}/include/lightkeeper
+
+Name: lightkeeper
+Description: Lightkeeper trainer library (C API, Session, DiLoCo outer step)
+Version: ${PROJECT_VERSION}
+Requires: fmt
+Libs: -L\${libdir} -llightkeeper
+Cflags: -I\${includedir}
+")
+install(FILES ${PROJECT_BINARY_DIR}/lightkeeper.pc DESTINATION lib/pkgconfig)
+
+# The Python package (python/, built into build/python/lightkeeper): the compiled module finds
+# liblightkeeper (if it links it) three levels up, in DIR/lib.
+if(TARGET lightkeeper_python)
+  set_target_properties(lightkeeper_python PROPERTIES INSTALL_RPATH "$ORIGIN/../../..")
+  install(TARGETS lightkeeper_python LIBRARY DESTINATION lib/python3/dist-packages/lightkeeper)
+  install(DIRECTORY ${PROJECT_BINARY_DIR}/python/lightkeeper/
+    DESTINATION lib/python3/dist-packages/lightkeeper
+    FILES_MATCHING PATTERN "*.py")
+endif()

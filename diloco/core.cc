@@ -1,0 +1,143 @@
+#include "diloco/core.h"
+
+#include <algorithm>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "common/check.h"
+
+namespace lk::diloco {
+
+size_t TensorSpec::numel() const {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(std::max<int64_t>(d, 0));
+  return n;
+}
+
+Status ValidateSpecs(const std::vector<TensorSpec>& specs, size_t* total) {
+  size_t at = 0;
+  std::set<std::string> names;
+  for (const TensorSpec& s : specs) {
+    if (s.name.empty()) return InvalidArgument("a tensor has no name");
+    if (!names.insert(s.name).second) return InvalidArgument("tensor name '{}' repeats", s.name);
+    for (int64_t d : s.shape) {
+      if (d <= 0) return InvalidArgument("tensor '{}' has a dimension of {}", s.name, d);
+    }
+    if (s.offset != at) {
+      return InvalidArgument("tensor '{}' starts at element {}, not at {} where the one before "
+                             "ends (tensors must tile the buffer in order)", s.name, s.offset, at);
+    }
+    at += s.numel();
+  }
+  *total = at;
+  return Status::Ok();
+}
+
+ShardLayout MakeShardLayout(const std::vector<TensorSpec>& specs, uint32_t ranks, uint32_t rank) {
+  LK_CHECK(ranks > 0 && rank < ranks) << "rank " << rank << " of " << ranks;
+  ShardLayout out;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const TensorSpec& s = specs[i];
+    const size_t numel = s.numel();
+    out.total = std::max(out.total, s.offset + numel);
+    int64_t begin = 0, end = 0;
+    if (s.shape.empty()) {
+      end = rank == 0 ? 1 : 0;
+    } else {
+      const int64_t rows = s.shape[0], base = rows / ranks, extra = rows % ranks;
+      begin = rank * base + std::min<int64_t>(rank, extra);
+      end = begin + base + (rank < extra ? 1 : 0);
+    }
+    if (end <= begin) continue;
+    const size_t row_numel = s.shape.empty() ? 1 : numel / static_cast<size_t>(s.shape[0]);
+    ShardPiece p{i, begin, end, s.offset + static_cast<size_t>(begin) * row_numel,
+                 out.shard_numel, static_cast<size_t>(end - begin) * row_numel};
+    out.shard_numel += p.count;
+    out.pieces.push_back(p);
+  }
+  return out;
+}
+
+void ShardLayout::Take(std::span<const float> full, std::span<float> shard) const {
+  LK_CHECK(full.size() == total && shard.size() == shard_numel)
+      << "take: full " << full.size() << " of " << total << ", shard " << shard.size() << " of "
+      << shard_numel;
+  for (const ShardPiece& p : pieces) {
+    std::copy_n(full.begin() + p.full_offset, p.count, shard.begin() + p.shard_offset);
+  }
+}
+
+void ShardLayout::Place(std::span<const float> shard, std::span<float> full) const {
+  LK_CHECK(full.size() == total && shard.size() == shard_numel)
+      << "place: full " << full.size() << " of " << total << ", shard " << shard.size() << " of "
+      << shard_numel;
+  for (const ShardPiece& p : pieces) {
+    std::copy_n(shard.begin() + p.shard_offset, p.count, full.begin() + p.full_offset);
+  }
+}
+
+PollDecision DecidePoll(const PollView& poll, const LocalView& local) {
+  if (poll.drain) {
+    if (poll.checkpoint_now && local.has_state && local.can_save) {
+      return {PollAction::kDrainSave, "drain with checkpoint_now: save, then leave"};
+    }
+    if (poll.checkpoint_now) {
+      return {PollAction::kDrain, local.has_state ? "drain with checkpoint_now but no checkpoint "
+                                                    "directory: leave without saving"
+                                                  : "drain before any state: nothing to save"};
+    }
+    return {PollAction::kDrain, "drain"};
+  }
+  if (local.drain_noticed) {
+    if (local.drain_wait_for > local.stuck_timeout) {
+      return {PollAction::kGiveUp, fmt::format("a drain notice was not followed by a drain in "
+                                               "the poll for {} ms", local.drain_wait_for.count())};
+    }
+    return {PollAction::kWaitForDrain, "drain noticed: wait for the agent's answer"};
+  }
+  if (local.bad_quorum_id != 0 && poll.quorum_id == local.bad_quorum_id) {
+    if (local.bad_for > local.stuck_timeout) {
+      return {PollAction::kGiveUp, fmt::format("no new quorum {} ms after quorum {} failed",
+                                               local.bad_for.count(), local.bad_quorum_id)};
+    }
+    return {PollAction::kWaitNewQuorum, "this quorum failed: wait for the next one"};
+  }
+  if (poll.quorum_id != local.ready_quorum_id) {
+    return {PollAction::kJoin, fmt::format("new quorum {} (joined: {})", poll.quorum_id,
+                                           local.ready_quorum_id)};
+  }
+  return {PollAction::kStep, "joined quorum"};
+}
+
+std::vector<HealSource> PlanHeal(bool heal, bool initial, const std::vector<std::string>& peers,
+                                 uint32_t max_step, const std::string& restore_location) {
+  std::vector<HealSource> out;
+  if (!heal) return out;
+  if (!peers.empty() && !initial) {
+    out.push_back(HealSource{HealSourceKind::kPeers, peers, max_step, ""});
+  }
+  if (!restore_location.empty()) {
+    out.push_back(HealSource{HealSourceKind::kDurable, {}, 0, restore_location});
+  }
+  return out;
+}
+
+InnerAction DecideInner(bool received, uint32_t restored_inner, uint32_t group_size) {
+  if (!received) return InnerAction::kKeep;
+  return restored_inner == group_size ? InnerAction::kRestored : InnerAction::kReset;
+}
+
+bool SaveAfterCommit(uint32_t step, uint32_t ckpt_every) {
+  return ckpt_every > 0 && step % ckpt_every == 0;
+}
+
+bool SaveAtFinish(bool can_save, bool has_state, uint32_t step, uint32_t ckpt_every) {
+  return can_save && has_state && !SaveAfterCommit(step, ckpt_every);
+}
+
+Millis EffectiveStuckTimeout(Millis stuck_timeout, Millis op_timeout) {
+  return stuck_timeout.count() > 0 ? stuck_timeout : op_timeout + Millis(60'000);
+}
+
+}  // namespace lk::diloco

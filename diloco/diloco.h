@@ -1,0 +1,239 @@
+// DiLoCo as a library: the outer step of a DiLoCo trainer over flat float32 parameter buffers,
+// on top of the client Session. One Diloco object per trainer process. It owns the cross-group
+// ("slot") communicator, the in-group communicator (Gloo over the agent's KV, no torch), the
+// live state it publishes for healing peers and the durable checkpoints of the group; the
+// caller owns the model, the data, the inner optimizer and the loop:
+//
+//   auto d = Diloco::Create(session.get(), options, hooks);
+//   d->Join(params);                        // params: this trainer's initial weights in, the
+//                                           // job's current global weights out
+//   while (d->step() < T) {
+//     inner steps (the caller's optimizer); stop early when drain_requested() (agreed in group)
+//     auto r = d->Sync(params);             // params: local weights in, new global weights out
+//     if (r->kind == SyncKind::kDrained) break;
+//     if (r->inner == InnerAction::kReset) reset the inner optimizer;
+//     if (r->inner == InnerAction::kRestored) load restored_inner_state() into it;
+//   }
+//   d->Finish();                            // barrier, final save, goodbye to the agent
+//
+// Each call of Sync runs the whole protocol: poll; join a new quorum (communicator reconfigure,
+// heal from live peers, else from the registered durable checkpoint, else the slot state sync);
+// this trainer's shard of the pseudo-gradient (global - local); the cross-group average; the
+// outer Nesterov update; the in-group all-gather of the new weights and the group's agreement;
+// publishing the live state; the commit with the state hash; saves. A cross-group allreduce cut
+// short by a lost member is retried on the next quorum with the same pseudo-gradient, inside
+// the same call. The decisions are in diloco/core.h (pure, table-tested).
+//
+// Sharding: each parameter (a TensorSpec) is split over the group's trainers by rows of its
+// first dimension, exactly like the checkpoint library's even row split, so that a checkpoint
+// saved by N trainers restores into any number of trainers. This trainer's outer state (its
+// shard of the global weights and of the outer momentum) is the concatenation, in parameter
+// order, of its rows of every parameter.
+//
+// Checkpoints are the project's sharded safetensors + manifest format. Tensors are named by the
+// caller's names: the global weights under the parameter's own name, the outer momentum under
+// "outer_momentum/NAME", the inner optimizer state (durable checkpoints only) under
+// "inner/NAME". Live state (what healing peers fetch) holds the global weights and the outer
+// momentum only: a heal from live peers starts the inner optimizer afresh (the DiLoCo
+// convention), a durable restore resumes it.
+//
+// Thread-safety: every method from one thread (the trainer's), except drain_requested(), which
+// any thread may call. The Diloco installs the session's notice callback (Session::OnNotice) to
+// abort its collectives on a lost quorum or a drain; do not replace it while the Diloco lives.
+// The Session must outlive the Diloco.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace lk::client {
+class Session;
+struct Notice;
+}  // namespace lk::client
+
+namespace lk::diloco {
+
+// One named tensor inside a flat float32 buffer: elements [offset, offset + numel()), row-major.
+struct TensorSpec {
+  std::string name;            // unique; the tensor's name in checkpoints
+  size_t offset = 0;           // first element in the flat buffer
+  std::vector<int64_t> shape;  // empty: a scalar, stored as one row of one element
+  size_t numel() const;
+};
+
+// Checks that `specs` tile [0, total) in order: offsets ascending, no gaps or overlaps, names
+// non-empty and unique, every dimension positive. `total` gets the buffer's length.
+Status ValidateSpecs(const std::vector<TensorSpec>& specs, size_t* total);
+
+struct OuterOptions {
+  float lr = 0.7f;        // the DiLoCo paper's outer learning rate
+  float momentum = 0.9f;  // outer momentum, in [0, 1)
+  bool nesterov = true;   // Nesterov momentum (PyTorch SGD(nesterov=True)); false: heavy ball
+};
+
+struct DilocoOptions {
+  uint32_t group_rank = 0;  // this trainer's rank inside its group
+  uint32_t group_size = 1;  // trainers of the group; every group of the job uses the same value
+  // The model's parameters inside the flat parameter buffer that Join and Sync take. Every
+  // trainer of every group passes the same list (names, shapes, order).
+  std::vector<TensorSpec> params;
+  // The inner optimizer's state inside a flat float32 buffer of its own (e.g. AdamW's exp_avg
+  // and exp_avg_sq of every parameter and its step count), saved with durable checkpoints and
+  // restored from them. It is the same on every trainer of the group (the group's trainers
+  // average their gradients, so their optimizers agree); each trainer saves its rows and a
+  // restore hands every trainer the whole buffer. Empty: none is saved, and every restore resets
+  // the inner optimizer.
+  std::vector<TensorSpec> inner_state;
+  OuterOptions outer;
+  std::string ckpt_dir;     // durable checkpoints of this group (its trainers share it); "": none
+  uint32_t ckpt_every = 0;  // a durable save every K committed steps; 0: on drain and at Finish
+  uint32_t ckpt_keep = 3;   // durable checkpoints kept
+  // The node-local directory the agent serves to healing peers (its --serve-dir); "": peers
+  // that heal get this group's state over the slot communicator instead.
+  std::string live_dir;
+  std::string bind_host = "127.0.0.1";  // Gloo: the address this trainer listens on
+  Millis init_timeout{30'000};          // communicator rendezvous + connect
+  Millis op_timeout{120'000};           // one collective; the outer one waits for the slowest group
+  // How long a failed quorum may last before Sync gives up with kDeadlineExceeded: long enough
+  // for the lighthouse to notice a dead peer. 0: op_timeout + 60 s.
+  Millis stuck_timeout{0};
+  // true: Create installs the session's notice callback. false: the owner keeps the session's
+  // callback (e.g. a binding that fans notices out to several objects) and passes every notice
+  // on to HandleNotice.
+  bool own_notices = true;
+  Status Validate() const;
+};
+
+// What the caller's inner optimizer must do after a call that replaced the weights.
+enum class InnerAction {
+  kKeep,      // the weights are this group's own outer step: keep the optimizer as it is
+  kReset,     // the weights came from a peer or the first start: start the optimizer afresh
+  kRestored,  // a durable restore: load restored_inner_state() into the optimizer
+};
+
+enum class SyncKind {
+  kCommitted,  // an outer step was committed: params hold the new global weights
+  kReceived,   // joined a quorum and took state from elsewhere (a heal, or the first start's
+               // weights of replica_rank 0): params hold it; the pseudo-gradient was dropped
+  kJoined,     // Join only: joined with this group's own state (params unchanged apart from
+               // -0.0 turned into +0.0)
+  kDrained,    // the agent drains the group: leave the loop (saved first when it asked)
+};
+
+// Where one call's time and bytes went. Bytes are TCP bytes this process sent (the kernel's
+// counters), so they include framing.
+struct SyncStats {
+  double poll_ms = 0;        // Session::Poll, waiting for the quorum
+  double join_ms = 0;        // joining new quorums: communicator rebuild, heal, state sync
+  double allreduce_ms = 0;   // the cross-group pseudo-gradient allreduce (all attempts)
+  double gather_ms = 0;      // the outer update and the in-group all-gather of the new weights
+  double publish_ms = 0;     // live state for healing peers
+  double commit_ms = 0;      // Session::Commit
+  double outer_ms = 0;       // the committed attempt, from its allreduce to its commit
+  uint64_t cross_bytes = 0;  // sent by the cross-group allreduce
+  uint64_t sync_bytes = 0;   // sent while joining quorums
+  uint64_t group_bytes = 0;  // sent by the in-group all-gather
+};
+
+struct SyncResult {
+  SyncKind kind = SyncKind::kCommitted;
+  uint32_t step = 0;  // committed outer steps (it jumps forward after a heal)
+  uint32_t quorum_id = 0;
+  uint32_t replica_rank = 0;
+  uint32_t replica_world_size = 0;
+  // kReceived: the state came from a heal (not the first start's initial weights).
+  // kCommitted: such a heal happened since the previous commit.
+  bool healed = false;
+  // kReceived/kJoined: "peers", "durable LOCATION", "replica_rank N" (the slot state sync) or
+  // "" (this group's own state); the log line heal_* says the same.
+  std::string heal_source;
+  InnerAction inner = InnerAction::kKeep;
+  std::string state_hash;        // of this trainer's shard of the global weights (16 hex digits)
+  bool saved = false;            // a durable checkpoint was saved (and registered) in this call
+  bool checkpoint_now = false;   // kDrained: the agent asked for a durable save
+  std::string reason;            // the lighthouse's reason for the quorum, or the drain's
+  SyncStats stats;
+};
+
+// The caller's inner optimizer state, for durable saves. `save` fills `out` (the length of the
+// inner_state buffer) with the optimizer's current state; it is called before each durable
+// save, on the trainer's thread. Unset (or inner_state empty): nothing is saved.
+struct InnerStateHooks {
+  std::function<Status(std::span<float> out)> save;
+};
+
+class Diloco {
+ public:
+  // Builds the communicators (no network traffic yet: they connect at the first quorum) and
+  // installs the session's notice callback. `session` is borrowed.
+  static Result<std::unique_ptr<Diloco>> Create(client::Session* session, DilocoOptions options,
+                                                InnerStateHooks hooks = {});
+  ~Diloco();
+  Diloco(const Diloco&) = delete;
+  Diloco& operator=(const Diloco&) = delete;
+
+  // Joins the job before the first inner step. `params` (the whole flat parameter buffer) holds
+  // this trainer's initial weights; on return it holds the job's global weights: its own at the
+  // very first start of replica_rank 0 (every group then takes replica_rank 0's), a heal's
+  // otherwise. Polls until a quorum is joined (kJoined or kReceived) or the agent drains
+  // (kDrained). Errors: a poll failed (the agent is gone) or no quorum could be joined within
+  // stuck_timeout.
+  Result<SyncResult> Join(std::span<float> params);
+
+  // The outer step after the inner steps: `params` holds the local weights on entry and the new
+  // global weights on return (kCommitted), or the state another member gave (kReceived), or is
+  // unchanged (kDrained). Errors are fatal for the trainer (the agent is gone, an in-group
+  // collective failed: the group is going down, no quorum within stuck_timeout); the caller
+  // exits non-zero, and the agent reports the crash.
+  Result<SyncResult> Sync(std::span<float> params);
+
+  // True once a drain notice arrived. The inner loop should stop at an inner step that every
+  // trainer of the group agrees on (e.g. by carrying the flag in the gradient allreduce) and
+  // call Sync, which then answers the drain without a cross-group allreduce.
+  bool drain_requested() const;
+  // Marks a drain as noticed, as the agent's drain notice does: for a trainer that learned of
+  // the drain from another trainer of its group (through the collective that agreed on it)
+  // before its own notice came. The next Sync then waits for the agent's drain answer instead
+  // of starting a cross-group allreduce that the rest of the group will not join.
+  void RequestDrain();
+
+  // A notice of the session (with own_notices false): aborts the slot collective on a lost
+  // quorum or a drain and notes the drain. Any thread; it does not block.
+  void HandleNotice(const client::Notice& notice);
+
+  // Sums `values` over the trainers of this group in place on the library's in-group Gloo
+  // communicator (identity for a group of one), for a caller without a group communicator of
+  // its own (the C++ example's gradient average). Available after Join. A failure means a
+  // trainer of the group is gone: the caller exits.
+  Status GroupAllReduceSum(std::span<float> values);
+
+  // After the last Sync: a barrier across the quorum (so no member leaves while another still
+  // receives the final allreduce), a durable save unless the last commit just saved one, and
+  // the goodbye to the agent (so the exit is not taken for a crash).
+  Status Finish();
+
+  // The inner optimizer state of the last durable restore (the inner_state layout), valid after
+  // a result with inner == kRestored until the next call.
+  std::span<const float> restored_inner_state() const;
+
+  uint32_t step() const;           // committed outer steps held
+  size_t numel() const;            // elements of the flat parameter buffer
+  size_t shard_numel() const;      // elements of this trainer's shard of the outer state
+  size_t inner_numel() const;      // elements of the inner_state buffer
+  std::string state_hash() const;  // of this trainer's shard of the global weights
+
+ private:
+  class Impl;
+  explicit Diloco(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lk::diloco

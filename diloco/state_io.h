@@ -1,0 +1,70 @@
+// Where a trainer's outer state (its shard of the global weights and of the outer momentum) and
+// the inner optimizer's state go and come from: durable checkpoints, the live copy its agent
+// serves to healing peers, a fetch from those peers, and a restore from a durable checkpoint.
+// The Diloco shell only sees this interface; MakeCheckpointStateIo implements it with the
+// checkpoint library. Tensors are named by the caller's TensorSpecs: the global weights under
+// NAME, the outer momentum under "outer_momentum/NAME", the inner state under "inner/NAME".
+// Thread-safety: one caller (the trainer thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "diloco/core.h"
+
+namespace lk::diloco {
+
+// This trainer's shard of the outer state at a committed step, in ShardLayout order.
+struct OuterState {
+  uint32_t step = 0;
+  std::vector<float> global;    // shard of the global weights
+  std::vector<float> momentum;  // the same shard of the outer momentum
+};
+
+struct RestoredOuter {
+  OuterState state;
+  // This trainer's shard of the inner state (the inner layout), when the checkpoint has all of
+  // it; otherwise none and `inner_missing` says what was missing.
+  std::optional<std::vector<float>> inner;
+  std::string inner_missing;
+};
+
+class StateIo {
+ public:
+  virtual ~StateIo() = default;
+  // A durable, sharded checkpoint: the group's trainers save the same step together and the
+  // last one to finish commits it. `attempt` tells retries of one step apart (the quorum_id).
+  // `inner` is this trainer's shard of the inner state (empty span: none saved).
+  virtual Status SaveDurable(const OuterState& state, std::span<const float> inner,
+                             uint32_t attempt) = 0;
+  // The live copy for peers (no-op without a live directory); no inner state.
+  virtual Status PublishLive(const OuterState& state) = 0;
+  // This shard at `step` from the peer agents' shard servers (HOST:PORT).
+  virtual Result<OuterState> FetchFromPeers(const std::vector<std::string>& peers,
+                                            uint32_t step) = 0;
+  // This shard from a durable checkpoint: a step-* directory or a root holding them.
+  virtual Result<RestoredOuter> Restore(const std::string& location) = 0;
+};
+
+struct StateIoOptions {
+  std::string ckpt_dir;  // durable checkpoints of this group (shared by its trainers)
+  std::string live_dir;  // node-local directory the agent serves (--serve-dir); empty: none
+  uint32_t rank = 0;     // group_rank
+  uint32_t ranks = 1;    // group_size
+  std::vector<TensorSpec> params;
+  std::vector<TensorSpec> inner_state;
+  uint32_t keep = 3;  // durable checkpoints kept
+};
+
+std::unique_ptr<StateIo> MakeCheckpointStateIo(StateIoOptions options);
+
+// The checkpoint names of the three kinds of tensor.
+std::string MomentumName(const std::string& param);
+std::string InnerName(const std::string& inner);
+
+}  // namespace lk::diloco

@@ -1,0 +1,120 @@
+// The DiLoCo library's state I/O over the checkpoint library: a group's sharded durable save
+// restores every shard and the inner optimizer state bit for bit, under the caller's tensor
+// names, into the same or another number of trainers; bad locations and other models fail with
+// an error instead of bad state.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <unistd.h>
+
+#include "checkpoint/restore.h"
+#include "diloco/outer.h"
+#include "diloco/state_io.h"
+
+namespace lk::diloco {
+namespace {
+
+std::string FreshDir(const std::string& tag) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("lk-diloco-" + tag + "-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+std::vector<TensorSpec> Params() {
+  return {{"emb.weight", 0, {7, 5}}, {"scale", 35, {}}, {"head.bias", 36, {3}}};  // 39 elements
+}
+
+std::vector<TensorSpec> Inner() {
+  return {{"exp_avg/emb.weight", 0, {7, 5}}, {"step/emb.weight", 35, {}}};  // 36 elements
+}
+
+std::vector<float> Ramp(size_t n, float a, float b) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = a * float(i) + b;
+  return v;
+}
+
+StateIoOptions Options(const std::string& dir, uint32_t rank, uint32_t ranks) {
+  return StateIoOptions{dir, "", rank, ranks, Params(), Inner(), 3};
+}
+
+OuterState ShardState(const std::vector<float>& global, const std::vector<float>& momentum,
+                      uint32_t ranks, uint32_t rank, uint32_t step) {
+  ShardLayout l = MakeShardLayout(Params(), ranks, rank);
+  OuterState s{step, std::vector<float>(l.shard_numel), std::vector<float>(l.shard_numel)};
+  l.Take(global, s.global);
+  l.Take(momentum, s.momentum);
+  return s;
+}
+
+std::vector<float> InnerShard(const std::vector<float>& inner, uint32_t ranks, uint32_t rank) {
+  ShardLayout l = MakeShardLayout(Inner(), ranks, rank);
+  std::vector<float> s(l.shard_numel);
+  l.Take(inner, s);
+  return s;
+}
+
+TEST_CASE("diloco durable save of a two-trainer group restores each shard and the inner state bit for bit") {
+  const std::string dir = FreshDir("state-io");
+  const auto global = Ramp(39, 0.001f, -0.3f), momentum = Ramp(39, -0.0005f, 0.15f);
+  const auto inner = Ramp(36, 0.25f, 1.0f);
+  std::vector<std::unique_ptr<StateIo>> io;
+  for (uint32_t r = 0; r < 2; ++r) io.push_back(MakeCheckpointStateIo(Options(dir, r, 2)));
+  // Neither save alone commits: the checkpoint exists only once both shards are written.
+  REQUIRE(io[0]->SaveDurable(ShardState(global, momentum, 2, 0, 7), InnerShard(inner, 2, 0), 3).ok());
+  CHECK_FALSE(io[0]->Restore(dir).ok());
+  REQUIRE(io[1]->SaveDurable(ShardState(global, momentum, 2, 1, 7), InnerShard(inner, 2, 1), 3).ok());
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto got = io[r]->Restore(dir);
+    REQUIRE_MESSAGE(got.ok(), got.status().ToString());
+    OuterState want = ShardState(global, momentum, 2, r, 7);
+    CHECK(got->state.step == 7);
+    CHECK(StateHash(got->state.global) == StateHash(want.global));
+    CHECK(StateHash(got->state.momentum) == StateHash(want.momentum));
+    REQUIRE(got->inner.has_value());
+    CHECK(StateHash(*got->inner) == StateHash(InnerShard(inner, 2, r)));
+  }
+  // The checkpoint names its tensors by the caller's names, with their real shapes.
+  ckpt::RestoreOptions ro;
+  auto raw = ckpt::RestoreLatest(dir, ro);
+  REQUIRE(raw.ok());
+  REQUIRE(raw->Find("emb.weight") != nullptr);
+  CHECK(raw->Find("emb.weight")->shape == std::vector<int64_t>{7, 5});
+  CHECK(raw->Find("outer_momentum/head.bias") != nullptr);
+  CHECK(raw->Find("inner/step/emb.weight") != nullptr);
+  CHECK(raw->Find("inner/step/emb.weight")->shape.empty());
+  // Resharded: one trainer restores the whole state the two saved.
+  auto one = MakeCheckpointStateIo(Options(dir, 0, 1));
+  auto whole = one->Restore(dir);
+  REQUIRE(whole.ok());
+  CHECK(whole->state.global == global);
+  CHECK(whole->state.momentum == momentum);
+  REQUIRE(whole->inner.has_value());
+  CHECK(*whole->inner == inner);
+  // A model of another shape must not load this state.
+  StateIoOptions other = Options(dir, 0, 2);
+  other.params[0].shape = {5, 7};
+  CHECK(MakeCheckpointStateIo(other)->Restore(dir).status().code() == Code::kDataLoss);
+  CHECK_FALSE(io[0]->Restore(dir + "/nothing-here").ok());
+  // No live directory: publishing is a no-op and peers without a shard server fail cleanly.
+  CHECK(io[0]->PublishLive(ShardState(global, momentum, 2, 0, 7)).ok());
+  CHECK_FALSE(io[0]->FetchFromPeers({}, 7).ok());
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("diloco durable save without inner state restores the outer state and says the inner state is missing") {
+  const std::string dir = FreshDir("state-io-noinner");
+  const auto global = Ramp(39, 0.5f, 1.0f), momentum = Ramp(39, 0.0f, 0.0f);
+  auto io = MakeCheckpointStateIo(Options(dir, 0, 1));
+  REQUIRE(io->SaveDurable(ShardState(global, momentum, 1, 0, 2), {}, 1).ok());
+  auto got = io->Restore(dir);
+  REQUIRE_MESSAGE(got.ok(), got.status().ToString());
+  CHECK(got->state.global == global);
+  CHECK_FALSE(got->inner.has_value());
+  CHECK(got->inner_missing.find("inner/exp_avg/emb.weight") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace lk::diloco

@@ -1,0 +1,302 @@
+"""``DiLoCo``: the DiLoCo outer step of Lightkeeper's C++ library on a PyTorch model.
+
+    with lightkeeper.DiLoCo(manager, model, inner_opt, sync_every=H) as diloco:
+        while diloco.outer_step < T and not diloco.should_stop:
+            loss = model(batch()).mean(); loss.backward()
+            inner_opt.step(); inner_opt.zero_grad()
+            diloco.step()
+
+The outer step itself (poll, join, heal, pseudo-gradient, cross-group average, outer Nesterov
+update, in-group all-gather and agreement, live state, commit, drain, final barrier) is the C++
+library's (``lk_diloco_*``); this module only lays the model's parameters out for it: one flat
+float32 buffer with every parameter a view into it, so that the library reads and writes the
+weights where they are. It also carries the inner optimizer's state into durable checkpoints and
+back out of them, and makes the group's trainers agree on a drain at every inner step.
+"""
+
+import ctypes
+import datetime
+import os
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from lightkeeper import _native
+from lightkeeper.errors import Error
+
+
+def _ms(t: datetime.timedelta) -> int:
+    return max(1, int(t.total_seconds() * 1000))
+
+
+def _float_view(address: int, count: int) -> torch.Tensor:
+    """A float32 tensor over memory the library owns (valid for the duration of a callback)."""
+    if count == 0:
+        return torch.empty(0, dtype=torch.float32)
+    array = (ctypes.c_float * count).from_address(address)
+    return torch.frombuffer(array, dtype=torch.float32, count=count)
+
+
+class _InnerLayout:
+    """Where each piece of the inner optimizer's state lives in one flat float32 buffer: for
+    every parameter (in the model's order) every tensor of its optimizer state, by key. The
+    layout is found by running a copy of the optimizer one step on copies of the parameters,
+    because torch optimizers create their state lazily at the first step."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, params: List[Tuple[str, torch.nn.Parameter]]):
+        self.entries: List[Tuple[torch.nn.Parameter, str, str, Tuple[int, ...], int]] = []
+        self.total = 0
+        probe_state = self._probe(optimizer, [p for _, p in params])
+        for (name, p), state in zip(params, probe_state):
+            for key in sorted(state):
+                value = state[key]
+                if not torch.is_tensor(value) or not value.is_floating_point():
+                    continue
+                shape = tuple(value.shape)
+                # The C++ example names them the same way (exp_avg/NAME, exp_avg_sq/NAME,
+                # step/NAME), so the two trainers read each other's checkpoints.
+                self.entries.append((p, f"{key}/{name}", key, shape, self.total))
+                self.total += max(1, value.numel())
+
+    @staticmethod
+    def _probe(optimizer, params) -> List[Dict[str, torch.Tensor]]:
+        clones = {id(p): torch.zeros_like(p, device="cpu", dtype=torch.float32).requires_grad_()
+                  for p in params}
+        groups = []
+        for g in optimizer.param_groups:
+            group = {k: v for k, v in g.items() if k != "params"}
+            group["params"] = [clones[id(p)] for p in g["params"] if id(p) in clones]
+            groups.append(group)
+        groups = [g for g in groups if g["params"]]
+        probe = type(optimizer)(groups, **optimizer.defaults)
+        for c in clones.values():
+            c.grad = torch.zeros_like(c)
+        probe.step()
+        return [probe.state.get(clones[id(p)], {}) for p in params]
+
+    def specs(self) -> List["_native.TensorSpec"]:
+        return [_native.TensorSpec(name, offset, list(shape))
+                for _, name, _, shape, offset in self.entries]
+
+    def save(self, optimizer, out: torch.Tensor) -> None:
+        """The optimizer's current state into ``out`` (zeros where it has none yet)."""
+        for p, _, key, shape, offset in self.entries:
+            n = max(1, int(torch.Size(shape).numel()))
+            value = optimizer.state.get(p, {}).get(key)
+            dst = out[offset:offset + n]
+            if value is None:
+                dst.zero_()
+            else:
+                dst.copy_(value.detach().reshape(-1).to(torch.float32))
+
+    def load(self, optimizer, flat: torch.Tensor) -> None:
+        """The optimizer's state from ``flat`` (a restore), in each value's own dtype/device."""
+        for p, _, key, shape, offset in self.entries:
+            n = max(1, int(torch.Size(shape).numel()))
+            src = flat[offset:offset + n].reshape(shape)
+            state = optimizer.state[p]
+            old = state.get(key)
+            if old is not None:
+                state[key] = src.to(dtype=old.dtype, device=old.device).clone()
+            else:
+                on = p.device if shape != () else torch.device("cpu")
+                state[key] = src.to(device=on).clone()
+
+    def digest(self, optimizer) -> torch.Tensor:
+        out = torch.zeros(self.total, dtype=torch.float32)
+        self.save(optimizer, out)
+        return out
+
+
+class DiLoCo:
+    """DiLoCo over Lightkeeper: a context manager around the training loop.
+
+    Args (torchft's names where the concept is the same):
+        manager: this trainer's ``lightkeeper.Manager``.
+        model: the model; its float32 parameters become views into one flat buffer.
+        inner_optimizer: the inner optimizer (e.g. AdamW); its state goes into durable
+            checkpoints and comes back from them.
+        sync_every: inner steps (calls of ``step()``) per outer step.
+        outer_lr, outer_momentum, nesterov: the outer SGD.
+        ckpt_dir: durable checkpoints of this group (its trainers share it); None: none.
+        ckpt_every: a durable save every K committed outer steps; 0: on drain and at the end.
+        group_pg: the group's process group (torchrun's, NCCL...) for the drain agreement at
+            each inner step; None: ``manager.group_process_group()`` when group_size > 1.
+        live_dir: the node-local directory the agent serves to healing peers (its
+            ``--serve-dir``); None: ``$LK_LIVE_DIR``, else none (peers then heal over the
+            communicator).
+        ckpt_keep, bind_host, timeout, init_timeout: as the C++ library's options.
+    """
+
+    def __init__(self, manager, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer,
+                 sync_every: int, outer_lr: float = 0.7, outer_momentum: float = 0.9,
+                 nesterov: bool = True, ckpt_dir: Optional[str] = None, ckpt_every: int = 0,
+                 group_pg=None, live_dir: Optional[str] = None, ckpt_keep: int = 3,
+                 timeout: datetime.timedelta = datetime.timedelta(seconds=120),
+                 init_timeout: datetime.timedelta = datetime.timedelta(seconds=30)):
+        if sync_every < 1:
+            raise Error("invalid_argument", f"sync_every must be at least 1, not {sync_every}")
+        self.manager = manager
+        self.model = model
+        self.inner_optimizer = inner_optimizer
+        self.sync_every = sync_every
+        self._options = dict(outer_lr=outer_lr, outer_momentum=outer_momentum,
+                             nesterov=nesterov, ckpt_dir=ckpt_dir or "",
+                             ckpt_every=ckpt_every, ckpt_keep=ckpt_keep,
+                             live_dir=live_dir if live_dir is not None
+                             else os.environ.get("LK_LIVE_DIR", ""),
+                             timeout_ms=_ms(timeout), init_timeout_ms=_ms(init_timeout))
+        self._group_pg = group_pg
+        self._native: Optional[_native.Diloco] = None
+        self._inner_steps = 0
+        self.outer_step = 0
+        self.should_stop = False
+        self.last_result: Optional[dict] = None
+        self._drained = False
+
+    # Layout.
+
+    def _flatten(self) -> None:
+        named = [(n, p) for n, p in self.model.named_parameters()]
+        if not named:
+            raise Error("invalid_argument", "the model has no parameters")
+        devices = {p.device for _, p in named}
+        if len(devices) != 1:
+            raise Error("invalid_argument", f"parameters on several devices: {sorted(map(str, devices))}")
+        for n, p in named:
+            if p.dtype != torch.float32:
+                raise Error("invalid_argument", f"parameter {n} is {p.dtype}; DiLoCo's outer "
+                            "state is float32")
+        self._device = devices.pop()
+        total = sum(p.numel() for _, p in named)
+        flat = torch.empty(total, dtype=torch.float32, device=self._device)
+        specs, offset = [], 0
+        with torch.no_grad():
+            for name, p in named:
+                n = p.numel()
+                flat[offset:offset + n].copy_(p.reshape(-1))
+                # The parameter becomes a view into the flat buffer (same Parameter object, so
+                # the optimizer's references stay valid).
+                p.data = flat[offset:offset + n].view_as(p)
+                specs.append(_native.TensorSpec(name, offset, list(p.shape)))
+                offset += n
+        self._flat = flat
+        # The library works on host memory: a CUDA model is copied through a host buffer at
+        # each outer step (pinned, so the copies run at the bus's speed).
+        self._host = flat if flat.device.type == "cpu" else torch.empty(
+            total, dtype=torch.float32, pin_memory=True)
+        self._specs = specs
+        self._named = named
+
+    # The context.
+
+    def __enter__(self) -> "DiLoCo":
+        self._flatten()
+        self._inner = _InnerLayout(self.inner_optimizer, self._named)
+        opt = self.inner_optimizer
+
+        def save_inner(address: int, count: int) -> None:
+            self._inner.save(opt, _float_view(address, count))
+
+        m = self.manager
+        o = self._options
+        self._native = _native.Diloco(
+            m._session, m.group_rank, m.group_size, self._specs, self._inner.specs(), save_inner,
+            o["outer_lr"], o["outer_momentum"], o["nesterov"], o["ckpt_dir"], o["ckpt_every"],
+            o["ckpt_keep"], o["live_dir"], m._bind_host, o["init_timeout_ms"], o["timeout_ms"], 0)
+        self._call("join")
+        if not self.should_stop and m.group_size > 1 and self._group_pg is None:
+            self._group_pg = m.group_process_group()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._native is None:
+            return False
+        try:
+            if exc_type is None and not self._drained:
+                # The final barrier, a durable save unless the last commit made one, and the
+                # goodbye to the agent (so the exit is not reported as a crash).
+                self._native.finish()
+            elif exc_type is None:
+                # Drained: Sync already saved when asked. The goodbye tells the agent the exit
+                # is not a crash; a drained agent may be gone already.
+                try:
+                    self.manager.finish()
+                except Error:
+                    pass
+        finally:
+            self._native = None  # closes the library's object before the Manager's session
+        return False
+
+    # The loop.
+
+    def step(self) -> None:
+        """Call right after every ``inner_optimizer.step()``. Every ``sync_every`` calls it runs
+        the outer step and loads the new global weights into the model; at any call it stops
+        the loop (``should_stop``) when the agent drains the group."""
+        if self._native is None:
+            raise Error("invalid_argument", "DiLoCo.step() outside its context")
+        if self.should_stop:
+            return
+        self._inner_steps += 1
+        if self._drain_agreed() or self._inner_steps % self.sync_every == 0:
+            self._call("sync")
+
+    def _drain_agreed(self) -> bool:
+        """Whether any trainer of the group saw a drain: all of them must stop after the same
+        inner step (one stopping alone would leave the others in the next collective)."""
+        noticed = self._native.drain_requested()
+        if self.manager.group_size == 1:
+            return noticed
+        flag = torch.tensor([1.0 if noticed else 0.0], dtype=torch.float32)
+        if self._group_pg is not None:
+            on = flag.to(self._device) if _is_nccl(self._group_pg) else flag
+            dist.all_reduce(on, group=self._group_pg)
+            flag = on.cpu()
+        else:
+            self._native.group_allreduce_sum(flag.data_ptr(), 1)
+        if flag.item() > 0 and not noticed:
+            self._native.request_drain()
+        return flag.item() > 0
+
+    def _call(self, what: str) -> dict:
+        if self._host is not self._flat:
+            self._host.copy_(self._flat)
+        fn = self._native.join if what == "join" else self._native.sync
+        r = fn(self._host.data_ptr(), self._host.numel())
+        if self._host is not self._flat:
+            self._flat.copy_(self._host)
+        self.last_result = r
+        self.outer_step = r["step"]
+        self.manager._note_quorum(r["quorum_id"], r["replica_rank"], r["replica_world_size"])
+        if r["step"] > self.manager._step:
+            self.manager._step = r["step"]
+        if r["inner"] == "reset":
+            self.inner_optimizer.state.clear()
+        elif r["inner"] == "restored":
+            state = torch.frombuffer(bytearray(self._native.restored_inner_state()),
+                                     dtype=torch.float32)
+            self._inner.load(self.inner_optimizer, state)
+        if r["kind"] == "drained":
+            self.should_stop = True
+            self._drained = True
+        self._inner_steps = 0  # the next outer step counts its inner steps afresh
+        return r
+
+    # For tests and tools.
+
+    def inner_state_vector(self) -> torch.Tensor:
+        """The inner optimizer's state in the checkpoint's layout (a copy)."""
+        return self._inner.digest(self.inner_optimizer)
+
+    @property
+    def shard_numel(self) -> int:
+        return self._native.shard_numel if self._native is not None else 0
+
+
+def _is_nccl(pg) -> bool:
+    try:
+        return pg.name().lower() == "nccl"
+    except Exception:  # noqa: BLE001 - ProcessGroup wrappers without name()
+        return False

@@ -1,0 +1,206 @@
+"""``Manager``: one trainer's link to Lightkeeper (torchft's Manager, shaped for DiLoCo).
+
+Each outer step a trainer calls ``poll(step)``; the answer (a ``Quorum``) says which quorum the
+step runs on, whether to heal and from where, and whether to drain. ``allreduce`` averages a
+tensor in place across the quorum's groups (this trainer's slot: the trainers with the same
+group_rank), ``commit`` reports the step, ``finish`` says the trainer is done so that its exit
+is not reported as a crash.
+"""
+
+import datetime
+import os
+from typing import Optional
+
+import torch
+
+from lightkeeper import _native
+from lightkeeper.errors import Error
+from lightkeeper.store import AgentStore, gloo_process_group
+
+_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+
+def _ms(t: datetime.timedelta) -> int:
+    return max(1, int(t.total_seconds() * 1000))
+
+
+class Manager:
+    """Connects to the node's replica agent.
+
+    Args:
+        group_rank: this trainer's rank inside its replica group.
+        group_size: the group's number of trainers (every group of a job uses the same).
+        socket: the agent's Unix socket; ``None`` takes ``$LK_AGENT_SOCKET``.
+        timeout: the deadline of one collective (the cross-group one waits for the slowest
+            group); past it the collective raises ``QuorumLost``.
+        init_timeout: the deadline of a communicator's rendezvous and connect.
+        bind_host: the address this trainer's communicators listen on; ``None`` takes
+            ``$LK_BIND_HOST``, else 127.0.0.1 (one node).
+    """
+
+    def __init__(self, group_rank: int, group_size: int, socket: Optional[str] = None,
+                 timeout: datetime.timedelta = datetime.timedelta(seconds=120),
+                 init_timeout: datetime.timedelta = datetime.timedelta(seconds=30),
+                 bind_host: Optional[str] = None):
+        self._bind_host = bind_host or os.environ.get("LK_BIND_HOST") or "127.0.0.1"
+        self._session = _native.Session(socket or "", group_rank, group_size)
+        self._group_rank = group_rank
+        self._group_size = group_size
+        self._timeout_ms = _ms(timeout)
+        self._init_timeout_ms = _ms(init_timeout)
+        self._comms = {}  # "gloo" / ("nccl", device) -> _native.Comm
+        self._quorum: Optional[_native.Quorum] = None
+        self._quorum_id = 0        # of the last poll (the Manager's or DiLoCo's)
+        self._replica_rank = 0
+        self._replica_world_size = 0
+        self._step = 0
+        self._pg_count = 0
+        self._finished = False
+
+    # The quorum of each outer step.
+
+    def poll(self, step: Optional[int] = None) -> "_native.Quorum":
+        """Asks the agent which quorum outer step ``step`` (default: ``current_step()``) runs on;
+        blocks until it is known, at once when nothing changed."""
+        q = self._session.poll(self._step if step is None else step)
+        self._quorum = q
+        self._note_quorum(q.quorum_id, q.replica_rank, q.replica_world_size)
+        if q.heal and q.max_step > self._step:
+            # After healing, the trainer holds the state of max_step (torchft's convention).
+            self._step = q.max_step
+        return q
+
+    def commit(self, step: int, ok: bool = True, state_hash: Optional[str] = None) -> None:
+        """Reports outer step ``step`` as committed (or failed, ``ok=False``), with a hash of the
+        state it produced so that the lighthouse can tell diverged replicas apart."""
+        self._session.commit(step, ok, state_hash or "")
+        if ok:
+            self._step = step
+
+    def current_step(self) -> int:
+        """The last committed outer step (or the step a heal brings this trainer to)."""
+        return self._step
+
+    @property
+    def quorum(self) -> Optional["_native.Quorum"]:
+        """The answer of the last poll (None before the first)."""
+        return self._quorum
+
+    # Collectives.
+
+    def allreduce(self, tensor: torch.Tensor, op: str = "avg") -> torch.Tensor:
+        """Reduces ``tensor`` in place across the current quorum's groups (``op``: "avg" or
+        "sum"). float32 or bfloat16; CPU tensors on Gloo, CUDA tensors on NCCL when the build
+        has it. A contiguous tensor is reduced where it lies, without copies. Raises
+        ``QuorumLost`` when a failure notice, a dead peer or the deadline cuts it short."""
+        dtype = _DTYPES.get(tensor.dtype)
+        if dtype is None:
+            raise Error("invalid_argument",
+                        f"allreduce takes float32 or bfloat16 tensors, not {tensor.dtype}")
+        if tensor.device.type == "cpu":
+            device = -1
+        elif tensor.device.type == "cuda":
+            device = tensor.device.index if tensor.device.index is not None else 0
+            torch.cuda.current_stream(tensor.device).synchronize()
+        else:
+            raise Error("invalid_argument", f"allreduce takes CPU or CUDA tensors, not "
+                        f"{tensor.device}")
+        if self._quorum_id == 0:
+            raise Error("invalid_argument", "allreduce needs a poll first")
+        comm = self._comm_for(device)
+        if comm.quorum_id != self._quorum_id:
+            comm.reconfigure(self._quorum_id, self._replica_rank, self._replica_world_size)
+        if self._session.lost_quorum_id() >= self._quorum_id:
+            # The notice came before the communicator of this quorum existed, so its abort
+            # reached only the old one.
+            comm.abort_quorum(self._quorum_id, "quorum lost before the allreduce")
+        work = tensor if tensor.is_contiguous() else tensor.contiguous()
+        self._session.set_peer_wait(True)
+        try:
+            comm.allreduce(work.data_ptr(), work.numel(), dtype, op)
+        finally:
+            self._session.set_peer_wait(False)
+        if work is not tensor:
+            with torch.no_grad():
+                tensor.copy_(work)
+        return tensor
+
+    def group_process_group(self, timeout: datetime.timedelta = datetime.timedelta(minutes=5)):
+        """A ``torch.distributed`` ProcessGroup over this group's trainers (Gloo, on CPU), for
+        ``DistributedDataParallel(model, process_group=...)`` without init_process_group.
+
+        Every trainer of the group calls it at the same point, after a poll: its rendezvous
+        goes through the lighthouse KV of that poll's quorum, under this group's replica_rank.
+        The group keeps it across later quorums (its members do not change while the group
+        lives)."""
+        if self._quorum_id == 0:
+            raise Error("invalid_argument", "group_process_group() needs a poll first")
+        self._pg_count += 1
+        prefix = f"pg/r{self._replica_rank}/n{self._pg_count}/"
+        store = AgentStore(self._session, self._quorum_id, prefix, timeout)
+        return gloo_process_group(store, self.group_rank, self.group_size, timeout,
+                                  self._bind_host)
+
+    # The rest of the trainer API.
+
+    def register_checkpoint(self, step: int, location: str, manifest_digest: str = "") -> None:
+        """Registers a durable checkpoint (a directory every group can read) at the lighthouse,
+        so that a job whose groups all lost their live state restores it."""
+        self._session.register_checkpoint(step, location, manifest_digest)
+
+    def kv_put(self, key: str, value: bytes, quorum_id: Optional[int] = None) -> None:
+        """The lighthouse's rendezvous KV of the current quorum (or ``quorum_id``)."""
+        self._session.kv_put(self._qid(quorum_id), key, bytes(value))
+
+    def kv_get(self, key: str, timeout: datetime.timedelta = datetime.timedelta(seconds=30),
+               quorum_id: Optional[int] = None) -> bytes:
+        """Waits up to ``timeout`` for ``key`` in the current quorum's KV (or ``quorum_id``)."""
+        return self._session.kv_get(self._qid(quorum_id), key, _ms(timeout))
+
+    def drain_requested(self) -> bool:
+        """True once the agent told this trainer to drain (a poll or a notice)."""
+        return bool((self._quorum is not None and self._quorum.drain)
+                    or self._session.drain_noticed())
+
+    def checkpoint_requested(self) -> bool:
+        """True when the drain asked for a durable save before exiting."""
+        return bool((self._quorum is not None and self._quorum.checkpoint_now)
+                    or self._session.notices()["checkpoint_now"])
+
+    def finish(self) -> None:
+        """Tells the agent this trainer is done, so its exit is not reported as a crash. Call it
+        once, at the end (``DiLoCo`` does)."""
+        if not self._finished:
+            self._session.finish()
+            self._finished = True
+
+    @property
+    def group_rank(self) -> int:
+        return self._group_rank
+
+    @property
+    def group_size(self) -> int:
+        return self._group_size
+
+    def _note_quorum(self, quorum_id: int, replica_rank: int, replica_world_size: int) -> None:
+        self._quorum_id = quorum_id
+        self._replica_rank = replica_rank
+        self._replica_world_size = replica_world_size
+
+    def _comm_for(self, device: int) -> "_native.Comm":
+        key = "gloo" if device < 0 else ("nccl", device)
+        comm = self._comms.get(key)
+        if comm is None:
+            backend = "gloo" if device < 0 else "nccl"
+            comm = _native.Comm(self._session, backend, self._group_rank, f"py/{backend}/",
+                                self._bind_host, self._init_timeout_ms, self._timeout_ms,
+                                max(device, 0))
+            self._comms[key] = comm
+        return comm
+
+    def _qid(self, quorum_id: Optional[int]) -> int:
+        if quorum_id is not None:
+            return quorum_id
+        if self._quorum_id == 0:
+            raise Error("invalid_argument", "the KV needs a poll first")
+        return self._quorum_id

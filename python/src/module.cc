@@ -1,0 +1,498 @@
+// lightkeeper._native: the compiled part of the Python package, a thin binding of the C API of
+// liblightkeeper.so (replica_agent/client/lightkeeper.h): the session with the agent, the
+// cross-group communicator and the DiLoCo outer step. It links no torch: buffers arrive as
+// (address, element count, dtype, device), which the pure-Python layer takes from
+// tensor.data_ptr(), so one build serves whatever PyTorch the trainer imports.
+//
+// Every call that may block (poll, commit, KV waits, allreduce, the outer step) releases the
+// GIL, so the session's notice thread (which aborts collectives in C++ without Python) and other
+// Python threads run meanwhile. Errors raise lightkeeper.errors.Error with the library's reason
+// code, or QuorumLost for a collective that a failure notice, a dead peer or its deadline cut
+// short.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "replica_agent/client/lightkeeper.h"
+
+namespace py = pybind11;
+
+namespace {
+
+const char* CodeName(int code) {
+  switch (code) {
+    case LK_OK: return "ok";
+    case LK_ERR_INVALID_ARGUMENT: return "invalid_argument";
+    case LK_ERR_UNAUTHENTICATED: return "unauthenticated";
+    case LK_ERR_PERMISSION_DENIED: return "permission_denied";
+    case LK_ERR_NOT_FOUND: return "not_found";
+    case LK_ERR_CONFLICT: return "conflict";
+    case LK_ERR_TOO_LARGE: return "too_large";
+    case LK_ERR_DEADLINE_EXCEEDED: return "deadline_exceeded";
+    case LK_ERR_UNAVAILABLE: return "unavailable";
+    case LK_ERR_ABORTED: return "aborted";
+    case LK_ERR_DATA_LOSS: return "data_loss";
+    case LK_ERR_RESOURCE_EXHAUSTED: return "resource_exhausted";
+    case LK_ERR_INTERNAL: return "internal";
+  }
+  return "unknown";
+}
+
+// The exception types of lightkeeper.errors, looked up once at import; they live as long as
+// the interpreter (never destroyed, so no Python object outlives it in a static destructor).
+py::object* g_error_type = nullptr;
+py::object* g_quorum_lost_type = nullptr;
+
+[[noreturn]] void RaiseCode(int code, const std::string& message, bool quorum_lost) {
+  py::object& type = quorum_lost ? *g_quorum_lost_type : *g_error_type;
+  py::object exc = type(CodeName(code), message);
+  PyErr_SetObject(type.ptr(), exc.ptr());
+  throw py::error_already_set();
+}
+
+// The last C API error of this thread (call with the GIL held, right after the failed call).
+[[noreturn]] void RaiseLast(bool collective = false) {
+  int code = lk_last_error_code();
+  // A collective cut short means the quorum is gone: the trainer polls for the next one.
+  bool lost = collective && (code == LK_ERR_ABORTED || code == LK_ERR_DEADLINE_EXCEEDED ||
+                             code == LK_ERR_UNAVAILABLE);
+  RaiseCode(code, lk_last_error(), lost);
+}
+
+[[noreturn]] void RaiseInvalid(const std::string& message) {
+  RaiseCode(LK_ERR_INVALID_ARGUMENT, message, false);
+}
+
+// Runs `f` (a C API call returning 0 or -1) without the GIL and raises on -1. The error is
+// per thread and this thread made the call, so reading it after taking the GIL back is safe.
+template <typename F>
+void Call(F&& f, bool collective = false) {
+  int rc;
+  {
+    py::gil_scoped_release release;
+    rc = f();
+  }
+  if (rc != 0) RaiseLast(collective);
+}
+
+// The answer to a poll, with its strings read out of the C API once.
+struct Quorum {
+  uint32_t quorum_id = 0, replica_rank = 0, replica_world_size = 0, max_step = 0;
+  bool reconfigure = false, heal = false, drain = false, checkpoint_now = false;
+  bool initial = false, from_board = false;
+  std::vector<std::string> heal_sources;
+  std::string restore_location;
+  uint32_t restore_step = 0;
+  std::string reason;
+};
+
+// What the notice thread has seen. Shared with the C callback through a raw pointer that the
+// session's fan-out drops at lk_session_close, which happens before this goes away.
+struct NoticeRecord {
+  std::mutex mu;
+  uint32_t lost_quorum_id = 0;  // the newest quorum a lost notice named
+  bool drain = false;
+  bool checkpoint_now = false;
+  std::string reason;
+};
+
+void OnNotice(void* user, const lk_notice* n) {
+  auto* rec = static_cast<NoticeRecord*>(user);
+  std::lock_guard lock(rec->mu);
+  if (n->lost) rec->lost_quorum_id = std::max(rec->lost_quorum_id, n->quorum_id);
+  if (n->drain) {
+    rec->drain = true;
+    rec->checkpoint_now = rec->checkpoint_now || n->checkpoint_now != 0;
+  }
+  rec->reason = n->reason != nullptr ? n->reason : "";
+}
+
+class Session {
+ public:
+  Session(const std::string& socket, uint32_t group_rank, uint32_t group_size)
+      : notices_(std::make_unique<NoticeRecord>()) {
+    const char* path = socket.empty() ? nullptr : socket.c_str();
+    {
+      py::gil_scoped_release release;
+      s_ = lk_session_open(path, group_rank, group_size);
+    }
+    if (s_ == nullptr) RaiseLast();
+    lk_session_on_notice_ex(s_, &OnNotice, notices_.get());
+  }
+  ~Session() { lk_session_close(s_); }
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  Quorum Poll(uint32_t step) {
+    lk_poll_result r{};
+    Call([&] { return lk_session_poll(s_, step, &r); });
+    Quorum q;
+    q.quorum_id = r.quorum_id;
+    q.replica_rank = r.replica_rank;
+    q.replica_world_size = r.replica_world_size;
+    q.max_step = r.max_step;
+    q.reconfigure = r.reconfigure != 0;
+    q.heal = r.heal != 0;
+    q.drain = r.drain != 0;
+    q.checkpoint_now = r.checkpoint_now != 0;
+    q.initial = r.initial != 0;
+    q.from_board = r.from_board != 0;
+    q.restore_step = r.restore_step;
+    char buf[512];
+    for (uint32_t i = 0; i < r.heal_source_count; ++i) {
+      if (lk_session_heal_source(s_, i, buf, sizeof(buf)) != 0) RaiseLast();
+      q.heal_sources.emplace_back(buf);
+    }
+    if (r.has_restore) q.restore_location = ReadString(lk_session_restore_location);
+    q.reason = ReadString(lk_session_poll_reason);
+    return q;
+  }
+
+  void Commit(uint32_t step, bool ok, const std::string& hash) {
+    Call([&] { return lk_session_commit(s_, step, ok ? 1 : 0, hash.empty() ? nullptr : hash.c_str()); });
+  }
+  void Finish() {
+    Call([&] { return lk_session_finish(s_); });
+  }
+  void SetPeerWait(bool waiting) {
+    Call([&] { return lk_session_set_peer_wait(s_, waiting ? 1 : 0); });
+  }
+  void RegisterCheckpoint(uint32_t step, const std::string& location, const std::string& digest) {
+    Call([&] {
+      return lk_session_register_checkpoint(s_, step, location.c_str(), digest.c_str());
+    });
+  }
+  void KvPut(uint32_t quorum_id, const std::string& key, const std::string& value) {
+    Call([&] { return lk_kv_put(s_, quorum_id, key.c_str(), value.data(), value.size()); });
+  }
+  py::bytes KvGet(uint32_t quorum_id, const std::string& key, uint32_t timeout_ms) {
+    std::string buf(64 << 10, '\0');
+    size_t len = 0;
+    Call([&] { return lk_kv_get(s_, quorum_id, key.c_str(), buf.data(), buf.size(), &len, timeout_ms); });
+    if (len > buf.size()) {
+      // The key exists now, so the second read answers at once.
+      buf.assign(len, '\0');
+      Call([&] { return lk_kv_get(s_, quorum_id, key.c_str(), buf.data(), buf.size(), &len, timeout_ms); });
+    }
+    buf.resize(len);
+    return py::bytes(buf);
+  }
+
+  py::dict Notices() const {
+    std::lock_guard lock(notices_->mu);
+    py::dict d;
+    d["lost_quorum_id"] = notices_->lost_quorum_id;
+    d["drain"] = notices_->drain;
+    d["checkpoint_now"] = notices_->checkpoint_now;
+    d["reason"] = notices_->reason;
+    return d;
+  }
+  uint32_t LostQuorumId() const {
+    std::lock_guard lock(notices_->mu);
+    return notices_->lost_quorum_id;
+  }
+  bool DrainNoticed() const {
+    std::lock_guard lock(notices_->mu);
+    return notices_->drain;
+  }
+
+  lk_session* raw() const { return s_; }
+
+ private:
+  std::string ReadString(int (*fn)(lk_session*, char*, size_t, size_t*)) {
+    size_t len = 0;
+    std::string out(256, '\0');
+    if (fn(s_, out.data(), out.size(), &len) != 0) {
+      if (lk_last_error_code() != LK_ERR_TOO_LARGE) RaiseLast();
+      out.assign(len + 1, '\0');
+      if (fn(s_, out.data(), out.size(), &len) != 0) RaiseLast();
+    }
+    out.resize(len);
+    return out;
+  }
+
+  lk_session* s_ = nullptr;
+  std::unique_ptr<NoticeRecord> notices_;
+};
+
+int ParseDType(const std::string& name) {
+  if (name == "float32") return LK_DTYPE_FLOAT32;
+  if (name == "bfloat16") return LK_DTYPE_BFLOAT16;
+  RaiseInvalid("allreduce takes float32 or bfloat16, not " + name);
+}
+
+int ParseOp(const std::string& name) {
+  if (name == "avg") return LK_REDUCE_AVG;
+  if (name == "sum") return LK_REDUCE_SUM;
+  RaiseInvalid("allreduce op is \"avg\" or \"sum\", not \"" + name + "\"");
+}
+
+// A cross-group communicator of one slot over a session; the session's notices abort it.
+class Comm {
+ public:
+  Comm(Session& session, const std::string& backend, uint32_t slot, const std::string& key_prefix,
+       const std::string& bind_host, uint32_t init_timeout_ms, uint32_t op_timeout_ms,
+       int device_index) {
+    lk_comm_options o{};
+    o.backend = backend.c_str();
+    o.slot = slot;
+    o.key_prefix = key_prefix.c_str();
+    o.bind_host = bind_host.c_str();
+    o.init_timeout_ms = init_timeout_ms;
+    o.op_timeout_ms = op_timeout_ms;
+    o.device_index = device_index;
+    c_ = lk_comm_create(session.raw(), &o);
+    if (c_ == nullptr) RaiseLast();
+  }
+  ~Comm() { lk_comm_close(c_); }
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  void Reconfigure(uint32_t quorum_id, uint32_t replica_rank, uint32_t world) {
+    Call([&] { return lk_comm_reconfigure(c_, quorum_id, replica_rank, world); }, true);
+  }
+  void AllReduce(uintptr_t data, size_t count, const std::string& dtype, const std::string& op) {
+    int dt = ParseDType(dtype), ro = ParseOp(op);
+    Call([&] { return lk_comm_allreduce(c_, reinterpret_cast<void*>(data), count, dt, ro); },
+         true);
+  }
+  void Abort(const std::string& reason) { lk_comm_abort(c_, reason.c_str()); }
+  void AbortQuorum(uint32_t quorum_id, const std::string& reason) {
+    lk_comm_abort_quorum(c_, quorum_id, reason.c_str());
+  }
+  uint32_t quorum_id() const { return lk_comm_quorum_id(c_); }
+
+ private:
+  lk_comm* c_ = nullptr;
+};
+
+// One named tensor of a flat float32 buffer, as Python describes it.
+struct Spec {
+  std::string name;
+  size_t offset = 0;
+  std::vector<int64_t> shape;
+};
+
+std::vector<lk_tensor_spec> CSpecs(const std::vector<Spec>& specs) {
+  std::vector<lk_tensor_spec> out;
+  for (const Spec& s : specs) {
+    out.push_back(lk_tensor_spec{s.name.c_str(), s.offset, s.shape.data(),
+                                 static_cast<uint32_t>(s.shape.size())});
+  }
+  return out;
+}
+
+py::dict ResultDict(const lk_diloco_result& r) {
+  static const char* kKinds[] = {"committed", "received", "joined", "drained"};
+  static const char* kInner[] = {"keep", "reset", "restored"};
+  py::dict d;
+  d["kind"] = kKinds[std::clamp(r.kind, 0, 3)];
+  d["step"] = r.step;
+  d["quorum_id"] = r.quorum_id;
+  d["replica_rank"] = r.replica_rank;
+  d["replica_world_size"] = r.replica_world_size;
+  d["healed"] = r.healed != 0;
+  d["inner"] = kInner[std::clamp(r.inner, 0, 2)];
+  d["saved"] = r.saved != 0;
+  d["checkpoint_now"] = r.checkpoint_now != 0;
+  d["state_hash"] = std::string(r.state_hash);
+  d["heal_source"] = std::string(r.heal_source);
+  d["reason"] = std::string(r.reason);
+  py::dict stats;
+  stats["poll_ms"] = r.poll_ms;
+  stats["join_ms"] = r.join_ms;
+  stats["allreduce_ms"] = r.allreduce_ms;
+  stats["gather_ms"] = r.gather_ms;
+  stats["publish_ms"] = r.publish_ms;
+  stats["commit_ms"] = r.commit_ms;
+  stats["outer_ms"] = r.outer_ms;
+  stats["cross_bytes"] = r.cross_bytes;
+  stats["sync_bytes"] = r.sync_bytes;
+  stats["group_bytes"] = r.group_bytes;
+  d["stats"] = stats;
+  return d;
+}
+
+// The DiLoCo outer step of the C++ library. `inner_save(address, count)` (Python) fills the
+// float32 buffer at address with the inner optimizer's state before a durable save.
+class Diloco {
+ public:
+  Diloco(Session& session, uint32_t group_rank, uint32_t group_size, std::vector<Spec> params,
+         std::vector<Spec> inner_state, std::function<void(uintptr_t, size_t)> inner_save,
+         float outer_lr, float outer_momentum, bool nesterov, const std::string& ckpt_dir,
+         uint32_t ckpt_every, uint32_t ckpt_keep, const std::string& live_dir,
+         const std::string& bind_host, uint32_t init_timeout_ms, uint32_t op_timeout_ms,
+         uint32_t stuck_timeout_ms)
+      : params_(std::move(params)), inner_(std::move(inner_state)),
+        inner_save_(std::move(inner_save)) {
+    std::vector<lk_tensor_spec> p = CSpecs(params_), i = CSpecs(inner_);
+    lk_diloco_options o{};
+    o.group_rank = group_rank;
+    o.group_size = group_size;
+    o.params = p.data();
+    o.param_count = p.size();
+    o.inner_state = i.empty() ? nullptr : i.data();
+    o.inner_state_count = i.size();
+    if (!i.empty() && inner_save_) {
+      o.inner_save = &Diloco::SaveInner;
+      o.inner_save_user = this;
+    }
+    o.outer_lr = outer_lr;
+    o.outer_momentum = outer_momentum;
+    o.nesterov = nesterov ? 1 : 0;
+    o.ckpt_dir = ckpt_dir.c_str();
+    o.ckpt_every = ckpt_every;
+    o.ckpt_keep = ckpt_keep;
+    o.live_dir = live_dir.c_str();
+    o.bind_host = bind_host.c_str();
+    o.init_timeout_ms = init_timeout_ms;
+    o.op_timeout_ms = op_timeout_ms;
+    o.stuck_timeout_ms = stuck_timeout_ms;
+    d_ = lk_diloco_create(session.raw(), &o);
+    if (d_ == nullptr) RaiseLast();
+  }
+  ~Diloco() { lk_diloco_close(d_); }
+  Diloco(const Diloco&) = delete;
+  Diloco& operator=(const Diloco&) = delete;
+
+  py::dict Join(uintptr_t params, size_t count) {
+    lk_diloco_result r{};
+    Call([&] { return lk_diloco_join(d_, reinterpret_cast<float*>(params), count, &r); });
+    return ResultDict(r);
+  }
+  py::dict Sync(uintptr_t params, size_t count) {
+    lk_diloco_result r{};
+    Call([&] { return lk_diloco_sync(d_, reinterpret_cast<float*>(params), count, &r); });
+    return ResultDict(r);
+  }
+  void GroupAllReduceSum(uintptr_t values, size_t count) {
+    Call([&] { return lk_diloco_group_allreduce_sum(d_, reinterpret_cast<float*>(values), count); },
+         true);
+  }
+  void Finish() {
+    Call([&] { return lk_diloco_finish(d_); });
+  }
+  bool drain_requested() const { return lk_diloco_drain_requested(d_) != 0; }
+  void RequestDrain() { lk_diloco_request_drain(d_); }
+  // A copy: the library's buffer is valid only until its next call.
+  py::bytes RestoredInnerState() const {
+    size_t count = 0;
+    const float* p = lk_diloco_restored_inner_state(d_, &count);
+    return py::bytes(reinterpret_cast<const char*>(p), count * sizeof(float));
+  }
+  uint32_t step() const { return lk_diloco_step(d_); }
+  size_t numel() const { return lk_diloco_numel(d_); }
+  size_t shard_numel() const { return lk_diloco_shard_numel(d_); }
+
+ private:
+  // Runs on the trainer's thread inside lk_diloco_sync/finish, which released the GIL.
+  static int SaveInner(void* user, float* out, size_t count) {
+    auto* self = static_cast<Diloco*>(user);
+    py::gil_scoped_acquire acquire;
+    try {
+      self->inner_save_(reinterpret_cast<uintptr_t>(out), count);
+      return 0;
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("lightkeeper inner optimizer state for a durable save");
+      return -1;
+    }
+  }
+
+  lk_diloco* d_ = nullptr;
+  std::vector<Spec> params_, inner_;  // the C specs point into these names and shapes
+  std::function<void(uintptr_t, size_t)> inner_save_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "Lightkeeper's trainer client (compiled part; use the lightkeeper package)";
+  py::module_ errors = py::module_::import("lightkeeper.errors");
+  g_error_type = new py::object(errors.attr("Error"));
+  g_quorum_lost_type = new py::object(errors.attr("QuorumLost"));
+  m.attr("nccl_built") = py::bool_(LK_NCCL_BUILT != 0);
+
+  py::class_<Quorum>(m, "Quorum",
+                     "The agent's answer to a poll: the quorum this outer step runs on and what "
+                     "the trainer must do before it.")
+      .def_readonly("quorum_id", &Quorum::quorum_id)
+      .def_readonly("replica_rank", &Quorum::replica_rank)
+      .def_readonly("replica_world_size", &Quorum::replica_world_size)
+      .def_readonly("max_step", &Quorum::max_step)
+      .def_readonly("reconfigure", &Quorum::reconfigure)
+      .def_readonly("heal", &Quorum::heal)
+      .def_readonly("drain", &Quorum::drain)
+      .def_readonly("checkpoint_now", &Quorum::checkpoint_now)
+      .def_readonly("initial", &Quorum::initial)
+      .def_readonly("heal_sources", &Quorum::heal_sources)
+      .def_readonly("restore_location", &Quorum::restore_location)
+      .def_readonly("restore_step", &Quorum::restore_step)
+      .def_readonly("reason", &Quorum::reason)
+      .def_readonly("from_board", &Quorum::from_board)
+      .def("__repr__", [](const Quorum& q) {
+        return "Quorum(quorum_id=" + std::to_string(q.quorum_id) +
+               ", replica_rank=" + std::to_string(q.replica_rank) +
+               ", replica_world_size=" + std::to_string(q.replica_world_size) +
+               ", max_step=" + std::to_string(q.max_step) + ", heal=" + (q.heal ? "True" : "False") +
+               ", drain=" + (q.drain ? "True" : "False") + ")";
+      });
+
+  py::class_<Session>(m, "Session")
+      .def(py::init<const std::string&, uint32_t, uint32_t>(), py::arg("socket"),
+           py::arg("group_rank"), py::arg("group_size"))
+      .def("poll", &Session::Poll)
+      .def("commit", &Session::Commit)
+      .def("finish", &Session::Finish)
+      .def("set_peer_wait", &Session::SetPeerWait)
+      .def("register_checkpoint", &Session::RegisterCheckpoint)
+      .def("kv_put", [](Session& s, uint32_t q, const std::string& k, py::bytes v) {
+        s.KvPut(q, k, std::string(v));
+      })
+      .def("kv_get", &Session::KvGet)
+      .def("notices", &Session::Notices)
+      .def("lost_quorum_id", &Session::LostQuorumId)
+      .def("drain_noticed", &Session::DrainNoticed);
+
+  py::class_<Comm>(m, "Comm")
+      .def(py::init<Session&, const std::string&, uint32_t, const std::string&,
+                    const std::string&, uint32_t, uint32_t, int>(),
+           py::keep_alive<1, 2>())  // the session outlives its communicators
+      .def("reconfigure", &Comm::Reconfigure)
+      .def("allreduce", &Comm::AllReduce)
+      .def("abort", &Comm::Abort)
+      .def("abort_quorum", &Comm::AbortQuorum)
+      .def_property_readonly("quorum_id", &Comm::quorum_id);
+
+  py::class_<Spec>(m, "TensorSpec")
+      .def(py::init([](std::string name, size_t offset, std::vector<int64_t> shape) {
+             return Spec{std::move(name), offset, std::move(shape)};
+           }),
+           py::arg("name"), py::arg("offset"), py::arg("shape"))
+      .def_readonly("name", &Spec::name)
+      .def_readonly("offset", &Spec::offset)
+      .def_readonly("shape", &Spec::shape);
+
+  py::class_<Diloco>(m, "Diloco")
+      .def(py::init<Session&, uint32_t, uint32_t, std::vector<Spec>, std::vector<Spec>,
+                    std::function<void(uintptr_t, size_t)>, float, float, bool,
+                    const std::string&, uint32_t, uint32_t, const std::string&,
+                    const std::string&, uint32_t, uint32_t, uint32_t>(),
+           py::keep_alive<1, 2>())  // the session outlives the DiLoCo object
+      .def("join", &Diloco::Join)
+      .def("sync", &Diloco::Sync)
+      .def("group_allreduce_sum", &Diloco::GroupAllReduceSum)
+      .def("finish", &Diloco::Finish)
+      .def("drain_requested", &Diloco::drain_requested)
+      .def("request_drain", &Diloco::RequestDrain)
+      .def("restored_inner_state", &Diloco::RestoredInnerState)
+      .def_property_readonly("step", &Diloco::step)
+      .def_property_readonly("numel", &Diloco::numel)
+      .def_property_readonly("shard_numel", &Diloco::shard_numel);
+}

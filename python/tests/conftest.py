@@ -1,0 +1,146 @@
+"""Real processes for the package's tests: a lighthouse on 127.0.0.1:0 and one replica_agent
+per group, from $LK_BIN_DIR (build/bin), in a fresh temporary directory per test. Trainers are
+Python processes (``python/tests/trainers.py``) started with Debian's interpreter. Every wait is
+bounded so that a hang fails the test instead of stalling CI."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+BIN_DIR = Path(os.environ.get("LK_BIN_DIR", HERE.parents[1] / "build" / "bin"))
+PYTHON = "/usr/bin/python3"
+
+
+def wait_for(pred, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+class Proc:
+    """A child process with its output in a log file."""
+
+    def __init__(self, argv, log_path, env=None):
+        self.log_path = Path(log_path)
+        self._log = open(self.log_path, "ab")
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                      env=full_env, start_new_session=True)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_log(self, pattern, timeout_s=20, count=1):
+        rx = re.compile(pattern)
+
+        def found():
+            hits = [m for m in rx.finditer(self.log())]
+            return hits[count - 1] if len(hits) >= count else None
+
+        return wait_for(found, timeout_s, f"/{pattern}/ in {self.log_path.name}:\n"
+                        + self.log()[-3000:])
+
+    def signal(self, sig):
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+
+    def wait(self, timeout_s):
+        try:
+            return self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.log_path.name} still running after {timeout_s}s:\n"
+                                 + self.log()[-3000:])
+
+    def running(self):
+        return self.popen.poll() is None
+
+    def stop(self):
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(timeout=10)
+        self._log.close()
+
+
+class Cluster:
+    """A lighthouse and the groups' agents of one test."""
+
+    def __init__(self, tmp: Path, lighthouse_flags=()):
+        self.dir = tmp
+        self.procs = []
+        self.sockets = {}
+        self.live_dirs = {}
+        self.agents = {}
+        self.lighthouse = self._spawn(
+            [str(BIN_DIR / "lighthouse"), "--bind", "127.0.0.1:0", "--data-dir",
+             str(tmp / "lh"), *lighthouse_flags], tmp / "lighthouse.log")
+        m = self.lighthouse.wait_log(r"listening address=(\S+)")
+        self.url = "http://" + m.group(1)
+
+    def _spawn(self, argv, log, env=None):
+        p = Proc(argv, log, env)
+        self.procs.append(p)
+        return p
+
+    def agent(self, group, extra=()):
+        sock = str(self.dir / f"{group}-{len(self.procs)}.sock")
+        live = self.dir / f"live-{group}"
+        a = self._spawn([str(BIN_DIR / "replica_agent"), "--lighthouse", self.url, "--job",
+                         "py", "--group-id", group, "--socket", sock, "--serve", "127.0.0.1:0",
+                         "--heartbeat-interval-ms", "100", "--serve-dir", str(live), *extra],
+                        self.dir / f"agent-{group}-{len(self.procs)}.log")
+        a.wait_log("agent_listening")
+        self.sockets[group] = sock
+        self.live_dirs[group] = str(live)
+        self.agents[group] = a
+        return a
+
+    def trainer(self, group, script_args, name=None, env=None):
+        """A Python trainer process running ``trainers.py`` with ``script_args``."""
+        name = name or f"trainer-{group}-{len(self.procs)}"
+        full_env = {"LK_AGENT_SOCKET": self.sockets[group], "LK_GROUP_ID": group,
+                    "LK_LIVE_DIR": self.live_dirs[group],
+                    "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+        full_env.update(env or {})
+        return self._spawn([PYTHON, str(HERE / "trainers.py"), *script_args],
+                           self.dir / f"{name}.log", full_env)
+
+    def close(self):
+        for p in reversed(self.procs):
+            p.stop()
+
+
+@pytest.fixture
+def tmp_dir():
+    with tempfile.TemporaryDirectory(prefix="lk-py-") as d:
+        yield Path(d)
+
+
+@pytest.fixture
+def cluster_factory(tmp_dir):
+    made = []
+
+    def make(lighthouse_flags=("--min-replicas", "1", "--join-timeout-ms", "300",
+                               "--heartbeat-timeout-ms", "3000")):
+        c = Cluster(tmp_dir, lighthouse_flags)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+__all__ = ["Cluster", "Proc", "wait_for", "signal", "sys"]

@@ -1,0 +1,185 @@
+"""Small trainers that the package's tests run as real processes (one per group_rank), each
+printing one JSON line per event to stdout. Usage: trainers.py MODE [--flags]; see main()."""
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+import zlib
+
+import torch
+
+import lightkeeper
+
+
+def emit(**kv):
+    print(json.dumps(kv), flush=True)
+
+
+def quorum_fields(q):
+    return dict(quorum_id=q.quorum_id, replica_rank=q.replica_rank,
+                world=q.replica_world_size, max_step=q.max_step, heal=q.heal, drain=q.drain,
+                reconfigure=q.reconfigure, initial=q.initial)
+
+
+def mode_allreduce(args, m):
+    """Each step: poll, allreduce a tensor whose value names the replica_rank, check the average
+    (and a bfloat16 one), commit. On QuorumLost: report it and poll again."""
+    step = 0
+    while step < args.steps:
+        q = m.poll(step)
+        emit(event="poll", step=step, **quorum_fields(q))
+        if q.drain:
+            emit(event="drain", step=step, checkpoint_now=q.checkpoint_now)
+            return 0
+        dev = torch.device(args.device)
+        t = torch.full((args.numel,), float(q.replica_rank + 1), dtype=torch.float32, device=dev)
+        b = torch.full((1000,), float(q.replica_rank + 1), dtype=torch.bfloat16, device=dev)
+        view = torch.arange(2 * args.numel, dtype=torch.float32, device=dev)[::2]  # strided
+        view.fill_(float(q.replica_rank))
+        try:
+            m.allreduce(t)
+            m.allreduce(b, op="sum")
+            m.allreduce(view, op="sum")
+        except lightkeeper.QuorumLost as e:
+            emit(event="quorum_lost", step=step, code=e.code, message=e.message)
+            continue
+        w = q.replica_world_size
+        want = sum(range(1, w + 1)) / w
+        correct = (t.device.type == args.device and bool(torch.all(t == want)) and bool(torch.all(b.float() == w * (w + 1) / 2))
+                   and bool(torch.all(view == w * (w - 1) / 2)))
+        m.commit(step + 1)
+        step += 1
+        emit(event="commit", step=step, correct=correct, value=float(t[0]),
+             current_step=m.current_step(), **quorum_fields(q))
+        time.sleep(args.sleep_ms / 1000)
+    m.finish()
+    emit(event="finished", step=step)
+    return 0
+
+
+def mode_idle(args, m):
+    """Polls once and then sleeps without ever joining the allreduce, so the other groups'
+    allreduce blocks on it (until this process is killed)."""
+    q = m.poll(0)
+    emit(event="poll", step=0, **quorum_fields(q))
+    time.sleep(3600)
+    return 0
+
+
+def mode_ddp(args, m):
+    """DistributedDataParallel over manager.group_process_group(): each rank trains on its own
+    data; DDP's gradient averaging keeps the replicas bitwise equal."""
+    q = m.poll(0)
+    emit(event="poll", step=0, **quorum_fields(q))
+    pg = m.group_process_group()
+    torch.manual_seed(1234 + m.group_rank)  # different initial weights: DDP must broadcast
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(99 + m.group_rank)  # different data per rank
+    for i in range(args.steps):
+        x = torch.randn(4, 8, generator=gen)
+        loss = ddp(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        grad = model[0].weight.grad.clone()
+        opt.step()
+        digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes()
+                                         for p in model.parameters())).hexdigest()
+        emit(event="ddp_step", i=i, hash=digest,
+             grad=hashlib.sha256(grad.numpy().tobytes()).hexdigest())
+    # The group's process group also serves plain collectives.
+    t = torch.tensor([float(m.group_rank + 1)])
+    torch.distributed.all_reduce(t, group=pg)
+    emit(event="pg_allreduce", value=float(t[0]))
+    m.finish()
+    emit(event="finished")
+    return 0
+
+
+class TinyModel(torch.nn.Module):
+    """Two layers and a bias-free head: a few hundred parameters, several named tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(8, 16)
+        self.head = torch.nn.Linear(16, 4, bias=False)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.embed(x)))
+
+
+def flat_hash(model):
+    return hashlib.sha256(b"".join(p.detach().contiguous().numpy().tobytes()
+                                   for p in model.parameters())).hexdigest()[:16]
+
+
+def mode_diloco(args, m):
+    """DiLoCo on TinyModel with AdamW: one JSON line per committed outer step with the hash of
+    the whole model (the global weights after the commit) and of the inner optimizer state."""
+    torch.manual_seed(7)  # the same initial weights everywhere; replica_rank 0's win anyway
+    model = TinyModel()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(1000 + zlib.crc32(args.data_seed.encode()) % 1000 + m.group_rank)
+    target = torch.randn(8, 4, generator=torch.Generator().manual_seed(5))
+    with lightkeeper.DiLoCo(m, model, opt, sync_every=args.sync_every,
+                            ckpt_dir=args.ckpt_dir or None, ckpt_every=args.ckpt_every) as d:
+        r = d.last_result
+        inner = hashlib.sha256(d.inner_state_vector().numpy().tobytes()).hexdigest()[:16]
+        emit(event="joined", kind=r["kind"], step=d.outer_step, inner=r["inner"],
+             inner_hash=inner, model_hash=flat_hash(model), heal_source=r["heal_source"],
+             views=all(p.data_ptr() >= d._flat.data_ptr() and
+                       p.data_ptr() < d._flat.data_ptr() + 4 * d._flat.numel()
+                       for p in model.parameters()))
+        while d.outer_step < args.steps and not d.should_stop:
+            x = torch.randn(16, 8, generator=gen)
+            loss = (model(x) - x @ target).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            prev = d.last_result
+            d.step()
+            r = d.last_result
+            if r is not prev:  # an outer step ran
+                inner = hashlib.sha256(d.inner_state_vector().numpy().tobytes()).hexdigest()[:16]
+                emit(event="outer", kind=r["kind"], step=d.outer_step, quorum_id=r["quorum_id"],
+                     world=r["replica_world_size"], state_hash=r["state_hash"],
+                     model_hash=flat_hash(model), inner=r["inner"], inner_hash=inner,
+                     saved=r["saved"], healed=r["healed"], loss=float(loss))
+            if args.sleep_ms:
+                time.sleep(args.sleep_ms / 1000)
+        emit(event="stopping", step=d.outer_step, should_stop=d.should_stop)
+    emit(event="finished", step=d.outer_step)
+    return 0
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["allreduce", "idle", "ddp", "diloco"])
+    p.add_argument("--group-rank", type=int, default=0)
+    p.add_argument("--group-size", type=int, default=1)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--numel", type=int, default=4096)
+    p.add_argument("--sleep-ms", type=int, default=0)
+    p.add_argument("--timeout-s", type=float, default=60)
+    p.add_argument("--no-finish", action="store_true")
+    p.add_argument("--sync-every", type=int, default=4)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--ckpt-dir", default="")
+    p.add_argument("--ckpt-every", type=int, default=0)
+    p.add_argument("--data-seed", default="g")
+    args = p.parse_args()
+    import datetime
+    m = lightkeeper.Manager(args.group_rank, args.group_size,
+                            timeout=datetime.timedelta(seconds=args.timeout_s))
+    if args.no_finish:
+        m.finish = lambda: None  # exit as if the process died after its last step
+    mode = {"allreduce": mode_allreduce, "idle": mode_idle, "ddp": mode_ddp,
+            "diloco": mode_diloco}[args.mode]
+    return mode(args, m)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

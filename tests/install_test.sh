@@ -1,0 +1,106 @@
+#!/bin/bash
+# The installed tree as users get it: `cmake --install` into a temp prefix, the prefix moved
+# elsewhere (it must be relocatable), its public headers checked for what they must not pull in,
+# then a small trainer built out of tree against it, once with find_package and once with
+# pkg-config, and run against the installed lighthouse and replica_agent (two groups, a few
+# outer steps; both must end on the same global weights).
+# Usage: install_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+BUILD=$(cd "$1" && pwd)
+SRC=$(cd "$2" && pwd)
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/lk-install-XXXXXX")
+PIDS=()
+cleanup() {
+  local rc=$?
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  if [ $rc -eq 0 ] && [ -z "${LK_KEEP_TEST_DIRS:-}" ]; then rm -rf "$TMP"; else echo "kept $TMP"; fi
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# 1. Install, then move the tree: nothing may point back at the first prefix or the build.
+cmake --install "$BUILD" --prefix "$TMP/stage" > "$TMP/install.log"
+mv "$TMP/stage" "$TMP/moved"
+P=$TMP/moved
+for f in bin/lighthouse bin/replica_agent bin/lkctl bin/diloco_trainer lib/liblightkeeper.so \
+         lib/cmake/Lightkeeper/LightkeeperConfig.cmake lib/pkgconfig/lightkeeper.pc \
+         include/lightkeeper/replica_agent/client/lightkeeper.h include/lightkeeper/diloco/diloco.h; do
+  [ -e "$P/$f" ] || fail "$f is not installed"
+done
+if grep -rl -e "$BUILD" -e "$SRC" -e "$TMP/stage" "$P/lib/cmake" "$P/lib/pkgconfig"; then
+  fail "absolute build, source or install paths in the CMake or pkg-config files"
+fi
+for f in "$P"/bin/* "$P"/lib/liblightkeeper.so; do
+  if readelf -d "$f" | grep -E 'R(UN)?PATH' | grep -q -e "$BUILD" -e "$SRC" -e "$TMP"; then
+    fail "$f has an RPATH into the build machine: $(readelf -d "$f" | grep -E 'R(UN)?PATH')"
+  fi
+done
+readelf -d "$P/bin/diloco_trainer" | grep -E 'R(UN)?PATH' | grep -q '\$ORIGIN/../lib' ||
+  fail "diloco_trainer has no \$ORIGIN-relative RPATH"
+# The library exports its API and nothing of what it links in statically.
+nm -D --defined-only "$P/lib/liblightkeeper.so" > "$TMP/symbols"
+grep -q ' T lk_diloco_sync$' "$TMP/symbols" || fail "lk_diloco_sync is not exported"
+grep -q ' T lk_comm_allreduce$' "$TMP/symbols" || fail "lk_comm_allreduce is not exported"
+if c++filt < "$TMP/symbols" | grep -E ' (boost|google|gloo|asio)::' | head -3 | grep -q .; then
+  fail "liblightkeeper.so exports Boost, protobuf or Gloo symbols"
+fi
+
+# 2. Every public header compiles alone, and none of them includes Asio, Beast, protobuf,
+#    OpenSSL or Gloo (they all live in /usr/include, so the check is on what each one reads).
+INC=$P/include/lightkeeper
+while IFS= read -r h; do
+  rel=${h#"$INC"/}
+  c++ -std=c++20 -fsyntax-only -x c++ -I"$INC" -MD -MF "$TMP/deps" "$h" || fail "$rel does not compile alone"
+  if grep -E '/(boost|google/protobuf|openssl|gloo|asio)/' "$TMP/deps"; then
+    fail "$rel includes a header it must not"
+  fi
+done < <(find "$INC" -name '*.h' | sort)
+cc -std=c11 -fsyntax-only -x c -Wall -Wextra -Werror -I"$INC" "$INC/replica_agent/client/lightkeeper.h" ||
+  fail "lightkeeper.h does not compile as C"
+
+# 3. Out-of-tree builds: find_package and pkg-config.
+cmake -S "$SRC/tests/install" -B "$TMP/ob" -G Ninja -DCMAKE_PREFIX_PATH="$P" > "$TMP/ob.log" 2>&1 ||
+  { cat "$TMP/ob.log"; fail "configure with find_package"; }
+cmake --build "$TMP/ob" > "$TMP/ob-build.log" 2>&1 || { cat "$TMP/ob-build.log"; fail "build with find_package"; }
+"$TMP/ob/header_user" | grep -q "specs ok total=17" || fail "header_user"
+export PKG_CONFIG_PATH=$P/lib/pkgconfig
+LIBDIR=$(pkg-config --variable=libdir lightkeeper)
+# shellcheck disable=SC2046
+cc -std=c11 -Wall -Wextra -Werror -o "$TMP/tiny_pc" "$SRC/tests/install/trainer.c" \
+  $(pkg-config --cflags --libs lightkeeper) -Wl,-rpath,"$LIBDIR" || fail "build with pkg-config"
+
+# 4. Run both against the installed lighthouse and agents: two groups, four outer steps.
+"$P/bin/lighthouse" --bind 127.0.0.1:0 --data-dir "$TMP/lh" --min-replicas 2 \
+  --join-timeout-ms 20000 > "$TMP/lighthouse.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 200); do grep -q "listening address=" "$TMP/lighthouse.log" && break; sleep 0.1; done
+ADDR=$(grep -o 'listening address=[^ ]*' "$TMP/lighthouse.log" | head -1 | cut -d= -f2)
+[ -n "$ADDR" ] || { cat "$TMP/lighthouse.log"; fail "the lighthouse did not start"; }
+for g in 0 1; do
+  "$P/bin/replica_agent" --lighthouse "http://$ADDR" --job oot --group-id "g$g" \
+    --socket "$TMP/g$g.sock" --serve 127.0.0.1:0 --heartbeat-interval-ms 200 > "$TMP/agent$g.log" 2>&1 &
+  PIDS+=($!)
+done
+for g in 0 1; do
+  for _ in $(seq 200); do grep -q agent_listening "$TMP/agent$g.log" && break; sleep 0.1; done
+  grep -q agent_listening "$TMP/agent$g.log" || { cat "$TMP/agent$g.log"; fail "agent g$g did not start"; }
+done
+LK_AGENT_SOCKET=$TMP/g0.sock timeout 60 "$TMP/ob/tiny_trainer" 0 4 "$TMP/ckpt0" > "$TMP/t0.out" 2> "$TMP/t0.err" &
+T0=$!
+LK_AGENT_SOCKET=$TMP/g1.sock timeout 60 "$TMP/tiny_pc" 1 4 "$TMP/ckpt1" > "$TMP/t1.out" 2> "$TMP/t1.err" &
+T1=$!
+wait $T0 || { cat "$TMP/t0.err"; fail "the find_package trainer failed"; }
+wait $T1 || { cat "$TMP/t1.err"; fail "the pkg-config trainer failed"; }
+cat "$TMP/t0.out" "$TMP/t1.out"
+for t in 0 1; do
+  grep -q '^done step=4 ' "$TMP/t$t.out" || fail "trainer $t did not reach step 4"
+  [ "$(grep -c '^step=' "$TMP/t$t.out")" = 4 ] || fail "trainer $t did not commit 4 steps"
+done
+# Two groups with different data, one quorum: the same global weights after every commit.
+diff <(grep '^step=' "$TMP/t0.out") <(grep '^step=' "$TMP/t1.out") || fail "the groups' weights differ"
+grep -q 'world=2' "$TMP/t0.out" || fail "the groups never formed one quorum"
+# The durable save at the end holds the inner state under its names.
+"$P/bin/lkctl" checkpoint inspect "$TMP/ckpt0" > "$TMP/inspect.txt" 2>&1 || { cat "$TMP/inspect.txt"; fail "lkctl checkpoint inspect"; }
+grep -q 'inner/momentum/w' "$TMP/inspect.txt" || { cat "$TMP/inspect.txt"; fail "no inner state in the checkpoint"; }
+grep -q 'outer_momentum/b' "$TMP/inspect.txt" || fail "no outer momentum in the checkpoint"
+echo "install test passed"
