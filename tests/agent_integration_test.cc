@@ -483,6 +483,8 @@ TEST_CASE("a trainer in C: polls, the KV, peer wait, commits and goodbye through
   // Nothing changes after the first step: the C trainer reads most answers from the board.
   CHECK(from_board > 0);
   CHECK_FALSE(trainer.WaitForLog("done", 1s).empty());
+  // The communicator calls of the C API worked at the first quorum (c_trainer checks them).
+  CHECK_FALSE(trainer.WaitForLog("comm ok", 1s).empty());
   // Its goodbye is the group's: the agent leaves with reason finished and exits 0.
   auto agent_code = g.agent->Wait(10s);
   REQUIRE(agent_code.has_value());
