@@ -18,6 +18,9 @@ import argparse
 import datetime
 import json
 import os
+import socket
+import stat
+import struct
 import sys
 import time
 
@@ -120,18 +123,59 @@ class Logger:
               flush=True)
 
 
+def tcp_sent():
+    """{socket inode: tcpi_bytes_sent} over this process's TCP sockets (its communicators'),
+    as diloco/net_bytes.cc counts them for the C++ trainer's byte fields."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fd = int(name)
+            st = os.fstat(fd)
+            if not stat.S_ISSOCK(st.st_mode):
+                continue
+            with socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as s:
+                info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_SIZE)
+        except OSError:
+            continue  # gone meanwhile, or a Unix socket (the agent's): not counted
+        if len(info) >= TCPI_BYTES_SENT + 8:
+            out[st.st_ino] = struct.unpack_from("=Q", info, TCPI_BYTES_SENT)[0]
+    return out
+
+
+# struct tcp_info (linux/tcp.h): its size and tcpi_bytes_sent's offset (kernels from 4.19).
+TCP_INFO_SIZE, TCPI_BYTES_SENT = 232, 200
+
+
+def tcp_sent_between(before, after):
+    return sum(max(0, v - before.get(k, 0)) for k, v in after.items())
+
+
 class StepLog:
-    """The --log JSON lines, field for field as the C++ trainer writes them (trainer.cc's
-    WriteLogLine): the step, its quorum, the losses, the hash of this trainer's shard of the new
-    global weights, and where the step's wall time and bytes went since the previous commit."""
+    """The --log JSON lines, field for field and format for format as the C++ trainer writes
+    them (trainer.cc's WriteLogLine), so that a mixed job's members log identical text for
+    identical values: the step, its quorum, the losses, the hash of this trainer's shard of the
+    new global weights, and where the wall time and the bytes went since the previous commit
+    (the library's figures of every call since then, and this loop's own)."""
+
+    STATS = ("poll_ms", "join_ms", "allreduce_ms", "gather_ms", "publish_ms", "commit_ms",
+             "outer_ms", "cross_bytes", "sync_bytes", "group_bytes")
 
     def __init__(self, path, args):
         self.file = open(path, "a") if path else None
         self.args = args
         self.last_commit = time.monotonic()
-        self.inner_ms = 0.0
-        self.discarded_ms = 0.0
-        self.eval_ms = 0.0
+        self.clear()
+
+    def clear(self):
+        self.sync = dict.fromkeys(self.STATS, 0)
+        self.inner_ms = self.discarded_ms = self.eval_ms = 0.0
+        self.group_bytes = 0
+
+    def add(self, result):
+        for k in self.STATS:
+            # outer_ms is the committed attempt's own figure, the rest add up.
+            self.sync[k] = result["stats"][k] if k == "outer_ms" else (
+                self.sync[k] + result["stats"][k])
 
     def discard(self):
         # A heal threw away the inner steps since the last commit: not training that reached
@@ -143,9 +187,7 @@ class StepLog:
         now = time.monotonic()
         step_ms = (now - self.last_commit) * 1000
         self.last_commit = now
-        s = r.stats
-        # The same format as the C++ line (fmt's {:.6f} is printf's %.6f): a mixed job's
-        # members log identical text for identical values.
+        y, a = self.sync, self.args
         evals = "" if eval_loss is None else ',"eval_loss":%.6f' % eval_loss
         line = (
             '{"step":%d,"quorum_id":%d,"replica_world_size":%d,"loss":%.6f,'
@@ -155,16 +197,103 @@ class StepLog:
             '"gather_ms":%.1f,"publish_ms":%.1f,"commit_ms":%.3f,"eval_ms":%.1f,'
             '"cross_bytes":%d,"sync_bytes":%d,"group_bytes":%d,"params":%d,'
             '"shard":%d,"inner_steps":%d,"group_size":%d}\n') % (
-                r.step, r.quorum_id, r.replica_world_size, loss, r.state_hash,
-                "true" if r.healed else "false", self.args.group_rank, int(s.outer_ms), evals,
-                int(time.time() * 1000), step_ms, s.poll_ms, s.join_ms, self.inner_ms,
-                self.discarded_ms, s.allreduce_ms, s.gather_ms, s.publish_ms, s.commit_ms,
-                self.eval_ms, s.cross_bytes, s.sync_bytes, s.group_bytes, params, shard,
-                self.args.inner_steps, self.args.group_size)
-        self.inner_ms = self.discarded_ms = self.eval_ms = 0.0
+                r["step"], r["quorum_id"], r["replica_world_size"], loss, r["state_hash"],
+                "true" if r["healed"] else "false", a.group_rank, int(y["outer_ms"]), evals,
+                int(time.time() * 1000), step_ms, y["poll_ms"], y["join_ms"], self.inner_ms,
+                self.discarded_ms, y["allreduce_ms"], y["gather_ms"], y["publish_ms"],
+                y["commit_ms"], self.eval_ms, y["cross_bytes"], y["sync_bytes"],
+                self.group_bytes + y["group_bytes"], params, shard, a.inner_steps,
+                a.group_size)
+        self.clear()
         if self.file is not None:
             self.file.write(line)
             self.file.flush()
+
+
+def train(args, log):
+    text = char_model.make_corpus(args.corpus_bytes)
+    vocab, tokens = char_model.encode(text)
+    lm = char_model.LocalModel(tokens, len(vocab), args.seed, width=args.model_width,
+                               layers=args.layers, heads=args.heads, seq_len=args.seq_len,
+                               batch=args.batch, inner_lr=args.inner_lr)
+    op_timeout = datetime.timedelta(milliseconds=args.op_timeout_ms)
+    init_timeout = datetime.timedelta(milliseconds=args.init_timeout_ms)
+    manager = lightkeeper.Manager(args.group_rank, args.group_size, timeout=op_timeout,
+                                  init_timeout=init_timeout)
+    steps = StepLog(args.log, args)
+    eval_seed = char_model.mix_seed(args.seed, char_model.EVAL_TAG)
+    diloco = lightkeeper.DiLoCo(
+        manager, lm.model, lm.optimizer, sync_every=args.inner_steps, outer_lr=args.outer_lr,
+        outer_momentum=args.outer_momentum, nesterov=True, ckpt_dir=args.ckpt_dir or None,
+        ckpt_every=args.ckpt_every, live_dir=args.live_dir, timeout=op_timeout,
+        init_timeout=init_timeout)
+    with diloco:
+        # Entering joined the job: the model holds the job's global weights (replica_rank 0's
+        # initial ones at the very first start, a heal's later).
+        joined = diloco.last_result
+        steps.add(joined)
+        if diloco.should_stop:
+            log("info", "drain", step=diloco.outer_step, reason=joined["reason"])
+            return 0
+        group_key = (char_model.std_hash(args.group_id) if args.group_id
+                     else joined["replica_rank"])
+        rng = char_model.SplitMix(char_model.mix_seed(args.seed, group_key, args.group_rank))
+        # The group's inner gradients are averaged over a process group of its own (the
+        # DiLoCo's agrees on drains at every step): every trainer of the group asks for it
+        # here, right after the same join.
+        group = (manager.group_process_group(timeout=op_timeout) if args.group_size > 1
+                 else None)
+        log("info", "trainer_start", params=lm.numel, shard_size=diloco.shard_numel,
+            vocab=len(vocab), corpus_bytes=len(text))
+
+        def average(buf):
+            # Gradients and the loss in one collective per inner step, summed then divided,
+            # as the C++ trainer does.
+            if group is not None:
+                group.allreduce([buf]).wait()
+                buf.div_(args.group_size)
+
+        loss_sum = torch.zeros((), dtype=torch.float32)
+        t0, b0 = time.monotonic(), tcp_sent()
+        while diloco.outer_step < args.outer_steps and not diloco.should_stop:
+            loss, _ = lm.inner_step(rng, average)
+            lm.optimizer.step()
+            loss_sum += loss
+            before = diloco.last_result
+            diloco.step()
+            r = diloco.last_result
+            if r is before:
+                continue  # no outer step at this inner step
+            steps.inner_ms += (time.monotonic() - t0) * 1000
+            steps.group_bytes += tcp_sent_between(b0, tcp_sent())
+            steps.add(r)
+            if r["kind"] == "committed":
+                mean_loss = float(loss_sum / args.inner_steps)
+                eval_loss = None
+                if args.eval_batches > 0:
+                    # After the commit, so that the commit's latency does not include it; the
+                    # model holds the new global weights now, identical in every member.
+                    e0 = time.monotonic()
+                    eval_loss = float(lm.eval_loss(char_model.SplitMix(eval_seed),
+                                                   args.eval_batches))
+                    steps.eval_ms += (time.monotonic() - e0) * 1000
+                steps.write(r, mean_loss, eval_loss, lm.numel, diloco.shard_numel)
+                log("info", "outer_committed", step=r["step"], quorum_id=r["quorum_id"],
+                    world=r["replica_world_size"], loss="%.4f" % mean_loss,
+                    hash=r["state_hash"], outer_ms=int(r["stats"]["outer_ms"]))
+            elif r["kind"] == "received":
+                steps.discard()
+                log("info", "state_received", step=r["step"], source=r["heal_source"],
+                    healed=r["healed"])
+            else:
+                log("info", "drain", step=r["step"], checkpoint_now=r["checkpoint_now"],
+                    reason=r["reason"])
+            loss_sum.zero_()
+            t0, b0 = time.monotonic(), tcp_sent()
+    # Leaving the context after the last outer step ran the final barrier, the final save and
+    # the goodbye to the agent; after a drain, the save the agent asked for.
+    log("info", "trainer_done", step=diloco.outer_step)
+    return 0
 
 
 def main(argv):
@@ -173,80 +302,18 @@ def main(argv):
     # One intra-op thread: several trainers share a node's cores, and one thread keeps every
     # kernel's reduction order, so runs replay exactly (and match the C++ trainer's).
     torch.set_num_threads(1)
-    log("info", "trainer_config", **{k: v for k, v in vars(args).items()})
-    text = char_model.make_corpus(args.corpus_bytes)
-    vocab, tokens = char_model.encode(text)
-    lm = char_model.LocalModel(tokens, len(vocab), args.seed, width=args.model_width,
-                               layers=args.layers, heads=args.heads, seq_len=args.seq_len,
-                               batch=args.batch, inner_lr=args.inner_lr)
-    manager = lightkeeper.Manager(
-        args.group_rank, args.group_size,
-        timeout=datetime.timedelta(milliseconds=args.op_timeout_ms),
-        init_timeout=datetime.timedelta(milliseconds=args.init_timeout_ms))
-    steps_log = StepLog(args.log, args)
-    diloco = lightkeeper.DiLoCo(
-        manager, lm.model, lm.optimizer, sync_every=args.inner_steps, outer_lr=args.outer_lr,
-        outer_momentum=args.outer_momentum, nesterov=True, ckpt_dir=args.ckpt_dir or None,
-        ckpt_every=args.ckpt_every, live_dir=args.live_dir or None)
-    eval_seed = char_model.mix_seed(args.seed, char_model.EVAL_TAG)
-    with diloco:
-        first = diloco.last_result
-        group_key = (char_model.std_hash(args.group_id) if args.group_id
-                     else first.replica_rank)
-        rng = char_model.SplitMix(char_model.mix_seed(args.seed, group_key, args.group_rank))
-        group = diloco.group_pg
-        log("info", "trainer_start", params=lm.numel, shard=diloco.shard_numel,
-            vocab=len(vocab), corpus_bytes=len(text))
-
-        def average(buf):
-            # Gradients, loss and the drain flag in one collective per inner step, as the C++
-            # trainer: a drain seen by any trainer of the group stops all of them after the
-            # same inner step.
-            buf[-1] = 1.0 if diloco.drain_requested else 0.0
-            if group is not None and args.group_size > 1:
-                group.allreduce([buf]).wait()
-                buf.div_(args.group_size)
-            return bool(buf[-1] > 0)
-
-        loss_sum = torch.zeros((), dtype=torch.float32)
-        inner = 0
-        t0 = time.monotonic()
-        while diloco.outer_step < args.outer_steps and not diloco.should_stop:
-            loss, drain = lm.inner_step(rng, average)
-            if drain:
-                diloco.stop()
-                break
-            lm.optimizer.step()
-            loss_sum += loss
-            inner += 1
-            if not diloco.step():
-                continue
-            steps_log.inner_ms += (time.monotonic() - t0) * 1000
-            r = diloco.last_result
-            if r.committed:
-                mean_loss = float(loss_sum / inner)
-                eval_loss = None
-                if args.eval_batches > 0:
-                    e0 = time.monotonic()
-                    eval_loss = float(lm.eval_loss(char_model.SplitMix(eval_seed),
-                                                   args.eval_batches))
-                    steps_log.eval_ms += (time.monotonic() - e0) * 1000
-                steps_log.write(r, mean_loss, eval_loss, lm.numel, diloco.shard_numel)
-                log("info", "outer_committed", step=r.step, quorum_id=r.quorum_id,
-                    world=r.replica_world_size, loss=f"{mean_loss:.4f}", hash=r.state_hash)
-            else:
-                steps_log.discard()
-            loss_sum.zero_()
-            inner = 0
-            t0 = time.monotonic()
-    log("info", "trainer_done", step=diloco.outer_step)
-    return 0
+    log("info", "trainer_config", **vars(args))
+    try:
+        return train(args, log)
+    except lightkeeper.Error as e:
+        # The agent is gone, or no quorum could be joined: the launcher restarts the group.
+        log("error", "trainer_failed", code=e.code, error=e.message)
+    except RuntimeError as e:
+        # An in-group collective failed (a trainer of this group is gone): the group is going
+        # down; the agent reports it.
+        log("error", "trainer_failed", code="group_collective", error=str(e))
+    return 1
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except lightkeeper.Error as e:
-        print(f"ERROR trainer_failed code={e.code} error={json.dumps(e.message)}",
-              file=sys.stderr, flush=True)
-        sys.exit(1)
+    sys.exit(main(sys.argv[1:]))
