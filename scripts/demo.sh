@@ -40,6 +40,7 @@ BIN=${LK_DEMO_BIN:-$ROOT/build/bin}
 if [ "$TRAINER" = python ]; then
   TRAINER_CMD=(/usr/bin/python3 "$ROOT/examples/python/diloco_trainer.py")
   export PYTHONPATH="${LK_DEMO_PYTHONPATH:-$BIN/../python}${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONDONTWRITEBYTECODE=1
 else
   TRAINER_CMD=("$BIN/diloco_trainer")
 fi

@@ -117,10 +117,14 @@ class Logger:
     def __call__(self, level, event, **fields):
         if self.LEVELS[level] < self.level:
             return
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + ".%03dZ" % (
+            int(now * 1000) % 1000)
         text = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}"
                         for k, v in fields.items())
-        print(f"{level.upper()} {self.prefix} {event} {text}".rstrip(), file=sys.stderr,
-              flush=True)
+        # One write per line keeps lines whole when several processes share stderr.
+        line = f"{stamp} {level[0].upper()} {self.prefix} {event} {text}".rstrip() + "\n"
+        os.write(sys.stderr.fileno(), line.encode())
 
 
 def tcp_sent():
