@@ -258,18 +258,26 @@ def train(args, log):
                 buf.div_(args.group_size)
 
         loss_sum = torch.zeros((), dtype=torch.float32)
+        inner = 0  # inner steps since the last outer step
         t0, b0 = time.monotonic(), tcp_sent()
         while diloco.outer_step < args.outer_steps and not diloco.should_stop:
             loss, _ = lm.inner_step(rng, average)
             lm.optimizer.step()
             loss_sum += loss
             before = diloco.last_result
+            # The inner steps' time and bytes end where the outer step begins (the library's
+            # own figures, poll to commit, come in its stats). The bytes are counted only at
+            # the step that syncs, or after a drain's early one.
+            inner += 1
+            t1 = time.monotonic()
+            b1 = tcp_sent() if inner == args.inner_steps else None
             diloco.step()
             r = diloco.last_result
             if r is before:
                 continue  # no outer step at this inner step
-            steps.inner_ms += (time.monotonic() - t0) * 1000
-            steps.group_bytes += tcp_sent_between(b0, tcp_sent())
+            inner = 0
+            steps.inner_ms += (t1 - t0) * 1000
+            steps.group_bytes += tcp_sent_between(b0, b1 if b1 is not None else tcp_sent())
             steps.add(r)
             if r["kind"] == "committed":
                 mean_loss = float(loss_sum / args.inner_steps)

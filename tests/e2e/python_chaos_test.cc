@@ -85,26 +85,26 @@ TEST_CASE("python chaos three groups of two python trainers survive kills a ligh
       run.Reap(life, 30s);
     }
     Life* next = run.StartGroup(g, TrainerKind::kPython);
-    REQUIRE_MESSAGE(run.WaitFirstCommit(next, 90s), "group " << g << " did not come back");
+    REQUIRE_MESSAGE(run.WaitFirstCommit(next, 150s), "group " << g << " did not come back");
     note(fmt::format("{} is back (life {}) and committed", g, next->index));
   };
 
   REQUIRE(WaitCommitted(watch, pick(2, 4), 120s));
   kill_and_restart(true);
-  REQUIRE(WaitCommitted(watch, watch.committed() + pick(1, 2), 60s));
+  REQUIRE(WaitCommitted(watch, watch.committed() + pick(1, 2), 90s));
   kill_and_restart(false);
-  REQUIRE(WaitCommitted(watch, watch.committed() + 1, 60s));
+  REQUIRE(WaitCommitted(watch, watch.committed() + 1, 90s));
   note("kill -9 lighthouse and restart it on the same address and data");
   uint32_t before = watch.committed();
   run.RestartLighthouse(rng);
-  REQUIRE_MESSAGE(WaitCommitted(watch, before + 2, 60s), "no progress after the restart");
+  REQUIRE_MESSAGE(WaitCommitted(watch, before + 2, 90s), "no progress after the restart");
   note("lighthouse back; g3 joins");
   changes.emplace_back(watch.committed(), Change::kJoin, "g3");
   Life* joiner = run.StartGroup("g3", TrainerKind::kPython);
-  REQUIRE(run.WaitFirstCommit(joiner, 90s));
+  REQUIRE(run.WaitFirstCommit(joiner, 150s));
   note("g3 committed");
 
-  run.WaitSurvivors(150s);
+  run.WaitSurvivors(300s);
   note("all survivors exited");
   watch.Stop();
 
@@ -128,9 +128,9 @@ TEST_CASE("python chaos three groups of two python trainers survive kills a ligh
       REQUIRE(WaitCommitted(ref_watch, step, 120s));
       if (change == Change::kRestart) ref.Leave(g);
       Life* back = ref.StartGroup(g, TrainerKind::kPython);
-      REQUIRE_MESSAGE(ref.WaitFirstCommit(back, 90s), "reference: " << g << " did not come back");
+      REQUIRE_MESSAGE(ref.WaitFirstCommit(back, 150s), "reference: " << g << " did not come back");
     }
-    ref.WaitSurvivors(150s);
+    ref.WaitSurvivors(300s);
     ref_watch.Stop();
     CheckLogs(ref.AllLogs(), o.steps, o.group_size);
     ref_loss = FinalLoss(ref.AllLogs(), o.steps);
@@ -158,7 +158,7 @@ TEST_CASE("mixed job a group of cpp trainers and a group of python trainers hold
   StatusWatch watch(run.lh.address, o.job);
   Life* cpp = run.StartGroup("g0", TrainerKind::kCpp);
   Life* py = run.StartGroup("g1", TrainerKind::kPython);
-  run.WaitSurvivors(150s);
+  run.WaitSurvivors(300s);
   watch.Stop();
   for (const std::string& v : watch.violations()) FAIL_CHECK(v);
   CHECK(watch.committed() == o.steps);
