@@ -112,8 +112,10 @@ struct Run {
     REQUIRE_FALSE(life->agent->WaitForLog("agent_listening", 20s).empty());
     std::map<std::string, std::string> env = {{"LK_AGENT_SOCKET", socket}, {"LK_GROUP_ID", name}};
     if (kind == TrainerKind::kPython) {
-      env["PYTHONPATH"] = PythonPackageDir();
-      env["PYTHONDONTWRITEBYTECODE"] = "1";  // nothing written into the source tree
+      // insert, not operator[] and assignment: GCC 12 warns falsely (-Wrestrict) on the
+      // latter at -O2.
+      env.insert({"PYTHONPATH", PythonPackageDir()});
+      env.insert({"PYTHONDONTWRITEBYTECODE", "1"});  // nothing written into the source tree
     }
     for (uint32_t r = 0; r < options.group_size; ++r) {
       std::string log = fmt::format("{}/trainer-{}-{}.{}.jsonl", dir, name, r, life->index);
