@@ -130,6 +130,15 @@ TEST_CASE("python chaos three groups of two python trainers survive kills a ligh
     for (const char* g : {"g0", "g1", "g2"}) ref.StartGroup(g, TrainerKind::kPython);
     for (const auto& [step, change, g] : changes) {
       REQUIRE(WaitCommitted(ref_watch, step, 120s));
+      // A Python group's return takes many of this fast run's steps (the interpreter and torch
+      // start), so the reference drifts behind the chaos run's schedule; a change that would
+      // come within a few steps of T, where the returning group could not join before the
+      // others finish, is left out (and said so).
+      if (ref_watch.committed() + 8 >= o.steps) {
+        fmt::print("reference: {} of {} left out at step {} (too close to T)\n",
+                   change == Change::kJoin ? "join" : "restart", g, ref_watch.committed());
+        continue;
+      }
       if (change == Change::kRestart) ref.Leave(g);
       Life* back = ref.StartGroup(g, TrainerKind::kPython);
       REQUIRE_MESSAGE(ref.WaitFirstCommit(back, 150s), "reference: " << g << " did not come back");
