@@ -3,7 +3,9 @@
 //  - the Python chaos test: three groups of two Python trainers, a seeded schedule of a kill -9
 //    of a trainer and of an agent (each group comes back as a new incarnation and heals), a
 //    kill -9 and restart of the lighthouse, and a fourth group that joins; then a failure-free
-//    reference with the same membership changes at the same committed steps. Asserted: one
+//    reference with the same membership changes at the same committed steps (one that would
+//    come within 8 steps of T there is left out and printed: a Python group's return takes
+//    many of the fast reference's steps, so it drifts behind the chaos run). Asserted: one
 //    param_hash per (step, shard) across all members after every commit, quorum_id never
 //    decreasing and one membership per quorum_id, the job's committed step never going back,
 //    every surviving trainer reaching T and exiting 0, and the final eval loss within 5% of the
