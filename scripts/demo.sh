@@ -7,15 +7,43 @@
 # Ends with a summary and a PNG plot of loss against outer step with the membership changes
 # marked. Everything listens on 127.0.0.1 and is stopped at the end. The dashboard is live
 # meanwhile. About a minute on 2 cores once built.
+#
+#   scripts/demo.sh [--trainer cpp|python]
+#
+# --trainer python runs the same demo with the PyTorch trainer (examples/python/diloco_trainer.py
+# on Debian's /usr/bin/python3 with the lightkeeper package from build/python): the same model,
+# flags and --log lines, so everything below reads the same.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+TRAINER=cpp
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --trainer) TRAINER=${2:-}; shift 2 || { echo "demo.sh: --trainer needs cpp or python" >&2; exit 2; } ;;
+    --trainer=*) TRAINER=${1#--trainer=}; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "demo.sh: unknown argument $1 (usage: demo.sh [--trainer cpp|python])" >&2; exit 2 ;;
+  esac
+done
+case "$TRAINER" in
+  cpp) TARGETS="lighthouse lkctl replica_agent diloco_trainer" ;;
+  python) TARGETS="lighthouse lkctl replica_agent lightkeeper_python" ;;
+  *) echo "demo.sh: --trainer must be cpp or python, not '$TRAINER'" >&2; exit 2 ;;
+esac
 if [ "${LK_DEMO_SKIP_BUILD:-0}" != 1 ]; then
   bash scripts/install-deps.sh
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-  cmake --build build -j"$(nproc)" --target lighthouse lkctl replica_agent diloco_trainer
+  # shellcheck disable=SC2086
+  cmake --build build -j"$(nproc)" --target $TARGETS
 fi
 BIN=${LK_DEMO_BIN:-$ROOT/build/bin}
+if [ "$TRAINER" = python ]; then
+  TRAINER_CMD=(/usr/bin/python3 "$ROOT/examples/python/diloco_trainer.py")
+  export PYTHONPATH="${LK_DEMO_PYTHONPATH:-$BIN/../python}${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONDONTWRITEBYTECODE=1
+else
+  TRAINER_CMD=("$BIN/diloco_trainer")
+fi
 RUN=$(mktemp -d /tmp/lightkeeper-demo.XXXXXX)
 STEPS=${LK_DEMO_STEPS:-40}       # outer steps (T)
 KILL_AT=$((STEPS / 4))           # kill a trainer once the job committed this step
@@ -68,7 +96,7 @@ start_group() {  # start_group DIR NAME TAG: an agent and two trainers; logs DIR
   PIDS+=("$!"); eval "AGENT_$g=$!"
   wait_log "$dir/agent-$g.$tag.log" agent_listening
   for r in 0 1; do
-    LK_AGENT_SOCKET=$sock LK_GROUP_ID=$g "$BIN/diloco_trainer" --group-rank $r --group-size 2 \
+    LK_AGENT_SOCKET=$sock LK_GROUP_ID=$g "${TRAINER_CMD[@]}" --group-rank $r --group-size 2 \
       --inner-steps 8 --outer-steps "$STEPS" --seed $SEED --ckpt-dir "$dir/ckpt-$g" \
       --live-dir "$dir/live-$g" --log "$dir/trainer-$g-$r.$tag.jsonl" \
       --model-width 32 --layers 1 --heads 2 --seq-len 32 --batch 8 --corpus-bytes 16384 \
@@ -91,6 +119,7 @@ wait_groups() {  # wait_groups G...: waits for each group's trainers and agent, 
 status() { "$BIN/lkctl" --lighthouse "http://$ADDR" status || true; }
 
 T0=$(now)
+say "trainer: $TRAINER (${TRAINER_CMD[*]})"
 say "reference: three groups, no failures, same seeds ($STEPS outer steps)"
 mkdir -p "$RUN/ref"
 start_lighthouse "$RUN/ref/lighthouse-data" "$RUN/ref/lighthouse.log"

@@ -28,188 +28,22 @@
 #include <thread>
 #include <tuple>
 
-#include "tests/e2e/chaos_util.h"
-#include "tests/support/process.h"
+#include "tests/e2e/chaos_run.h"
 
 namespace lk::e2e {
 namespace {
 
-using namespace std::chrono_literals;
-using test::BinDir;
-using test::Process;
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kSteps = 36;      // T
 constexpr uint32_t kGroupSize = 2;   // trainers per group
-constexpr uint32_t kSeed = 11;       // the trainers' --seed (model init and data)
 
-// One life of a group: an agent and its trainers. A group that comes back is a new life.
-struct Life {
-  std::string group;
-  uint32_t index = 0;
-  std::unique_ptr<Process> agent;
-  std::vector<std::unique_ptr<Process>> trainers;
-  std::vector<std::string> logs;
-  bool killed = false;  // a process of this life was killed: its exit codes are not checked
-  bool left = false;    // drained by a SIGTERM to its agent: exits 0 before T
-};
-
-struct Run {
-  std::string dir;
-  std::string lh_data;
-  test::Lighthouse lh;
-  std::vector<std::unique_ptr<Life>> lives;
-  std::map<std::string, Life*> current;
-  uint32_t restarts_of_lighthouse = 0;
-
-  explicit Run(const std::string& tag) : dir(test::TempDir(tag)), lh_data(dir + "/lh") {
-    lh = test::StartLighthouse(lh_data, LighthouseFlags(), dir + "/lighthouse.log");
-  }
-  static std::vector<std::string> LighthouseFlags() {
-    return {"--min-replicas", "2", "--join-timeout-ms", "2000", "--heartbeat-timeout-ms", "2000"};
-  }
-
-  Life* StartGroup(const std::string& name) {
-    auto life = std::make_unique<Life>();
-    life->group = name;
-    life->index = static_cast<uint32_t>(lives.size());
-    std::string socket = fmt::format("{}/{}.{}.sock", dir, name, life->index);
-    std::string live = fmt::format("{}/live-{}", dir, name);
-    life->agent = std::make_unique<Process>(
-        std::vector<std::string>{BinDir() + "/replica_agent", "--lighthouse", lh.url(), "--job",
-                                 "chaos", "--group-id", name, "--socket", socket, "--serve",
-                                 "127.0.0.1:0", "--serve-dir", live, "--heartbeat-interval-ms",
-                                 "100", "--quorum-timeout-ms", "5000"},
-        fmt::format("{}/agent-{}.{}.log", dir, name, life->index));
-    REQUIRE_FALSE(life->agent->WaitForLog("agent_listening", 20s).empty());
-    for (uint32_t r = 0; r < kGroupSize; ++r) {
-      std::string log = fmt::format("{}/trainer-{}-{}.{}.jsonl", dir, name, r, life->index);
-      life->logs.push_back(log);
-      life->trainers.push_back(std::make_unique<Process>(
-          std::vector<std::string>{
-              BinDir() + "/diloco_trainer", "--group-rank", std::to_string(r), "--group-size",
-              std::to_string(kGroupSize), "--inner-steps", "8", "--outer-steps",
-              std::to_string(kSteps), "--seed", std::to_string(kSeed), "--ckpt-dir",
-              dir + "/ckpt-" + name, "--log", log, "--model-width", "32", "--layers", "1",
-              "--heads", "2", "--seq-len", "32", "--batch", "8", "--corpus-bytes", "16384",
-              "--op-timeout-ms", "20000", "--live-dir", live, "--eval-batches", "8"},
-          log + ".stderr",
-          std::map<std::string, std::string>{{"LK_AGENT_SOCKET", socket},
-                                             {"LK_GROUP_ID", name}}));
-    }
-    Life* p = life.get();
-    current[name] = p;
-    lives.push_back(std::move(life));
-    return p;
-  }
-
-  // Waits until one of `life`'s trainers logged a commit (it joined the quorum and committed).
-  bool WaitFirstCommit(Life* life, std::chrono::seconds bound) {
-    auto deadline = Clock::now() + bound;
-    while (Clock::now() < deadline) {
-      if (!ReadLog(life->logs[0]).empty()) return true;
-      std::this_thread::sleep_for(100ms);
-    }
-    return false;
-  }
-
-  // After a kill in `life`: the rest of the group stops (the agent ends its trainers when one
-  // dies; trainers whose agent died stop on their own). Whatever still runs after `bound` is
-  // killed. Returns the agent's exit code when it exited.
-  std::optional<int> Reap(Life* life, std::chrono::seconds bound) {
-    life->killed = true;
-    auto deadline = Clock::now() + bound;
-    auto left = [&] {
-      return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
-                                                                            Clock::now()),
-                      1ms);
-    };
-    // The trainers first: they are this test's children, and the agent counts a trainer that is
-    // not reaped yet (a zombie) as still running.
-    for (auto& t : life->trainers) {
-      if (!t->Wait(left())) {
-        MESSAGE("trainer of " << life->group << " still runs after " << bound.count()
-                              << " s: killed");
-        t->Signal(SIGKILL);
-        t->Wait(5s);
-      }
-    }
-    std::optional<int> agent_code = life->agent->Wait(left());
-    if (!agent_code) {
-      life->agent->Signal(SIGKILL);
-      life->agent->Wait(5s);
-    }
-    return agent_code;
-  }
-
-  void RestartLighthouse(std::mt19937& rng) {
-    std::string address = lh.address;
-    lh.process->Signal(SIGKILL);
-    REQUIRE(lh.process->Wait(10s).has_value());
-    std::this_thread::sleep_for(std::chrono::milliseconds(200 + rng() % 800));
-    lh = test::StartLighthouse(lh_data, LighthouseFlags(),
-                               fmt::format("{}/lighthouse.{}.log", dir, ++restarts_of_lighthouse),
-                               address);
-    REQUIRE(lh.address == address);
-  }
-};
-
-// Waits until the job's committed step reaches `step`.
-bool WaitCommitted(const StatusWatch& w, uint32_t step, std::chrono::seconds bound) {
-  auto deadline = Clock::now() + bound;
-  while (Clock::now() < deadline) {
-    if (w.committed() >= step) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return false;
-}
-
-std::vector<TrainerLog> AllLogs(const Run& run) {
-  std::vector<TrainerLog> out;
-  for (const auto& l : run.lives) {
-    for (const std::string& p : l->logs) out.push_back({p, !l->killed && !l->left});
-  }
-  return out;
-}
-
-// Waits for the trainers and agents of every life that was not killed; all must exit 0.
-void WaitSurvivors(Run& run, std::chrono::seconds bound) {
-  auto deadline = Clock::now() + bound;
-  auto left = [&] {
-    return std::max(
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()), 1ms);
-  };
-  for (auto& life : run.lives) {
-    if (life->killed) continue;
-    for (size_t r = 0; r < life->trainers.size(); ++r) {
-      auto code = life->trainers[r]->Wait(left());
-      INFO("trainer " << life->group << "/" << r << " (life " << life->index << ") stderr in "
-                      << life->trainers[r]->log_path());
-      REQUIRE(code.has_value());
-      CHECK(*code == 0);
-    }
-    auto code = life->agent->Wait(left());
-    INFO("agent " << life->group << " (life " << life->index << ") log "
-                  << life->agent->log_path());
-    REQUIRE(code.has_value());
-    CHECK(*code == 0);
-  }
-}
-
-// SIGTERM to the agent of `g`: the group drains, its trainers and agent exit 0, it leaves.
-void Leave(Run& run, const std::string& g) {
-  Life* life = run.current[g];
-  life->left = true;
-  life->agent->Signal(SIGTERM);
-  for (auto& t : life->trainers) {
-    auto code = t->Wait(30s);
-    INFO("trainer stderr " << t->log_path());
-    REQUIRE(code.has_value());
-    CHECK(*code == 0);
-  }
-  auto code = life->agent->Wait(10s);
-  REQUIRE(code.has_value());
-  CHECK(*code == 0);
+RunOptions Options() {
+  RunOptions o;
+  o.steps = kSteps;
+  o.group_size = kGroupSize;
+  o.seed = 11;  // the trainers' --seed (model init and data)
+  return o;
 }
 
 TEST_CASE("chaos four groups of two trainers survive kills a lighthouse restart a leave and a join") {
@@ -218,7 +52,7 @@ TEST_CASE("chaos four groups of two trainers survive kills a lighthouse restart 
   auto pick = [&](uint32_t lo, uint32_t hi) { return lo + rng() % (hi - lo + 1); };
   auto secs = [&] { return std::chrono::duration<double>(Clock::now() - started).count(); };
 
-  Run run("chaos");
+  Run run("chaos", Options());
   fmt::print("chaos logs in {}\n", run.dir);
   StatusWatch watch(run.lh.address, "chaos");
   for (const char* g : {"g0", "g1", "g2", "g3"}) run.StartGroup(g);
@@ -271,7 +105,7 @@ TEST_CASE("chaos four groups of two trainers survive kills a lighthouse restart 
   const std::string leaver = random_group();
   changes.emplace_back(watch.committed(), Change::kLeave, leaver);
   note(fmt::format("SIGTERM agent of {}: the group drains and leaves", leaver));
-  Leave(run, leaver);
+  run.Leave(leaver);
   groups.erase(std::find(groups.begin(), groups.end(), leaver));
   note("g4 joins");
   changes.emplace_back(watch.committed(), Change::kJoin, "g4");
@@ -281,7 +115,7 @@ TEST_CASE("chaos four groups of two trainers survive kills a lighthouse restart 
   note("g4 committed");
   if (watch.committed() + 14 < kSteps) kill_and_restart(rng() % 2 == 0);
 
-  WaitSurvivors(run, 150s);
+  run.WaitSurvivors(150s);
   note("all survivors exited");
   watch.Stop();
 
@@ -289,8 +123,8 @@ TEST_CASE("chaos four groups of two trainers survive kills a lighthouse restart 
   CHECK(watch.polls() > 10);
   for (const std::string& v : watch.violations()) FAIL_CHECK(v);
   CHECK(watch.committed() == kSteps);
-  LogSummary logs = CheckLogs(AllLogs(run), kSteps, kGroupSize);
-  FinalLosses loss = FinalLoss(AllLogs(run), kSteps);
+  LogSummary logs = CheckLogs(run.AllLogs(), kSteps, kGroupSize);
+  FinalLosses loss = FinalLoss(run.AllLogs(), kSteps);
   double chaos_secs = secs();
 
   // The failure-free reference: the same groups, seeds and steps, and the same membership
@@ -303,22 +137,22 @@ TEST_CASE("chaos four groups of two trainers survive kills a lighthouse restart 
   FinalLosses ref_loss;
   {
     auto ref_started = Clock::now();
-    Run ref("chaos-reference");
+    Run ref("chaos-reference", Options());
     fmt::print("reference logs in {}\n", ref.dir);
     StatusWatch ref_watch(ref.lh.address, "chaos");
     for (const char* g : {"g0", "g1", "g2", "g3"}) ref.StartGroup(g);
     for (const auto& [step, change, g] : changes) {
       REQUIRE(WaitCommitted(ref_watch, step, 120s));
-      if (change != Change::kJoin) Leave(ref, g);
+      if (change != Change::kJoin) ref.Leave(g);
       if (change != Change::kLeave) {
         Life* back = ref.StartGroup(g);
         REQUIRE_MESSAGE(ref.WaitFirstCommit(back, 90s), "reference: " << g << " did not come back");
       }
     }
-    WaitSurvivors(ref, 150s);
+    ref.WaitSurvivors(150s);
     ref_watch.Stop();
-    CheckLogs(AllLogs(ref), kSteps, kGroupSize);
-    ref_loss = FinalLoss(AllLogs(ref), kSteps);
+    CheckLogs(ref.AllLogs(), kSteps, kGroupSize);
+    ref_loss = FinalLoss(ref.AllLogs(), kSteps);
     std::string done;
     for (const auto& [step, change, g] : changes) {
       done += fmt::format(" {}@{}", change == Change::kRestart ? "restart " + g

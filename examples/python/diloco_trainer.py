@@ -1,0 +1,331 @@
+#!/usr/bin/python3
+"""diloco_trainer.py: one trainer process of a DiLoCo run under Lightkeeper, in PyTorch.
+
+The Python twin of the C++ diloco_trainer (examples/diloco): the same character model with the
+same parameter layout (char_model.py), the same corpus and data order, the same flags (each also
+an LK_* environment variable) and the same --log JSON lines, so the demo, the chaos tests and
+scripts/plot_run.py run either, and a group of these and a group of C++ trainers train one job
+together. Start the node's replica_agent first; the trainer finds it through LK_AGENT_SOCKET.
+Run with Debian's interpreter and the package on the path:
+
+    PYTHONPATH=build/python LK_AGENT_SOCKET=/tmp/g0.sock LK_GROUP_ID=g0 \\
+        /usr/bin/python3 examples/python/diloco_trainer.py --group-rank 0 --group-size 1 ...
+
+Exits 0 when the committed step reaches --outer-steps or on a drain, 1 on a failure, 2 on bad
+flags. It uses only the package's public API: lightkeeper.Manager and lightkeeper.DiLoCo.
+"""
+import argparse
+import datetime
+import json
+import os
+import socket
+import stat
+import struct
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import char_model  # noqa: E402
+
+try:
+    import lightkeeper
+except ImportError as e:  # the package is built into build/python
+    sys.exit(f"diloco_trainer.py: cannot import lightkeeper ({e}); "
+             "set PYTHONPATH to the build's python directory")
+
+# (flag, type, default, help): diloco_trainer's flags, with its defaults.
+FLAGS = [
+    ("group-rank", int, 0, "this trainer's rank inside its group"),
+    ("group-size", int, 1, "trainers per group (the same for every group)"),
+    ("inner-steps", int, 20, "H: inner AdamW steps per outer step"),
+    ("outer-steps", int, 10, "T: run until the committed outer step reaches T"),
+    ("seed", int, 1, "model initialisation (same for all groups) and data order"),
+    ("group-id", str, "", "seeds this group's data stream (the agent's LK_GROUP_ID); empty: the "
+                          "first replica_rank"),
+    ("ckpt-dir", str, "", "durable checkpoints of this group (shared by its trainers)"),
+    ("ckpt-every", int, 0, "save every K committed steps; 0: only when draining"),
+    ("live-dir", str, "", "node-local directory for the live state the agent serves to healing "
+                          "peers (its --serve-dir); empty: none"),
+    ("log", str, "", "JSON lines, one per committed outer step"),
+    ("eval-batches", int, 0, "after every commit, the loss of the new global weights on this "
+                             "many fixed batches, logged as eval_loss; 0: none"),
+    ("model-width", int, 64, "embedding width"),
+    ("layers", int, 2, "transformer blocks"),
+    ("heads", int, 4, "attention heads (divides --model-width)"),
+    ("seq-len", int, 64, "characters of context per sample"),
+    ("batch", int, 16, "samples per inner step per trainer"),
+    ("inner-lr", float, 3e-3, "AdamW learning rate"),
+    ("outer-lr", float, 0.7, "outer Nesterov SGD learning rate"),
+    ("outer-momentum", float, 0.9, "outer Nesterov momentum"),
+    ("corpus-bytes", int, 64 << 10, "size of the generated training text"),
+    ("init-timeout-ms", int, 30000, "communicator rendezvous and connect deadline"),
+    ("op-timeout-ms", int, 120000, "deadline of one collective (the outer allreduce waits for "
+                                   "the slowest group)"),
+    ("log-level", str, "info", "debug, info, warn or error"),
+]
+
+
+def parse_flags(argv):
+    """The flags, each defaulting to its LK_* variable, then to diloco_trainer's default."""
+    p = argparse.ArgumentParser(
+        prog="diloco_trainer.py",
+        description="A DiLoCo trainer in PyTorch: a small GPT-style character model (CPU, one "
+                    "thread), --inner-steps AdamW steps, then lightkeeper.DiLoCo's outer step.")
+    for name, kind, default, text in FLAGS:
+        env = "LK_" + name.upper().replace("-", "_")
+        value = os.environ.get(env)
+        if value is not None:
+            try:
+                default = kind(value)
+            except ValueError:
+                p.error(f"bad {env}={value!r}")
+        p.add_argument("--" + name, type=kind, default=default, help=f"{text} (env {env})")
+    a = p.parse_args(argv)
+    problems = []
+    if a.group_size < 1 or not 0 <= a.group_rank < a.group_size:
+        problems.append(f"--group-rank {a.group_rank} must be below --group-size {a.group_size}")
+    if a.inner_steps < 1:
+        problems.append("--inner-steps must be at least 1")
+    if a.ckpt_every > 0 and not a.ckpt_dir:
+        problems.append("--ckpt-every needs --ckpt-dir")
+    if a.corpus_bytes < 4096:
+        problems.append("--corpus-bytes must be at least 4096")
+    if not a.outer_lr > 0 or not 0 <= a.outer_momentum < 1:
+        problems.append("--outer-lr must be positive and --outer-momentum in [0, 1)")
+    if min(a.model_width, a.layers, a.heads, a.batch) < 1 or a.seq_len < 2:
+        problems.append("model sizes must be positive (seq_len at least 2)")
+    elif a.model_width % a.heads:
+        problems.append(f"--model-width {a.model_width} is not a multiple of --heads {a.heads}")
+    if a.log_level not in ("debug", "info", "warn", "error"):
+        problems.append(f"bad --log-level {a.log_level}")
+    if problems:
+        p.error("; ".join(problems))
+    return a
+
+
+class Logger:
+    """The trainer's event lines on stderr (one event, then key=value fields), as the C++ one's."""
+
+    LEVELS = {"debug": 0, "info": 1, "warn": 2, "error": 3}
+
+    def __init__(self, level, rank):
+        self.level = self.LEVELS[level]
+        self.prefix = f"trainer={rank}"
+
+    def __call__(self, level, event, **fields):
+        if self.LEVELS[level] < self.level:
+            return
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + ".%03dZ" % (
+            int(now * 1000) % 1000)
+        text = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}"
+                        for k, v in fields.items())
+        # One write per line keeps lines whole when several processes share stderr.
+        line = f"{stamp} {level[0].upper()} {self.prefix} {event} {text}".rstrip() + "\n"
+        os.write(sys.stderr.fileno(), line.encode())
+
+
+def tcp_sent():
+    """{socket inode: tcpi_bytes_sent} over this process's TCP sockets (its communicators'),
+    as diloco/net_bytes.cc counts them for the C++ trainer's byte fields."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fd = int(name)
+            st = os.fstat(fd)
+            if not stat.S_ISSOCK(st.st_mode):
+                continue
+            with socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as s:
+                info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_SIZE)
+        except OSError:
+            continue  # gone meanwhile, or a Unix socket (the agent's): not counted
+        if len(info) >= TCPI_BYTES_SENT + 8:
+            out[st.st_ino] = struct.unpack_from("=Q", info, TCPI_BYTES_SENT)[0]
+    return out
+
+
+# struct tcp_info (linux/tcp.h): its size and tcpi_bytes_sent's offset (kernels from 4.19).
+TCP_INFO_SIZE, TCPI_BYTES_SENT = 232, 200
+
+
+def tcp_sent_between(before, after):
+    return sum(max(0, v - before.get(k, 0)) for k, v in after.items())
+
+
+class StepLog:
+    """The --log JSON lines, field for field and format for format as the C++ trainer writes
+    them (trainer.cc's WriteLogLine), so that a mixed job's members log identical text for
+    identical values: the step, its quorum, the losses, the hash of this trainer's shard of the
+    new global weights, and where the wall time and the bytes went since the previous commit
+    (the library's figures of every call since then, and this loop's own)."""
+
+    STATS = ("poll_ms", "join_ms", "allreduce_ms", "gather_ms", "publish_ms", "commit_ms",
+             "outer_ms", "cross_bytes", "sync_bytes", "group_bytes")
+
+    def __init__(self, path, args):
+        self.file = open(path, "a") if path else None
+        self.args = args
+        self.last_commit = time.monotonic()
+        self.clear()
+
+    def clear(self):
+        self.sync = dict.fromkeys(self.STATS, 0)
+        self.inner_ms = self.discarded_ms = self.eval_ms = 0.0
+        self.group_bytes = 0
+
+    def add(self, result):
+        for k in self.STATS:
+            # outer_ms is the committed attempt's own figure, the rest add up.
+            self.sync[k] = result["stats"][k] if k == "outer_ms" else (
+                self.sync[k] + result["stats"][k])
+
+    def discard(self):
+        # A heal threw away the inner steps since the last commit: not training that reached
+        # the model.
+        self.discarded_ms += self.inner_ms
+        self.inner_ms = 0.0
+
+    def write(self, r, loss, eval_loss, params, shard):
+        now = time.monotonic()
+        step_ms = (now - self.last_commit) * 1000
+        self.last_commit = now
+        y, a = self.sync, self.args
+        evals = "" if eval_loss is None else ',"eval_loss":%.6f' % eval_loss
+        line = (
+            '{"step":%d,"quorum_id":%d,"replica_world_size":%d,"loss":%.6f,'
+            '"param_hash":"%s","healed":%s,"group_rank":%d,"outer_ms":%d%s,'
+            '"t_ms":%d,"step_ms":%.1f,"poll_ms":%.3f,"join_ms":%.3f,'
+            '"inner_ms":%.1f,"discarded_ms":%.1f,"allreduce_ms":%.1f,'
+            '"gather_ms":%.1f,"publish_ms":%.1f,"commit_ms":%.3f,"eval_ms":%.1f,'
+            '"cross_bytes":%d,"sync_bytes":%d,"group_bytes":%d,"params":%d,'
+            '"shard":%d,"inner_steps":%d,"group_size":%d}\n') % (
+                r["step"], r["quorum_id"], r["replica_world_size"], loss, r["state_hash"],
+                "true" if r["healed"] else "false", a.group_rank, int(y["outer_ms"]), evals,
+                int(time.time() * 1000), step_ms, y["poll_ms"], y["join_ms"], self.inner_ms,
+                self.discarded_ms, y["allreduce_ms"], y["gather_ms"], y["publish_ms"],
+                y["commit_ms"], self.eval_ms, y["cross_bytes"], y["sync_bytes"],
+                self.group_bytes + y["group_bytes"], params, shard, a.inner_steps,
+                a.group_size)
+        self.clear()
+        if self.file is not None:
+            self.file.write(line)
+            self.file.flush()
+
+
+def train(args, log):
+    text = char_model.make_corpus(args.corpus_bytes)
+    vocab, tokens = char_model.encode(text)
+    lm = char_model.LocalModel(tokens, len(vocab), args.seed, width=args.model_width,
+                               layers=args.layers, heads=args.heads, seq_len=args.seq_len,
+                               batch=args.batch, inner_lr=args.inner_lr)
+    op_timeout = datetime.timedelta(milliseconds=args.op_timeout_ms)
+    init_timeout = datetime.timedelta(milliseconds=args.init_timeout_ms)
+    manager = lightkeeper.Manager(args.group_rank, args.group_size, timeout=op_timeout,
+                                  init_timeout=init_timeout)
+    steps = StepLog(args.log, args)
+    eval_seed = char_model.mix_seed(args.seed, char_model.EVAL_TAG)
+    diloco = lightkeeper.DiLoCo(
+        manager, lm.model, lm.optimizer, sync_every=args.inner_steps, outer_lr=args.outer_lr,
+        outer_momentum=args.outer_momentum, nesterov=True, ckpt_dir=args.ckpt_dir or None,
+        ckpt_every=args.ckpt_every, live_dir=args.live_dir, timeout=op_timeout,
+        init_timeout=init_timeout)
+    with diloco:
+        # Entering joined the job: the model holds the job's global weights (replica_rank 0's
+        # initial ones at the very first start, a heal's later).
+        joined = diloco.last_result
+        steps.add(joined)
+        if diloco.should_stop:
+            log("info", "drain", step=diloco.outer_step, reason=joined["reason"])
+            return 0
+        group_key = (char_model.std_hash(args.group_id) if args.group_id
+                     else joined["replica_rank"])
+        rng = char_model.SplitMix(char_model.mix_seed(args.seed, group_key, args.group_rank))
+        # The group's inner gradients are averaged over a process group of its own (the
+        # DiLoCo's agrees on drains at every step): every trainer of the group asks for it
+        # here, right after the same join.
+        group = (manager.group_process_group(timeout=op_timeout) if args.group_size > 1
+                 else None)
+        log("info", "trainer_start", params=lm.numel, shard_size=diloco.shard_numel,
+            vocab=len(vocab), corpus_bytes=len(text))
+
+        def average(buf):
+            # Gradients and the loss in one collective per inner step, summed then divided,
+            # as the C++ trainer does.
+            if group is not None:
+                group.allreduce([buf]).wait()
+                buf.div_(args.group_size)
+
+        loss_sum = torch.zeros((), dtype=torch.float32)
+        inner = 0  # inner steps since the last outer step
+        t0, b0 = time.monotonic(), tcp_sent()
+        while diloco.outer_step < args.outer_steps and not diloco.should_stop:
+            loss, _ = lm.inner_step(rng, average)
+            lm.optimizer.step()
+            loss_sum += loss
+            before = diloco.last_result
+            # The inner steps' time and bytes end where the outer step begins (the library's
+            # own figures, poll to commit, come in its stats). The bytes are counted only at
+            # the step that syncs, or after a drain's early one.
+            inner += 1
+            t1 = time.monotonic()
+            b1 = tcp_sent() if inner == args.inner_steps else None
+            diloco.step()
+            r = diloco.last_result
+            if r is before:
+                continue  # no outer step at this inner step
+            inner = 0
+            steps.inner_ms += (t1 - t0) * 1000
+            steps.group_bytes += tcp_sent_between(b0, b1 if b1 is not None else tcp_sent())
+            steps.add(r)
+            if r["kind"] == "committed":
+                mean_loss = float(loss_sum / args.inner_steps)
+                eval_loss = None
+                if args.eval_batches > 0:
+                    # After the commit, so that the commit's latency does not include it; the
+                    # model holds the new global weights now, identical in every member.
+                    e0 = time.monotonic()
+                    eval_loss = float(lm.eval_loss(char_model.SplitMix(eval_seed),
+                                                   args.eval_batches))
+                    steps.eval_ms += (time.monotonic() - e0) * 1000
+                steps.write(r, mean_loss, eval_loss, lm.numel, diloco.shard_numel)
+                log("info", "outer_committed", step=r["step"], quorum_id=r["quorum_id"],
+                    world=r["replica_world_size"], loss="%.4f" % mean_loss,
+                    hash=r["state_hash"], outer_ms=int(r["stats"]["outer_ms"]))
+            elif r["kind"] == "received":
+                steps.discard()
+                log("info", "state_received", step=r["step"], source=r["heal_source"],
+                    healed=r["healed"])
+            else:
+                log("info", "drain", step=r["step"], checkpoint_now=r["checkpoint_now"],
+                    reason=r["reason"])
+            loss_sum.zero_()
+            t0, b0 = time.monotonic(), tcp_sent()
+    # Leaving the context after the last outer step ran the final barrier, the final save and
+    # the goodbye to the agent; after a drain, the save the agent asked for.
+    log("info", "trainer_done", step=diloco.outer_step)
+    return 0
+
+
+def main(argv):
+    args = parse_flags(argv)
+    log = Logger(args.log_level, args.group_rank)
+    # One intra-op thread: several trainers share a node's cores, and one thread keeps every
+    # kernel's reduction order, so runs replay exactly (and match the C++ trainer's).
+    torch.set_num_threads(1)
+    log("info", "trainer_config", **vars(args))
+    try:
+        return train(args, log)
+    except lightkeeper.Error as e:
+        # The agent is gone, or no quorum could be joined: the launcher restarts the group.
+        log("error", "trainer_failed", code=e.code, error=e.message)
+    except RuntimeError as e:
+        # An in-group collective failed (a trainer of this group is gone): the group is going
+        # down; the agent reports it.
+        log("error", "trainer_failed", code="group_collective", error=str(e))
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
