@@ -60,8 +60,8 @@ TEST_CASE("python chaos three groups of two python trainers survive kills a ligh
   // leave can wait for a quorum that no longer forms (min_replicas 2); the library's stuck
   // bound only runs when a poll returns. Until that is fixed this case runs on request only
   // (LK_PYTHON_CHAOS=1) and otherwise reports itself skipped, not passed.
-  const char* run = std::getenv("LK_PYTHON_CHAOS");
-  if (run == nullptr || std::string(run) != "1") {
+  const char* requested = std::getenv("LK_PYTHON_CHAOS");
+  if (requested == nullptr || std::string(requested) != "1") {
     std::printf("LK_TEST_SKIPPED: the Python chaos run waits on the end-of-run hang of a group "
                 "one step behind (set LK_PYTHON_CHAOS=1 to run it)\n");
     return;
