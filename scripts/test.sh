@@ -13,8 +13,10 @@ bash scripts/scrub.sh
 mkdir -p "$LK_SCRATCH/tmp"
 export TMPDIR=$LK_SCRATCH/tmp SLURM_BASE=$LK_SCRATCH/slurm
 unset SLURM_CONF
-# The local Slurm that the tests started goes down with the run, whatever its outcome.
-trap 'timeout -k 5 60 bash scripts/slurm-local.sh down >/dev/null 2>&1 || true' EXIT
+# The local Slurm that the tests started goes down with the run, whatever its outcome (by an
+# absolute path: the trap runs after the cd into build/).
+root=$(pwd -P)
+trap 'timeout -k 5 60 bash "$root/scripts/slurm-local.sh" down >/dev/null 2>&1 || true' EXIT
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build -j"$(nproc)"
 cd build
