@@ -16,6 +16,7 @@
 #include "common/http/codec.h"
 #include "common/proto/lightkeeper.pb.h"
 #include "tests/support/process.h"
+#include "tests/support/status_snapshot.h"
 
 namespace lk::test {
 namespace {
@@ -75,20 +76,6 @@ Status Heartbeat(http::Client& c, const std::string& job, const std::string& gro
   hb.set_step(step);
   pb::HeartbeatResponse resp;
   return c.Call("POST", "/v1/heartbeat", hb, out ? out : &resp);
-}
-
-std::string StatusJson(http::Client& c) {
-  auto r = c.Do("GET", "/status");
-  REQUIRE(r.ok());
-  REQUIRE(r->status == 200);
-  // uptime_s changes between calls; drop it so that two snapshots compare equal.
-  pb::StatusResponse st;
-  REQUIRE(http::Decode(r->body, http::Format::kJson, &st).ok());
-  st.clear_uptime_s();
-  for (auto& j : *st.mutable_jobs()) {
-    for (auto& g : *j.mutable_groups()) g.clear_heartbeat_age_ms();
-  }
-  return http::ToJson(st);
 }
 
 std::vector<std::string> MemberIds(const pb::QuorumResponse& q) {

@@ -16,6 +16,7 @@
 #include "common/http/codec.h"
 #include "common/proto/lightkeeper.pb.h"
 #include "tests/support/process.h"
+#include "tests/support/status_snapshot.h"
 
 namespace lk::test {
 namespace {
@@ -65,19 +66,6 @@ void ExpectRefused(http::Client& c, const std::string& method, const std::string
   INFO(method << " " << target << " " << body << " -> " << a.body);
   CHECK(a.status == status);
   CHECK(a.code == code);
-}
-
-std::string StatusJson(http::Client& c) {
-  auto r = c.Do("GET", "/status");
-  REQUIRE(r.ok());
-  REQUIRE(r->status == 200);
-  pb::StatusResponse st;
-  REQUIRE(http::Decode(r->body, http::Format::kJson, &st).ok());
-  st.clear_uptime_s();
-  for (auto& j : *st.mutable_jobs()) {
-    for (auto& g : *j.mutable_groups()) g.clear_heartbeat_age_ms();
-  }
-  return http::ToJson(st);
 }
 
 struct Secured {

@@ -1,0 +1,29 @@
+// The lighthouse's /status as JSON with the fields that change on their own between two calls
+// (uptime, heartbeat ages) cleared, so that a test can check that a refused request left the
+// state exactly as it was. Test-only, header-only; include after doctest.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "common/http/client.h"
+#include "common/http/codec.h"
+#include "common/proto/lightkeeper.pb.h"
+
+namespace lk::test {
+
+inline std::string StatusJson(http::Client& c) {
+  auto r = c.Do("GET", "/status");
+  REQUIRE(r.ok());
+  REQUIRE(r->status == 200);
+  lightkeeper::v1::StatusResponse st;
+  REQUIRE(http::Decode(r->body, http::Format::kJson, &st).ok());
+  st.clear_uptime_s();
+  for (auto& j : *st.mutable_jobs()) {
+    for (auto& g : *j.mutable_groups()) g.clear_heartbeat_age_ms();
+  }
+  return http::ToJson(st);
+}
+
+}  // namespace lk::test
