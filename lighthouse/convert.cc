@@ -67,6 +67,7 @@ void ToProto(const JobView& v, pb::JobStatus* out) {
   for (const auto& m : v.members) ToProto(m, out->add_members());
   out->set_committed_step(v.committed_step);
   out->set_quorum_changes(v.quorum_changes);
+  out->set_finished_step(v.finished_step);
   out->set_last_decision(v.last_decision);
   for (const auto& g : v.groups) {
     auto* gs = out->add_groups();

@@ -170,6 +170,14 @@ Status LighthouseCore::OnLeave(const std::string& job, const std::string& group_
   g->alive = false;
   fx->events.push_back(fmt::format("group_left job={} group={} incarnation={} reason={}", Q(job),
                                    Q(group_id), Q(incarnation), Q(why)));
+  Impl::Job& state = *g->job;
+  if (why == "finished" && state.committed_step > 0 && g->status.step >= state.committed_step &&
+      state.finished_step != state.committed_step) {
+    state.finished_step = state.committed_step;
+    fx->events.push_back(fmt::format("job_finished job={} step={} group={}", Q(job),
+                                     state.finished_step, Q(group_id)));
+    fx->persist_jobs.push_back(s.Record(state));
+  }
   s.LoseMember(*g, "left: " + why, fx);
   s.ClearAsks(*g,
               Refuse(Code::kConflict, Reason::kGroupLeft, "group {} left: {}", group_id, why),
@@ -209,6 +217,12 @@ Result<bool> LighthouseCore::OnCommit(const CommitInput& in, TimePoint now, Effe
   // Every member starts the quorum's outer step at max_step (the healers heal to it), so the
   // one step a successful commit can complete is max_step + 1. A failed commit moves no step.
   const uint64_t expected = uint64_t{job.plan.max_step} + 1;
+  if (in.ok && job.catch_up) {
+    return Refuse(Code::kConflict, Reason::kJobFinished,
+                  "quorum {} is a catch-up quorum of a job that finished at step {}: it restores "
+                  "the final step and commits nothing (restart every group to train further)",
+                  job.quorum_id, job.finished_step);
+  }
   if (in.ok && in.step != expected) {
     return Refuse(Code::kConflict, Reason::kWrongStep,
                   "commit of step {} in quorum {}, which started at step {}: only step {} can "

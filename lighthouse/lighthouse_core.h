@@ -90,6 +90,10 @@ struct JobRecordData {
   uint32_t quorum_id_reserved = 0;
   // The last incarnation generation handed out in this job.
   uint32_t generation_last = 0;
+  // The step at which a group finished (left with reason "finished" at the committed step); 0
+  // while none has since the last regular quorum.
+  uint32_t finished_step = 0;
+  bool catch_up = false;  // the last quorum is a catch-up quorum (it commits nothing)
 };
 
 // What the shell persists per group (RocksDB value): the current incarnation with its
@@ -208,6 +212,7 @@ struct JobView {
   std::vector<MemberData> members;
   uint32_t committed_step = 0;
   uint32_t quorum_changes = 0;
+  uint32_t finished_step = 0;     // as in JobRecordData
   std::vector<GroupView> groups;  // sorted by group_id
   std::vector<CheckpointData> checkpoints;  // newest first
   std::string last_decision;
@@ -256,7 +261,9 @@ class LighthouseCore {
 
   // Only the current incarnation leaves: a retired one (or an unknown one with an old
   // generation) is STALE_INCARNATION, one never heard of is UNKNOWN_INCARNATION, and neither
-  // touches the live incarnation.
+  // touches the live incarnation. A leave with reason "finished" (the agent's leave after all
+  // its trainers finished) at the job's committed step marks the job finished at that step:
+  // groups still behind it then catch up alone (see ComputeCatchUp in quorum.h).
   Status OnLeave(const std::string& job, const std::string& group_id,
                  const std::string& incarnation, const std::string& reason, TimePoint now,
                  Effects* fx, uint32_t generation = 0);
@@ -264,7 +271,9 @@ class LighthouseCore {
   // Accepted only from the current incarnation of a member of the current quorum, naming that
   // quorum, and (when ok) for the step after the quorum's start, max_step + 1. Errors:
   // kNotFound (UNKNOWN_JOB, UNKNOWN_GROUP), kConflict (STALE_INCARNATION,
-  // UNKNOWN_INCARNATION, GROUP_LEFT, WRONG_QUORUM, NOT_A_MEMBER, WRONG_STEP).
+  // UNKNOWN_INCARNATION, GROUP_LEFT, WRONG_QUORUM, NOT_A_MEMBER, WRONG_STEP, JOB_FINISHED: a
+  // successful commit in a catch-up quorum, which only lets groups behind a finished job
+  // restore its final step and may be smaller than min_replicas).
   Result<bool /*diverged*/> OnCommit(const CommitInput& in, TimePoint now, Effects* fx);
 
   // Accepted only for a known job, at a step it committed, with a location the restore path

@@ -188,6 +188,8 @@ Status LighthouseCore::Load(std::vector<JobRecordData> jobs,
     job.committed_step = rec.committed_step;
     job.quorum_changes = rec.quorum_changes;
     job.generation_last = rec.generation_last;
+    job.finished_step = rec.finished_step;
+    job.catch_up = rec.catch_up;
   }
   LK_RETURN_IF_ERROR(s.LoadGroups(std::move(groups), now));
   for (JobRecordData& rec : jobs) {
@@ -285,6 +287,7 @@ std::vector<JobView> LighthouseCore::View(TimePoint now) const {
     v.members = job.plan.members;
     v.committed_step = job.committed_step;
     v.quorum_changes = job.quorum_changes;
+    v.finished_step = job.finished_step;
     v.checkpoints = job.checkpoints;
     v.last_decision = job.last_decision;
     for (const auto& [id, g] : job.groups) {

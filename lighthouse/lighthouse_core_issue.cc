@@ -18,6 +18,14 @@ void LighthouseCore::Impl::Evaluate(Job& job, TimePoint now, Effects* fx) {
     LK_CHECK(pass < 4) << "job " << job.name << " issued " << pass << " quorums for one input";
     JobMembership m{job.plan.members, job.order};
     QuorumDecision d = ComputeQuorum(m, options, now);
+    if (!d.issue && job.finished_step > 0) {
+      QuorumDecision c = ComputeCatchUp(m, options, now, job.finished_step);
+      if (c.issue) {
+        d = std::move(c);
+      } else if (c.wake_at && (!d.wake_at || *c.wake_at < *d.wake_at)) {
+        d.wake_at = c.wake_at;
+      }
+    }
     if (d.issue) {
       Issue(job, d, now, fx);
       continue;
@@ -75,6 +83,10 @@ void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint no
     RearmProgress(it->second);
   }
   job.plan = PlanRecovery(std::move(members), diverged, NewestCheckpoint(job));
+  // A regular quorum means the job trains on (e.g. its groups came back for more steps); a
+  // later finish marks it again.
+  job.catch_up = d.catch_up;
+  if (!d.catch_up) job.finished_step = 0;
 
   uint32_t healing = 0;
   for (uint32_t rank = 0; rank < groups.size(); ++rank) {
@@ -113,11 +125,21 @@ void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint no
         job.committed_step - job.plan.restore->step, Q(job.plan.restore->location)));
   }
   fx->events.push_back(fmt::format(
-      "quorum_issued job={} quorum_id={} changed={} members={} healing={} max_step={}{}{} "
+      "quorum_issued job={} quorum_id={} changed={} members={} healing={} max_step={}{}{}{} "
       "reason={}",
       Q(job.name), job.quorum_id, changed, groups.size(), healing, job.plan.max_step,
       job.plan.restore ? " restore_step=" + std::to_string(job.plan.restore->step) : "",
-      job.plan.initial ? " initial=true" : "", Q(d.reason)));
+      job.plan.initial ? " initial=true" : "", d.catch_up ? " catch_up=true" : "",
+      Q(d.reason)));
+  // A catch-up quorum without a checkpoint of the final step cannot bring its members there:
+  // they go on from their own step and their commits are refused (JOB_FINISHED).
+  if (d.catch_up && job.plan.max_step < job.committed_step) {
+    fx->events.push_back(fmt::format(
+        "catch_up_behind job={} quorum_id={} committed_step={} max_step={} reason={}",
+        Q(job.name), job.quorum_id, job.committed_step, job.plan.max_step,
+        Q("no checkpoint of the final step is registered: register checkpoints (--ckpt-dir) "
+          "so that groups behind a finished job can restore it")));
+  }
   job.last_decision = d.reason;
 }
 
@@ -157,6 +179,8 @@ JobRecordData LighthouseCore::Impl::Record(const Job& job) const {
   r.committed_step = job.committed_step;
   r.quorum_changes = job.quorum_changes;
   r.generation_last = job.generation_last;
+  r.finished_step = job.finished_step;
+  r.catch_up = job.catch_up;
   return r;
 }
 

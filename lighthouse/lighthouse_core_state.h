@@ -47,6 +47,8 @@ struct Job {
   uint32_t committed_step = 0;
   uint32_t quorum_changes = 0;
   uint32_t generation_last = 0;  // the last incarnation generation handed out (persisted)
+  uint32_t finished_step = 0;    // JobRecordData::finished_step (persisted)
+  bool catch_up = false;         // the current quorum is a catch-up quorum (persisted)
   RecoveryPlan plan;      // the current quorum; plan.members is what gets persisted
   bool force_new = false; // a member was lost or reported a failed commit since the last issue
   bool lost = false;      // the current quorum lost a member

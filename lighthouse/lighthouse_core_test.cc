@@ -269,3 +269,140 @@ TEST_CASE("rule 8: a member waiting in a round is not evicted") {
 
 }  // namespace
 }  // namespace lk::lighthouse
+
+namespace lk::lighthouse {
+namespace {
+
+using testing::Harness;
+
+CoreOptions TwoReplicas() {
+  CoreOptions o;
+  o.min_replicas = 2;
+  return o;
+}
+
+// a and b train step 1 in quorum 1, but b's outer step fails: a alone commits step 1, saves it
+// and finishes (leaves with reason "finished"), so b is one step behind a finished job.
+void FinishWithOneBehind(Harness& h) {
+  h.Form({"a", "b"});
+  REQUIRE(h.Commit("b", 1, 1, /*ok=*/false).ok());
+  REQUIRE(h.Commit("a", 1, 1).ok());
+  Effects fx;
+  REQUIRE(h.core.OnRegisterCheckpoint({"j", 1, "/ckpt/a", "", "a", 0}, &fx).ok());
+  h.fx = {};
+  REQUIRE(h.core.OnLeave("j", "a", "i1", "finished", h.clock.Now(), &h.fx).ok());
+}
+
+TEST_CASE("a finished job: a group behind it catches up alone from the final checkpoint after "
+          "join_timeout, and its commits are refused") {
+  Harness h(TwoReplicas());
+  FinishWithOneBehind(h);
+  CHECK(h.HasEvent("job_finished job=j step=1 group=a"));
+  REQUIRE(h.fx.persist_jobs.size() >= 1);
+  CHECK(h.fx.persist_jobs[0].finished_step == 1);
+  CHECK(h.core.View(h.clock.Now())[0].finished_step == 1);
+
+  // b asks from step 0: min_replicas=2 can never be met again, but returning groups get the
+  // join timeout to form a regular quorum first.
+  REQUIRE(h.Join("b", 0).ok());
+  CHECK(h.fx.answers.empty());
+  const TimePoint ready = h.clock.Now() + Millis(2000);
+  REQUIRE(h.core.NextDeadline() == ready);
+  h.clock.Set(ready - std::chrono::nanoseconds(1));
+  h.Tick();
+  CHECK(h.fx.answers.empty());
+  h.clock.Set(ready);
+  h.Tick();
+  const QuorumAnswer* b = h.Answer("b");
+  REQUIRE(b != nullptr);
+  CHECK(b->quorum_id == 2);
+  CHECK(b->heal);
+  CHECK(b->max_step == 1);
+  REQUIRE(b->restore_checkpoint.has_value());
+  CHECK(b->restore_checkpoint->step == 1);
+  CHECK(b->restore_checkpoint->location == "/ckpt/a");
+  CHECK(b->source_ranks.empty());
+  CHECK(b->reason ==
+        "catch_up: the job finished at step 1; 1 group behind it restore the newest checkpoint");
+  CHECK(h.HasEvent("quorum_issued job=j quorum_id=2 changed=true members=1 healing=1 "
+                   "max_step=1 restore_step=1 catch_up=true"));
+  REQUIRE(!h.fx.persist_jobs.empty());
+  CHECK(h.fx.persist_jobs.back().catch_up);
+
+  // Nothing is trained past the finish below min_replicas.
+  auto refused = h.Commit("b", 2, 2);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == Code::kConflict);
+  CHECK(refused.status().reason() == Reason::kJobFinished);
+  CHECK(h.core.CommittedStep("j") == 1);
+  // A failed commit is still taken (it only asks for a new quorum id).
+  CHECK(h.Commit("b", 2, 2, /*ok=*/false).ok());
+  // And b's own finish keeps the job finished at step 1.
+  REQUIRE(h.core.OnLeave("j", "b", "i1", "finished", h.clock.Now(), &h.fx).ok());
+  CHECK(h.core.View(h.clock.Now())[0].finished_step == 1);
+}
+
+TEST_CASE("a finished job survives a lighthouse restart: a new life of a group behind it catches "
+          "up") {
+  Harness h(TwoReplicas());
+  FinishWithOneBehind(h);
+  JobRecordData record = h.fx.persist_jobs.at(0);
+  CHECK(record.finished_step == 1);
+  LighthouseCore loaded(TwoReplicas());
+  REQUIRE(loaded.Load({record}, h.core.Checkpoints("j"), h.clock.Now(), h.fx.persist_groups).ok());
+  Effects fx;
+  // b comes back as a new life without state (it was killed and restarted).
+  REQUIRE(loaded.OnHeartbeat({"j", "b", "i2", 0, 1, 0, "train", "addr-b", 0}, h.clock.Now(), &fx)
+              .ok());
+  fx = {};
+  REQUIRE(loaded.OnJoin({"j", "b", "i2", 0, 1, 0, false, false, "addr-b", 0}, h.clock.Now(), &fx)
+              .ok());
+  CHECK(fx.answers.empty());
+  fx = {};
+  loaded.Tick(h.clock.Now() + Millis(2000), &fx);
+  REQUIRE(fx.answers.size() == 1);
+  CHECK(fx.answers[0].second.heal);
+  CHECK(fx.answers[0].second.max_step == 1);
+  CHECK(fx.answers[0].second.restore_checkpoint.has_value());
+}
+
+TEST_CASE("a finished job: groups that return together form a regular quorum, which restores "
+          "the checkpoint ahead of their state and clears the finish") {
+  Harness h(TwoReplicas());
+  FinishWithOneBehind(h);
+  REQUIRE(h.Beat("c").ok());
+  REQUIRE(h.Join("b", 0).ok());
+  CHECK(h.fx.answers.empty());
+  REQUIRE(h.Join("c", 0).ok());
+  REQUIRE(h.fx.answers.size() == 2);
+  for (const char* g : {"b", "c"}) {
+    const QuorumAnswer* a = h.Answer(g);
+    REQUIRE(a != nullptr);
+    CHECK(a->heal);
+    CHECK(a->max_step == 1);
+    REQUIRE(a->restore_checkpoint.has_value());
+    CHECK(a->restore_checkpoint->step == 1);
+    CHECK(a->reason.rfind("catch_up", 0) != 0);
+  }
+  CHECK(h.core.View(h.clock.Now())[0].finished_step == 0);
+  // A regular quorum commits: the job trains on from the final step.
+  REQUIRE(h.Commit("b", 2, 2).ok());
+  CHECK(h.core.CommittedStep("j") == 2);
+}
+
+TEST_CASE("a finish that is not at the job's committed step marks nothing") {
+  Harness h(TwoReplicas());
+  h.Form({"a", "b", "c"});
+  REQUIRE(h.Commit("a", 1, 1).ok());
+  REQUIRE(h.Commit("b", 1, 1).ok());
+  // c never committed step 1: its "finished" leave is no finish of the job.
+  REQUIRE(h.core.OnLeave("j", "c", "i1", "finished", h.clock.Now(), &h.fx).ok());
+  CHECK_FALSE(h.HasEvent("job_finished"));
+  CHECK(h.core.View(h.clock.Now())[0].finished_step == 0);
+  // Nor does a leave for another reason at the committed step.
+  REQUIRE(h.core.OnLeave("j", "b", "i1", "preempted", h.clock.Now(), &h.fx).ok());
+  CHECK(h.core.View(h.clock.Now())[0].finished_step == 0);
+}
+
+}  // namespace
+}  // namespace lk::lighthouse

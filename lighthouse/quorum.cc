@@ -159,6 +159,35 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
               deadline);
 }
 
+QuorumDecision ComputeCatchUp(const JobMembership& m, const CoreOptions& options, TimePoint now,
+                              uint32_t finished_step) {
+  QuorumDecision d;
+  if (finished_step == 0) return d;
+  std::optional<TimePoint> wake_at;
+  for (const GroupStatus* g : m.groups) {
+    if (!IsHealthy(*g, options, now) || !IsParticipant(*g) || AskStep(*g) >= finished_step) {
+      continue;
+    }
+    LK_CHECK(g->first_ask.has_value()) << "a participant without a first ask";
+    const TimePoint ready = *g->first_ask + options.join_timeout;
+    if (now >= ready) {
+      d.members.push_back(g);
+    } else if (!wake_at || ready < *wake_at) {
+      wake_at = ready;
+    }
+  }
+  if (d.members.empty()) {
+    d.wake_at = wake_at;
+    return d;
+  }
+  d.issue = true;
+  d.catch_up = true;
+  d.reason = fmt::format(
+      "catch_up: the job finished at step {}; {} behind it restore the newest checkpoint",
+      finished_step, Plural(d.members.size(), "group"));
+  return d;
+}
+
 RecoveryPlan PlanRecovery(std::vector<MemberData> members, const std::vector<bool>& diverged,
                           const std::optional<CheckpointData>& newest_checkpoint) {
   RecoveryPlan plan;
@@ -170,6 +199,9 @@ RecoveryPlan PlanRecovery(std::vector<MemberData> members, const std::vector<boo
     if (!live(i)) continue;
     plan.max_step = any_live ? std::max(plan.max_step, members[i].step) : members[i].step;
     any_live = true;
+  }
+  if (any_live && newest_checkpoint && newest_checkpoint->step > plan.max_step) {
+    any_live = false;  // the checkpoint is ahead of every live member: restore it
   }
   if (any_live) {
     for (size_t i = 0; i < members.size(); ++i) {

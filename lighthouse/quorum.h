@@ -73,6 +73,7 @@ struct JobMembership {
 struct QuorumDecision {
   bool issue = false;
   bool fast_path = false;                   // rule 4
+  bool catch_up = false;                    // ComputeCatchUp's quorum
   std::vector<const GroupStatus*> members;  // when issue: sorted by group_id
   uint32_t held_back = 0;                   // joiners held back by shrink_only (rule 3)
   // When waiting on join_timeout: the instant the decision changes unless an input comes first.
@@ -90,6 +91,16 @@ struct QuorumDecision {
 QuorumDecision ComputeQuorum(const JobMembership& membership, const CoreOptions& options,
                              TimePoint now);
 
+// After the job's groups finished at `finished_step` (they left, so no regular quorum of
+// min_replicas may ever form again), a healthy participant that asks from behind that step
+// would wait forever. Once the round has given the regular decision join_timeout since the
+// group's first ask (so that returning groups still form a regular quorum together), every such
+// group goes into a catch-up quorum of its own, whatever min_replicas says: its plan restores
+// the newest checkpoint (PlanRecovery prefers a checkpoint newer than every member's state),
+// and the core refuses its commits. Call it only when ComputeQuorum did not issue.
+QuorumDecision ComputeCatchUp(const JobMembership& membership, const CoreOptions& options,
+                              TimePoint now, uint32_t finished_step);
+
 // Rule 7, decided once per issue. members[i].heal is set here; sources are the members that do
 // not heal.
 struct RecoveryPlan {
@@ -101,8 +112,10 @@ struct RecoveryPlan {
 };
 
 // Live state = members with has_state and not diverged. With live state: max_step is their
-// highest step; a member heals unless it is live at max_step. Without: every member restores the
-// newest checkpoint; without one either, rank 0 keeps its initial weights and the others heal
+// highest step; a member heals unless it is live at max_step. Without, or when the newest
+// checkpoint is newer than every live member's step (the groups that held the committed state
+// are gone, e.g. they finished): every member restores the newest checkpoint, so no committed
+// step is trained again. Without either, rank 0 keeps its initial weights and the others heal
 // from it. `diverged` is parallel to `members` (empty means none diverged).
 RecoveryPlan PlanRecovery(std::vector<MemberData> members, const std::vector<bool>& diverged,
                           const std::optional<CheckpointData>& newest_checkpoint);

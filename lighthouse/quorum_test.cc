@@ -207,6 +207,8 @@ TEST_CASE("PlanRecovery: rule 7 heal flags - striped donors - checkpoint - initi
        "-h-", {{}, {0, 2}, {}}, 10, false},
       {"no live state: every member restores the newest checkpoint", {0, 0}, {0, 0}, {}, true,
        "hh", {{}, {}}, 40, false},
+      {"a checkpoint ahead of every live member is restored (its holders are gone)", {10, 8},
+       {1, 1}, {}, true, "hh", {{}, {}}, 40, false},
       {"first start: rank 0's initial weights", {0, 0, 0}, {0, 0, 0}, {}, false, "-hh",
        {{}, {0}, {0}}, 0, true},
   };

@@ -95,6 +95,8 @@ class RocksDbStore final : public StateStore {
       rec.set_quorum_changes(j.quorum_changes);
       rec.set_quorum_id_reserved(j.quorum_id_reserved);
       rec.set_generation_last(j.generation_last);
+      rec.set_finished_step(j.finished_step);
+      rec.set_catch_up(j.catch_up);
       for (const auto& m : j.members) ToProto(m, rec.add_members());
       batch.Put(JobKey(j.job), rec.SerializeAsString());
     }
@@ -143,6 +145,8 @@ class RocksDbStore final : public StateStore {
       j.quorum_changes = rec.quorum_changes();
       j.quorum_id_reserved = rec.quorum_id_reserved();
       j.generation_last = rec.generation_last();
+      j.finished_step = rec.finished_step();
+      j.catch_up = rec.catch_up();
       for (const auto& m : rec.members()) j.members.push_back(FromProto(m));
       out.push_back(std::move(j));
       return Status::Ok();

@@ -426,6 +426,13 @@ void Agent::Impl::CommitLoop() {
       if (resp.diverged()) LK_LOG_WARN("state_diverged step={}", c.step());
       commits.pop_front();
       failures = 0;
+      if (st.reason() == Reason::kJobFinished) {
+        // The job finished and this group is in a catch-up quorum that could not bring it to
+        // the final step: no quorum will ever take its steps, so it leaves instead of waiting.
+        lock.unlock();
+        Drain("job_finished", false);
+        return;
+      }
       cv.notify_all();  // an ask ahead waits for the commits to be out
       continue;
     }

@@ -10,6 +10,10 @@ PKGS=(
   libboost1.81-dev libboost-program-options1.81-dev libboost-json1.81-dev
   libprotobuf-dev protobuf-compiler librocksdb-dev libfmt-dev doctest-dev
   libtorch-dev libgloo-dev libxxhash-dev libssl-dev
+  # Debian's torch calls whatever libblas.so.3 the alternatives name; the reference BLAS made the
+  # character model's linear layers ~10x slower (bench/python_trainer.md). Serial, not pthread:
+  # several trainers share a node's cores, and one thread per GEMM keeps runs reproducible.
+  libopenblas0-serial
   slurm-wlm munge
   nginx-light wrk iperf3 fio procps iproute2 openssl
   python3-torch python3-pytest python3-matplotlib pybind11-dev python3-dev

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 #include <signal.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -465,10 +466,12 @@ TEST_CASE("an agent run with --poll-board=false answers every poll over the sock
   }
 }
 
-TEST_CASE("a trainer in C: polls, the KV, peer wait, commits and goodbye through lightkeeper.h") {
+TEST_CASE("a trainer in C: polls, the KV, peer wait, commits, checkpoint registration and goodbye "
+          "through lightkeeper.h") {
   Cluster c("agent-c", {"--heartbeat-timeout-ms", "3000"});
   auto& g = c.Start("a", 0, 0);
-  Process trainer({BinDir() + "/c_trainer", g.socket, "30"}, c.dir + "/c_trainer.log");
+  const std::string ckpt = std::filesystem::absolute(c.dir + "/ckpt").string();
+  Process trainer({BinDir() + "/c_trainer", g.socket, "30", ckpt}, c.dir + "/c_trainer.log");
   auto code = trainer.Wait(60s);
   REQUIRE(code.has_value());
   CHECK_MESSAGE(*code == 0, trainer.Log());
@@ -485,6 +488,14 @@ TEST_CASE("a trainer in C: polls, the KV, peer wait, commits and goodbye through
   CHECK_FALSE(trainer.WaitForLog("done", 1s).empty());
   // The communicator calls of the C API worked at the first quorum (c_trainer checks them).
   CHECK_FALSE(trainer.WaitForLog("comm ok", 1s).empty());
+  // lk_session_register_checkpoint reached the lighthouse's registry (and the refusals were
+  // the ones c_trainer expects).
+  CHECK_FALSE(trainer.WaitForLog("checkpoint ok", 1s).empty());
+  auto job = c.Status();
+  REQUIRE(job.checkpoints_size() == 1);
+  CHECK(job.checkpoints(0).step() == 30);
+  CHECK(job.checkpoints(0).location() == ckpt);
+  CHECK(job.checkpoints(0).group_id() == "a");
   // Its goodbye is the group's: the agent leaves with reason finished and exits 0.
   auto agent_code = g.agent->Wait(10s);
   REQUIRE(agent_code.has_value());

@@ -85,8 +85,8 @@ static int check_comm(lk_session* s, const lk_poll_result* p) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: c_trainer SOCKET STEPS\n");
+  if (argc != 3 && argc != 4) {
+    fprintf(stderr, "usage: c_trainer SOCKET STEPS [CHECKPOINT_LOCATION]\n");
     return 2;
   }
   uint32_t steps = (uint32_t)atoi(argv[2]);
@@ -138,6 +138,25 @@ int main(int argc, char** argv) {
     printf("step=%u quorum_id=%u world=%u from_board=%d\n", step, p.quorum_id,
            p.replica_world_size, p.from_board);
     fflush(stdout);
+  }
+  if (argc > 3) {
+    /* A durable checkpoint of the last committed step is registered at the lighthouse (the
+     * agent's commits may still be on their way: the client retries a registration refused as
+     * not yet committed); one at a step never committed and a relative location are refused. */
+    if (lk_session_register_checkpoint(s, steps, argv[3], NULL) != 0) {
+      return fail("register checkpoint");
+    }
+    if (lk_session_register_checkpoint(s, steps + 100, argv[3], "") == 0 ||
+        lk_last_error_code() != LK_ERR_CONFLICT) {
+      fprintf(stderr, "a checkpoint at an uncommitted step: %s\n", lk_last_error());
+      return 1;
+    }
+    if (lk_session_register_checkpoint(s, steps, "relative/ckpt", NULL) == 0 ||
+        lk_last_error_code() != LK_ERR_INVALID_ARGUMENT) {
+      fprintf(stderr, "a relative checkpoint location: %s\n", lk_last_error());
+      return 1;
+    }
+    printf("checkpoint ok\n");
   }
   if (lk_session_finish(s) != 0) return fail("finish");
   lk_session_close(s);

@@ -269,7 +269,9 @@ TEST_CASE("diloco a group restored from its durable checkpoint resumes AdamW bit
 }
 
 TEST_CASE("diloco a heal from live peers starts the inner optimizer afresh and says so") {
-  Run run("diloco-fresh-inner", 1, 1, 10);
+  // Enough steps that g0 is still training when g1 has started (a trainer's start takes longer
+  // than ten of these steps): otherwise g1 finds only g0's final checkpoint.
+  Run run("diloco-fresh-inner", 1, 1, 40);
   run.StartGroup("g0");
   REQUIRE_FALSE(run.groups["g0"].trainers[0]->WaitForLog("outer_committed step=2", 40s).empty());
   run.StartGroup("g1");

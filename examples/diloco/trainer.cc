@@ -59,6 +59,10 @@ class Trainer {
   // Applies what a Sync or Join did to the weights to the model and its optimizer.
   void Apply(const SyncResult& r);
   void WriteLogLine(const SyncResult& r);
+  // The eval loss of the model's current weights, for the next log line.
+  void Evaluate();
+  // Logs the step that a heal reached when it is the last one (the run ends there).
+  void LogReachedByHeal(const SyncResult& r);
 
   TrainerOptions o_;
   std::unique_ptr<client::Session> session_;
@@ -160,6 +164,28 @@ Result<bool> Trainer::InnerSteps() {
   return !drain;
 }
 
+void Trainer::Evaluate() {
+  eval_loss_.reset();
+  if (o_.eval_batches == 0) return;
+  // After the commit, so that the commit's latency does not include it; the model holds the
+  // new global weights now, identical in every member.
+  auto eval_t0 = Clock::now();
+  SplitMix eval_rng(MixSeed({o_.seed, 0x65766131}));  // the same batches every step and run
+  eval_loss_ = model_->Eval(eval_rng, o_.eval_batches);
+  stats_.eval_ms += MsSince(eval_t0);
+}
+
+void Trainer::LogReachedByHeal(const SyncResult& r) {
+  // A heal that lands on the last step (a group that was behind when the others finished, and
+  // restored the final checkpoint) ends the run without a commit of its own: the log still
+  // gets that step's line (healed=true), so that every finished trainer's log ends at T.
+  if (r.kind != SyncKind::kReceived || r.step < o_.outer_steps) return;
+  Evaluate();
+  WriteLogLine(r);
+  LK_LOG_INFO("reached_by_heal step={} quorum_id={} hash={} source={}", r.step, r.quorum_id,
+              r.state_hash, Q(r.heal_source));
+}
+
 void Trainer::WriteLogLine(const SyncResult& r) {
   StepStats s = stats_;
   const double step_ms = MsSince(last_commit_);
@@ -204,6 +230,7 @@ int Trainer::Run() {
   Add(&stats_.sync, joined->stats);
   Apply(*joined);
   if (joined->kind == SyncKind::kDrained) return 0;
+  LogReachedByHeal(*joined);
   while (diloco_->step() < o_.outer_steps) {
     // The inner steps come before the poll: the agent asked the lighthouse for this step's
     // round as soon as the last step was committed, so the round ran during them and the poll
@@ -224,16 +251,9 @@ int Trainer::Run() {
     Add(&stats_.sync, r->stats);
     Apply(*r);
     if (r->kind == SyncKind::kDrained) return 0;
+    if (r->kind == SyncKind::kReceived) LogReachedByHeal(*r);
     if (r->kind != SyncKind::kCommitted) continue;
-    eval_loss_.reset();
-    if (o_.eval_batches > 0) {
-      // After the commit, so that the commit's latency does not include it; the model holds
-      // the new global weights now, identical in every member.
-      auto eval_t0 = Clock::now();
-      SplitMix eval_rng(MixSeed({o_.seed, 0x65766131}));  // the same batches every step and run
-      eval_loss_ = model_->Eval(eval_rng, o_.eval_batches);
-      stats_.eval_ms += MsSince(eval_t0);
-    }
+    Evaluate();
     WriteLogLine(*r);
     LK_LOG_INFO("outer_committed step={} quorum_id={} world={} loss={:.4f} hash={} outer_ms={}",
                 r->step, r->quorum_id, r->replica_world_size, loss_, r->state_hash,

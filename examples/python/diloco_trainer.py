@@ -257,6 +257,27 @@ def train(args, log):
                 group.allreduce([buf]).wait()
                 buf.div_(args.group_size)
 
+        def evaluate():
+            # After the commit, so that the commit's latency does not include it; the model
+            # holds the new global weights now, identical in every member.
+            if args.eval_batches <= 0:
+                return None
+            e0 = time.monotonic()
+            value = float(lm.eval_loss(char_model.SplitMix(eval_seed), args.eval_batches))
+            steps.eval_ms += (time.monotonic() - e0) * 1000
+            return value
+
+        def log_reached_by_heal(r, mean_loss):
+            # A heal that lands on the last step (a group that was behind when the others
+            # finished, and restored the final checkpoint) ends the run without a commit of its
+            # own: the log still gets that step's line (healed=true), as the C++ trainer's does.
+            if r["kind"] != "received" or r["step"] < args.outer_steps:
+                return
+            steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel)
+            log("info", "reached_by_heal", step=r["step"], quorum_id=r["quorum_id"],
+                hash=r["state_hash"], source=r["heal_source"])
+
+        log_reached_by_heal(joined, 0.0)
         loss_sum = torch.zeros((), dtype=torch.float32)
         inner = 0  # inner steps since the last outer step
         t0, b0 = time.monotonic(), tcp_sent()
@@ -281,15 +302,7 @@ def train(args, log):
             steps.add(r)
             if r["kind"] == "committed":
                 mean_loss = float(loss_sum / args.inner_steps)
-                eval_loss = None
-                if args.eval_batches > 0:
-                    # After the commit, so that the commit's latency does not include it; the
-                    # model holds the new global weights now, identical in every member.
-                    e0 = time.monotonic()
-                    eval_loss = float(lm.eval_loss(char_model.SplitMix(eval_seed),
-                                                   args.eval_batches))
-                    steps.eval_ms += (time.monotonic() - e0) * 1000
-                steps.write(r, mean_loss, eval_loss, lm.numel, diloco.shard_numel)
+                steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel)
                 log("info", "outer_committed", step=r["step"], quorum_id=r["quorum_id"],
                     world=r["replica_world_size"], loss="%.4f" % mean_loss,
                     hash=r["state_hash"], outer_ms=int(r["stats"]["outer_ms"]))
@@ -297,6 +310,7 @@ def train(args, log):
                 steps.discard()
                 log("info", "state_received", step=r["step"], source=r["heal_source"],
                     healed=r["healed"])
+                log_reached_by_heal(r, float(loss_sum / args.inner_steps))
             else:
                 log("info", "drain", step=r["step"], checkpoint_now=r["checkpoint_now"],
                     reason=r["reason"])
