@@ -1,0 +1,466 @@
+#!/usr/bin/python3
+"""DiLoCo on shaped wide-area links between network namespaces, beside its yardsticks.
+
+For each link profile (rate and round trip between sites), in one run with the same namespaces:
+
+  1. the link's own round trip (TCP connects between two sites) and capacity (iperf3, one
+     stream, site 0 to site 1);
+  2. plain data parallelism's traffic: comm_test_peer in two sites allreduces a float32 buffer of
+     the model's size H times (one allreduce of the gradient per inner step), timed, with the
+     bytes the link carried;
+  3. for each setting (a name and extra trainer flags): a DiLoCo job, one group per site, and
+     the same trainers with no cross-group communication (each group a job of its own, all at
+     the same time, so the CPUs are as busy), their --log lines and the link's byte counters.
+
+Prints a Markdown report and writes every figure to --out/results.json. Root only.
+Usage: see bench/netns.md, or --help.
+"""
+
+import argparse
+import json
+import os
+import secrets
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from links import HUB_IP, Links, parse_rate_bits, site_ip  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def read_settings(path):
+    """NAME FLAGS... per line; '#' starts a comment."""
+    out = []
+    for line in open(path):
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, flags = line.partition(" ")
+            out.append((name, shlex.split(flags)))
+    return out
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--build", default=os.path.join(ROOT, "build"), help="build directory")
+    p.add_argument("--out", default="", help="directory for logs and results.json (default: a "
+                   "new lk-shaped-* directory under $TMPDIR)")
+    p.add_argument("--tag", default=f"lk{os.getpid()}", help="namespace name prefix")
+    p.add_argument("--profile", action="append", default=[],
+                   help="NAME=RATE,RTT_MS, e.g. 1g30=1gbit,30 (repeatable; default 1g30 and "
+                        "10g10)")
+    p.add_argument("--setting", action="append", default=[],
+                   help="NAME=TRAINER-FLAGS, e.g. 'int8=--outer-compress int8' (repeatable; "
+                        "default: the lines of bench/netns/settings)")
+    p.add_argument("--settings-file", default=os.path.join(ROOT, "bench", "netns", "settings"))
+    p.add_argument("--groups", type=int, default=2, help="sites, one replica group each")
+    p.add_argument("--group-size", type=int, default=1, help="trainers per group")
+    p.add_argument("--inner-steps", type=int, default=8)
+    p.add_argument("--outer-steps", type=int, default=8)
+    p.add_argument("--model", default="--model-width 256 --layers 4 --heads 4 --seq-len 32 "
+                   "--batch 4", help="model flags of the trainers")
+    p.add_argument("--trainer", choices=["cpp", "python"], default="cpp")
+    p.add_argument("--iperf-seconds", type=int, default=5)
+    p.add_argument("--tcp-mem-max-mib", type=int, default=64,
+                   help="largest TCP send and receive buffer in the site namespaces "
+                        "(net.ipv4.tcp_wmem/tcp_rmem there); 0: the kernel's defaults")
+    p.add_argument("--no-alone", action="store_true", help="skip the compute-alone runs")
+    p.add_argument("--smoke", action="store_true",
+                   help="a short run that checks what a test can: the job committed every step "
+                        "across the shaped link, the link's RTT is at least the profile's, the "
+                        "agents reach each other; exits 1 otherwise (never checks a speed)")
+    p.add_argument("--job-timeout-s", type=int, default=600)
+    return p.parse_args(argv)
+
+
+class Procs:
+    """Every process a run starts, stopped (SIGKILL) on the way out whatever happened."""
+
+    def __init__(self):
+        self.procs = []
+
+    def start(self, argv, log_path, env=None):
+        log = open(log_path, "w")
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                             start_new_session=True)
+        p.log_path = log_path
+        self.procs.append(p)
+        return p
+
+    def stop_all(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            p.wait()
+        self.procs = []
+
+
+def wait_for_line(path, needle, proc, timeout_s=20):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        text = open(path).read()
+        for line in text.splitlines():
+            if needle in line:
+                return line
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise RuntimeError(f"no '{needle}' in {path}: {open(path).read()[-2000:]}")
+
+
+def field(line, key):
+    for part in line.split():
+        if part.startswith(key + "="):
+            return part[len(key) + 1:]
+    raise KeyError(key)
+
+
+def rtt_probe(links, rounds=5):
+    """Round trips site 0 -> site 1, each a TCP connect (SYN, SYN-ACK), in milliseconds."""
+    server = subprocess.Popen(links.exec(1, [sys.executable, "-c", (
+        "import socket,sys\n"
+        f"s=socket.socket(); s.bind(('{site_ip(1)}', 0)); s.listen(16)\n"
+        "print(s.getsockname()[1], flush=True)\n"
+        "while True: s.accept()[0].close()\n")]), stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        out = subprocess.run(links.exec(0, [sys.executable, "-c", (
+            "import socket,time\n"
+            f"for _ in range({rounds}):\n"
+            "    t=time.perf_counter()\n"
+            f"    c=socket.create_connection(('{site_ip(1)}', {port}))\n"
+            "    print((time.perf_counter()-t)*1000, flush=True); c.close()\n")]),
+            stdout=subprocess.PIPE, text=True, check=True, timeout=60).stdout
+        return [float(x) for x in out.split()]
+    finally:
+        server.kill()
+        server.wait()
+
+
+def iperf(links, seconds, out):
+    server = subprocess.Popen(links.exec(1, ["iperf3", "-s", "-1", "-B", site_ip(1), "-p", "5201"]),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)
+        r = subprocess.run(links.exec(0, ["iperf3", "-c", site_ip(1), "-p", "5201", "-t",
+                                          str(seconds), "-J"]),
+                           stdout=subprocess.PIPE, text=True, timeout=seconds + 60)
+        open(os.path.join(out, "iperf3.json"), "w").write(r.stdout)
+        j = json.loads(r.stdout)
+        return j["end"]["sum_received"]["bits_per_second"] / 8
+    finally:
+        server.kill()
+        server.wait()
+
+
+def dp_yardstick(links, build, params, inner_steps, out, procs):
+    """One float32 allreduce of `params` elements per inner step between two sites, over the same
+    links: the time and link bytes of H of them (after one warm-up round, which builds the
+    connections and opens TCP's window)."""
+    store = os.path.join(out, "dp-store")
+    os.makedirs(store, exist_ok=True)
+    peers = []
+    for i in range(2):
+        p = subprocess.Popen(links.exec(i, [os.path.join(build, "bin", "comm_test_peer"),
+                                            "--store", "file:" + store, "--bind", site_ip(i),
+                                            "--op-timeout-ms", "300000"]),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=open(os.path.join(out, f"dp-peer{i}.log"), "w"), text=True)
+        procs.procs.append(p)
+        peers.append(p)
+
+    def each(cmds):
+        for p, c in zip(peers, cmds):
+            p.stdin.write(c + "\n")
+            p.stdin.flush()
+        answers = [p.stdout.readline().strip() for p in peers]
+        for a in answers:
+            if not a.startswith("ok"):
+                raise RuntimeError(f"comm_test_peer: {a}")
+        return answers
+
+    for p in peers:
+        if p.stdout.readline().strip() != "ok ready":
+            raise RuntimeError("comm_test_peer did not start")
+    each([f"reconfigure 1 {i} 2" for i in range(2)])
+    each([f"bench {params} 1"] * 2)
+    before, _ = links.counters()
+    answers = each([f"bench {params} {inner_steps}"] * 2)
+    after, _ = links.counters()
+    each(["exit"] * 2)
+    us = max(int(field(a, "us")) for a in answers)
+    sent = after[("lkd0", "lkd1")] - before[("lkd0", "lkd1")]
+    return {"allreduce_ms": us / 1000 / inner_steps, "h_allreduces_ms": us / 1000,
+            "link_bytes_per_outer_step": sent}
+
+
+def trainer_argv(args, group, rank, setting_flags, log_path, ckpt_dir):
+    common = ["--group-rank", str(rank), "--group-size", str(args.group_size),
+              "--inner-steps", str(args.inner_steps), "--outer-steps", str(args.outer_steps),
+              "--seed", "1", "--bind-host", site_ip(group), "--log", log_path,
+              "--ckpt-dir", ckpt_dir, "--op-timeout-ms", "300000"]
+    common += shlex.split(args.model) + list(setting_flags)
+    if args.trainer == "cpp":
+        return [os.path.join(args.build, "bin", "diloco_trainer")] + common
+    return [sys.executable, os.path.join(ROOT, "examples", "python", "diloco_trainer.py")] + common
+
+
+def run_job(args, links, name, setting_flags, alone, procs):
+    """A DiLoCo job, one group per site; alone: every group a job of its own (no cross-group
+    communication), all running at once. Returns the trainers' log rows and the link bytes."""
+    d = os.path.join(args.out, name)
+    os.makedirs(d, exist_ok=True)
+    jobs = [f"alone{g}" for g in range(args.groups)] if alone else ["shaped"] * args.groups
+    token = secrets.token_hex(16)
+    token_file = os.path.join(d, "tokens")
+    with open(token_file, "w") as f:
+        f.write("".join(f"{j} {token}\n" for j in sorted(set(jobs))))
+    os.chmod(token_file, 0o600)
+    job_token = os.path.join(d, "job-token")
+    with open(job_token, "w") as f:
+        f.write(token + "\n")
+    os.chmod(job_token, 0o600)
+    lh = procs.start(links.exec("hub", [
+        os.path.join(args.build, "bin", "lighthouse"), "--bind", f"{HUB_IP}:0",
+        "--data-dir", os.path.join(d, "lh"), "--token-file", token_file,
+        "--min-replicas", "1" if alone else str(args.groups), "--join-timeout-ms", "2000"]),
+        os.path.join(d, "lighthouse.log"))
+    lh_addr = field(wait_for_line(lh.log_path, "listening address=", lh), "address")
+    agents, trainers = [], []
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(args.build, "python")
+    for g in range(args.groups):
+        sock = os.path.join(d, f"g{g}.sock")
+        agents.append(procs.start(links.exec(g, [
+            os.path.join(args.build, "bin", "replica_agent"), "--lighthouse", f"http://{lh_addr}",
+            "--job", jobs[g], "--group-id", f"g{g}", "--socket", sock, "--token-file", job_token,
+            "--serve", f"{site_ip(g)}:0", "--heartbeat-interval-ms", "200"]),
+            os.path.join(d, f"agent-g{g}.log")))
+    serve = []
+    for g, a in enumerate(agents):
+        serve.append(field(wait_for_line(a.log_path, "agent_listening", a), "serve"))
+    before, _ = links.counters()
+    t0 = time.time()
+    for g in range(args.groups):
+        for r in range(args.group_size):
+            e = dict(env, LK_AGENT_SOCKET=os.path.join(d, f"g{g}.sock"), LK_GROUP_ID=f"g{g}")
+            trainers.append(procs.start(
+                links.exec(g, trainer_argv(args, g, r, setting_flags,
+                                           os.path.join(d, f"trainer-g{g}-{r}.jsonl"),
+                                           os.path.join(d, f"ckpt-g{g}"))),
+                os.path.join(d, f"trainer-g{g}-{r}.log"), env=e))
+    failed = []
+    for t in trainers:
+        try:
+            rc = t.wait(max(1, args.job_timeout_s - (time.time() - t0)))
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        if rc != 0:
+            failed.append((t.log_path, rc))
+    wall_s = time.time() - t0
+    after, raw = links.counters()
+    reach = agents_reach_each_other(links, serve) if not alone else None
+    procs.stop_all()
+    if failed:
+        raise RuntimeError(f"{name}: trainers failed: {failed}; logs in {d}")
+    rows = {}
+    for g in range(args.groups):
+        for r in range(args.group_size):
+            with open(os.path.join(d, f"trainer-g{g}-{r}.jsonl")) as f:
+                rows[(g, r)] = [json.loads(x) for x in f if x.strip()]
+    cross = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    return {"rows": rows, "link_bytes": cross, "wall_s": wall_s, "reach": reach,
+            "drops": raw["drops"], "dir": d}
+
+
+def agents_reach_each_other(links, serve):
+    """Whether each site reaches the next site's agent on its --serve address (a TCP connect)."""
+    ok = []
+    for g in range(len(serve)):
+        host, port = serve[(g + 1) % len(serve)].rsplit(":", 1)
+        r = subprocess.run(links.exec(g, [sys.executable, "-c",
+                                          f"import socket; socket.create_connection(('{host}', "
+                                          f"{port}), timeout=5).close()"]),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        ok.append(r.returncode == 0)
+    return all(ok)
+
+
+def summarize(job, groups):
+    """Medians over the steady steps (not a trainer's first) of every trainer."""
+    steady = [x for rows in job["rows"].values() for x in rows[1:]]
+    med = lambda k: statistics.median(x[k] for x in steady)  # noqa: E731
+    s = {k: med(k) for k in ("step_ms", "inner_ms", "allreduce_ms", "cross_bytes", "poll_ms",
+                             "commit_ms", "gather_ms", "join_ms")}
+    s["params"] = steady[0]["params"]
+    s["steps"] = {f"g{g}-{r}": rows[-1]["step"] for (g, r), rows in job["rows"].items()}
+    s["wall_s"] = job["wall_s"]
+    s["link_bytes"] = {f"{a}->{b}": v for (a, b), v in sorted(job["link_bytes"].items()) if v}
+    # Every group's trainer of rank r holds the same shard of the global weights after a step.
+    by_step = {}
+    for (g, r), rows in job["rows"].items():
+        for x in rows:
+            by_step.setdefault((r, x["step"]), set()).add(x["param_hash"])
+    s["hashes_agree"] = all(len(h) == 1 for h in by_step.values())
+    return s
+
+
+def run_profile(args, name, rate, rtt_ms, settings):
+    out = os.path.join(args.out, name)
+    os.makedirs(out, exist_ok=True)
+    result = {"profile": name, "rate": rate, "rtt_ms": rtt_ms, "settings": {}}
+    tag = f"{args.tag}{name}"[:20]
+    procs = Procs()
+    with Links(tag, args.groups, rate, rtt_ms, args.build, out, args.tcp_mem_max_mib) as links:
+        try:
+            result["namespaces"] = sorted(set(subprocess.run(
+                ["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout.split()) &
+                set(links.namespaces()))
+            result["rtt_ms_measured"] = rtt_probe(links)
+            if not args.smoke:
+                result["iperf_bytes_per_s"] = iperf(links, args.iperf_seconds, out)
+            for sname, sflags in settings:
+                job = run_job(args, links, f"{sname}-diloco", sflags, False, procs)
+                entry = {"flags": sflags, "diloco": summarize(job, args.groups),
+                         "reach": job["reach"], "drops": job["drops"]}
+                if not args.no_alone and not args.smoke:
+                    entry["alone"] = summarize(
+                        run_job(args, links, f"{sname}-alone", sflags, True, procs), args.groups)
+                result["settings"][sname] = entry
+            if not args.smoke:
+                params = next(iter(result["settings"].values()))["diloco"]["params"]
+                result["dp"] = dp_yardstick(links, args.build, params, args.inner_steps, out,
+                                            procs)
+        finally:
+            procs.stop_all()
+    result["namespaces_left"] = sorted(set(subprocess.run(
+        ["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout.split()) &
+        set(links.namespaces()))
+    return result
+
+
+def report(r, args):
+    rate_Bps = parse_rate_bits(r["rate"]) / 8
+    lines = [f"### {r['profile']}: {r['rate']}, {r['rtt_ms']} ms RTT between sites",
+             "",
+             f"- round trip site 0 -> site 1 (TCP connect): min "
+             f"{min(r['rtt_ms_measured']):.1f} ms, median "
+             f"{statistics.median(r['rtt_ms_measured']):.1f} ms (profile: {r['rtt_ms']} ms)"]
+    if "iperf_bytes_per_s" in r:
+        ip = r["iperf_bytes_per_s"]
+        lines.append(f"- link capacity, iperf3 one stream site 0 -> site 1: {ip / 1e6:.1f} MB/s "
+                     f"({ip / rate_Bps:.2f}x of the {r['rate']} shaping)")
+    dp = r.get("dp")
+    for sname, e in r["settings"].items():
+        d = e["diloco"]
+        lines += ["", f"Setting `{sname}` (trainer flags: `{' '.join(e['flags']) or 'none'}`), "
+                  f"{d['params']:,} parameters, H={args.inner_steps}, {args.groups} groups of "
+                  f"{args.group_size}, steps reached {sorted(set(d['steps'].values()))}:", "",
+                  "| figure | DiLoCo | yardstick | yardstick value | ratio |", "|---|---|---|---|---|"]
+        cb = d["cross_bytes"]
+        if dp:
+            lines.append(f"| bytes per outer step, one trainer's cross-group link (`cross_bytes`) "
+                         f"| {cb:,.0f} | plain DP: H allreduces of the gradient on the same link "
+                         f"(link bytes, site 0 -> 1) | {dp['link_bytes_per_outer_step']:,} | "
+                         f"{cb / dp['link_bytes_per_outer_step']:.3f} |")
+        link01 = d["link_bytes"].get("lkd0->lkd1", 0) / max(1, args.outer_steps)
+        if dp:
+            lines.append(f"| link bytes per outer step, site 0 -> 1 (whole job / steps) | "
+                         f"{link01:,.0f} | the same, plain DP | {dp['link_bytes_per_outer_step']:,} "
+                         f"| {link01 / dp['link_bytes_per_outer_step']:.3f} |")
+        if "alone" in e:
+            a = e["alone"]
+            lines.append(f"| outer step wall time, median (ms) | {d['step_ms']:.0f} | compute alone "
+                         f"(same trainers, no cross-group communication, same time) | "
+                         f"{a['step_ms']:.0f} | {d['step_ms'] / a['step_ms']:.3f} |")
+        lines.append(f"| outer step wall time, median (ms) | {d['step_ms']:.0f} | its own inner "
+                     f"steps (`inner_ms`, same run) | {d['inner_ms']:.0f} | "
+                     f"{d['step_ms'] / d['inner_ms']:.3f} |")
+        if dp:
+            dp_step = d["inner_ms"] + dp["h_allreduces_ms"]
+            lines.append(f"| outer step wall time, median (ms) | {d['step_ms']:.0f} | plain DP: "
+                         f"the same inner steps + H measured allreduces | {dp_step:.0f} | "
+                         f"{d['step_ms'] / dp_step:.3f} |")
+            lines.append(f"| cross-group allreduce (ms, median) | {d['allreduce_ms']:.0f} | one "
+                         f"DP allreduce of the same size, warm connection | "
+                         f"{dp['allreduce_ms']:.0f} | {d['allreduce_ms'] / dp['allreduce_ms']:.2f} |")
+        wire = 4 * d["params"] / args.groups * 2 * (args.groups - 1)
+        lines.append(f"| cross-group allreduce (ms, median) | {d['allreduce_ms']:.0f} | ring "
+                     f"payload ({wire / 1e6:.1f} MB) at the shaped rate | "
+                     f"{wire / rate_Bps * 1000:.0f} | "
+                     f"{d['allreduce_ms'] / (wire / rate_Bps * 1000):.2f} |")
+    return "\n".join(lines)
+
+
+def smoke_checks(r, args):
+    problems = []
+    if len(r["namespaces"]) != args.groups + 1:
+        problems.append(f"namespaces during the run: {r['namespaces']}")
+    if r["namespaces_left"]:
+        problems.append(f"namespaces left after the run: {r['namespaces_left']}")
+    if min(r["rtt_ms_measured"]) < r["rtt_ms"]:
+        problems.append(f"RTT {min(r['rtt_ms_measured']):.2f} ms below the profile's {r['rtt_ms']}")
+    for sname, e in r["settings"].items():
+        d = e["diloco"]
+        if set(d["steps"].values()) != {args.outer_steps}:
+            problems.append(f"{sname}: steps reached {d['steps']}")
+        if not d["cross_bytes"] > 4 * d["params"] / args.group_size:
+            problems.append(f"{sname}: cross_bytes {d['cross_bytes']} below one shard's float32")
+        if d["link_bytes"].get("lkd0->lkd1", 0) < d["cross_bytes"] * (args.outer_steps - 1):
+            problems.append(f"{sname}: the shaped link carried {d['link_bytes']}, less than the "
+                            f"trainers' cross_bytes")
+        if not d["hashes_agree"]:
+            problems.append(f"{sname}: the groups' param_hash differ at a step")
+        if not e["reach"]:
+            problems.append(f"{sname}: a site's agent was not reachable from the other site")
+    return problems
+
+
+def main(argv):
+    args = parse_args(argv)
+    if os.geteuid() != 0:
+        sys.exit("shaped_links.py needs root (ip netns, tc)")
+    args.build = os.path.abspath(args.build)
+    if not args.out:
+        import tempfile
+        args.out = tempfile.mkdtemp(prefix="lk-shaped-")
+    os.makedirs(args.out, exist_ok=True)
+    profiles = args.profile or (["smoke=1gbit,20"] if args.smoke else ["1g30=1gbit,30",
+                                                                        "10g10=10gbit,10"])
+    if args.setting:
+        settings = [(s.partition("=")[0], shlex.split(s.partition("=")[2])) for s in args.setting]
+    else:
+        settings = read_settings(args.settings_file)
+    if args.smoke:
+        settings = settings[:1]
+    load = open("/proc/loadavg").read().split()[:3]
+    print(f"# shaped links: {os.cpu_count()} CPUs, load average {' '.join(load)} at start; "
+          f"logs in {args.out}")
+    results, problems = [], []
+    for prof in profiles:
+        name, _, spec = prof.partition("=")
+        rate, rtt = spec.split(",")
+        r = run_profile(args, name, rate, float(rtt), settings)
+        results.append(r)
+        print(report(r, args), flush=True)
+        if args.smoke:
+            problems += smoke_checks(r, args)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"args": vars(args), "results": results}, f, indent=1, default=str)
+    load = open("/proc/loadavg").read().split()[:3]
+    print(f"\n# load average {' '.join(load)} at the end; figures in {args.out}/results.json")
+    if problems:
+        print("FAIL: " + "; ".join(problems))
+        return 1
+    if args.smoke:
+        print("shaped links smoke: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
