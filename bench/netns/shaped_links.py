@@ -244,6 +244,8 @@ def run_job(args, links, name, setting_flags, alone, procs):
     serve = []
     for g, a in enumerate(agents):
         serve.append(field(wait_for_line(a.log_path, "agent_listening", a), "serve"))
+    # Checked before the trainers start: the agents leave once their trainers are done.
+    reach = agents_reach_each_other(links, serve) if not alone else None
     before, _ = links.counters()
     t0 = time.time()
     for g in range(args.groups):
@@ -264,7 +266,6 @@ def run_job(args, links, name, setting_flags, alone, procs):
             failed.append((t.log_path, rc))
     wall_s = time.time() - t0
     after, raw = links.counters()
-    reach = agents_reach_each_other(links, serve) if not alone else None
     procs.stop_all()
     if failed:
         raise RuntimeError(f"{name}: trainers failed: {failed}; logs in {d}")
