@@ -44,9 +44,10 @@ class Links:
     """The namespaces, devices and shaping of one link profile; a context manager that removes
     all of it on exit, whatever happened inside."""
 
-    def __init__(self, tag, sites, rate, rtt_ms, build, workdir, tcp_mem_max_mib=64):
+    def __init__(self, tag, sites, rate, rtt_ms, build, workdir, tcp_mem_max_mib=64,
+                 site_sysctl=()):
         self.tag, self.sites, self.rate, self.rtt_ms = tag, sites, rate, rtt_ms
-        self.tcp_mem_max_mib = tcp_mem_max_mib
+        self.tcp_mem_max_mib, self.site_sysctl = tcp_mem_max_mib, list(site_sysctl)
         self.build, self.workdir = build, workdir
         self.hub = f"{tag}-hub"
         self.site_ns = [f"{tag}-s{i}" for i in range(sites)]
@@ -105,6 +106,8 @@ class Links:
                 top = self.tcp_mem_max_mib << 20
                 sh("ip", "netns", "exec", ns, "sysctl", "-q",
                    f"net.ipv4.tcp_wmem=4096 16384 {top}", f"net.ipv4.tcp_rmem=4096 131072 {top}")
+            if ns != self.hub and self.site_sysctl:
+                sh("ip", "netns", "exec", ns, "sysctl", "-q", *self.site_sysctl)
             if ns != self.hub:
                 sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
                    "rate", self.rate, "burst", str(burst), "latency", "20ms")

@@ -21,7 +21,6 @@ import json
 import os
 import secrets
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,14 +59,18 @@ def parse_args(argv):
     p.add_argument("--groups", type=int, default=2, help="sites, one replica group each")
     p.add_argument("--group-size", type=int, default=1, help="trainers per group")
     p.add_argument("--inner-steps", type=int, default=8)
-    p.add_argument("--outer-steps", type=int, default=8)
-    p.add_argument("--model", default="--model-width 256 --layers 4 --heads 4 --seq-len 32 "
-                   "--batch 4", help="model flags of the trainers")
+    p.add_argument("--outer-steps", type=int, default=10)
+    p.add_argument("--model", default="--model-width 256 --layers 4 --heads 4 --seq-len 16 "
+                   "--batch 2", help="model flags of the trainers (the default: 3.2 M "
+                   "parameters, 12.7 MB of float32, 0.1 s on the wire at 1 Gbit/s)")
     p.add_argument("--trainer", choices=["cpp", "python"], default="cpp")
     p.add_argument("--iperf-seconds", type=int, default=5)
     p.add_argument("--tcp-mem-max-mib", type=int, default=64,
                    help="largest TCP send and receive buffer in the site namespaces "
                         "(net.ipv4.tcp_wmem/tcp_rmem there); 0: the kernel's defaults")
+    p.add_argument("--site-sysctl", action="append", default=[],
+                   help="KEY=VALUE set in every site namespace (repeatable; only network "
+                        "settings are per namespace), e.g. net.ipv4.tcp_slow_start_after_idle=0")
     p.add_argument("--no-alone", action="store_true", help="skip the compute-alone runs")
     p.add_argument("--smoke", action="store_true",
                    help="a short run that checks what a test can: the job committed every step "
@@ -192,7 +195,10 @@ def dp_yardstick(links, build, params, inner_steps, out, procs):
     before, _ = links.counters()
     answers = each([f"bench {params} {inner_steps}"] * 2)
     after, _ = links.counters()
-    each(["exit"] * 2)
+    for p in peers:
+        p.stdin.write("exit\n")
+        p.stdin.flush()
+        p.wait(30)
     us = max(int(field(a, "us")) for a in answers)
     sent = after[("lkd0", "lkd1")] - before[("lkd0", "lkd1")]
     return {"allreduce_ms": us / 1000 / inner_steps, "h_allreduces_ms": us / 1000,
@@ -210,10 +216,10 @@ def trainer_argv(args, group, rank, setting_flags, log_path, ckpt_dir):
     return [sys.executable, os.path.join(ROOT, "examples", "python", "diloco_trainer.py")] + common
 
 
-def run_job(args, links, name, setting_flags, alone, procs):
+def run_job(args, links, out, name, setting_flags, alone, procs):
     """A DiLoCo job, one group per site; alone: every group a job of its own (no cross-group
     communication), all running at once. Returns the trainers' log rows and the link bytes."""
-    d = os.path.join(args.out, name)
+    d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
     jobs = [f"alone{g}" for g in range(args.groups)] if alone else ["shaped"] * args.groups
     token = secrets.token_hex(16)
@@ -298,6 +304,9 @@ def summarize(job, groups):
     med = lambda k: statistics.median(x[k] for x in steady)  # noqa: E731
     s = {k: med(k) for k in ("step_ms", "inner_ms", "allreduce_ms", "cross_bytes", "poll_ms",
                              "commit_ms", "gather_ms", "join_ms")}
+    # Per step, then the median: the difference of two medians is not a step's.
+    s["outside_ms"] = statistics.median(x["step_ms"] - x["inner_ms"] for x in steady)
+    s["step_per_inner"] = statistics.median(x["step_ms"] / x["inner_ms"] for x in steady)
     s["params"] = steady[0]["params"]
     s["steps"] = {f"g{g}-{r}": rows[-1]["step"] for (g, r), rows in job["rows"].items()}
     s["wall_s"] = job["wall_s"]
@@ -314,10 +323,12 @@ def summarize(job, groups):
 def run_profile(args, name, rate, rtt_ms, settings):
     out = os.path.join(args.out, name)
     os.makedirs(out, exist_ok=True)
-    result = {"profile": name, "rate": rate, "rtt_ms": rtt_ms, "settings": {}}
+    result = {"profile": name, "rate": rate, "rtt_ms": rtt_ms, "site_sysctl": args.site_sysctl,
+              "settings": {}}
     tag = f"{args.tag}{name}"[:20]
     procs = Procs()
-    with Links(tag, args.groups, rate, rtt_ms, args.build, out, args.tcp_mem_max_mib) as links:
+    with Links(tag, args.groups, rate, rtt_ms, args.build, out, args.tcp_mem_max_mib,
+               args.site_sysctl) as links:
         try:
             result["namespaces"] = sorted(set(subprocess.run(
                 ["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout.split()) &
@@ -326,12 +337,12 @@ def run_profile(args, name, rate, rtt_ms, settings):
             if not args.smoke:
                 result["iperf_bytes_per_s"] = iperf(links, args.iperf_seconds, out)
             for sname, sflags in settings:
-                job = run_job(args, links, f"{sname}-diloco", sflags, False, procs)
+                job = run_job(args, links, out, f"{sname}-diloco", sflags, False, procs)
                 entry = {"flags": sflags, "diloco": summarize(job, args.groups),
                          "reach": job["reach"], "drops": job["drops"]}
                 if not args.no_alone and not args.smoke:
                     entry["alone"] = summarize(
-                        run_job(args, links, f"{sname}-alone", sflags, True, procs), args.groups)
+                        run_job(args, links, out, f"{sname}-alone", sflags, True, procs), args.groups)
                 result["settings"][sname] = entry
             if not args.smoke:
                 params = next(iter(result["settings"].values()))["diloco"]["params"]
@@ -347,54 +358,65 @@ def run_profile(args, name, rate, rtt_ms, settings):
 
 def report(r, args):
     rate_Bps = parse_rate_bits(r["rate"]) / 8
-    lines = [f"### {r['profile']}: {r['rate']}, {r['rtt_ms']} ms RTT between sites",
-             "",
-             f"- round trip site 0 -> site 1 (TCP connect): min "
-             f"{min(r['rtt_ms_measured']):.1f} ms, median "
-             f"{statistics.median(r['rtt_ms_measured']):.1f} ms (profile: {r['rtt_ms']} ms)"]
-    if "iperf_bytes_per_s" in r:
-        ip = r["iperf_bytes_per_s"]
-        lines.append(f"- link capacity, iperf3 one stream site 0 -> site 1: {ip / 1e6:.1f} MB/s "
-                     f"({ip / rate_Bps:.2f}x of the {r['rate']} shaping)")
+    rtts = r["rtt_ms_measured"]
+    extra = f" (sites: {', '.join(r['site_sysctl'])})" if r["site_sysctl"] else ""
+    lines = [f"### {r['profile']}: {r['rate']}, {r['rtt_ms']:g} ms RTT between sites{extra}", "",
+             f"- round trip site 0 -> site 1 (TCP connect, {len(rtts)} tries): min "
+             f"{min(rtts):.1f} ms, median {statistics.median(rtts):.1f} ms"]
+    ip = r.get("iperf_bytes_per_s")
+    if ip:
+        lines.append(f"- link capacity, iperf3 one stream site 0 -> site 1: {ip / 1e6:.1f} MB/s, "
+                     f"{ip / rate_Bps:.2f}x of the {r['rate']} shaping")
     dp = r.get("dp")
+    if dp:
+        lines.append(f"- plain data parallelism on the same link: one float32 allreduce of the "
+                     f"model's size {dp['allreduce_ms']:.0f} ms (mean of {args.inner_steps} "
+                     f"back to back), {dp['link_bytes_per_outer_step']:,} link bytes site 0 -> 1 "
+                     f"for H={args.inner_steps} of them")
     for sname, e in r["settings"].items():
         d = e["diloco"]
-        lines += ["", f"Setting `{sname}` (trainer flags: `{' '.join(e['flags']) or 'none'}`), "
+        lines += ["", f"Setting `{sname}` (trainer flags: `{' '.join(e['flags']) or 'none'}`): "
                   f"{d['params']:,} parameters, H={args.inner_steps}, {args.groups} groups of "
-                  f"{args.group_size}, steps reached {sorted(set(d['steps'].values()))}:", "",
-                  "| figure | DiLoCo | yardstick | yardstick value | ratio |", "|---|---|---|---|---|"]
-        cb = d["cross_bytes"]
-        if dp:
-            lines.append(f"| bytes per outer step, one trainer's cross-group link (`cross_bytes`) "
-                         f"| {cb:,.0f} | plain DP: H allreduces of the gradient on the same link "
-                         f"(link bytes, site 0 -> 1) | {dp['link_bytes_per_outer_step']:,} | "
-                         f"{cb / dp['link_bytes_per_outer_step']:.3f} |")
+                  f"{args.group_size}, steps reached {sorted(set(d['steps'].values()))}, replicas "
+                  f"equal at every step: {d['hashes_agree']}; medians over steady steps.", "",
+                  "| figure | DiLoCo | yardstick (same run) | yardstick | ratio |",
+                  "|---|---|---|---|---|"]
+        row = lambda *c: lines.append("| " + " | ".join(c) + " |")  # noqa: E731
         link01 = d["link_bytes"].get("lkd0->lkd1", 0) / max(1, args.outer_steps)
         if dp:
-            lines.append(f"| link bytes per outer step, site 0 -> 1 (whole job / steps) | "
-                         f"{link01:,.0f} | the same, plain DP | {dp['link_bytes_per_outer_step']:,} "
-                         f"| {link01 / dp['link_bytes_per_outer_step']:.3f} |")
+            db = dp["link_bytes_per_outer_step"]
+            row("bytes per outer step: a trainer's `cross_bytes` (TCP)", f"{d['cross_bytes']:,.0f}",
+                "plain DP: link bytes of H gradient allreduces", f"{db:,}",
+                f"{d['cross_bytes'] / db:.3f}")
+            row("bytes per outer step: link bytes site 0 -> 1, whole job / steps", f"{link01:,.0f}",
+                "the same", f"{db:,}", f"{link01 / db:.3f}")
         if "alone" in e:
             a = e["alone"]
-            lines.append(f"| outer step wall time, median (ms) | {d['step_ms']:.0f} | compute alone "
-                         f"(same trainers, no cross-group communication, same time) | "
-                         f"{a['step_ms']:.0f} | {d['step_ms'] / a['step_ms']:.3f} |")
-        lines.append(f"| outer step wall time, median (ms) | {d['step_ms']:.0f} | its own inner "
-                     f"steps (`inner_ms`, same run) | {d['inner_ms']:.0f} | "
-                     f"{d['step_ms'] / d['inner_ms']:.3f} |")
+            row("outer step, wall time (ms)", f"{d['step_ms']:.0f}",
+                "compute alone: same trainers, no cross-group communication", f"{a['step_ms']:.0f}",
+                f"{d['step_ms'] / a['step_ms']:.3f}")
+            row("outer step / its own inner steps (`step_ms / inner_ms`, divides out the load)",
+                f"{d['step_per_inner']:.3f}", "the same, compute alone",
+                f"{a['step_per_inner']:.3f}", f"{d['step_per_inner'] / a['step_per_inner']:.3f}")
+            row("time outside the inner steps per outer step (ms)",
+                f"{d['outside_ms']:.0f}", "the same, compute alone", f"{a['outside_ms']:.0f}",
+                f"{d['outside_ms'] / a['outside_ms']:.2f}")
         if dp:
             dp_step = d["inner_ms"] + dp["h_allreduces_ms"]
-            lines.append(f"| outer step wall time, median (ms) | {d['step_ms']:.0f} | plain DP: "
-                         f"the same inner steps + H measured allreduces | {dp_step:.0f} | "
-                         f"{d['step_ms'] / dp_step:.3f} |")
-            lines.append(f"| cross-group allreduce (ms, median) | {d['allreduce_ms']:.0f} | one "
-                         f"DP allreduce of the same size, warm connection | "
-                         f"{dp['allreduce_ms']:.0f} | {d['allreduce_ms'] / dp['allreduce_ms']:.2f} |")
-        wire = 4 * d["params"] / args.groups * 2 * (args.groups - 1)
-        lines.append(f"| cross-group allreduce (ms, median) | {d['allreduce_ms']:.0f} | ring "
-                     f"payload ({wire / 1e6:.1f} MB) at the shaped rate | "
-                     f"{wire / rate_Bps * 1000:.0f} | "
-                     f"{d['allreduce_ms'] / (wire / rate_Bps * 1000):.2f} |")
+            row("outer step, wall time (ms)", f"{d['step_ms']:.0f}",
+                "plain DP: the same inner steps + H measured allreduces", f"{dp_step:.0f}",
+                f"{d['step_ms'] / dp_step:.3f}")
+            row("cross-group allreduce (ms)", f"{d['allreduce_ms']:.0f}",
+                "one DP allreduce of the same size (warm, back to back)",
+                f"{dp['allreduce_ms']:.0f}", f"{d['allreduce_ms'] / dp['allreduce_ms']:.2f}")
+        wire_ms = d["cross_bytes"] / rate_Bps * 1000
+        row("cross-group allreduce (ms)", f"{d['allreduce_ms']:.0f}",
+            "its `cross_bytes` at the shaped rate", f"{wire_ms:.0f}",
+            f"{d['allreduce_ms'] / wire_ms:.2f}")
+        if ip:
+            row("cross-group allreduce (ms)", f"{d['allreduce_ms']:.0f}",
+                "its `cross_bytes` at iperf3's rate", f"{d['cross_bytes'] / ip * 1000:.0f}",
+                f"{d['allreduce_ms'] / (d['cross_bytes'] / ip * 1000):.2f}")
     return "\n".join(lines)
 
 
