@@ -307,6 +307,12 @@ def summarize(job, groups):
     # Per step, then the median: the difference of two medians is not a step's.
     s["outside_ms"] = statistics.median(x["step_ms"] - x["inner_ms"] for x in steady)
     s["step_per_inner"] = statistics.median(x["step_ms"] / x["inner_ms"] for x in steady)
+    # How far apart the groups' inner steps ended: a blocking allreduce waits for the slowest.
+    per_step = {}
+    for rows in job["rows"].values():
+        for x in rows[1:]:
+            per_step.setdefault(x["step"], []).append(x["inner_ms"])
+    s["inner_skew_ms"] = statistics.median(max(v) - min(v) for v in per_step.values())
     s["params"] = steady[0]["params"]
     s["steps"] = {f"g{g}-{r}": rows[-1]["step"] for (g, r), rows in job["rows"].items()}
     s["wall_s"] = job["wall_s"]
@@ -409,6 +415,9 @@ def report(r, args):
             row("cross-group allreduce (ms)", f"{d['allreduce_ms']:.0f}",
                 "one DP allreduce of the same size (warm, back to back)",
                 f"{dp['allreduce_ms']:.0f}", f"{d['allreduce_ms'] / dp['allreduce_ms']:.2f}")
+        row("spread of the groups' inner steps per outer step (ms; the blocking allreduce waits "
+            "it out)", f"{d['inner_skew_ms']:.0f}", "the allreduce", f"{d['allreduce_ms']:.0f}",
+            f"{d['inner_skew_ms'] / d['allreduce_ms']:.2f}")
         wire_ms = d["cross_bytes"] / rate_Bps * 1000
         row("cross-group allreduce (ms)", f"{d['allreduce_ms']:.0f}",
             "its `cross_bytes` at the shaped rate", f"{wire_ms:.0f}",
