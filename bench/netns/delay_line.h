@@ -26,9 +26,9 @@ namespace lk::netns {
 using Micros = std::chrono::microseconds;
 
 struct SiteSpec {
-  std::string device;    // the TUN device of the site, e.g. "lkd0"
-  uint32_t ipv4 = 0;     // the site's address, host order
-  Micros delay{0};       // one-way propagation delay of the site's access link
+  std::string device;  // the TUN device of the site, e.g. "lkd0"
+  uint32_t ipv4 = 0;   // the site's address, host order
+  Micros delay{0};     // one-way propagation delay of the site's access link
 };
 
 // Parses "DEVICE,A.B.C.D,DELAY_US" (e.g. "lkd0,10.78.0.10,7500").
@@ -41,9 +41,9 @@ struct PairCounters {
 };
 
 struct Packet {
-  Micros due{0};       // when it reaches its destination (the shell's monotonic clock)
-  uint64_t seq = 0;    // arrival order, to keep FIFO order among equal due times
-  size_t to = 0;       // destination site index
+  Micros due{0};     // when it reaches its destination (the shell's monotonic clock)
+  uint64_t seq = 0;  // arrival order, to keep FIFO order among equal due times
+  size_t to = 0;     // destination site index
   std::vector<uint8_t> data;
 };
 

@@ -8,10 +8,8 @@ namespace {
 uint32_t Ip(uint32_t last) { return (10u << 24) | (78u << 16) | last; }
 
 DelayLine Line() {
-  auto line = DelayLine::Create({{"hub", Ip(1), Micros(0)},
-                                 {"s0", Ip(10), Micros(7500)},
-                                 {"s1", Ip(11), Micros(2500)}},
-                                100);
+  auto line = DelayLine::Create(
+      {{"hub", Ip(1), Micros(0)}, {"s0", Ip(10), Micros(7500)}, {"s1", Ip(11), Micros(2500)}}, 100);
   REQUIRE(line.ok());
   return std::move(*line);
 }

@@ -43,9 +43,7 @@ using SteadyClock = std::chrono::steady_clock;
 constexpr size_t kVnetHeaderBytes = 10;
 constexpr size_t kPacketBytesMax = kVnetHeaderBytes + 65536 + 256;
 
-Micros Now() {
-  return std::chrono::duration_cast<Micros>(SteadyClock::now().time_since_epoch());
-}
+Micros Now() { return std::chrono::duration_cast<Micros>(SteadyClock::now().time_since_epoch()); }
 
 Result<int> OpenTun(const std::string& device) {
   int fd = open("/dev/net/tun", O_RDWR | O_NONBLOCK | O_CLOEXEC);
@@ -108,8 +106,8 @@ void Drain(int fd, size_t site, DelayLine* line, Stats* stats) {
       ++stats->ignored;
       continue;
     }
-    uint32_t dst = (uint32_t{ip[16]} << 24) | (uint32_t{ip[17]} << 16) |
-                   (uint32_t{ip[18]} << 8) | uint32_t{ip[19]};
+    uint32_t dst = (uint32_t{ip[16]} << 24) | (uint32_t{ip[17]} << 16) | (uint32_t{ip[18]} << 8) |
+                   uint32_t{ip[19]};
     line->Push(site, dst, Now(), std::vector<uint8_t>(buf.begin(), buf.begin() + n));
   }
 }
@@ -198,8 +196,10 @@ int Main(int argc, char** argv) {
   for (const std::string& arg : flags.positional()) {
     if (!st.ok()) break;
     Result<SiteSpec> s = ParseSiteSpec(arg);
-    if (!s.ok()) st = s.status();
-    else sites.push_back(*s);
+    if (!s.ok())
+      st = s.status();
+    else
+      sites.push_back(*s);
   }
   Result<DelayLine> line = st.ok() ? DelayLine::Create(sites, size_t{queued_mib} << 20) : st;
   if (!line.ok()) {
