@@ -141,6 +141,11 @@ class Links:
             c = json.load(f)
         return {(p["from"], p["to"]): p["bytes"] for p in c["pairs"]}, c
 
+    def router_cpu_s(self):
+        """CPU seconds (user + system) lk_link_delay has used so far."""
+        fields = open(f"/proc/{self.router.pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def exec(self, site, argv):
         """argv run inside site `site`'s namespace ('hub' for the hub)."""
         ns = self.hub if site == "hub" else self.site_ns[site]

@@ -341,7 +341,10 @@ def run_profile(args, name, rate, rtt_ms, settings):
                 set(links.namespaces()))
             result["rtt_ms_measured"] = rtt_probe(links)
             if not args.smoke:
+                cpu0 = links.router_cpu_s()
                 result["iperf_bytes_per_s"] = iperf(links, args.iperf_seconds, out)
+                # The emulator's share of one CPU while iperf3 ran: near 1, it is the limit.
+                result["router_cpu_share"] = (links.router_cpu_s() - cpu0) / args.iperf_seconds
             for sname, sflags in settings:
                 job = run_job(args, links, out, f"{sname}-diloco", sflags, False, procs)
                 entry = {"flags": sflags, "diloco": summarize(job, args.groups),
@@ -372,7 +375,8 @@ def report(r, args):
     ip = r.get("iperf_bytes_per_s")
     if ip:
         lines.append(f"- link capacity, iperf3 one stream site 0 -> site 1: {ip / 1e6:.1f} MB/s, "
-                     f"{ip / rate_Bps:.2f}x of the {r['rate']} shaping")
+                     f"{ip / rate_Bps:.2f}x of the {r['rate']} shaping (lk_link_delay meanwhile "
+                     f"used {r['router_cpu_share']:.2f} of a CPU)")
     dp = r.get("dp")
     if dp:
         lines.append(f"- plain data parallelism on the same link: one float32 allreduce of the "
@@ -471,8 +475,10 @@ def main(argv):
     if args.smoke:
         settings = settings[:1]
     load = open("/proc/loadavg").read().split()[:3]
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout
     print(f"# shaped links: {os.cpu_count()} CPUs, load average {' '.join(load)} at start; "
-          f"logs in {args.out}")
+          f"commit {commit.strip() or 'unknown'}; logs in {args.out}")
     results, problems = [], []
     for prof in profiles:
         name, _, spec = prof.partition("=")
