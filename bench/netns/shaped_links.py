@@ -331,7 +331,7 @@ def run_profile(args, name, rate, rtt_ms, settings):
     os.makedirs(out, exist_ok=True)
     result = {"profile": name, "rate": rate, "rtt_ms": rtt_ms, "site_sysctl": args.site_sysctl,
               "settings": {}}
-    tag = f"{args.tag}{name}"[:20]
+    tag = f"{args.tag}-{name}"  # a separator, so that one run's tag is no prefix of another's
     procs = Procs()
     with Links(tag, args.groups, rate, rtt_ms, args.build, out, args.tcp_mem_max_mib,
                args.site_sysctl) as links:

@@ -6,7 +6,7 @@
 #   bench/netns/shaped_links.sh [BUILD_DIR] [shaped_links.py flags...]
 #   e.g. bench/netns/shaped_links.sh build --profile 1g30=1gbit,30 --setting 'int8=--outer-compress int8'
 #
-# Needs root (ip netns, tc). Everything it creates (namespaces named lkPID*, their TUN devices
+# Needs root (ip netns, tc). Everything it creates (namespaces named lkPID-*, their TUN devices
 # and shaping) is removed on exit, also when the run fails or is interrupted. Traffic stays
 # inside those namespaces (10.78.0.0/24 exists only there).
 set -euo pipefail
@@ -19,7 +19,7 @@ cmake --build "$build" --target diloco_trainer replica_agent lighthouse comm_tes
 tag=lk$$
 cleanup() {
   # The driver removes its namespaces itself; this is for a driver that was killed.
-  for ns in $(ip netns list | awk '{print $1}' | grep "^$tag" || true); do
+  for ns in $(ip netns list | awk '{print $1}' | grep "^$tag-" || true); do
     for p in $(ip netns pids "$ns"); do kill -9 "$p" 2>/dev/null || true; done
     ip netns del "$ns" 2>/dev/null || true
   done

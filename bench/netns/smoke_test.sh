@@ -23,7 +23,7 @@ if ! ip netns exec "$probe" tc qdisc add dev lo root tbf rate 1gbit burst 128k l
 fi
 ip netns del "$probe"
 cleanup() {
-  for ns in $(ip netns list | awk '{print $1}' | grep "^$tag" || true); do
+  for ns in $(ip netns list | awk '{print $1}' | grep "^$tag-" || true); do
     for p in $(ip netns pids "$ns"); do kill -9 "$p" 2>/dev/null || true; done
     ip netns del "$ns" 2>/dev/null || true
   done
@@ -34,7 +34,7 @@ out=$(mktemp -d "${TMPDIR:-/tmp}/lk-shaped-smoke-XXXXXX")
   --out "$out" --profile smoke=1gbit,20 --inner-steps 2 --outer-steps 3 --job-timeout-s 200 \
   --model "--model-width 32 --layers 1 --heads 2 --seq-len 32 --batch 4" --setting float32=
 rc=$?
-left=$(ip netns list | awk '{print $1}' | grep "^$tag" || true)
+left=$(ip netns list | awk '{print $1}' | grep "^$tag-" || true)
 if [[ -n $left ]]; then echo "FAIL: namespaces left behind: $left"; rc=1; fi
 if [[ $rc == 0 ]]; then rm -rf "$out"; else echo "logs kept in $out"; fi
 exit $rc
