@@ -74,8 +74,10 @@ def parse_args(argv):
     p.add_argument("--no-alone", action="store_true", help="skip the compute-alone runs")
     p.add_argument("--smoke", action="store_true",
                    help="a short run that checks what a test can: the job committed every step "
-                        "across the shaped link, the link's RTT is at least the profile's, the "
-                        "agents reach each other; exits 1 otherwise (never checks a speed)")
+                        "across the shaped link with equal replicas, the link carried the "
+                        "cross-group bytes, its RTT is at least the profile's, each site reads "
+                        "the other's agent status with the token (and is refused without); "
+                        "exits 1 otherwise (never checks a speed)")
     p.add_argument("--job-timeout-s", type=int, default=600)
     return p.parse_args(argv)
 
@@ -251,7 +253,7 @@ def run_job(args, links, out, name, setting_flags, alone, procs):
     for g, a in enumerate(agents):
         serve.append(field(wait_for_line(a.log_path, "agent_listening", a), "serve"))
     # Checked before the trainers start: the agents leave once their trainers are done.
-    reach = agents_reach_each_other(links, serve) if not alone else None
+    reach = agents_reach_each_other(links, serve, token) if not alone else None
     before, _ = links.counters()
     t0 = time.time()
     for g in range(args.groups):
@@ -285,14 +287,26 @@ def run_job(args, links, out, name, setting_flags, alone, procs):
             "drops": raw["drops"], "dir": d}
 
 
-def agents_reach_each_other(links, serve):
-    """Whether each site reaches the next site's agent on its --serve address (a TCP connect)."""
+AGENT_STATUS_PROBE = """
+import sys, urllib.error, urllib.request
+url, token = sys.argv[1], sys.argv[2]
+def get(headers):
+    try:
+        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5).status
+    except urllib.error.HTTPError as e:
+        return e.code
+# The job's token is let in, a request without it is refused: the route is reachable and guarded.
+sys.exit(0 if (get({"Authorization": "Bearer " + token}), get({})) == (200, 401) else 1)
+"""
+
+
+def agents_reach_each_other(links, serve, token):
+    """Whether each site reads the next site's agent status on its --serve address with the
+    job's token (200) and is refused without it (401)."""
     ok = []
     for g in range(len(serve)):
-        host, port = serve[(g + 1) % len(serve)].rsplit(":", 1)
-        r = subprocess.run(links.exec(g, [sys.executable, "-c",
-                                          f"import socket; socket.create_connection(('{host}', "
-                                          f"{port}), timeout=5).close()"]),
+        url = f"http://{serve[(g + 1) % len(serve)]}/v1/agent/status"
+        r = subprocess.run(links.exec(g, [sys.executable, "-c", AGENT_STATUS_PROBE, url, token]),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         ok.append(r.returncode == 0)
     return all(ok)

@@ -3,7 +3,8 @@
 # across a shaped link between network namespaces (1 Gbit/s, 20 ms RTT). It checks correctness
 # only, never a speed: the namespaces exist during the run and are gone after it, every trainer
 # committed every step with equal weights across the groups, the link carried the cross-group
-# bytes, the link's RTT is at least the profile's, and each site reaches the other's agent.
+# bytes, the link's RTT is at least the profile's, and each site reads the other site's agent
+# status on its --serve address with the job's token (200) and is refused without it (401).
 # Without root, ip netns, tc tbf or /dev/net/tun it prints LK_TEST_SKIPPED and passes.
 #   smoke_test.sh BUILD_DIR
 set -uo pipefail
