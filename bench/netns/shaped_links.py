@@ -71,6 +71,8 @@ def parse_args(argv):
     p.add_argument("--site-sysctl", action="append", default=[],
                    help="KEY=VALUE set in every site namespace (repeatable; only network "
                         "settings are per namespace), e.g. net.ipv4.tcp_slow_start_after_idle=0")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="DiLoCo and compute-alone runs per setting, alternating which goes first")
     p.add_argument("--no-alone", action="store_true", help="skip the compute-alone runs")
     p.add_argument("--smoke", action="store_true",
                    help="a short run that checks what a test can: the job committed every step "
@@ -340,6 +342,35 @@ def summarize(job, groups):
     return s
 
 
+def run_setting(args, links, out, sname, sflags, procs):
+    """The DiLoCo run and its compute-alone run, --rounds times. Rounds alternate which of the
+    two goes first, so that a load that drifts over the minutes falls on both alike; the
+    report's table is round 0's, with every round's load-free ratio beside it."""
+    entry, rounds = None, []
+    for k in range(args.rounds):
+        suffix = f"-{k}" if k else ""
+        kinds = [False, True] if not args.no_alone and not args.smoke else [False]
+        if k % 2:
+            kinds.reverse()
+        got = {}
+        for alone in kinds:
+            job = run_job(args, links, out, f"{sname}-{'alone' if alone else 'diloco'}{suffix}",
+                          sflags, alone, procs)
+            got[alone] = job
+        d = summarize(got[False], args.groups)
+        e = {"flags": sflags, "diloco": d, "reach": got[False]["reach"],
+             "drops": got[False]["drops"]}
+        if True in got:
+            e["alone"] = summarize(got[True], args.groups)
+            rounds.append({"step_per_inner_ratio":
+                           d["step_per_inner"] / e["alone"]["step_per_inner"],
+                           "step_ratio": d["step_ms"] / e["alone"]["step_ms"]})
+        entry = entry or e
+        entry["reach"] = entry["reach"] and e["reach"]
+    entry["rounds"] = rounds
+    return entry
+
+
 def run_profile(args, name, rate, rtt_ms, settings):
     out = os.path.join(args.out, name)
     os.makedirs(out, exist_ok=True)
@@ -360,13 +391,7 @@ def run_profile(args, name, rate, rtt_ms, settings):
                 # The emulator's share of one CPU while iperf3 ran: near 1, it is the limit.
                 result["router_cpu_share"] = (links.router_cpu_s() - cpu0) / args.iperf_seconds
             for sname, sflags in settings:
-                job = run_job(args, links, out, f"{sname}-diloco", sflags, False, procs)
-                entry = {"flags": sflags, "diloco": summarize(job, args.groups),
-                         "reach": job["reach"], "drops": job["drops"]}
-                if not args.no_alone and not args.smoke:
-                    entry["alone"] = summarize(
-                        run_job(args, links, out, f"{sname}-alone", sflags, True, procs), args.groups)
-                result["settings"][sname] = entry
+                result["settings"][sname] = run_setting(args, links, out, sname, sflags, procs)
             if not args.smoke:
                 params = next(iter(result["settings"].values()))["diloco"]["params"]
                 result["dp"] = dp_yardstick(links, args.build, params, args.inner_steps, out,
@@ -422,6 +447,11 @@ def report(r, args):
             row("outer step / its own inner steps (`step_ms / inner_ms`, divides out the load)",
                 f"{d['step_per_inner']:.3f}", "the same, compute alone",
                 f"{a['step_per_inner']:.3f}", f"{d['step_per_inner'] / a['step_per_inner']:.3f}")
+            if len(e["rounds"]) > 1:
+                per = [x["step_per_inner_ratio"] for x in e["rounds"]]
+                row(f"the same ratio in each of {len(per)} rounds (median)",
+                    ", ".join(f"{x:.3f}" for x in per), "", "",
+                    f"{statistics.median(per):.3f}")
             row("time outside the inner steps per outer step (ms)",
                 f"{d['outside_ms']:.0f}", "the same, compute alone", f"{a['outside_ms']:.0f}",
                 f"{d['outside_ms'] / a['outside_ms']:.2f}")
