@@ -167,13 +167,15 @@ def iperf(links, seconds, out):
 
 
 def dp_yardstick(links, build, params, inner_steps, out, procs):
-    """One float32 allreduce of `params` elements per inner step between two sites, over the same
-    links: the time and link bytes of H of them (after one warm-up round, which builds the
-    connections and opens TCP's window)."""
+    """One float32 allreduce of `params` elements per inner step over the same links, one member
+    per site (as the cross-group slot communicator has): the time and the link bytes site 0 -> 1
+    of H of them, after one warm-up round, which builds the connections and opens TCP's
+    window."""
+    n = links.sites
     store = os.path.join(out, "dp-store")
     os.makedirs(store, exist_ok=True)
     peers = []
-    for i in range(2):
+    for i in range(n):
         p = subprocess.Popen(links.exec(i, [os.path.join(build, "bin", "comm_test_peer"),
                                             "--store", "file:" + store, "--bind", site_ip(i),
                                             "--op-timeout-ms", "300000"]),
@@ -195,10 +197,10 @@ def dp_yardstick(links, build, params, inner_steps, out, procs):
     for p in peers:
         if p.stdout.readline().strip() != "ok ready":
             raise RuntimeError("comm_test_peer did not start")
-    each([f"reconfigure 1 {i} 2" for i in range(2)])
-    each([f"bench {params} 1"] * 2)
+    each([f"reconfigure 1 {i} {n}" for i in range(n)])
+    each([f"bench {params} 1"] * n)
     before, _ = links.counters()
-    answers = each([f"bench {params} {inner_steps}"] * 2)
+    answers = each([f"bench {params} {inner_steps}"] * n)
     after, _ = links.counters()
     for p in peers:
         p.stdin.write("exit\n")
