@@ -212,11 +212,13 @@ def dp_yardstick(links, build, params, inner_steps, out, procs):
             "link_bytes_per_outer_step": sent}
 
 
-def trainer_argv(args, group, rank, setting_flags, log_path, ckpt_dir):
+def trainer_argv(args, group, rank, setting_flags, log_path):
+    # No --ckpt-dir: the final durable save (after the last commit, so in no figure) would write
+    # the weights and AdamW's state of every group of every run, hundreds of MB a run.
     common = ["--group-rank", str(rank), "--group-size", str(args.group_size),
               "--inner-steps", str(args.inner_steps), "--outer-steps", str(args.outer_steps),
               "--seed", "1", "--bind-host", site_ip(group), "--log", log_path,
-              "--ckpt-dir", ckpt_dir, "--op-timeout-ms", "300000"]
+              "--op-timeout-ms", "300000"]
     common += shlex.split(args.model) + list(setting_flags)
     if args.trainer == "cpp":
         return [os.path.join(args.build, "bin", "diloco_trainer")] + common
@@ -266,8 +268,7 @@ def run_job(args, links, out, name, setting_flags, alone, procs):
             e = dict(env, LK_AGENT_SOCKET=os.path.join(d, f"g{g}.sock"), LK_GROUP_ID=f"g{g}")
             trainers.append(procs.start(
                 links.exec(g, trainer_argv(args, g, r, setting_flags,
-                                           os.path.join(d, f"trainer-g{g}-{r}.jsonl"),
-                                           os.path.join(d, f"ckpt-g{g}"))),
+                                           os.path.join(d, f"trainer-g{g}-{r}.jsonl"))),
                 os.path.join(d, f"trainer-g{g}-{r}.log"), env=e))
     failed = []
     for t in trainers:
