@@ -35,6 +35,9 @@ int main(int argc, char** argv) {
   flags.Add("live-dir", &o.live_dir,
             "node-local directory for the live state the agent serves to healing peers "
             "(its --serve-dir); empty: none, healing peers get state over the communicator");
+  flags.Add("bind-host", &o.bind_host,
+            "the address this trainer's communicators listen on and give their peers (the "
+            "node's address that the other groups reach)");
   flags.Add("log", &o.log_path, "JSON lines, one per committed outer step");
   flags.Add("eval-batches", &o.eval_batches,
             "after every commit, the loss of the new global weights on this many batches drawn "

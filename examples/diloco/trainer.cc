@@ -91,6 +91,7 @@ Status Trainer::Init() {
   d.ckpt_dir = o_.ckpt_dir;
   d.ckpt_every = o_.ckpt_every;
   d.live_dir = o_.live_dir;
+  d.bind_host = o_.bind_host;
   d.init_timeout = o_.init_timeout;
   d.op_timeout = o_.op_timeout;
   InnerStateHooks hooks;
@@ -279,6 +280,7 @@ Status TrainerOptions::Validate() const {
   if (outer_steps >= (1u << 24)) return InvalidArgument("--outer-steps must be below 2^24");
   if (ckpt_every > 0 && ckpt_dir.empty()) return InvalidArgument("--ckpt-every needs --ckpt-dir");
   if (corpus_bytes < 4096) return InvalidArgument("--corpus-bytes must be at least 4096");
+  if (bind_host.empty()) return InvalidArgument("--bind-host must not be empty");
   if (!(outer.lr > 0) || outer.momentum < 0 || outer.momentum >= 1) {
     return InvalidArgument("--outer-lr must be positive and --outer-momentum in [0, 1)");
   }

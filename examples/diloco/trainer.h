@@ -26,6 +26,9 @@ struct TrainerOptions {
   std::string ckpt_dir;      // durable checkpoints of this group
   uint32_t ckpt_every = 0;   // save every K committed steps (0: only when draining)
   std::string live_dir;      // live state the agent serves to healing peers (--serve-dir)
+  // The address the trainer's Gloo communicators listen on and advertise to their peers: the
+  // node's address on the network the other groups reach (a site's address between sites).
+  std::string bind_host = "127.0.0.1";
   std::string log_path;      // JSON lines, one per committed outer step
   uint32_t eval_batches = 0; // >0: log the global weights' loss on this many fixed batches
   uint32_t corpus_bytes = 64 << 10;

@@ -48,6 +48,9 @@ FLAGS = [
     ("ckpt-every", int, 0, "save every K committed steps; 0: only when draining"),
     ("live-dir", str, "", "node-local directory for the live state the agent serves to healing "
                           "peers (its --serve-dir); empty: none"),
+    ("bind-host", str, "127.0.0.1", "the address this trainer's communicators listen on and "
+                                    "give their peers (the node's address that the other "
+                                    "groups reach)"),
     ("log", str, "", "JSON lines, one per committed outer step"),
     ("eval-batches", int, 0, "after every commit, the loss of the new global weights on this "
                              "many fixed batches, logged as eval_loss; 0: none"),
@@ -223,7 +226,7 @@ def train(args, log):
     op_timeout = datetime.timedelta(milliseconds=args.op_timeout_ms)
     init_timeout = datetime.timedelta(milliseconds=args.init_timeout_ms)
     manager = lightkeeper.Manager(args.group_rank, args.group_size, timeout=op_timeout,
-                                  init_timeout=init_timeout)
+                                  init_timeout=init_timeout, bind_host=args.bind_host)
     steps = StepLog(args.log, args)
     eval_seed = char_model.mix_seed(args.seed, char_model.EVAL_TAG)
     diloco = lightkeeper.DiLoCo(
