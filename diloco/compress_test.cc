@@ -12,6 +12,8 @@
 #include <random>
 #include <vector>
 
+#include "replica_agent/comm/reduce.h"
+
 namespace lk::diloco {
 namespace {
 

@@ -120,7 +120,7 @@ TEST_CASE("chunks of the encoded allreduce are whole blocks that cover every ele
       for (size_t c = 0; c < world; ++c) {
         Chunk ch = EncodedChunk(count, 128, world, c);
         CHECK(ch.begin == next);
-        CHECK(ch.begin % 128 == 0);
+        CHECK((ch.size == 0 || ch.begin % 128 == 0));  // empty chunks sit at the end
         next += ch.size;
       }
       CHECK(next == count);
