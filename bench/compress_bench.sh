@@ -15,18 +15,20 @@
 # on). The loss is eval_loss: the global weights on fixed evaluation batches, the same in every
 # member, at each step.
 #
-#   bench/compress_bench.sh [BUILD_DIR] [STEPS] [INNER_STEPS] [GROUPS]   (build, 30, 20, 3)
+#   bench/compress_bench.sh [BUILD_DIR] [STEPS] [INNER_STEPS] [GROUPS]   (build, 30, 16, 3)
 #
 # Build first: ninja -C BUILD_DIR diloco_trainer replica_agent lighthouse
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
 steps=${2:-30}
-inner=${3:-20}
+inner=${3:-16}
 groups=${4:-3}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/lk-compress-bench-XXXXXX")
-model=(--model-width 64 --layers 2 --heads 4 --seq-len 64 --batch 16 --corpus-bytes 65536
-  --inner-lr 0.003 --eval-batches 16 --op-timeout-ms 60000)
+# The chaos test's character model with a second block: small enough that five jobs run in a few
+# minutes on 2 shared cores.
+model=(--model-width 32 --layers 2 --heads 2 --seq-len 32 --batch 8 --corpus-bytes 32768
+  --eval-batches 16 --op-timeout-ms 60000)
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; }
