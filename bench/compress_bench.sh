@@ -126,7 +126,7 @@ for c in ("none", "bf16", "int8", "int4"):
 print()
 print(f"eval_loss (fixed batches) at equal steps against float32 DiLoCo:")
 print()
-print("| setting | step 10 | step 20 | final (step %d) | final vs none | max abs diff vs none, steps 5..%d |" % (T, T))
+print("| setting | step 10 | step 20 | final (step %d) | final vs none | largest difference vs none, steps 5..%d |" % (T, T))
 print("|---|---|---|---|---|---|")
 for c in ("none", "bf16", "int8", "int4"):
     e = ev[c]
