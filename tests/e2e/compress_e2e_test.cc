@@ -47,15 +47,20 @@ std::vector<BytesLine> ReadBytes(const std::string& path) {
   return out;
 }
 
-void RunCompressed(const std::string& codec, double max_ratio) {
+// `python_groups` of the four run the Python trainer (examples/python/diloco_trainer.py).
+void RunCompressed(const std::string& codec, double max_ratio, int python_groups = 0,
+                   uint32_t steps = 10) {
   RunOptions o;
   o.job = "chaos";
-  o.steps = 10;
+  o.steps = steps;
   o.group_size = 2;
   o.trainer_flags = {"--outer-compress", codec};
-  Run run("compress-" + codec, o);
+  Run run(fmt::format("compress-{}-py{}", codec, python_groups), o);
   fmt::print("{} logs in {}\n", codec, run.dir);
-  for (const char* g : {"g0", "g1", "g2", "g3"}) run.StartGroup(g);
+  int started = 0;
+  for (const char* g : {"g0", "g1", "g2", "g3"}) {
+    run.StartGroup(g, started++ < python_groups ? TrainerKind::kPython : TrainerKind::kCpp);
+  }
   run.WaitSurvivors(240s);
   CheckLogs(run.AllLogs(), o.steps, o.group_size);
   size_t checked = 0;
@@ -82,6 +87,12 @@ TEST_CASE("int8 outer compression: four groups of two stay bitwise equal at ever
 
 TEST_CASE("int4 outer compression: four groups of two stay bitwise equal at every commit") {
   RunCompressed("int4", 0.22);
+}
+
+// The Python trainer runs the same library: in a job that mixes both, every commit's hash still
+// agrees across all four groups, and the Python lines name the codec as the C++ ones do.
+TEST_CASE("int8 outer compression in a job of two Python and two C++ groups stays bitwise equal") {
+  RunCompressed("int8", 0.35, /*python_groups=*/2, /*steps=*/6);
 }
 
 }  // namespace
