@@ -96,8 +96,8 @@ std::string_view OuterCompressName(OuterCompress codec) {
 }
 
 bool ParseOuterCompress(std::string_view name, OuterCompress* out) {
-  for (OuterCompress c : {OuterCompress::kNone, OuterCompress::kBf16, OuterCompress::kInt8,
-                          OuterCompress::kInt4}) {
+  for (OuterCompress c :
+       {OuterCompress::kNone, OuterCompress::kBf16, OuterCompress::kInt8, OuterCompress::kInt4}) {
     if (name == OuterCompressName(c)) {
       *out = c;
       return true;
@@ -126,8 +126,8 @@ size_t EncodedBytes(OuterCompress codec, size_t count) {
 
 size_t MaxEncodedBytes(size_t count) {
   size_t most = 0;
-  for (OuterCompress c : {OuterCompress::kNone, OuterCompress::kBf16, OuterCompress::kInt8,
-                          OuterCompress::kInt4}) {
+  for (OuterCompress c :
+       {OuterCompress::kNone, OuterCompress::kBf16, OuterCompress::kInt8, OuterCompress::kInt4}) {
     most = std::max(most, EncodedBytes(c, count));
   }
   return most;
@@ -175,8 +175,8 @@ void Decode(OuterCompress codec, std::span<const uint8_t> in, std::span<float> o
 }
 
 void AddResidual(std::span<const float> residual, std::span<float> values) {
-  LK_CHECK(residual.size() == values.size()) << "residual " << residual.size() << " values "
-                                             << values.size();
+  LK_CHECK(residual.size() == values.size())
+      << "residual " << residual.size() << " values " << values.size();
   for (size_t i = 0; i < values.size(); ++i) values[i] += residual[i];
 }
 

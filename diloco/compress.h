@@ -72,9 +72,7 @@ class BlockCodec final : public comm::ChunkCodec {
   uint32_t id() const override { return static_cast<uint32_t>(codec_) + 1; }
   std::string_view name() const override { return OuterCompressName(codec_); }
   size_t block_elems() const override { return BlockElems(codec_); }
-  size_t EncodedBytes(size_t count) const override {
-    return diloco::EncodedBytes(codec_, count);
-  }
+  size_t EncodedBytes(size_t count) const override { return diloco::EncodedBytes(codec_, count); }
   size_t MaxEncodedBytes(size_t count) const override { return diloco::MaxEncodedBytes(count); }
   void Encode(const float* in, size_t count, uint8_t* out) const override {
     diloco::Encode(codec_, {in, count}, {out, diloco::EncodedBytes(codec_, count)});

@@ -17,8 +17,8 @@
 namespace lk::diloco {
 namespace {
 
-constexpr OuterCompress kAll[] = {OuterCompress::kNone, OuterCompress::kBf16,
-                                  OuterCompress::kInt8, OuterCompress::kInt4};
+constexpr OuterCompress kAll[] = {OuterCompress::kNone, OuterCompress::kBf16, OuterCompress::kInt8,
+                                  OuterCompress::kInt4};
 constexpr OuterCompress kLossy[] = {OuterCompress::kBf16, OuterCompress::kInt8,
                                     OuterCompress::kInt4};
 
@@ -34,9 +34,7 @@ std::vector<float> RoundTrip(OuterCompress c, const std::vector<float>& in) {
   return out;
 }
 
-bool SameBits(float a, float b) {
-  return std::memcmp(&a, &b, sizeof(float)) == 0;
-}
+bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
 
 // Values over many magnitudes and both signs, with exact zeros among them.
 std::vector<float> Mixed(size_t n, uint32_t seed) {

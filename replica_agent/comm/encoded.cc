@@ -38,8 +38,9 @@ Status CheckEncodedHeader(const ChunkCodec& codec, uint64_t count, const uint8_t
                  words[0]);
   }
   if (words[1] != codec.id()) {
-    return Error(Code::kConflict, "replica_rank {} encodes with codec id {}, this member with {} ({})",
-                 from_rank, words[1], codec.id(), codec.name());
+    return Error(Code::kConflict,
+                 "replica_rank {} encodes with codec id {}, this member with {} ({})", from_rank,
+                 words[1], codec.id(), codec.name());
   }
   if (their_count != count) {
     return Error(Code::kConflict, "replica_rank {} reduces {} elements, this member {}", from_rank,

@@ -4,6 +4,8 @@
 // "none" codec gives the exact sum; an abort or a missing member ends the collective at once or
 // at its deadline; a member of another codec is refused by name. Multi-process runs against a
 // real lighthouse are in comm_test.cc.
+#include "replica_agent/comm/encoded.h"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -13,7 +15,6 @@
 
 #include "diloco/compress.h"
 #include "replica_agent/comm/comm.h"
-#include "replica_agent/comm/encoded.h"
 #include "replica_agent/comm/rendezvous_store.h"
 #include "replica_agent/comm/test_support.h"
 
@@ -24,8 +25,8 @@ using namespace std::chrono_literals;
 using diloco::BlockCodec;
 using diloco::OuterCompress;
 
-constexpr OuterCompress kAll[] = {OuterCompress::kNone, OuterCompress::kBf16,
-                                  OuterCompress::kInt8, OuterCompress::kInt4};
+constexpr OuterCompress kAll[] = {OuterCompress::kNone, OuterCompress::kBf16, OuterCompress::kInt8,
+                                  OuterCompress::kInt4};
 
 struct Members {
   FileRendezvousStore store{testing::TempDir("encoded")};

@@ -511,12 +511,13 @@ Status GlooCommManager::Exchange(GlooContext* ctx, std::span<float> data, const 
   codec.Encode(enc_sum_.data(), mine.size, own + hdr);
   for (size_t p = 0; p < world; ++p) {
     if (p == rank) continue;
-    rbuf->send(static_cast<int>(p), slot + 1, result_at[rank],
-               hdr + codec.EncodedBytes(mine.size));
+    rbuf->send(static_cast<int>(p), slot + 1, result_at[rank], hdr + codec.EncodedBytes(mine.size));
   }
   for (size_t i = 0; i + 1 < world; ++i) LK_RETURN_IF_ERROR(WaitRecv(*rbuf));
   for (size_t p = 0; p < world; ++p) {
-    if (p != rank) LK_RETURN_IF_ERROR(CheckEncodedHeader(codec, count, &enc_result_[result_at[p]], p));
+    if (p != rank) {
+      LK_RETURN_IF_ERROR(CheckEncodedHeader(codec, count, &enc_result_[result_at[p]], p));
+    }
   }
   for (size_t i = 0; i + 1 < world; ++i) {
     LK_RETURN_IF_ERROR(WaitSend(*sbuf));
