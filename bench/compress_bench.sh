@@ -15,7 +15,7 @@
 # on). The loss is eval_loss: the global weights on fixed evaluation batches, the same in every
 # member, at each step.
 #
-#   bench/compress_bench.sh [BUILD_DIR] [STEPS] [INNER_STEPS] [GROUPS]   (build, 30, 16, 3)
+#   bench/compress_bench.sh [BUILD_DIR] [STEPS] [INNER_STEPS] [GROUPS] [SEED]   (build, 30, 16, 3, 5)
 #
 # Build first: ninja -C BUILD_DIR diloco_trainer replica_agent lighthouse
 set -euo pipefail
@@ -24,6 +24,7 @@ build=$(cd "${1:-$root/build}" && pwd)
 steps=${2:-30}
 inner=${3:-16}
 groups=${4:-3}
+seed=${5:-5}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/lk-compress-bench-XXXXXX")
 # The chaos test's character model with a second block: small enough that five jobs run in a few
 # minutes on 2 shared cores.
@@ -58,7 +59,7 @@ run_job() {
     for r in $(seq 0 $((size - 1))); do
       LK_AGENT_SOCKET="$dir/$job-g$g.sock" LK_GROUP_ID="g$g" "$build/bin/diloco_trainer" \
         --group-rank "$r" --group-size "$size" --inner-steps "$inner" --outer-steps "$steps" \
-        --seed 5 --log "$dir/$job-g$g-$r.jsonl" "${model[@]}" "$@" 2> "$dir/$job-g$g-$r.stderr" &
+        --seed "$seed" --log "$dir/$job-g$g-$r.jsonl" "${model[@]}" "$@" 2> "$dir/$job-g$g-$r.stderr" &
       trainers+=($!)
     done
   done
@@ -84,7 +85,7 @@ run_job dp 1 "$groups"
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "# $(nproc) CPUs, load average before $load_before, after $load_after;" \
   "$(( $(date +%s) - started )) s; logs in $dir"
-echo "# $groups groups of 1 trainer, T=$steps outer steps of H=$inner inner steps; model ${model[*]}"
+echo "# $groups groups of 1 trainer, T=$steps outer steps of H=$inner inner steps, seed $seed; model ${model[*]}"
 /usr/bin/python3 - "$dir" "$groups" "$inner" <<'PY'
 import glob, json, statistics, sys
 

@@ -1,55 +1,19 @@
-// The Gloo backend: a ring allreduce written on Gloo's TCP transport (pairs and unbound buffers),
-// so that this file owns every wait and can cut it short.
-//
-// How a blocked collective ends at once:
-//  - Abort() (any thread) calls abortWaitRecv/abortWaitSend on the unbound buffers in flight,
-//    which wakes the waiting trainer thread, and closes every pair with SO_LINGER 0, so the
-//    kernel resets the connections and the peers' own waits fail at once too.
-//  - A peer that dies (kill -9, socket closed) makes the kernel close its sockets; Gloo's device
-//    loop reads EOF/RST but only fails the waits posted on that very pair, while the trainer
-//    thread may be waiting on the other neighbour. So every communicator keeps a sentinel
-//    receive posted on each of its pairs (a slot no one sends on) and a monitor thread waiting
-//    on it: the failure of any pair wakes the monitor, which fails the whole communicator and
-//    closes its pairs, so the failure travels around the ring one hop per member, each hop as
-//    fast as the kernel delivers a reset.
-//  - A watchdog thread fails the communicator the same way when the init or op deadline passes,
-//    so no Gloo-internal wait is ever the last line of defence.
-#include <gloo/transport/context.h>
-#include <gloo/transport/pair.h>
-#include <gloo/transport/tcp/device.h>
-#include <gloo/transport/unbound_buffer.h>
+// The Gloo backend (the class and how a blocked collective ends: gloo_comm_impl.h):
+// rendezvous and connect, the watchdog and the failure monitor, and the pipelined ring
+// allreduce. The encoded allreduce is in gloo_encoded.cc.
 #include <signal.h>
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
-#include <set>
-#include <thread>
-#include <vector>
 
 #include "common/log.h"
 #include "common/sigpipe.h"
 #include "replica_agent/comm/backends.h"
-#include "replica_agent/comm/encoded.h"
+#include "replica_agent/comm/gloo_comm_impl.h"
 #include "replica_agent/comm/reduce.h"
 
 namespace lk::comm {
 namespace {
-
-using SteadyClock = std::chrono::steady_clock;
-using GlooContext = gloo::transport::Context;
-using GlooBuffer = gloo::transport::UnboundBuffer;
-
-// The monitor's wait: far above any training run, and small enough that Gloo's deadline
-// arithmetic cannot overflow.
-constexpr auto kForever = std::chrono::hours(24 * 365);
-
-// Gloo slots of the encoded allreduce: a space of their own (AllReduce numbers its slots from
-// 2 * world per collective), so that a member running the other kind of collective waits for
-// the op deadline instead of receiving a message of the wrong shape.
-constexpr uint64_t kEncodedSlots = uint64_t{1} << 62;
 
 std::string AddressKey(uint32_t slot, uint32_t rank) {
   return fmt::format("gloo/slot{}/rank{}", slot, rank);
@@ -82,115 +46,10 @@ Result<std::vector<char>> FindAddress(const std::string& value, uint32_t for_ran
   return Error(Code::kDataLoss, "no address for rank {} in the rendezvous value", for_rank);
 }
 
-class GlooCommManager final : public CommManager {
- public:
-  GlooCommManager(RendezvousStore* store, CommOptions options,
-                  std::shared_ptr<gloo::transport::Device> device)
-      : store_(store), options_(std::move(options)), device_(std::move(device)) {
-    watchdog_ = std::thread([this] { WatchdogLoop(); });
-  }
+}  // namespace
 
-  ~GlooCommManager() override {
-    {
-      std::lock_guard lock(mu_);
-      FailLocked(Error(Code::kAborted, "communicator shut down"), LogLevel::kDebug);
-      stop_ = true;
-      cv_.notify_all();
-    }
-    watchdog_.join();
-    StopMonitor();
-    ctx_.reset();
-    device_.reset();
-  }
+namespace gloo_backend {
 
-  Status Reconfigure(uint32_t quorum_id, uint32_t replica_rank, uint32_t world_size) override;
-  Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op) override;
-  Status AllReduceEncoded(std::span<float> data, const ChunkCodec& codec, ReduceOp op,
-                          std::span<float> sent) override;
-
-  void Abort(const std::string& reason) override {
-    std::lock_guard lock(mu_);
-    if (phase_ == Phase::kNone) return;
-    FailLocked(Status(Code::kAborted, reason));  // the code already says "aborted"
-  }
-
-  void AbortQuorum(uint32_t quorum_id, const std::string& reason) override {
-    std::lock_guard lock(mu_);
-    if (phase_ == Phase::kNone || quorum_id_.load() > quorum_id) return;
-    FailLocked(Status(Code::kAborted, reason));  // the code already says "aborted"
-  }
-
-  uint32_t quorum_id() const override { return quorum_id_.load(); }
-  Backend backend() const override { return Backend::kGloo; }
-
- private:
-  enum class Phase { kNone, kInitializing, kReady, kFailed };
-
-  // Posts the sentinel receives and starts the monitor of the communicator just connected.
-  void StartMonitorLocked(const std::set<uint32_t>& peers);
-  // Stops the monitor of the previous communicator (it was woken by FailLocked) and frees it.
-  void StopMonitor();
-  Status Connect(std::shared_ptr<GlooContext> ctx, uint32_t quorum_id, uint32_t rank,
-                 uint32_t world, TimePoint deadline);
-  // `user` is the caller's buffer; `acc` the float32 accumulator (the same memory for float32,
-  // the widened copy for bfloat16).
-  Status Ring(GlooContext& ctx, void* user, float* acc, size_t count, DType dtype, ReduceOp op,
-              size_t rank, size_t world);
-  // The encoded allreduce's two all-to-all phases (ctx is null for a member alone).
-  Status Exchange(GlooContext* ctx, std::span<float> data, const ChunkCodec& codec, ReduceOp op,
-                  std::span<float> sent, size_t rank, size_t world);
-  Status WaitRecv(GlooBuffer& buf);
-  Status WaitSend(GlooBuffer& buf);
-  Status Interrupted() {
-    std::lock_guard lock(mu_);
-    return phase_ == Phase::kFailed ? status_ : Status::Ok();
-  }
-
-  // First failure wins: wakes every wait in flight and resets every connection.
-  // `level`: a superseded or shut-down communicator is routine, a failure is a warning.
-  void FailLocked(Status status, LogLevel level = LogLevel::kWarn);
-  void ArmLocked(Millis timeout, const char* what) {
-    deadline_ = SteadyClock::now() + timeout;
-    deadline_what_ = what;
-    deadline_ms_ = timeout.count();
-    armed_ = true;
-    cv_.notify_all();
-  }
-  void WatchdogLoop();
-
-  RendezvousStore* const store_;
-  const CommOptions options_;
-  std::shared_ptr<gloo::transport::Device> device_;  // one TCP event loop for all quorums
-  std::thread watchdog_;
-
-  // Trainer-thread state (Reconfigure and AllReduce are not called concurrently).
-  uint64_t op_seq_ = 0;  // numbers collectives within a quorum so that every one has own slots
-  std::vector<float> scratch_;  // the reduce-scatter staging ring (see Ring)
-  std::vector<float> widened_;
-  // The encoded allreduce: this member's encoded chunks, the contributions to its own chunk, the
-  // encoded result of every chunk, and the float32 sum of its chunk.
-  std::vector<uint8_t> enc_send_, enc_stage_, enc_result_;
-  std::vector<float> enc_sum_, enc_scratch_;
-
-  std::atomic<uint32_t> quorum_id_{0};
-  mutable std::mutex mu_;  // guards everything below
-  std::condition_variable cv_;
-  Phase phase_ = Phase::kNone;
-  Status status_;  // why the communicator failed, when phase_ == kFailed
-  std::shared_ptr<GlooContext> ctx_;
-  uint32_t rank_ = 0;
-  uint32_t world_ = 0;
-  std::vector<GlooBuffer*> inflight_;     // buffers a collective waits on right now
-  uint64_t generation_ = 0;               // one per Reconfigure, so a late monitor fails nothing
-  std::unique_ptr<GlooBuffer> sentinel_;  // freed only after monitor_ is joined
-  uint64_t sentinel_bytes_ = 0;
-  std::thread monitor_;
-  bool armed_ = false;
-  TimePoint deadline_;
-  const char* deadline_what_ = "";
-  int64_t deadline_ms_ = 0;
-  bool stop_ = false;
-};
 
 void GlooCommManager::FailLocked(Status status, LogLevel level) {
   if (phase_ == Phase::kFailed || phase_ == Phase::kNone) return;
@@ -395,140 +254,6 @@ Status GlooCommManager::AllReduce(void* data, size_t count, DType dtype, ReduceO
   return Status::Ok();
 }
 
-Status GlooCommManager::AllReduceEncoded(std::span<float> data, const ChunkCodec& codec,
-                                         ReduceOp op, std::span<float> sent) {
-  if (!sent.empty() && sent.size() != data.size()) {
-    return InvalidArgument("sent has {} elements, data {}", sent.size(), data.size());
-  }
-  ScopedSigpipeBlock no_sigpipe;  // Gloo writes on this thread
-  std::shared_ptr<GlooContext> ctx;
-  size_t rank = 0;
-  size_t world = 0;
-  {
-    std::lock_guard lock(mu_);
-    if (phase_ == Phase::kNone) {
-      return Error(Code::kUnavailable, "no communicator: call Reconfigure first");
-    }
-    if (phase_ == Phase::kFailed) return status_;
-    if (world_ > 3 && !options_.full_mesh) {
-      return InvalidArgument("the encoded allreduce of {} members needs CommOptions::full_mesh",
-                             world_);
-    }
-    ctx = ctx_;
-    rank = rank_;
-    world = world_;
-    if (world > 1 && !data.empty()) ArmLocked(options_.op_timeout, "encoded allreduce");
-  }
-  if (data.empty()) return Status::Ok();
-  Status st;
-  try {
-    st = Exchange(world > 1 ? ctx.get() : nullptr, data, codec, op, sent, rank, world);
-  } catch (const std::exception& e) {
-    st = Error(Code::kAborted, "peer failure: {}", e.what());
-  }
-  if (world == 1) return st;
-  std::lock_guard lock(mu_);
-  armed_ = false;
-  if (!st.ok()) FailLocked(st);
-  if (phase_ == Phase::kFailed) return status_;
-  return Status::Ok();
-}
-
-// Phase 1 (reduce-scatter): every member sends its encoding of chunk p to member p, which
-// decodes the world's contributions in replica_rank order and sums them in float32. Phase 2
-// (allgather): each owner encodes its chunk of the result once and sends the same bytes to
-// everyone. Every member, the owner too, decodes the result from those bytes, so all hold the
-// same bits. All receives are posted before the first send, each large enough for any codec
-// (MaxEncodedBytes), and checked by header before a byte of them is decoded. Each phase has its
-// own slot and every pair carries one message per slot, so completions need no ordering.
-Status GlooCommManager::Exchange(GlooContext* ctx, std::span<float> data, const ChunkCodec& codec,
-                                 ReduceOp op, std::span<float> sent, size_t rank, size_t world) {
-  const size_t count = data.size();
-  const size_t block = std::max<size_t>(1, codec.block_elems());
-  const size_t hdr = kEncodedHeaderBytes;
-  std::vector<Chunk> chunks(world);
-  std::vector<size_t> send_at(world + 1, 0), result_at(world + 1, 0);
-  for (size_t c = 0; c < world; ++c) {
-    chunks[c] = EncodedChunk(count, block, world, c);
-    send_at[c + 1] = send_at[c] + hdr + codec.EncodedBytes(chunks[c].size);
-    result_at[c + 1] = result_at[c] + hdr + codec.MaxEncodedBytes(chunks[c].size);
-  }
-  const Chunk mine = chunks[rank];
-  const size_t stage_bytes = hdr + codec.MaxEncodedBytes(mine.size);
-  enc_send_.resize(send_at[world]);
-  enc_result_.resize(result_at[world]);
-  enc_stage_.resize(stage_bytes * world);
-  for (size_t c = 0; c < world; ++c) {
-    WriteEncodedHeader(codec, count, &enc_send_[send_at[c]]);
-    codec.Encode(data.data() + chunks[c].begin, chunks[c].size, &enc_send_[send_at[c] + hdr]);
-    if (!sent.empty()) {
-      codec.Decode(&enc_send_[send_at[c] + hdr], chunks[c].size, sent.data() + chunks[c].begin);
-    }
-  }
-  std::unique_ptr<GlooBuffer> sbuf, stage, rbuf;
-  if (world > 1) {
-    sbuf = ctx->createUnboundBuffer(enc_send_.data(), enc_send_.size());
-    stage = ctx->createUnboundBuffer(enc_stage_.data(), enc_stage_.size());
-    rbuf = ctx->createUnboundBuffer(enc_result_.data(), enc_result_.size());
-    std::lock_guard lock(mu_);
-    if (phase_ == Phase::kFailed) return status_;
-    inflight_ = {sbuf.get(), stage.get(), rbuf.get()};
-  }
-  // Declared after the buffers, so it runs first: Abort must never touch a freed buffer.
-  struct Unregister {
-    GlooCommManager* self;
-    ~Unregister() {
-      std::lock_guard lock(self->mu_);
-      self->inflight_.clear();
-    }
-  } unregister{this};
-
-  const uint64_t slot = kEncodedSlots | ((++op_seq_) << 1);
-  for (size_t p = 0; p < world; ++p) {
-    if (p == rank) continue;
-    const int peer = static_cast<int>(p);
-    stage->recv(peer, slot, p * stage_bytes, stage_bytes);
-    rbuf->recv(peer, slot + 1, result_at[p], result_at[p + 1] - result_at[p]);
-  }
-  for (size_t p = 0; p < world; ++p) {
-    if (p != rank) sbuf->send(static_cast<int>(p), slot, send_at[p], send_at[p + 1] - send_at[p]);
-  }
-  for (size_t i = 0; i + 1 < world; ++i) LK_RETURN_IF_ERROR(WaitRecv(*stage));
-  std::vector<const uint8_t*> contributions(world);
-  for (size_t p = 0; p < world; ++p) {
-    if (p == rank) {
-      contributions[p] = &enc_send_[send_at[rank] + hdr];
-    } else {
-      LK_RETURN_IF_ERROR(CheckEncodedHeader(codec, count, &enc_stage_[p * stage_bytes], p));
-      contributions[p] = &enc_stage_[p * stage_bytes + hdr];
-    }
-  }
-  enc_sum_.resize(mine.size);
-  enc_scratch_.resize(mine.size);
-  ReduceEncoded(codec, contributions, mine.size, op, enc_sum_.data(), enc_scratch_.data());
-  uint8_t* own = &enc_result_[result_at[rank]];
-  WriteEncodedHeader(codec, count, own);
-  codec.Encode(enc_sum_.data(), mine.size, own + hdr);
-  for (size_t p = 0; p < world; ++p) {
-    if (p == rank) continue;
-    rbuf->send(static_cast<int>(p), slot + 1, result_at[rank], hdr + codec.EncodedBytes(mine.size));
-  }
-  for (size_t i = 0; i + 1 < world; ++i) LK_RETURN_IF_ERROR(WaitRecv(*rbuf));
-  for (size_t p = 0; p < world; ++p) {
-    if (p != rank) {
-      LK_RETURN_IF_ERROR(CheckEncodedHeader(codec, count, &enc_result_[result_at[p]], p));
-    }
-  }
-  for (size_t i = 0; i + 1 < world; ++i) {
-    LK_RETURN_IF_ERROR(WaitSend(*sbuf));
-    LK_RETURN_IF_ERROR(WaitSend(*rbuf));
-  }
-  for (size_t c = 0; c < world; ++c) {
-    codec.Decode(&enc_result_[result_at[c] + hdr], chunks[c].size, data.data() + chunks[c].begin);
-  }
-  return Status::Ok();
-}
-
 Status GlooCommManager::WaitRecv(GlooBuffer& buf) {
   // The watchdog aborts the wait at the op deadline; Gloo's own timeout is only a backstop.
   if (!buf.waitRecv(nullptr, options_.op_timeout + Millis(5'000))) {
@@ -693,7 +418,7 @@ Status GlooCommManager::Ring(GlooContext& ctx, void* user, float* acc, size_t co
   return Status::Ok();
 }
 
-}  // namespace
+}  // namespace gloo_backend
 
 Result<std::unique_ptr<CommManager>> CreateGlooCommManager(RendezvousStore* store,
                                                            CommOptions options) {
@@ -709,7 +434,7 @@ Result<std::unique_ptr<CommManager>> CreateGlooCommManager(RendezvousStore* stor
     return Error(Code::kUnavailable, "gloo device on {}: {}", options.bind_host, e.what());
   }
   return std::unique_ptr<CommManager>(
-      std::make_unique<GlooCommManager>(store, std::move(options), std::move(device)));
+      std::make_unique<gloo_backend::GlooCommManager>(store, std::move(options), std::move(device)));
 }
 
 }  // namespace lk::comm
