@@ -189,4 +189,26 @@ void KeepResidual(std::span<const float> sent, std::span<const float> decoded,
   }
 }
 
+void ErrorFeedback::Apply(uint32_t committed_step, std::span<float> values) {
+  if (has_staged_ && staged_step_ == committed_step) residual_ = std::move(staged_);
+  has_staged_ = false;
+  staged_.clear();
+  if (residual_.size() != values.size()) residual_.assign(values.size(), 0.0f);
+  AddResidual(residual_, values);
+}
+
+void ErrorFeedback::Stage(uint32_t committed_step, std::span<const float> sent,
+                          std::span<const float> decoded) {
+  staged_.resize(sent.size());
+  KeepResidual(sent, decoded, staged_);
+  has_staged_ = true;
+  staged_step_ = committed_step + 1;
+}
+
+void ErrorFeedback::Reset(size_t count) {
+  residual_.assign(count, 0.0f);
+  staged_.clear();
+  has_staged_ = false;
+}
+
 }  // namespace lk::diloco

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "diloco/diloco.h"
 #include "replica_agent/comm/comm.h"
@@ -64,6 +65,27 @@ void AddResidual(std::span<const float> residual, std::span<float> values);
 // residual = sent - decoded where decoded is finite; 0 where it is not (a NaN block).
 void KeepResidual(std::span<const float> sent, std::span<const float> decoded,
                   std::span<float> residual);
+
+// One trainer's error feedback across the attempts of its outer steps. The residual an exchange
+// leaves is staged, not used at once: the attempt may still be thrown away (another trainer of
+// the group failed, the commit did not happen) and retried with the same pseudo-gradient, which
+// must then meet the same residual again. A staged residual takes effect at the next exchange if
+// the step it was computed for has been committed by then, and is dropped otherwise.
+class ErrorFeedback {
+ public:
+  // Before the exchange that would commit step committed_step + 1: values += residual.
+  void Apply(uint32_t committed_step, std::span<float> values);
+  // After that exchange succeeded: stages KeepResidual(sent, decoded) for committed_step + 1.
+  void Stage(uint32_t committed_step, std::span<const float> sent, std::span<const float> decoded);
+  // Zeros of `count` elements, nothing staged: the state came from elsewhere.
+  void Reset(size_t count);
+  std::span<const float> residual() const { return residual_; }
+
+ private:
+  std::vector<float> residual_, staged_;
+  bool has_staged_ = false;
+  uint32_t staged_step_ = 0;
+};
 
 // A codec as the communicator's AllReduceEncoded takes it.
 class BlockCodec final : public comm::ChunkCodec {

@@ -269,6 +269,32 @@ TEST_CASE("error feedback delivers a small steady pseudo-gradient that int4 alon
   CHECK(std::fabs(sent - 0.02 * steps) <= 1.0 / 7.0);
 }
 
+TEST_CASE("ErrorFeedback: a staged residual counts once its step commits, a retry meets the old") {
+  ErrorFeedback fb;
+  fb.Reset(2);
+  const std::vector<float> first_sent = {1.0f, 2.0f}, first_decoded = {0.75f, 2.0f};
+  std::vector<float> v = {1.0f, 2.0f};
+  fb.Apply(/*committed_step=*/4, v);  // residual zero: unchanged
+  CHECK(v == std::vector<float>{1.0f, 2.0f});
+  fb.Stage(4, first_sent, first_decoded);  // for step 5
+  // The attempt was thrown away: the retry at committed step 4 meets the zero residual again.
+  v = {1.0f, 2.0f};
+  fb.Apply(4, v);
+  CHECK(v == std::vector<float>{1.0f, 2.0f});
+  fb.Stage(4, first_sent, first_decoded);
+  // Step 5 committed: the next exchange adds what step 5's encoding dropped.
+  v = {10.0f, 20.0f};
+  fb.Apply(5, v);
+  CHECK(v == std::vector<float>{10.25f, 20.0f});
+  CHECK(fb.residual()[0] == 0.25f);
+  // A heal: zeros, and a staged residual of before it never comes back.
+  fb.Stage(5, std::vector<float>{1.0f, 1.0f}, std::vector<float>{0.5f, 0.5f});
+  fb.Reset(2);
+  v = {1.0f, 1.0f};
+  fb.Apply(6, v);
+  CHECK(v == std::vector<float>{1.0f, 1.0f});
+}
+
 TEST_CASE("BlockCodec adapts a codec to the communicator's interface") {
   BlockCodec codec(OuterCompress::kInt8);
   CHECK(codec.name() == "int8");

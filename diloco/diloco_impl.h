@@ -151,13 +151,10 @@ class Diloco::Impl {
   Clock::time_point bad_since_;
   std::optional<Clock::time_point> drain_wait_since_;
   bool saved_at_last_commit_ = false;
-  // Error feedback of the encoded exchange (see CrossAllReduce): the residual in use, and the
-  // one the last exchange left, which takes effect once the step it was computed for
-  // (staged_step_) is committed; a retry of that step with the same pseudo-gradient drops it.
+  // The encoded exchange (see CrossAllReduce) and this trainer's error feedback.
   comm::ChunkCodec* codec_ = nullptr;  // points at codec_storage_ unless outer_compress is none
   std::optional<BlockCodec> codec_storage_;
-  std::vector<float> residual_, staged_residual_;
-  std::optional<uint32_t> staged_step_;
+  ErrorFeedback feedback_;
 };
 
 }  // namespace lk::diloco
