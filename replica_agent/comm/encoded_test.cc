@@ -264,5 +264,24 @@ TEST_CASE("a member with another codec makes the collective fail with a conflict
   CHECK(std::chrono::steady_clock::now() - start < 10s);
 }
 
+// A group left on float32 (the ring) while another runs the encoded exchange: the two use
+// separate Gloo slots, so nobody receives a message of the wrong shape; both run out at the op
+// deadline (or see the reset of the other's deadline) instead of crashing or hanging.
+TEST_CASE("a ring allreduce against an encoded one ends at the deadline, not in a crash") {
+  Members m(2, Millis(500));
+  m.Reconfigure(1);
+  BlockCodec int8(OuterCompress::kInt8);
+  std::vector<float> v0(5000, 1.0f), v1(5000, 1.0f);
+  auto start = std::chrono::steady_clock::now();
+  auto peer1 = std::async(std::launch::async,
+                          [&] { return m.comms[1]->AllReduceEncoded(v1, int8, ReduceOp::kAvg); });
+  Status st = m.comms[0]->AllReduce(v0.data(), v0.size(), DType::kFloat32, ReduceOp::kAvg);
+  Status st1 = peer1.get();
+  CHECK((st.code() == Code::kDeadlineExceeded || st.code() == Code::kAborted));
+  CHECK((st1.code() == Code::kDeadlineExceeded || st1.code() == Code::kAborted));
+  CHECK((st.code() == Code::kDeadlineExceeded || st1.code() == Code::kDeadlineExceeded));
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+}
+
 }  // namespace
 }  // namespace lk::comm
