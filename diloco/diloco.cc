@@ -45,6 +45,9 @@ Status DilocoOptions::Validate() const {
   }
   if (ckpt_every > 0 && ckpt_dir.empty()) return InvalidArgument("ckpt_every needs a ckpt_dir");
   if (ckpt_keep == 0) return InvalidArgument("ckpt_keep must be at least 1");
+  if (OuterCompress parsed; !ParseOuterCompress(OuterCompressName(outer_compress), &parsed)) {
+    return InvalidArgument("unknown outer_compress {}", static_cast<int>(outer_compress));
+  }
   return Status::Ok();
 }
 
@@ -54,6 +57,8 @@ Status Diloco::Impl::Init() {
   co.bind_host = o_.bind_host;
   co.init_timeout = o_.init_timeout;
   co.op_timeout = o_.op_timeout;
+  // The encoded exchange sends every chunk straight to its owner (see comm.h).
+  co.full_mesh = o_.outer_compress != OuterCompress::kNone;
   kv_ = std::make_unique<client::SessionKvStore>(session_->socket_path());
   slot_store_ = std::make_unique<PrefixedStore>(kv_.get(), "diloco/");
   LK_ASSIGN_OR_RETURN(slot_comm_,
@@ -62,6 +67,7 @@ Status Diloco::Impl::Init() {
     // The prefix names the group once its replica_rank is known (the first quorum).
     group_store_ = std::make_unique<PrefixedStore>(kv_.get(), "");
     co.slot = 0;
+    co.full_mesh = false;
     LK_ASSIGN_OR_RETURN(group_comm_,
                         comm::CommManager::Create(comm::Backend::kGloo, group_store_.get(), co));
   }
@@ -77,6 +83,11 @@ Status Diloco::Impl::Init() {
                                            o_.params, o_.inner_state, o_.ckpt_keep});
   state_.global.assign(layout_.shard_numel, 0.0f);
   state_.momentum.assign(layout_.shard_numel, 0.0f);
+  if (o_.outer_compress != OuterCompress::kNone) {
+    codec_storage_.emplace(o_.outer_compress);
+    codec_ = &*codec_storage_;
+  }
+  ResetResidual();
   return Status::Ok();
 }
 
@@ -289,8 +300,7 @@ Result<bool> Diloco::Impl::OuterAttempt(const client::PollResult& pr, std::span<
   TcpSent ar_b0 = SnapshotTcpSent();
   // Waiting on the other groups is not this group's stall (the lighthouse's progress timeout).
   (void)session_->SetPeerWait(true);
-  Status st =
-      slot_comm_->AllReduce(avg.data(), avg.size(), comm::DType::kFloat32, comm::ReduceOp::kAvg);
+  Status st = CrossAllReduce(avg, comm::ReduceOp::kAvg);
   (void)session_->SetPeerWait(false);
   stats->cross_bytes += TcpSentBetween(ar_b0, SnapshotTcpSent());
   stats->allreduce_ms += MsSince(t0);

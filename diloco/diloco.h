@@ -49,6 +49,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/clock.h"
@@ -79,6 +80,14 @@ struct OuterOptions {
   bool nesterov = true;   // Nesterov momentum (PyTorch SGD(nesterov=True)); false: heavy ball
 };
 
+// How the cross-group exchange carries the pseudo-gradients (diloco/compress.h has the formats).
+// kNone is the float32 ring allreduce; the others encode every trainer's shard, the owner of
+// each chunk decodes and sums the contributions in float32 and encodes the result, and every
+// member decodes the same bytes, so the global weights stay bitwise identical in every member.
+enum class OuterCompress { kNone, kBf16, kInt8, kInt4 };
+std::string_view OuterCompressName(OuterCompress codec);  // "none", "bf16", "int8", "int4"
+bool ParseOuterCompress(std::string_view name, OuterCompress* out);
+
 struct DilocoOptions {
   uint32_t group_rank = 0;  // this trainer's rank inside its group
   uint32_t group_size = 1;  // trainers of the group; every group of the job uses the same value
@@ -93,6 +102,15 @@ struct DilocoOptions {
   // the inner optimizer.
   std::vector<TensorSpec> inner_state;
   OuterOptions outer;
+  // The encoding of the cross-group exchange; every group of a job must use the same one (a
+  // member that receives another codec fails the attempt with kConflict). With a lossy codec
+  // each trainer keeps an error-feedback residual (what its encoding dropped) and adds it to
+  // its next pseudo-gradient. The residual starts at zero when the process starts and again
+  // whenever the group takes state from elsewhere (a heal, a durable restore, the slot state
+  // sync), since the inner work it belonged to was dropped with the pseudo-gradient. It is not
+  // saved in checkpoints, durable or live: it is per trainer and per layout, and losing it
+  // costs one step's quantization error, no more.
+  OuterCompress outer_compress = OuterCompress::kNone;
   std::string ckpt_dir;     // durable checkpoints of this group (its trainers share it); "": none
   uint32_t ckpt_every = 0;  // a durable save every K committed steps; 0: on drain and at Finish
   uint32_t ckpt_keep = 3;   // durable checkpoints kept

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "diloco/compress.h"
 #include "diloco/core.h"
 #include "diloco/diloco.h"
 #include "diloco/outer.h"
@@ -103,6 +104,11 @@ class Diloco::Impl {
   // One cross-group attempt with the pending pseudo-gradient: false when it was cut short.
   Result<bool> OuterAttempt(const client::PollResult& pr, std::span<float> params,
                             SyncStats* stats);
+  // The cross-group reduction of `values` in place (diloco_compress.cc): the float32 ring for
+  // kNone, else the encoded allreduce with this trainer's error feedback.
+  Status CrossAllReduce(std::span<float> values, comm::ReduceOp op);
+  // Drops the error-feedback residual: the state came from elsewhere (diloco_compress.cc).
+  void ResetResidual();
   Status LoadGlobal(std::span<float> params);
   Status SaveDurable(uint32_t attempt);
   void MarkBad(uint32_t quorum_id, bool report);
@@ -145,6 +151,10 @@ class Diloco::Impl {
   Clock::time_point bad_since_;
   std::optional<Clock::time_point> drain_wait_since_;
   bool saved_at_last_commit_ = false;
+  // The encoded exchange (see CrossAllReduce) and this trainer's error feedback.
+  comm::ChunkCodec* codec_ = nullptr;  // points at codec_storage_ unless outer_compress is none
+  std::optional<BlockCodec> codec_storage_;
+  ErrorFeedback feedback_;
 };
 
 }  // namespace lk::diloco

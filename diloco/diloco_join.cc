@@ -141,6 +141,7 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& pr, std::span<float> p
   inner_action_ = DecideInner(v[0] > 0, static_cast<uint32_t>(v[3] + 0.5f), o_.group_size);
   if (v[0] > 0) {
     pending_delta_.reset();  // the inner work since the last commit does not reach the model
+    ResetResidual();         // ... nor what its encoding dropped
     LK_RETURN_IF_ERROR(LoadGlobal(params));
     healed_since_commit_ = healed_since_commit_ || healed_;
     if (inner_action_ == InnerAction::kRestored) {

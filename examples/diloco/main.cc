@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   uint32_t init_timeout_ms = static_cast<uint32_t>(o.init_timeout.count());
   uint32_t op_timeout_ms = static_cast<uint32_t>(o.op_timeout.count());
   std::string log_level = "info";
+  std::string outer_compress = "none";
   Flags flags("diloco_trainer",
               "A DiLoCo trainer: a small GPT-style character model on LibTorch (CPU, one thread).\n"
               "Runs --inner-steps AdamW steps, then an outer step that averages this trainer's\n"
@@ -55,6 +56,9 @@ int main(int argc, char** argv) {
   flags.Add("init-timeout-ms", &init_timeout_ms, "communicator rendezvous and connect deadline");
   flags.Add("op-timeout-ms", &op_timeout_ms,
             "deadline of one collective (the outer allreduce waits for the slowest group)");
+  flags.Add("outer-compress", &outer_compress,
+            "encoding of the cross-group pseudo-gradients: none (float32), bf16, int8 or int4 "
+            "(blockwise scales, error feedback); the same in every group");
   flags.Add("log-level", &log_level, "debug, info, warn or error");
   Status st = flags.Parse(argc, argv);
   if (flags.help_requested()) {
@@ -67,6 +71,9 @@ int main(int argc, char** argv) {
   o.op_timeout = Millis(op_timeout_ms);
   LogLevel level;
   if (st.ok() && !ParseLogLevel(log_level, &level)) st = InvalidArgument("bad --log-level {}", log_level);
+  if (st.ok() && !diloco::ParseOuterCompress(outer_compress, &o.outer_compress)) {
+    st = InvalidArgument("bad --outer-compress {} (none, bf16, int8 or int4)", outer_compress);
+  }
   if (st.ok() && !flags.positional().empty()) {
     st = InvalidArgument("unexpected argument {}", flags.positional().front());
   }

@@ -94,6 +94,7 @@ Status Trainer::Init() {
   d.bind_host = o_.bind_host;
   d.init_timeout = o_.init_timeout;
   d.op_timeout = o_.op_timeout;
+  d.outer_compress = o_.outer_compress;
   InnerStateHooks hooks;
   hooks.save = [this](std::span<float> out) {
     model_->ExportOptimizer(out);
@@ -206,13 +207,15 @@ void Trainer::WriteLogLine(const SyncResult& r) {
                   "\"gather_ms\":{:.1f},\"publish_ms\":{:.1f},\"commit_ms\":{:.3f},"
                   "\"eval_ms\":{:.1f},"
                   "\"cross_bytes\":{},\"sync_bytes\":{},\"group_bytes\":{},\"params\":{},"
-                  "\"shard\":{},\"inner_steps\":{},\"group_size\":{}}}\n",
+                  "\"shard\":{},\"inner_steps\":{},\"group_size\":{},"
+                  "\"outer_compress\":\"{}\"}}\n",
                   r.step, r.quorum_id, r.replica_world_size, loss_, r.state_hash,
                   r.healed ? "true" : "false", o_.group_rank, static_cast<int64_t>(y.outer_ms),
                   eval, t_ms, step_ms, y.poll_ms, y.join_ms, s.inner_ms, s.discarded_ms,
                   y.allreduce_ms, y.gather_ms, y.publish_ms, y.commit_ms, s.eval_ms, y.cross_bytes,
                   y.sync_bytes, s.group_bytes + y.group_bytes, diloco_->numel(),
-                  diloco_->shard_numel(), o_.inner_steps, o_.group_size)
+                  diloco_->shard_numel(), o_.inner_steps, o_.group_size,
+                  OuterCompressName(o_.outer_compress))
           .c_str(),
       log_);
   std::fflush(log_);

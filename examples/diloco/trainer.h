@@ -34,6 +34,7 @@ struct TrainerOptions {
   uint32_t corpus_bytes = 64 << 10;
   ModelOptions model;
   OuterOptions outer;
+  OuterCompress outer_compress = OuterCompress::kNone;  // the cross-group exchange's encoding
   Millis init_timeout{30'000};  // communicator rendezvous + connect
   Millis op_timeout{120'000};   // one collective; the outer one waits for the slowest group
   Status Validate() const;

@@ -67,6 +67,9 @@ FLAGS = [
     ("op-timeout-ms", int, 120000, "deadline of one collective (the outer allreduce waits for "
                                    "the slowest group)"),
     ("log-level", str, "info", "debug, info, warn or error"),
+    ("outer-compress", str, "none", "encoding of the cross-group pseudo-gradients: none "
+                                    "(float32), bf16, int8 or int4 (blockwise scales, error "
+                                    "feedback); the same in every group"),
 ]
 
 
@@ -101,6 +104,8 @@ def parse_flags(argv):
         problems.append("model sizes must be positive (seq_len at least 2)")
     elif a.model_width % a.heads:
         problems.append(f"--model-width {a.model_width} is not a multiple of --heads {a.heads}")
+    if a.outer_compress not in ("none", "bf16", "int8", "int4"):
+        problems.append(f"bad --outer-compress {a.outer_compress} (none, bf16, int8 or int4)")
     if a.log_level not in ("debug", "info", "warn", "error"):
         problems.append(f"bad --log-level {a.log_level}")
     if problems:
@@ -203,14 +208,14 @@ class StepLog:
             '"inner_ms":%.1f,"discarded_ms":%.1f,"allreduce_ms":%.1f,'
             '"gather_ms":%.1f,"publish_ms":%.1f,"commit_ms":%.3f,"eval_ms":%.1f,'
             '"cross_bytes":%d,"sync_bytes":%d,"group_bytes":%d,"params":%d,'
-            '"shard":%d,"inner_steps":%d,"group_size":%d}\n') % (
+            '"shard":%d,"inner_steps":%d,"group_size":%d,"outer_compress":"%s"}\n') % (
                 r["step"], r["quorum_id"], r["replica_world_size"], loss, r["state_hash"],
                 "true" if r["healed"] else "false", a.group_rank, int(y["outer_ms"]), evals,
                 int(time.time() * 1000), step_ms, y["poll_ms"], y["join_ms"], self.inner_ms,
                 self.discarded_ms, y["allreduce_ms"], y["gather_ms"], y["publish_ms"],
                 y["commit_ms"], self.eval_ms, y["cross_bytes"], y["sync_bytes"],
                 self.group_bytes + y["group_bytes"], params, shard, a.inner_steps,
-                a.group_size)
+                a.group_size, a.outer_compress)
         self.clear()
         if self.file is not None:
             self.file.write(line)
@@ -233,7 +238,7 @@ def train(args, log):
         manager, lm.model, lm.optimizer, sync_every=args.inner_steps, outer_lr=args.outer_lr,
         outer_momentum=args.outer_momentum, nesterov=True, ckpt_dir=args.ckpt_dir or None,
         ckpt_every=args.ckpt_every, live_dir=args.live_dir, timeout=op_timeout,
-        init_timeout=init_timeout)
+        init_timeout=init_timeout, outer_compress=args.outer_compress)
     with diloco:
         # Entering joined the job: the model holds the job's global weights (replica_rank 0's
         # initial ones at the very first start, a heal's later).

@@ -127,6 +127,9 @@ class DiLoCo:
             ``--serve-dir``); None: ``$LK_LIVE_DIR``, else none (peers then heal over the
             communicator).
         ckpt_keep, bind_host, timeout, init_timeout: as the C++ library's options.
+        outer_compress: the encoding of the cross-group exchange: "none" (float32), "bf16",
+            "int8" or "int4" (blockwise scales with error feedback; every member still ends
+            with bitwise-identical weights). Every group of a job must use the same.
     """
 
     def __init__(self, manager, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer,
@@ -134,7 +137,8 @@ class DiLoCo:
                  nesterov: bool = True, ckpt_dir: Optional[str] = None, ckpt_every: int = 0,
                  group_pg=None, live_dir: Optional[str] = None, ckpt_keep: int = 3,
                  timeout: datetime.timedelta = datetime.timedelta(seconds=120),
-                 init_timeout: datetime.timedelta = datetime.timedelta(seconds=30)):
+                 init_timeout: datetime.timedelta = datetime.timedelta(seconds=30),
+                 outer_compress: str = "none"):
         if sync_every < 1:
             raise Error("invalid_argument", f"sync_every must be at least 1, not {sync_every}")
         self.manager = manager
@@ -146,7 +150,8 @@ class DiLoCo:
                              ckpt_every=ckpt_every, ckpt_keep=ckpt_keep,
                              live_dir=live_dir if live_dir is not None
                              else os.environ.get("LK_LIVE_DIR", ""),
-                             timeout_ms=_ms(timeout), init_timeout_ms=_ms(init_timeout))
+                             timeout_ms=_ms(timeout), init_timeout_ms=_ms(init_timeout),
+                             outer_compress=outer_compress)
         self._group_pg = group_pg
         self._native: Optional[_native.Diloco] = None
         self._inner_steps = 0
@@ -204,7 +209,8 @@ class DiLoCo:
         self._native = _native.Diloco(
             m._session, m.group_rank, m.group_size, self._specs, self._inner.specs(), save_inner,
             o["outer_lr"], o["outer_momentum"], o["nesterov"], o["ckpt_dir"], o["ckpt_every"],
-            o["ckpt_keep"], o["live_dir"], m._bind_host, o["init_timeout_ms"], o["timeout_ms"], 0)
+            o["ckpt_keep"], o["live_dir"], m._bind_host, o["init_timeout_ms"], o["timeout_ms"], 0,
+            o["outer_compress"])
         self._call("join")
         if not self.should_stop and m.group_size > 1 and self._group_pg is None:
             self._group_pg = m.group_process_group()

@@ -329,7 +329,7 @@ class Diloco {
          float outer_lr, float outer_momentum, bool nesterov, const std::string& ckpt_dir,
          uint32_t ckpt_every, uint32_t ckpt_keep, const std::string& live_dir,
          const std::string& bind_host, uint32_t init_timeout_ms, uint32_t op_timeout_ms,
-         uint32_t stuck_timeout_ms)
+         uint32_t stuck_timeout_ms, const std::string& outer_compress)
       : params_(std::move(params)), inner_(std::move(inner_state)),
         inner_save_(std::move(inner_save)) {
     std::vector<lk_tensor_spec> p = CSpecs(params_), i = CSpecs(inner_);
@@ -355,7 +355,10 @@ class Diloco {
     o.init_timeout_ms = init_timeout_ms;
     o.op_timeout_ms = op_timeout_ms;
     o.stuck_timeout_ms = stuck_timeout_ms;
-    d_ = lk_diloco_create(session.raw(), &o);
+    lk_diloco_ext_options ext{};
+    ext.struct_size = sizeof(ext);
+    ext.outer_compress = outer_compress.c_str();
+    d_ = lk_diloco_create_ext(session.raw(), &o, &ext);
     if (d_ == nullptr) RaiseLast();
   }
   ~Diloco() { lk_diloco_close(d_); }
@@ -483,7 +486,7 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init<Session&, uint32_t, uint32_t, std::vector<Spec>, std::vector<Spec>,
                     std::function<void(uintptr_t, size_t)>, float, float, bool,
                     const std::string&, uint32_t, uint32_t, const std::string&,
-                    const std::string&, uint32_t, uint32_t, uint32_t>(),
+                    const std::string&, uint32_t, uint32_t, uint32_t, const std::string&>(),
            py::keep_alive<1, 2>())  // the session outlives the DiLoCo object
       .def("join", &Diloco::Join)
       .def("sync", &Diloco::Sync)

@@ -49,6 +49,39 @@ def test_two_groups_commit_bitwise_equal_weights_at_every_step(cluster_factory):
         assert "trainer_crashed" not in c.agents[g].log()
 
 
+def test_three_groups_with_int4_outer_compression_commit_bitwise_equal_weights(cluster_factory):
+    # The encoded exchange: each owner decodes and sums the contributions in float32 and every
+    # member decodes the same encoded result, so the weights agree bit for bit after each
+    # commit, though every pseudo-gradient lost precision on the way.
+    c = cluster_factory(("--min-replicas", "3", "--join-timeout-ms", "300",
+                         "--heartbeat-timeout-ms", "3000"))
+    ts = []
+    for g in ("g0", "g1", "g2"):
+        c.agent(g)
+        ts.append(c.trainer(g, ["diloco", "--steps", "4", "--sync-every", "3",
+                                "--data-seed", g, "--outer-compress", "int4"]))
+    for t in ts:
+        assert t.wait(120) == 0, t.log()
+    by_step = defaultdict(set)
+    for t in ts:
+        commits = outer_commits(t)
+        assert [e["step"] for e in commits] == [1, 2, 3, 4], t.log()
+        for e in commits:
+            assert e["world"] == 3
+            by_step[e["step"]].add(e["model_hash"])
+    assert len(by_step) == 4
+    for step, hashes in by_step.items():
+        assert len(hashes) == 1, f"step {step}: {hashes}"
+
+
+def test_an_unknown_outer_compress_is_refused_by_name(cluster_factory):
+    c = cluster_factory(("--min-replicas", "1",))
+    c.agent("g0")
+    t = c.trainer("g0", ["diloco", "--steps", "1", "--outer-compress", "int2"])
+    assert t.wait(60) != 0
+    assert "unknown outer_compress 'int2'" in t.log(), t.log()
+
+
 def test_two_groups_of_two_trainers_shard_the_outer_state(cluster_factory):
     c = cluster_factory(("--min-replicas", "2", "--join-timeout-ms", "300",
                          "--heartbeat-timeout-ms", "5000"))

@@ -125,7 +125,8 @@ def mode_diloco(args, m):
     gen = torch.Generator().manual_seed(1000 + zlib.crc32(args.data_seed.encode()) % 1000 + m.group_rank)
     target = torch.randn(8, 4, generator=torch.Generator().manual_seed(5))
     with lightkeeper.DiLoCo(m, model, opt, sync_every=args.sync_every,
-                            ckpt_dir=args.ckpt_dir or None, ckpt_every=args.ckpt_every) as d:
+                            ckpt_dir=args.ckpt_dir or None, ckpt_every=args.ckpt_every,
+                            outer_compress=args.outer_compress) as d:
         r = d.last_result
         inner = hashlib.sha256(d.inner_state_vector().numpy().tobytes()).hexdigest()[:16]
         emit(event="joined", kind=r["kind"], step=d.outer_step, inner=r["inner"],
@@ -170,6 +171,7 @@ def main():
     p.add_argument("--ckpt-dir", default="")
     p.add_argument("--ckpt-every", type=int, default=0)
     p.add_argument("--data-seed", default="g")
+    p.add_argument("--outer-compress", default="none")
     args = p.parse_args()
     import datetime
     m = lightkeeper.Manager(args.group_rank, args.group_size,

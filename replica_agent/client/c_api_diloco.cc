@@ -1,5 +1,6 @@
 // The C API's communicator and DiLoCo outer step, over lk::comm::CommManager and
 // lk::diloco::Diloco.
+#include <cstddef>
 #include <cstring>
 
 #include "diloco/diloco.h"
@@ -159,6 +160,11 @@ void lk_comm_abort_quorum(lk_comm* c, uint32_t quorum_id, const char* reason) {
 uint32_t lk_comm_quorum_id(const lk_comm* c) { return c->comm->quorum_id(); }
 
 lk_diloco* lk_diloco_create(lk_session* s, const lk_diloco_options* options) {
+  return lk_diloco_create_ext(s, options, nullptr);
+}
+
+lk_diloco* lk_diloco_create_ext(lk_session* s, const lk_diloco_options* options,
+                                const lk_diloco_ext_options* ext) {
   if (options == nullptr) {
     Fail(lk::InvalidArgument("no options"));
     return nullptr;
@@ -181,6 +187,17 @@ lk_diloco* lk_diloco_create(lk_session* s, const lk_diloco_options* options) {
   if (o.op_timeout_ms > 0) d.op_timeout = lk::Millis(o.op_timeout_ms);
   d.stuck_timeout = lk::Millis(o.stuck_timeout_ms);
   d.own_notices = false;  // the session's fan-out hands them on
+  if (ext != nullptr) {
+    // A field counts only when the caller's struct reaches past it (see lightkeeper.h).
+    auto has = [ext](size_t offset, size_t size) { return ext->struct_size >= offset + size; };
+    if (has(offsetof(lk_diloco_ext_options, outer_compress), sizeof(ext->outer_compress)) &&
+        ext->outer_compress != nullptr && ext->outer_compress[0] != '\0' &&
+        !lk::diloco::ParseOuterCompress(ext->outer_compress, &d.outer_compress)) {
+      Fail(lk::InvalidArgument("unknown outer_compress '{}' (none, bf16, int8 or int4)",
+                               ext->outer_compress));
+      return nullptr;
+    }
+  }
   lk::diloco::InnerStateHooks hooks;
   if (o.inner_save != nullptr) {
     hooks.save = [fn = o.inner_save, user = o.inner_save_user](std::span<float> out) {

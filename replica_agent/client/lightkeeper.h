@@ -218,6 +218,22 @@ typedef struct lk_diloco_result {
 /* Takes over the session's notices for its own communicators (the callbacks set with
  * lk_session_on_notice still get them). Returns NULL on error (bad specs, bad options). */
 lk_diloco* lk_diloco_create(lk_session* s, const lk_diloco_options* options);
+
+/* Options that came after lk_diloco_options, for lk_diloco_create_ext; lk_diloco_options keeps
+ * its layout, so programs built against it go on working. struct_size must be set to
+ * sizeof(lk_diloco_ext_options) of the caller's header: a field past it counts as unset, which
+ * lets this struct grow without breaking callers built against a shorter one. */
+typedef struct lk_diloco_ext_options {
+  size_t struct_size;
+  /* The cross-group exchange's encoding (DilocoOptions::outer_compress): NULL, "" or "none"
+   * (float32), "bf16", "int8" or "int4" (blockwise scales, error feedback). Every group of a job
+   * must use the same. */
+  const char* outer_compress;
+} lk_diloco_ext_options;
+
+/* lk_diloco_create with the options of `ext` too; ext NULL: all unset. */
+lk_diloco* lk_diloco_create_ext(lk_session* s, const lk_diloco_options* options,
+                                const lk_diloco_ext_options* ext);
 void lk_diloco_close(lk_diloco* d);
 /* params: `count` floats (the whole flat parameter buffer), in place. */
 int lk_diloco_join(lk_diloco* d, float* params, size_t count, lk_diloco_result* out);

@@ -40,6 +40,12 @@ Status CommOptions::Validate() const {
   return Status::Ok();
 }
 
+Status CommManager::AllReduceEncoded(std::span<float>, const ChunkCodec&, ReduceOp,
+                                     std::span<float>) {
+  return Error(Code::kUnavailable, "the {} backend has no encoded allreduce",
+               BackendName(backend()));
+}
+
 Result<std::unique_ptr<CommManager>> CommManager::Create(Backend backend, RendezvousStore* store,
                                                          CommOptions options) {
   if (store == nullptr) return InvalidArgument("CommManager needs a RendezvousStore");

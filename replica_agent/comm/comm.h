@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -29,6 +30,25 @@ class RendezvousStore {
   // Waits up to `timeout` for the key; kDeadlineExceeded when it did not appear, kConflict when
   // the quorum_id is superseded.
   virtual Result<std::string> Get(uint32_t quorum_id, const std::string& key, Millis timeout) = 0;
+};
+
+// A lossy encoding of float32 values for AllReduceEncoded (diloco/compress.h has the codecs).
+// Encodings are blockwise: a run of elements that starts at a multiple of block_elems() encodes
+// on its own, so a chunk of whole blocks is encoded and decoded apart from the rest. Decode must
+// be a pure function of the bytes, so that every member that decodes them gets the same bits.
+// Thread-safety: const methods, called from the trainer's thread.
+class ChunkCodec {
+ public:
+  virtual ~ChunkCodec() = default;
+  virtual uint32_t id() const = 0;  // names the encoding on the wire; never 0
+  virtual std::string_view name() const = 0;
+  virtual size_t block_elems() const = 0;
+  virtual size_t EncodedBytes(size_t count) const = 0;
+  // The largest EncodedBytes of any codec a peer may use: receives are posted this large, so a
+  // peer with another codec is refused by name instead of overrunning a buffer.
+  virtual size_t MaxEncodedBytes(size_t count) const = 0;
+  virtual void Encode(const float* in, size_t count, uint8_t* out) const = 0;
+  virtual void Decode(const uint8_t* in, size_t count, float* out) const = 0;
 };
 
 enum class Backend { kGloo, kNccl };
@@ -62,6 +82,10 @@ struct CommOptions {
   // times its round trip: with four 1 MiB segments a 4-member ring on 2-4 Gbit/s links with a
   // few milliseconds of queueing ran at 0.8x of iperf3, with 16 MiB at 0.98x (bench/comm.md).
   size_t inflight_bytes = 16 << 20;
+  // Gloo: connect every pair of members, not only ring neighbours. AllReduceEncoded sends each
+  // chunk straight to its owner and from it to everyone, so it needs this with more than three
+  // members (with two or three, the neighbours are everyone).
+  bool full_mesh = false;
 
   Status Validate() const;
 };
@@ -84,6 +108,18 @@ class CommManager {
   // when Abort is called during it or a peer fails, kDeadlineExceeded past op_timeout; it never
   // hangs. After an error the buffer's content is unspecified and the communicator is failed.
   virtual Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op) = 0;
+
+  // In-place allreduce of float32 host values that travel encoded by `codec`: the elements are
+  // cut into one chunk per member (whole blocks), every member sends its encoding of chunk c to
+  // member c, which decodes the contributions, sums them in float32 in replica_rank order,
+  // divides by the world size for kAvg, encodes the result and sends it to every member; every
+  // member then decodes all chunks of the result from the same bytes, so `data` holds the same
+  // bits everywhere. Each member sends about 2 (W-1)/W x EncodedBytes(count) bytes. `sent`, when
+  // not empty (count elements), gets what this member's own encoding decodes to: the caller's
+  // error feedback. The encoding of a member that used another codec fails the collective with
+  // kConflict. Failures, abort and op_timeout as AllReduce. Backends without it: kUnavailable.
+  virtual Status AllReduceEncoded(std::span<float> data, const ChunkCodec& codec, ReduceOp op,
+                                  std::span<float> sent = {});
 
   // Aborts the current communicator (or the one being initialised): a collective in flight
   // returns kAborted at once, later ones too, until Reconfigure with a newer quorum_id.

@@ -237,6 +237,64 @@ TEST_CASE("init deadline: a member that never shows up fails Reconfigure and Abo
   c.RequireAllOk(c.Same({0, 1}, "allreduce f32 avg 1000 1"));
 }
 
+// The encoded allreduce (compressed outer steps) across processes: every member checks its
+// result bit for bit against the reference it computes from all members' inputs, and all report
+// the same hash of it. Five members need the full mesh (chunks go straight to their owner).
+TEST_CASE("encoded allreduce across processes: 2 and 5 members, every codec, identical bits") {
+  for (size_t n : {2, 5}) {
+    CAPTURE(n);
+    Cluster c(n, {"--full-mesh"});
+    auto members = Range(n);
+    c.RequireAllOk(c.Reconfigure(members, c.NewQuorum()));
+    for (const char* codec : {"none", "bf16", "int8", "int4"}) {
+      for (const char* op : {"sum", "avg"}) {
+        for (const char* count : {"3", "100003"}) {
+          std::string line = fmt::format("encoded {} {} {} 2", codec, op, count);
+          CAPTURE(line);
+          auto answers = c.Same(members, line);
+          c.RequireAllOk(answers);
+          auto hash = [](const std::string& a) { return a.substr(0, a.find(" ms=")); };
+          for (const auto& a : answers) CHECK(hash(a) == hash(answers[0]));
+        }
+      }
+    }
+    // The float32 ring still runs on the same communicator.
+    c.RequireAllOk(c.Same(members, "allreduce f32 avg 1001 1"));
+  }
+}
+
+TEST_CASE("Abort during an encoded allreduce returns Aborted at once and the peers fail too") {
+  Cluster c(4, {"--full-mesh"});
+  c.RequireAllOk(c.Reconfigure({0, 1, 2, 3}, c.NewQuorum()));
+  // Peers 0 and 1 enter, 2 and 3 do not; peer 0 gets the notice after 300 ms.
+  REQUIRE(c.All({0}, {"abort_in 300"})[0] == "ok");
+  auto answers = c.Same({0, 1}, "encoded int8 avg 200000 1");
+  CHECK_MESSAGE(answers[0].find("err aborted") == 0, answers[0]);
+  CHECK(answers[0].find("test notice") != std::string::npos);
+  CHECK_MESSAGE(answers[1].find("err aborted") == 0, answers[1]);
+  CHECK(Millis(answers[0]) < 10'000);
+  CHECK(Millis(answers[1]) < 10'000);
+  for (const auto& a : c.Same({2, 3}, "encoded int8 avg 200000 1")) {
+    CHECK_MESSAGE(a.find("err aborted") == 0, a);
+    CHECK(Millis(a) < 10'000);
+  }
+  c.RequireAllOk(c.Reconfigure({0, 1, 2, 3}, c.NewQuorum()));
+  c.RequireAllOk(c.Same({0, 1, 2, 3}, "encoded int4 sum 200000 1"));
+}
+
+TEST_CASE("an encoded allreduce that a member never joins ends at op_timeout") {
+  Cluster c(3, {"--full-mesh", "--op-timeout-ms", "1000"});
+  c.RequireAllOk(c.Reconfigure({0, 1, 2}, c.NewQuorum()));
+  auto answers = c.Same({0, 1}, "encoded bf16 sum 5000 1");
+  bool deadline = false;
+  for (const auto& a : answers) {
+    CHECK_MESSAGE((a.find("err deadline_exceeded") == 0 || a.find("err aborted") == 0), a);
+    deadline = deadline || a.find("err deadline_exceeded") == 0;
+    CHECK(Millis(a) < 10'000);
+  }
+  CHECK(deadline);
+}
+
 #ifdef LK_HAVE_NCCL
 TEST_CASE("nccl: allreduce on device buffers and init deadline (skipped without a GPU)") {
   Cluster probe(1, {"--init-timeout-ms", "3000"}, "nccl");

@@ -5,6 +5,11 @@
 //   reconfigure QUORUM_ID RANK WORLD          rendezvous and build the communicator
 //   allreduce f32|bf16 sum|avg COUNT ROUNDS   fill with known values, allreduce, verify each round
 //   bench COUNT ROUNDS [f32|bf16 [sum|avg]]   allreduces without verification (f32 sum default)
+//   encoded none|bf16|int8|int4 sum|avg COUNT ROUNDS
+//                                             AllReduceEncoded of the same inputs; each round is
+//                                             checked bit for bit against the reference computed
+//                                             here from every member's inputs; answers the
+//                                             result's FNV-1a hash
 //   abort_in MS                               call Abort from another thread after MS
 //   exit
 //
@@ -16,6 +21,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -24,7 +30,9 @@
 
 #include "common/flags.h"
 #include "common/log.h"
+#include "diloco/compress.h"
 #include "replica_agent/comm/comm.h"
+#include "replica_agent/comm/encoded.h"
 #include "replica_agent/comm/reduce.h"
 #include "replica_agent/comm/rendezvous_store.h"
 
@@ -145,6 +153,51 @@ struct Peer {
     return fmt::format("ok bench us={}", us.count());
   }
 
+  // What every member must hold after the encoded allreduce of the members' Input values: per
+  // owner's chunk, the decoded contributions summed in rank order, encoded once, decoded.
+  std::vector<float> EncodedReference(const ChunkCodec& codec, size_t count, ReduceOp op) const {
+    std::vector<float> out(count);
+    for (size_t c = 0; c < world; ++c) {
+      Chunk ch = EncodedChunk(count, codec.block_elems(), world, c);
+      std::vector<std::vector<uint8_t>> enc(world);
+      std::vector<const uint8_t*> ptrs;
+      for (uint32_t r = 0; r < world; ++r) {
+        std::vector<float> in(ch.size);
+        for (size_t i = 0; i < ch.size; ++i) in[i] = Input(r, ch.begin + i);
+        enc[r].resize(codec.EncodedBytes(ch.size));
+        codec.Encode(in.data(), ch.size, enc[r].data());
+        ptrs.push_back(enc[r].data());
+      }
+      std::vector<float> sum(ch.size), scratch(ch.size);
+      ReduceEncoded(codec, ptrs, ch.size, op, sum.data(), scratch.data());
+      std::vector<uint8_t> bytes(codec.EncodedBytes(ch.size));
+      codec.Encode(sum.data(), ch.size, bytes.data());
+      codec.Decode(bytes.data(), ch.size, out.data() + ch.begin);
+    }
+    return out;
+  }
+
+  std::string Encoded(const std::string& codec_name, ReduceOp op, size_t count, int rounds) {
+    diloco::OuterCompress oc;
+    if (!diloco::ParseOuterCompress(codec_name, &oc)) return "err InvalidArgument codec";
+    diloco::BlockCodec codec(oc);
+    const std::vector<float> want = EncodedReference(codec, count, op);
+    std::vector<float> data(count);
+    auto start = SteadyClock::now();
+    for (int round = 0; round < rounds; ++round) {
+      for (size_t i = 0; i < count; ++i) data[i] = Input(rank, i);
+      Status st = comm->AllReduceEncoded(data, codec, op);
+      if (!st.ok()) return fmt::format("{} ms={}", Err(st), ToMillis(SteadyClock::now() - start));
+      if (std::memcmp(data.data(), want.data(), count * sizeof(float)) != 0) {
+        return fmt::format("err Mismatch round={}", round);
+      }
+    }
+    uint64_t hash = 1469598103934665603ull;
+    const auto* bytes = reinterpret_cast<const uint8_t*>(data.data());
+    for (size_t i = 0; i < count * sizeof(float); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+    return fmt::format("ok encoded hash={:016x} ms={}", hash, ToMillis(SteadyClock::now() - start));
+  }
+
   std::string Handle(const std::string& line) {
     std::istringstream in(line);
     std::string cmd;
@@ -174,6 +227,13 @@ struct Peer {
       return Bench(count, rounds, dtype == "bf16" ? DType::kBFloat16 : DType::kFloat32,
                    op == "avg" ? ReduceOp::kAvg : ReduceOp::kSum);
     }
+    if (cmd == "encoded") {
+      std::string codec, op;
+      size_t count = 0;
+      int rounds = 1;
+      in >> codec >> op >> count >> rounds;
+      return Encoded(codec, op == "avg" ? ReduceOp::kAvg : ReduceOp::kSum, count, rounds);
+    }
     if (cmd == "abort_in") {
       int ms = 0;
       in >> ms;
@@ -201,6 +261,8 @@ int Main(int argc, char** argv) {
   flags.Add("op-timeout-ms", &op_timeout_ms, "allreduce deadline");
   flags.Add("device", &device, "CUDA device (nccl)");
   flags.Add("segment-kib", &segment_kib, "Gloo ring segment size, KiB");
+  bool full_mesh = false;
+  flags.Add("full-mesh", &full_mesh, "connect every pair (the encoded allreduce of 4+ members)");
   uint32_t inflight_kib = static_cast<uint32_t>(CommOptions().inflight_bytes / 1024);
   flags.Add("inflight-kib", &inflight_kib, "Gloo reduce-scatter receives posted ahead, KiB");
   if (Status st = flags.Parse(argc, argv); !st.ok()) {
@@ -226,6 +288,7 @@ int Main(int argc, char** argv) {
   options.device_index = static_cast<int>(device);
   options.segment_bytes = size_t{segment_kib} * 1024;
   options.inflight_bytes = size_t{inflight_kib} * 1024;
+  options.full_mesh = full_mesh;
   auto comm = CommManager::Create(backend, store->get(), options);
   if (!comm.ok()) {
     Answer(Err(comm.status()));

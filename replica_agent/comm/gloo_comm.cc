@@ -1,49 +1,19 @@
-// The Gloo backend: a ring allreduce written on Gloo's TCP transport (pairs and unbound buffers),
-// so that this file owns every wait and can cut it short.
-//
-// How a blocked collective ends at once:
-//  - Abort() (any thread) calls abortWaitRecv/abortWaitSend on the unbound buffers in flight,
-//    which wakes the waiting trainer thread, and closes every pair with SO_LINGER 0, so the
-//    kernel resets the connections and the peers' own waits fail at once too.
-//  - A peer that dies (kill -9, socket closed) makes the kernel close its sockets; Gloo's device
-//    loop reads EOF/RST but only fails the waits posted on that very pair, while the trainer
-//    thread may be waiting on the other neighbour. So every communicator keeps a sentinel
-//    receive posted on each of its pairs (a slot no one sends on) and a monitor thread waiting
-//    on it: the failure of any pair wakes the monitor, which fails the whole communicator and
-//    closes its pairs, so the failure travels around the ring one hop per member, each hop as
-//    fast as the kernel delivers a reset.
-//  - A watchdog thread fails the communicator the same way when the init or op deadline passes,
-//    so no Gloo-internal wait is ever the last line of defence.
-#include <gloo/transport/context.h>
-#include <gloo/transport/pair.h>
-#include <gloo/transport/tcp/device.h>
-#include <gloo/transport/unbound_buffer.h>
+// The Gloo backend (the class and how a blocked collective ends: gloo_comm_impl.h):
+// rendezvous and connect, the watchdog and the failure monitor, and the pipelined ring
+// allreduce. The encoded allreduce is in gloo_encoded.cc.
 #include <signal.h>
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
-#include <set>
-#include <thread>
-#include <vector>
 
 #include "common/log.h"
 #include "common/sigpipe.h"
 #include "replica_agent/comm/backends.h"
+#include "replica_agent/comm/gloo_comm_impl.h"
 #include "replica_agent/comm/reduce.h"
 
 namespace lk::comm {
 namespace {
-
-using SteadyClock = std::chrono::steady_clock;
-using GlooContext = gloo::transport::Context;
-using GlooBuffer = gloo::transport::UnboundBuffer;
-
-// The monitor's wait: far above any training run, and small enough that Gloo's deadline
-// arithmetic cannot overflow.
-constexpr auto kForever = std::chrono::hours(24 * 365);
 
 std::string AddressKey(uint32_t slot, uint32_t rank) {
   return fmt::format("gloo/slot{}/rank{}", slot, rank);
@@ -76,106 +46,10 @@ Result<std::vector<char>> FindAddress(const std::string& value, uint32_t for_ran
   return Error(Code::kDataLoss, "no address for rank {} in the rendezvous value", for_rank);
 }
 
-class GlooCommManager final : public CommManager {
- public:
-  GlooCommManager(RendezvousStore* store, CommOptions options,
-                  std::shared_ptr<gloo::transport::Device> device)
-      : store_(store), options_(std::move(options)), device_(std::move(device)) {
-    watchdog_ = std::thread([this] { WatchdogLoop(); });
-  }
+}  // namespace
 
-  ~GlooCommManager() override {
-    {
-      std::lock_guard lock(mu_);
-      FailLocked(Error(Code::kAborted, "communicator shut down"), LogLevel::kDebug);
-      stop_ = true;
-      cv_.notify_all();
-    }
-    watchdog_.join();
-    StopMonitor();
-    ctx_.reset();
-    device_.reset();
-  }
+namespace gloo_backend {
 
-  Status Reconfigure(uint32_t quorum_id, uint32_t replica_rank, uint32_t world_size) override;
-  Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op) override;
-
-  void Abort(const std::string& reason) override {
-    std::lock_guard lock(mu_);
-    if (phase_ == Phase::kNone) return;
-    FailLocked(Status(Code::kAborted, reason));  // the code already says "aborted"
-  }
-
-  void AbortQuorum(uint32_t quorum_id, const std::string& reason) override {
-    std::lock_guard lock(mu_);
-    if (phase_ == Phase::kNone || quorum_id_.load() > quorum_id) return;
-    FailLocked(Status(Code::kAborted, reason));  // the code already says "aborted"
-  }
-
-  uint32_t quorum_id() const override { return quorum_id_.load(); }
-  Backend backend() const override { return Backend::kGloo; }
-
- private:
-  enum class Phase { kNone, kInitializing, kReady, kFailed };
-
-  // Posts the sentinel receives and starts the monitor of the communicator just connected.
-  void StartMonitorLocked(const std::set<uint32_t>& peers);
-  // Stops the monitor of the previous communicator (it was woken by FailLocked) and frees it.
-  void StopMonitor();
-  Status Connect(std::shared_ptr<GlooContext> ctx, uint32_t quorum_id, uint32_t rank,
-                 uint32_t world, TimePoint deadline);
-  // `user` is the caller's buffer; `acc` the float32 accumulator (the same memory for float32,
-  // the widened copy for bfloat16).
-  Status Ring(GlooContext& ctx, void* user, float* acc, size_t count, DType dtype, ReduceOp op,
-              size_t rank, size_t world);
-  Status WaitRecv(GlooBuffer& buf);
-  Status WaitSend(GlooBuffer& buf);
-  Status Interrupted() {
-    std::lock_guard lock(mu_);
-    return phase_ == Phase::kFailed ? status_ : Status::Ok();
-  }
-
-  // First failure wins: wakes every wait in flight and resets every connection.
-  // `level`: a superseded or shut-down communicator is routine, a failure is a warning.
-  void FailLocked(Status status, LogLevel level = LogLevel::kWarn);
-  void ArmLocked(Millis timeout, const char* what) {
-    deadline_ = SteadyClock::now() + timeout;
-    deadline_what_ = what;
-    deadline_ms_ = timeout.count();
-    armed_ = true;
-    cv_.notify_all();
-  }
-  void WatchdogLoop();
-
-  RendezvousStore* const store_;
-  const CommOptions options_;
-  std::shared_ptr<gloo::transport::Device> device_;  // one TCP event loop for all quorums
-  std::thread watchdog_;
-
-  // Trainer-thread state (Reconfigure and AllReduce are not called concurrently).
-  uint64_t op_seq_ = 0;  // numbers collectives within a quorum so that every one has own slots
-  std::vector<float> scratch_;  // the reduce-scatter staging ring (see Ring)
-  std::vector<float> widened_;
-
-  std::atomic<uint32_t> quorum_id_{0};
-  mutable std::mutex mu_;  // guards everything below
-  std::condition_variable cv_;
-  Phase phase_ = Phase::kNone;
-  Status status_;  // why the communicator failed, when phase_ == kFailed
-  std::shared_ptr<GlooContext> ctx_;
-  uint32_t rank_ = 0;
-  uint32_t world_ = 0;
-  std::vector<GlooBuffer*> inflight_;     // buffers a collective waits on right now
-  uint64_t generation_ = 0;               // one per Reconfigure, so a late monitor fails nothing
-  std::unique_ptr<GlooBuffer> sentinel_;  // freed only after monitor_ is joined
-  uint64_t sentinel_bytes_ = 0;
-  std::thread monitor_;
-  bool armed_ = false;
-  TimePoint deadline_;
-  const char* deadline_what_ = "";
-  int64_t deadline_ms_ = 0;
-  bool stop_ = false;
-};
 
 void GlooCommManager::FailLocked(Status status, LogLevel level) {
   if (phase_ == Phase::kFailed || phase_ == Phase::kNone) return;
@@ -276,8 +150,14 @@ Status GlooCommManager::Reconfigure(uint32_t quorum_id, uint32_t replica_rank,
 
 Status GlooCommManager::Connect(std::shared_ptr<GlooContext> ctx, uint32_t quorum_id, uint32_t rank,
                                 uint32_t world, TimePoint deadline) {
-  // The ring only talks to its two neighbours, so only those pairs exist.
+  // The ring only talks to its two neighbours, so only those pairs exist, unless the encoded
+  // allreduce (all-to-all) needs every pair.
   std::set<uint32_t> peers = {(rank + world - 1) % world, (rank + 1) % world};
+  if (options_.full_mesh) {
+    for (uint32_t p = 0; p < world; ++p) {
+      if (p != rank) peers.insert(p);
+    }
+  }
   std::vector<std::pair<uint32_t, std::vector<char>>> mine;
   {
     std::lock_guard lock(mu_);
@@ -538,7 +418,7 @@ Status GlooCommManager::Ring(GlooContext& ctx, void* user, float* acc, size_t co
   return Status::Ok();
 }
 
-}  // namespace
+}  // namespace gloo_backend
 
 Result<std::unique_ptr<CommManager>> CreateGlooCommManager(RendezvousStore* store,
                                                            CommOptions options) {
@@ -554,7 +434,7 @@ Result<std::unique_ptr<CommManager>> CreateGlooCommManager(RendezvousStore* stor
     return Error(Code::kUnavailable, "gloo device on {}: {}", options.bind_host, e.what());
   }
   return std::unique_ptr<CommManager>(
-      std::make_unique<GlooCommManager>(store, std::move(options), std::move(device)));
+      std::make_unique<gloo_backend::GlooCommManager>(store, std::move(options), std::move(device)));
 }
 
 }  // namespace lk::comm

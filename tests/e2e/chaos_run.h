@@ -37,6 +37,8 @@ struct RunOptions {
   uint32_t group_size = 2;  // trainers per group
   uint32_t seed = 11;       // the trainers' --seed (model init and data)
   uint32_t inner_steps = 8;
+  // Appended to every trainer's command line (e.g. {"--outer-compress", "int8"}).
+  std::vector<std::string> trainer_flags;
 };
 
 // The interpreter and script of the Python trainer, and its PYTHONPATH.
@@ -93,6 +95,7 @@ struct Run {
         "2", "--seq-len", "32", "--batch", "8", "--corpus-bytes", "16384", "--op-timeout-ms",
         "20000", "--live-dir", live, "--eval-batches", "8"};
     argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.insert(argv.end(), options.trainer_flags.begin(), options.trainer_flags.end());
     return argv;
   }
 

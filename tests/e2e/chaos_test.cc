@@ -38,21 +38,23 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kSteps = 36;      // T
 constexpr uint32_t kGroupSize = 2;   // trainers per group
 
-RunOptions Options() {
+RunOptions Options(std::vector<std::string> trainer_flags) {
   RunOptions o;
   o.steps = kSteps;
   o.group_size = kGroupSize;
   o.seed = 11;  // the trainers' --seed (model init and data)
+  o.trainer_flags = std::move(trainer_flags);
   return o;
 }
 
-TEST_CASE("chaos four groups of two trainers survive kills a lighthouse restart a leave and a join") {
+// The whole chaos run and its reference, with `trainer_flags` added to every trainer of both.
+void ChaosRun(const std::string& name, const std::vector<std::string>& trainer_flags) {
   auto started = Clock::now();
-  std::mt19937 rng(ChaosSeed("chaos"));
+  std::mt19937 rng(ChaosSeed(name));
   auto pick = [&](uint32_t lo, uint32_t hi) { return lo + rng() % (hi - lo + 1); };
   auto secs = [&] { return std::chrono::duration<double>(Clock::now() - started).count(); };
 
-  Run run("chaos", Options());
+  Run run(name, Options(trainer_flags));
   fmt::print("chaos logs in {}\n", run.dir);
   StatusWatch watch(run.lh.address, "chaos");
   for (const char* g : {"g0", "g1", "g2", "g3"}) run.StartGroup(g);
@@ -137,7 +139,7 @@ TEST_CASE("chaos four groups of two trainers survive kills a lighthouse restart 
   FinalLosses ref_loss;
   {
     auto ref_started = Clock::now();
-    Run ref("chaos-reference", Options());
+    Run ref(name + "-reference", Options(trainer_flags));
     fmt::print("reference logs in {}\n", ref.dir);
     StatusWatch ref_watch(ref.lh.address, "chaos");
     for (const char* g : {"g0", "g1", "g2", "g3"}) ref.StartGroup(g);
@@ -178,6 +180,18 @@ TEST_CASE("chaos four groups of two trainers survive kills a lighthouse restart 
   // which groups ran it and how fresh their inner optimizer was (see README.md).
   CHECK(std::abs(loss.eval - ref_loss.eval) <= 0.05 * ref_loss.eval);
   CHECK(total_secs < 300);
+}
+
+TEST_CASE("chaos four groups of two trainers survive kills a lighthouse restart a leave and a join") {
+  ChaosRun("chaos", {});
+}
+
+// The same schedule and assertions with the cross-group exchange in int8 with error feedback:
+// the encoded allreduce must keep every member's weights bitwise equal through kills, heals
+// (which drop the residual), the lighthouse restart, the leave and the join, and the final loss
+// must stay within 5% of its own failure-free reference (also int8).
+TEST_CASE("chaos with int8 outer compression passes the same assertions") {
+  ChaosRun("chaos-int8", {"--outer-compress", "int8"});
 }
 
 }  // namespace

@@ -73,6 +73,16 @@ int main(int argc, char** argv) {
   }
   o.params = params;
   o.param_count = 2;
+  /* So is an unknown codec of the options that came later (lk_diloco_create_ext). */
+  lk_diloco_ext_options ext;
+  memset(&ext, 0, sizeof(ext));
+  ext.struct_size = sizeof(ext);
+  ext.outer_compress = "int2";
+  if (lk_diloco_create_ext(s, &o, &ext) != NULL ||
+      lk_last_error_code() != LK_ERR_INVALID_ARGUMENT) {
+    fprintf(stderr, "outer_compress int2 was accepted\n");
+    return 1;
+  }
   lk_diloco* d = lk_diloco_create(s, &o);
   if (d == NULL) return fail("diloco create");
 
