@@ -36,7 +36,7 @@ std::string_view ReasonName(Reason reason) {
       "QUORUM_NOT_ISSUED", "EPOCH_SUPERSEDED", "EPOCH_NOT_YET", "WAIT_TIMEOUT", "SHUTTING_DOWN",
       "REQUEST_SUPERSEDED", "JOB_FORGOTTEN", "NO_ENDPOINT", "METHOD_NOT_ALLOWED",
       "KEY_NOT_FOUND", "INTERNAL", "NOT_ON_THIS_LISTENER", "PEER_UID_MISMATCH",
-      "NO_PEER_CREDENTIALS", "WORKERS_BUSY", "AGENT_EXITING"};
+      "NO_PEER_CREDENTIALS", "WORKERS_BUSY", "AGENT_EXITING", "GROUP_SIZE_MISMATCH"};
   auto i = static_cast<size_t>(reason);
   return i < std::size(kNames) ? kNames[i] : "UNSPECIFIED";
 }

@@ -81,8 +81,9 @@ enum class Reason : uint16_t {
   kNoPeerCredentials = 40,     // a trainer call without kernel peer credentials (not the socket)
   kWorkersBusy = 41,           // the agent's bounded worker queue is full: retry later
   kAgentExiting = 42,          // the agent is stopping: its queued calls are not run
+  kGroupSizeMismatch = 43,     // the group's trainer count differs from the quorum's
 };
-inline constexpr int kReasonCount = 43;
+inline constexpr int kReasonCount = 44;
 
 // "STALE_INCARNATION": the proto enum's name of the reason.
 std::string_view ReasonName(Reason reason);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 
 namespace lk::lighthouse {
 
@@ -68,6 +69,26 @@ std::string HeldBackSuffix(uint32_t held_back) {
 
 }  // namespace
 
+uint32_t QuorumGroupSize(std::span<const GroupStatus* const> candidates,
+                         const std::vector<bool>& candidate_is_prev) {
+  std::map<uint32_t, size_t> count;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const uint32_t size = candidates[i]->group_size;
+    if (size == 0) continue;
+    if (candidate_is_prev[i]) return size;  // the running quorum's size stays
+    ++count[size];
+  }
+  uint32_t best = 0;
+  size_t best_count = 0;
+  for (const GroupStatus* g : candidates) {  // group_id order: the first of a tie wins
+    if (g->group_size != 0 && count[g->group_size] > best_count) {
+      best = g->group_size;
+      best_count = count[best];
+    }
+  }
+  return best;
+}
+
 QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options, TimePoint now) {
   // One merge walk over the (sorted) groups and previous members.
   size_t healthy = 0, prev_healthy = 0, prev_participants = 0;
@@ -75,14 +96,16 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
   std::vector<const GroupStatus*> candidates;
   std::vector<bool> candidate_is_prev;
   bool any_shrink = false;
+  uint32_t prev_size = 0;  // the trainers per group of a live previous member, asking or not
   size_t pi = 0;
   for (const GroupStatus* g : m.groups) {
     while (pi < m.previous.size() && m.previous[pi].group_id < g->group_id) ++pi;
     bool is_prev = pi < m.previous.size() && m.previous[pi].group_id == g->group_id &&
                    m.previous[pi].incarnation == g->incarnation;
-    if (!IsHealthy(*g, options, now)) continue;
+    if (!IsHealthy(*g, options, now) || g->size_refused) continue;
     ++healthy;
     if (is_prev) ++prev_healthy;
+    if (is_prev && prev_size == 0) prev_size = g->group_size;
     if (g->first_ask) {
       if (!clock_all || *g->first_ask < *clock_all) clock_all = g->first_ask;
       if (is_prev && (!clock_prev || *g->first_ask < *clock_prev)) clock_prev = g->first_ask;
@@ -94,8 +117,31 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
     any_shrink = any_shrink || AskShrinkOnly(*g);
   }
 
-  // Rule 3: with shrink_only, groups outside the previous quorum wait.
+  // One trainer count per quorum: participants of another size are refused, and count as
+  // neither candidates nor healthy groups from here on.
   QuorumDecision d;
+  d.group_size = prev_size != 0 ? prev_size : QuorumGroupSize(candidates, candidate_is_prev);
+  if (d.group_size != 0) {
+    size_t kept = 0;
+    any_shrink = false;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const GroupStatus* g = candidates[i];
+      if (g->group_size != 0 && g->group_size != d.group_size) {
+        d.refused.push_back(g);
+        --healthy;
+        if (candidate_is_prev[i]) --prev_healthy, --prev_participants;
+        continue;
+      }
+      any_shrink = any_shrink || AskShrinkOnly(*g);
+      candidates[kept] = g;
+      candidate_is_prev[kept] = candidate_is_prev[i];
+      ++kept;
+    }
+    candidates.resize(kept);
+    candidate_is_prev.resize(kept);
+  }
+
+  // Rule 3: with shrink_only, groups outside the previous quorum wait.
   for (size_t i = 0; i < candidates.size(); ++i) {
     if (any_shrink && !candidate_is_prev[i]) {
       ++d.held_back;
