@@ -145,7 +145,6 @@ TEST_CASE("diloco member states survive the sum-allreduce encoding") {
   }
 }
 
-}  // namespace lk::diloco
 
 TEST_CASE("diloco weighted mean: each pseudo-gradient weighs its group's tokens, exactly") {
   // Inputs whose weighted sums and quotient are exact in float32: (1*t0 + 4*t1) / (t0 + t1).
@@ -204,3 +203,5 @@ TEST_CASE("diloco token counts survive a float sum of up to 4096 of them exactly
   for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
   CHECK(DecodeMemberTokens(a) == std::vector<uint64_t>{300, 0, 5'000'000'000});
 }
+
+}  // namespace lk::diloco

@@ -141,6 +141,14 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
     candidate_is_prev.resize(kept);
   }
 
+  // Every decision from here on, waiting ones too, carries the refusals.
+  auto wait = [&d](std::string reason, std::optional<TimePoint> wake_at = std::nullopt) {
+    QuorumDecision w = Wait(std::move(reason), wake_at);
+    w.refused = d.refused;
+    w.group_size = d.group_size;
+    return w;
+  };
+
   // Rule 3: with shrink_only, groups outside the previous quorum wait.
   for (size_t i = 0; i < candidates.size(); ++i) {
     if (any_shrink && !candidate_is_prev[i]) {
@@ -156,7 +164,7 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
 
   // Rule 4: every previous member is back as a healthy participant.
   if (!m.previous.empty() && prev_participants == m.previous.size()) {
-    if (n < options.min_replicas) return Wait(min_reason + HeldBackSuffix(d.held_back));
+    if (n < options.min_replicas) return wait(min_reason + HeldBackSuffix(d.held_back));
     d.issue = true;
     d.fast_path = true;
     d.reason = fmt::format("fast_path: all {} previous members rejoined", m.previous.size());
@@ -167,19 +175,19 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
 
   // Rule 5.
   if (candidates.empty()) {
-    return Wait(fmt::format("wait: no healthy participants among {}",
+    return wait(fmt::format("wait: no healthy participants among {}",
                             Plural(healthy, "healthy group")));
   }
   if (n == 0) {
-    return Wait(fmt::format("wait: shrink_only holds back all {}", Plural(d.held_back, "joiner")));
+    return wait(fmt::format("wait: shrink_only holds back all {}", Plural(d.held_back, "joiner")));
   }
-  if (n < options.min_replicas) return Wait(min_reason + HeldBackSuffix(d.held_back));
+  if (n < options.min_replicas) return wait(min_reason + HeldBackSuffix(d.held_back));
   if (n * 2 <= healthy) {
-    return Wait(fmt::format("wait: {} of {} healthy groups asked, a majority needs {}", n, healthy,
+    return wait(fmt::format("wait: {} of {} healthy groups asked, a majority needs {}", n, healthy,
                             healthy / 2 + 1));
   }
   if (prev_healthy > 0 && prev_participants * 2 <= prev_healthy) {
-    return Wait(fmt::format(
+    return wait(fmt::format(
         "wait: {} of {} live previous members asked, joiners wait for the quorum's next step",
         prev_participants, prev_healthy));
   }
@@ -199,7 +207,7 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
                HeldBackSuffix(d.held_back);
     return d;
   }
-  return Wait(fmt::format("wait: {} of {} healthy groups asked, join_timeout in {}ms",
+  return wait(fmt::format("wait: {} of {} healthy groups asked, join_timeout in {}ms",
                           candidates.size(), healthy,
                           std::chrono::ceil<Millis>(deadline - now).count()),
               deadline);

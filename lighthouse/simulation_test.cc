@@ -17,6 +17,7 @@
 #include <map>
 #include <queue>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,7 @@ struct SimAgent {
 struct SimGroup {
   std::string job, id, inc;
   uint32_t nodes = 1;
+  uint32_t trainers = 2;  // the group's size, sent with every ask
   int gen = 0;
   bool up = true;
   bool has_state = false;
@@ -87,6 +89,9 @@ class Sim {
       g.job = fmt::format("job{}", i % jobs);
       g.id = fmt::format("g{}", i);
       g.nodes = Rand(1, 3);
+      // A quarter of the seeds has a group of another size, which no quorum may hold beside
+      // the others (derived from the seed, not drawn: the draws stay as they were).
+      g.trainers = seed % 4 == 3 && i == 0 ? 1 : 2;
       groups_.push_back(g);
       Start(i, now_ + Millis(Rand(0, 500)));
     }
@@ -209,8 +214,8 @@ class Sim {
     a.req = ++req_;
     waiters_[key] = a.req;
     Push(now_ + Millis(Rand(3000, 6000)), Ev::kDeadline, i, node, a.req);
-    JoinInput in{g.job, g.id, g.inc, static_cast<uint32_t>(node), g.nodes, g.step, g.shrink_only,
-                 g.has_state, fmt::format("{}:{}", g.id, node)};
+    JoinInput in{g.job,         g.id,        g.inc, static_cast<uint32_t>(node), g.nodes, g.step,
+                 g.shrink_only, g.has_state, fmt::format("{}:{}", g.id, node), 0, g.trainers};
     Effects fx;
     Status st = core_->OnJoin(in, now_, &fx);
     Check(st.ok(), "ask of a current incarnation failed: " + st.ToString());
@@ -426,6 +431,15 @@ class Sim {
     const auto& members = a.members_shared ? *a.members_shared : a.members;
     Check(a.replica_rank < members.size() && members[a.replica_rank].group_id == key.group_id,
           "answer with a wrong replica_rank");
+    // One trainer count per quorum (GROUP_SIZE_MISMATCH keeps the others out).
+    std::set<uint32_t> sizes;
+    for (const MemberData& m : members) {
+      for (const SimGroup& g : groups_) {
+        if (g.job == key.job && g.id == m.group_id) sizes.insert(g.trainers);
+      }
+    }
+    Check(sizes.size() <= 1, fmt::format("quorum {} of {} holds groups of {} sizes", a.quorum_id,
+                                         key.job, sizes.size()));
     for (uint32_t s : a.source_ranks) {
       Check(s < members.size() && !members[s].heal, "a healing member named as a donor");
     }
@@ -533,7 +547,8 @@ TEST_CASE("simulation: invariants hold under crashes - partitions - stalls and r
     CHECK(stats.restarts > 0);
     for (const char* name : {"incarnation_replaced", "group_unhealthy", "member_lost",
                              "group_evicted", "group_left", "diverged", "quorum_retry",
-                             "group_rejoin", "checkpoint_registered", "group_collected"}) {
+                             "group_rejoin", "checkpoint_registered", "group_collected",
+                             "group_refused"}) {
       CAPTURE(name);
       CHECK(stats.events[name] > 0);
     }
