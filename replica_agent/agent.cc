@@ -545,7 +545,14 @@ void Agent::Impl::Fail(const std::string& reason) {
   Drain(reason);
 }
 
-void Agent::Impl::Refused(const Status& why) {
+void Agent::Impl::Refused(const Status& refused) {
+  // The trainers get the lighthouse's words, without the HTTP status the client put before
+  // them (their own client adds the agent's).
+  std::string words = refused.message();
+  if (words.rfind("HTTP ", 0) == 0) {
+    if (auto colon = words.find(": "); colon != std::string::npos) words = words.substr(colon + 2);
+  }
+  const Status why(refused.code(), words, refused.reason());
   LK_LOG_ERROR("quorum_refused code={} reason={}", ReasonName(why.reason()), Q(why.message()));
   {
     std::lock_guard<std::mutex> lock(mu);

@@ -184,10 +184,6 @@ TEST_CASE("speeds groups with different inner steps commit their tokens and agre
                            kSteps * 4 * kTokensPerInnerStep)) != std::string::npos);
   CHECK(m.find("lk_group_token_share{job=\"speeds\",group=\"g1\"} 0.666667") !=
         std::string::npos);
-  CHECK(run.lh.process->Log().find(fmt::format("group=g1 incarnation=")) != std::string::npos);
-  CHECK(run.lh.process->Log().find(fmt::format("step={} ok=true committed_step={} tokens={}",
-                                               kSteps, kSteps, 8 * kTokensPerInnerStep)) !=
-        std::string::npos);
 }
 
 TEST_CASE("speeds time budgets: each group stops its trainers after the same inner step") {
