@@ -183,6 +183,26 @@ TEST_CASE("group size: the quorum's size is the previous members', else the most
   CHECK(QuorumGroupSize(List{&b, &a}, {false, false}) == 2);
   CHECK(QuorumGroupSize(List{&d}, {false}) == 0);             // nobody said
   CHECK(QuorumGroupSize(List{&d, &c}, {true, false}) == 2);   // a previous member without one
+  // A tie among the candidates goes to the size more healthy groups have.
+  CHECK(QuorumGroupSize(List{&a, &b}, {false, false}, List{&a, &b, &c}) == 2);
+}
+
+TEST_CASE("group size: no refusal on a tie before a first quorum: the size turns with more asks") {
+  CoreOptions o;
+  o.min_replicas = 2;
+  Harness h(o);
+  for (const char* g : {"a", "b", "c"}) REQUIRE(h.Beat(g).ok());
+  REQUIRE(JoinSized(h, "a", 0, 1).ok());
+  REQUIRE(JoinSized(h, "b", 0, 2).ok());
+  CHECK(h.fx.rejections.empty());  // 1 against 1: nobody is refused yet, nothing issues
+  CHECK(h.fx.answers.empty());
+  REQUIRE(JoinSized(h, "c", 0, 2).ok());
+  // Two groups of 2 make the size: they form the quorum, and a is refused.
+  REQUIRE(h.fx.answers.size() == 2);
+  CHECK(h.Answer("b") != nullptr);
+  CHECK(h.Answer("c") != nullptr);
+  REQUIRE(h.Rejection("a") != nullptr);
+  CHECK(h.Rejection("a")->reason() == Reason::kGroupSizeMismatch);
 }
 
 }  // namespace

@@ -70,17 +70,21 @@ std::string HeldBackSuffix(uint32_t held_back) {
 }  // namespace
 
 uint32_t QuorumGroupSize(std::span<const GroupStatus* const> candidates,
-                         const std::vector<bool>& candidate_is_prev) {
-  std::map<uint32_t, size_t> count;
+                         const std::vector<bool>& candidate_is_prev,
+                         std::span<const GroupStatus* const> healthy) {
+  std::map<uint32_t, std::pair<size_t, size_t>> count;  // size -> (candidates, healthy groups)
   for (size_t i = 0; i < candidates.size(); ++i) {
     const uint32_t size = candidates[i]->group_size;
     if (size == 0) continue;
     if (candidate_is_prev[i]) return size;  // the running quorum's size stays
-    ++count[size];
+    ++count[size].first;
+  }
+  for (const GroupStatus* g : healthy) {
+    if (auto it = count.find(g->group_size); it != count.end()) ++it->second.second;
   }
   uint32_t best = 0;
-  size_t best_count = 0;
-  for (const GroupStatus* g : candidates) {  // group_id order: the first of a tie wins
+  std::pair<size_t, size_t> best_count{0, 0};
+  for (const GroupStatus* g : candidates) {  // group_id order: the first of a full tie wins
     if (g->group_size != 0 && count[g->group_size] > best_count) {
       best = g->group_size;
       best_count = count[best];
@@ -97,6 +101,7 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
   std::vector<bool> candidate_is_prev;
   bool any_shrink = false;
   uint32_t prev_size = 0;  // the trainers per group of a live previous member, asking or not
+  std::vector<const GroupStatus*> healthy_groups;
   size_t pi = 0;
   for (const GroupStatus* g : m.groups) {
     while (pi < m.previous.size() && m.previous[pi].group_id < g->group_id) ++pi;
@@ -104,6 +109,7 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
                    m.previous[pi].incarnation == g->incarnation;
     if (!IsHealthy(*g, options, now) || g->size_refused) continue;
     ++healthy;
+    healthy_groups.push_back(g);
     if (is_prev) ++prev_healthy;
     if (is_prev && prev_size == 0) prev_size = g->group_size;
     if (g->first_ask) {
@@ -120,7 +126,8 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
   // One trainer count per quorum: participants of another size are refused, and count as
   // neither candidates nor healthy groups from here on.
   QuorumDecision d;
-  d.group_size = prev_size != 0 ? prev_size : QuorumGroupSize(candidates, candidate_is_prev);
+  d.group_size = prev_size != 0 ? prev_size
+                                : QuorumGroupSize(candidates, candidate_is_prev, healthy_groups);
   if (d.group_size != 0) {
     size_t kept = 0;
     any_shrink = false;
@@ -141,10 +148,14 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
     candidate_is_prev.resize(kept);
   }
 
-  // Every decision from here on, waiting ones too, carries the refusals.
-  auto wait = [&d](std::string reason, std::optional<TimePoint> wake_at = std::nullopt) {
+  // The others are refused when a quorum of this size issues, or at once while a running
+  // quorum's size is known. Before that they wait, kept out of this decision only: the size of
+  // a first quorum may still turn as more groups ask (refusing on a tie would let two sizes
+  // refuse each other forever).
+  auto wait = [&d, prev_size](std::string reason,
+                              std::optional<TimePoint> wake_at = std::nullopt) {
     QuorumDecision w = Wait(std::move(reason), wake_at);
-    w.refused = d.refused;
+    if (prev_size != 0) w.refused = d.refused;
     w.group_size = d.group_size;
     return w;
   };

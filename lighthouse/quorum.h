@@ -84,16 +84,20 @@ struct QuorumDecision {
   std::string reason;
   // Participants kept out because their trainer count differs from the quorum's (`group_size`):
   // until groups of different sizes can share one quorum, mixing them would break every
-  // member's cross-group collective. The core refuses their asks (GROUP_SIZE_MISMATCH).
+  // member's cross-group collective. The core refuses their asks (GROUP_SIZE_MISMATCH). Set
+  // when this decision issues, or while a running quorum's size is known; a first quorum's
+  // other-size participants otherwise wait, outside the decision.
   std::vector<const GroupStatus*> refused;
   uint32_t group_size = 0;  // the quorum's trainers per group (0: none known)
 };
 
 // The trainers per group a quorum of these candidates has: the size of the previous quorum's
 // members among them when any reported one, else the size most of them share (a tie goes to
-// the size of the first group by group_id); 0 when no candidate reported a size.
+// the size more of the `healthy` groups have, then to the first group's by group_id); 0 when
+// no candidate reported a size.
 uint32_t QuorumGroupSize(std::span<const GroupStatus* const> candidates,
-                         const std::vector<bool>& candidate_is_prev);
+                         const std::vector<bool>& candidate_is_prev,
+                         std::span<const GroupStatus* const> healthy = {});
 
 // Rules 2-5. Candidates are healthy participants of the quorum's size (that of the live previous
 // members, else QuorumGroupSize); those of another size are `refused` and count as neither
