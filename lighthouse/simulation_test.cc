@@ -382,7 +382,16 @@ class Sim {
         SimGroup& g = groups_[i];
         if (g.id != key.group_id || g.job != key.job || g.inc != key.incarnation) continue;
         g.agents[key.node_rank].waiting = false;
-        g.size_refused = status.reason() == Reason::kGroupSizeMismatch;
+        if (status.reason() == Reason::kGroupSizeMismatch) {
+          // As the agent does: leave and exit (asking again would be refused again).
+          if (!g.up) continue;
+          g.up = false;
+          g.size_refused = true;
+          Effects left;
+          (void)core_->OnLeave(g.job, g.id, g.inc, "group_size_mismatch", now_, &left);
+          Apply(left);
+          continue;
+        }
         if (g.up) Reask(static_cast<int>(i));
       }
     }
