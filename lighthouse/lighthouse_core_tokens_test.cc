@@ -29,7 +29,7 @@ Result<bool> CommitTokens(Harness& h, const std::string& g, uint32_t quorum_id, 
                          h.clock.Now(), &h.fx);
 }
 
-TEST_CASE("tokens: each group's commit carries its tokens; status shows them and the step's share") {
+TEST_CASE("tokens: each group's commit carries its tokens - status shows them and the step's share") {
   Harness h;
   h.Form({"a", "b"});
   REQUIRE(CommitTokens(h, "a", 1, 1, 3000).ok());
@@ -141,7 +141,7 @@ TEST_CASE("group size: a group of another size is refused when the quorum forms,
   CHECK(b->group_size == 2);
 }
 
-TEST_CASE("group size: a running quorum keeps its size; a joiner of another is refused") {
+TEST_CASE("group size: a running quorum keeps its size - a joiner of another is refused") {
   Harness h;
   // Two groups of 2 train; a group of 1 (first by group_id) comes to join them.
   REQUIRE(h.Beat("b").ok());
