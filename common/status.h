@@ -82,8 +82,9 @@ enum class Reason : uint16_t {
   kWorkersBusy = 41,           // the agent's bounded worker queue is full: retry later
   kAgentExiting = 42,          // the agent is stopping: its queued calls are not run
   kJobFinished = 43,           // a commit in a catch-up quorum of a finished job
+  kGroupSizeMismatch = 44,     // the group's trainer count differs from the quorum's
 };
-inline constexpr int kReasonCount = 44;
+inline constexpr int kReasonCount = 45;
 
 // "STALE_INCARNATION": the proto enum's name of the reason.
 std::string_view ReasonName(Reason reason);

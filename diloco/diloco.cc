@@ -36,6 +36,10 @@ Status DilocoOptions::Validate() const {
   if (group_size == 0 || group_rank >= group_size) {
     return InvalidArgument("group_rank {} must be below group_size {}", group_rank, group_size);
   }
+  if (group_size > kCountSumsMax) {
+    return InvalidArgument("group_size {} is above {} (token counts are summed exactly up to it)",
+                           group_size, kCountSumsMax);
+  }
   size_t total = 0;
   if (params.empty()) return InvalidArgument("no parameters");
   LK_RETURN_IF_ERROR(ValidateSpecs(params, &total).WithContext("params"));
@@ -198,6 +202,7 @@ SyncResult Diloco::Impl::MakeResult(SyncKind kind, const client::PollResult& pr,
   r.replica_rank = pr.replica_rank;
   r.replica_world_size = pr.replica_world_size;
   r.state_hash = StateHash(state_.global);
+  if (kind == SyncKind::kCommitted) r.global_hash = global_hash_;
   r.reason = pr.reason;
   r.stats = stats;
   return r;
@@ -236,12 +241,30 @@ Result<SyncResult> Diloco::Impl::Join(std::span<float> params) {
   }
 }
 
-Result<SyncResult> Diloco::Impl::Sync(std::span<float> params) {
+Result<uint64_t> Diloco::Impl::GroupTokens(uint64_t tokens) {
+  if (o_.group_size == 1) return tokens;
+  std::vector<float> limbs(kCountLimbs);
+  EncodeCount(tokens, limbs);
+  LK_RETURN_IF_ERROR(GroupSum(limbs));
+  return DecodeCount(limbs);
+}
+
+Result<OuterWeights> Diloco::Impl::AgreeWeights(const client::PollResult& pr) {
+  std::vector<float> counts =
+      EncodeMemberTokens(pending_tokens_, pr.replica_rank, pr.replica_world_size);
+  LK_RETURN_IF_ERROR(slot_comm_->AllReduce(counts.data(), counts.size(), comm::DType::kFloat32,
+                                           comm::ReduceOp::kSum));
+  return DecideWeights(DecodeMemberTokens(counts), pr.replica_rank);
+}
+
+Result<SyncResult> Diloco::Impl::Sync(std::span<float> params, uint64_t tokens) {
   if (params.size() != layout_.total) {
     return InvalidArgument("params has {} elements, the specs {}", params.size(), layout_.total);
   }
   if (ready_quorum_id_ == 0) return InvalidArgument("Sync before Join");
   if (!pending_delta_) {
+    // Every trainer of the group comes here once per outer step, so this in-group sum pairs up.
+    LK_ASSIGN_OR_RETURN(pending_tokens_, GroupTokens(tokens));
     std::vector<float> delta(layout_.shard_numel);
     layout_.Take(params, delta);
     for (size_t i = 0; i < delta.size(); ++i) delta[i] = state_.global[i] - delta[i];
@@ -273,6 +296,7 @@ Result<SyncResult> Diloco::Impl::Sync(std::span<float> params) {
       if (received_) {
         joined_unstepped_ = pr;
         SyncResult r = MakeResult(SyncKind::kReceived, pr, stats);
+        r.global_hash = global_hash_;
         r.healed = healed_;
         r.heal_source = heal_source_;
         r.inner = inner_action_;
@@ -288,6 +312,9 @@ Result<SyncResult> Diloco::Impl::Sync(std::span<float> params) {
     SyncResult r = MakeResult(SyncKind::kCommitted, pr, stats);
     r.healed = healed_since_commit_;
     r.saved = saved_at_last_commit_;
+    r.tokens = last_weights_.self_tokens;
+    r.quorum_tokens = last_weights_.all_tokens;
+    r.weighted = last_weights_.weighted;
     healed_since_commit_ = false;
     return r;
   }
@@ -300,7 +327,15 @@ Result<bool> Diloco::Impl::OuterAttempt(const client::PollResult& pr, std::span<
   TcpSent ar_b0 = SnapshotTcpSent();
   // Waiting on the other groups is not this group's stall (the lighthouse's progress timeout).
   (void)session_->SetPeerWait(true);
-  Status st = CrossAllReduce(avg, comm::ReduceOp::kAvg);
+  // Token-weighted: this shard scaled by its group's weight, summed (compressed when
+  // outer_compress says so), divided by the weights' sum (diloco/outer.h DecideWeights: the same
+  // divisor in every member). The token counts themselves always travel as exact float32.
+  Result<OuterWeights> w = AgreeWeights(pr);
+  Status st = w.status();
+  if (st.ok()) {
+    ScaleInPlace(avg, w->self);
+    st = CrossAllReduce(avg, comm::ReduceOp::kSum);
+  }
   (void)session_->SetPeerWait(false);
   stats->cross_bytes += TcpSentBetween(ar_b0, SnapshotTcpSent());
   stats->allreduce_ms += MsSince(t0);
@@ -312,6 +347,8 @@ Result<bool> Diloco::Impl::OuterAttempt(const client::PollResult& pr, std::span<
   }
   auto gather_t0 = Clock::now();
   TcpSent gather_b0 = SnapshotTcpSent();
+  DivideInPlace(avg, w->total);
+  last_weights_ = *w;
   OuterNesterovStep(state_.global, state_.momentum, avg, o_.outer);
   LK_RETURN_IF_ERROR(LoadGlobal(params));
   stats->group_bytes += TcpSentBetween(gather_b0, SnapshotTcpSent());
@@ -326,7 +363,8 @@ Result<bool> Diloco::Impl::OuterAttempt(const client::PollResult& pr, std::span<
   stats->publish_ms += MsSince(publish_t0);
   const std::string hash = StateHash(state_.global);
   auto commit_t0 = Clock::now();
-  LK_RETURN_IF_ERROR(session_->Commit(state_.step, true, hash).WithContext("commit"));
+  LK_RETURN_IF_ERROR(
+      session_->Commit(state_.step, true, hash, w->self_tokens).WithContext("commit"));
   stats->commit_ms += MsSince(commit_t0);
   stats->outer_ms = MsSince(t0);
   saved_at_last_commit_ = false;
@@ -377,7 +415,10 @@ Result<std::unique_ptr<Diloco>> Diloco::Create(client::Session* session, DilocoO
 Diloco::Diloco(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Diloco::~Diloco() = default;
 Result<SyncResult> Diloco::Join(std::span<float> params) { return impl_->Join(params); }
-Result<SyncResult> Diloco::Sync(std::span<float> params) { return impl_->Sync(params); }
+Result<SyncResult> Diloco::Sync(std::span<float> params) { return impl_->Sync(params, 0); }
+Result<SyncResult> Diloco::Sync(std::span<float> params, uint64_t tokens) {
+  return impl_->Sync(params, tokens);
+}
 bool Diloco::drain_requested() const { return impl_->drain_requested(); }
 void Diloco::RequestDrain() { impl_->RequestDrain(); }
 void Diloco::HandleNotice(const client::Notice& notice) { impl_->HandleNotice(notice); }

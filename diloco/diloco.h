@@ -90,7 +90,9 @@ bool ParseOuterCompress(std::string_view name, OuterCompress* out);
 
 struct DilocoOptions {
   uint32_t group_rank = 0;  // this trainer's rank inside its group
-  uint32_t group_size = 1;  // trainers of the group; every group of the job uses the same value
+  // Trainers of the group (at most 4096); every group of the job uses the same value (the
+  // lighthouse refuses a group of another size with GROUP_SIZE_MISMATCH).
+  uint32_t group_size = 1;
   // The model's parameters inside the flat parameter buffer that Join and Sync take. Every
   // trainer of every group passes the same list (names, shapes, order).
   std::vector<TensorSpec> params;
@@ -175,6 +177,14 @@ struct SyncResult {
   std::string heal_source;
   InnerAction inner = InnerAction::kKeep;
   std::string state_hash;       // of this trainer's shard of the global weights (16 hex digits)
+  // kCommitted/kReceived: of the whole global weights (after the in-group all-gather), equal
+  // in every member whatever its group's layout; "" otherwise.
+  std::string global_hash;
+  // kCommitted: the tokens of this group (summed over its trainers) in the committed outer
+  // step, its weight in the cross-group average, and the quorum's total; 0 when not reported.
+  uint64_t tokens = 0;
+  uint64_t quorum_tokens = 0;
+  bool weighted = false;  // kCommitted: token-weighted (every member reported tokens)
   bool saved = false;           // a durable checkpoint was saved (and registered) in this call
   bool checkpoint_now = false;  // kDrained: the agent asked for a durable save
   std::string reason;           // the lighthouse's reason for the quorum, or the drain's
@@ -212,6 +222,12 @@ class Diloco {
   // collective failed: the group is going down, no quorum within stuck_timeout); the caller
   // exits non-zero, and the agent reports the crash.
   Result<SyncResult> Sync(std::span<float> params);
+  // The same, with the tokens (samples) this trainer processed in the inner steps since the
+  // last commit. The group's trainers' counts are summed (an in-group collective: every trainer
+  // of the group passes its count, or all pass 0), the sum is reported with the commit, and
+  // the cross-group average weights each group's pseudo-gradient by it. A retry after a lost
+  // member keeps the count; a heal drops it with the pseudo-gradient.
+  Result<SyncResult> Sync(std::span<float> params, uint64_t tokens);
 
   // True once a drain notice arrived. The inner loop should stop at an inner step that every
   // trainer of the group agrees on (e.g. by carrying the flag in the gradient allreduce) and

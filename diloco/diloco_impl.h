@@ -72,7 +72,7 @@ class Diloco::Impl {
 
   Status Init();
   Result<SyncResult> Join(std::span<float> params);
-  Result<SyncResult> Sync(std::span<float> params);
+  Result<SyncResult> Sync(std::span<float> params, uint64_t tokens);
   Status GroupSum(std::span<float> v);
   Status Finish();
 
@@ -109,6 +109,10 @@ class Diloco::Impl {
   Status CrossAllReduce(std::span<float> values, comm::ReduceOp op);
   // Drops the error-feedback residual: the state came from elsewhere (diloco_compress.cc).
   void ResetResidual();
+  // The members' token counts of this attempt (one small sum-allreduce) and the weights.
+  Result<OuterWeights> AgreeWeights(const client::PollResult& pr);
+  // The group's tokens: every trainer's count summed over the group.
+  Result<uint64_t> GroupTokens(uint64_t tokens);
   Status LoadGlobal(std::span<float> params);
   Status SaveDurable(uint32_t attempt);
   void MarkBad(uint32_t quorum_id, bool report);
@@ -140,6 +144,9 @@ class Diloco::Impl {
   std::vector<float> restored_inner_;  // full inner buffer of the last durable restore
   std::vector<float> restored_inner_shard_;
   std::optional<std::vector<float>> pending_delta_;
+  uint64_t pending_tokens_ = 0;  // the group's tokens behind pending_delta_
+  OuterWeights last_weights_;    // of the last committed step
+  std::string global_hash_;      // of the full global weights after the last all-gather
   // The poll answer of the quorum joined by the last call, which returned to the caller for the
   // inner steps before that quorum's allreduce. The next Sync runs the allreduce on it without
   // polling again: the agent answers one poll per step, and a healed trainer's next poll (at

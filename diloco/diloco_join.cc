@@ -91,6 +91,8 @@ Status Diloco::Impl::LoadGlobal(std::span<float> params) {
   layout_.Place(state_.global, full);
   LK_RETURN_IF_ERROR(GroupSum(full));
   std::copy(full.begin(), full.end(), params.begin());
+  // The whole global weights, the same bytes in every member whatever its layout.
+  global_hash_ = StateHash(full);
   return Status::Ok();
 }
 

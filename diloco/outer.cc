@@ -87,4 +87,89 @@ std::vector<MemberState> DecodeMemberStates(std::span<const float> summed) {
   return out;
 }
 
+void EncodeCount(uint64_t count, std::span<float> limbs) {
+  LK_CHECK(limbs.size() == kCountLimbs) << "count limbs " << limbs.size();
+  for (size_t i = 0; i < kCountLimbs; ++i) {
+    limbs[i] = static_cast<float>((count >> (i * 12)) & 0xfff);  // i * 12 <= 60
+  }
+}
+
+uint64_t DecodeCount(std::span<const float> limbs) {
+  LK_CHECK(limbs.size() == kCountLimbs) << "count limbs " << limbs.size();
+  // Each limb is a sum of 12-bit values, so it may carry into the next: add them as 128-bit.
+  unsigned __int128 v = 0;
+  for (size_t i = 0; i < kCountLimbs; ++i) {
+    v += static_cast<unsigned __int128>(static_cast<uint64_t>(std::max(0.0f, limbs[i])))
+         << (i * 12);
+  }
+  return v > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(v);
+}
+
+std::vector<float> EncodeMemberTokens(uint64_t tokens, uint32_t rank, uint32_t world) {
+  LK_CHECK(rank < world) << "replica_rank " << rank << " of " << world;
+  std::vector<float> v(kCountLimbs * world, 0.0f);
+  EncodeCount(tokens, std::span<float>(v).subspan(kCountLimbs * rank, kCountLimbs));
+  return v;
+}
+
+std::vector<uint64_t> DecodeMemberTokens(std::span<const float> summed) {
+  std::vector<uint64_t> out(summed.size() / kCountLimbs);
+  for (size_t r = 0; r < out.size(); ++r) {
+    out[r] = DecodeCount(summed.subspan(kCountLimbs * r, kCountLimbs));
+  }
+  return out;
+}
+
+OuterWeights DecideWeights(std::span<const uint64_t> tokens, uint32_t rank) {
+  LK_CHECK(rank < tokens.size()) << "replica_rank " << rank << " of " << tokens.size();
+  OuterWeights w;
+  w.self_tokens = tokens[rank];
+  unsigned __int128 all = 0;
+  bool every_member_counted = true;
+  for (uint64_t t : tokens) {
+    all += t;
+    every_member_counted = every_member_counted && t > 0;
+  }
+  w.all_tokens = all > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(all);
+  if (!every_member_counted) {
+    w.total = static_cast<float>(tokens.size());
+    return w;
+  }
+  w.weighted = true;
+  w.self = static_cast<float>(tokens[rank]);
+  // The divisor is the sum of the weights as used (each rounded to a float), summed in double
+  // in member order: the same float in every member, and the weights sum to it.
+  double total = 0;
+  for (uint64_t t : tokens) total += static_cast<double>(static_cast<float>(t));
+  w.total = static_cast<float>(total);
+  return w;
+}
+
+void ScaleInPlace(std::span<float> values, float weight) {
+  if (weight == 1.0f) return;
+  for (float& v : values) v *= weight;
+}
+
+void DivideInPlace(std::span<float> values, float total) {
+  LK_CHECK(total > 0) << "weights sum to " << total;
+  for (float& v : values) v = v / total + 0.0f;
+}
+
+std::vector<float> WeightedMean(const std::vector<std::vector<float>>& deltas,
+                                const std::vector<uint64_t>& tokens) {
+  LK_CHECK(!deltas.empty() && deltas.size() == tokens.size())
+      << deltas.size() << " deltas, " << tokens.size() << " token counts";
+  std::vector<float> sum(deltas.front().size(), 0.0f);
+  OuterWeights w;
+  for (uint32_t r = 0; r < deltas.size(); ++r) {
+    LK_CHECK(deltas[r].size() == sum.size()) << "delta " << r << " has another length";
+    w = DecideWeights(tokens, r);
+    std::vector<float> scaled = deltas[r];
+    ScaleInPlace(scaled, w.self);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += scaled[i];
+  }
+  DivideInPlace(sum, w.total);
+  return sum;
+}
+
 }  // namespace lk::diloco

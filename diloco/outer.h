@@ -70,4 +70,36 @@ SyncPlan PlanStateSync(const std::vector<MemberState>& members);
 std::vector<float> EncodeMemberState(const MemberState& self, uint32_t rank, uint32_t world);
 std::vector<MemberState> DecodeMemberStates(std::span<const float> summed);
 
+// Token counts travel through float sum-allreduces exactly: a count is cut into kCountLimbs
+// limbs of 12 bits, and a sum of up to 4096 such limbs stays below 2^24, where every integer
+// is a float. The group's trainers sum their counts this way; the members of a quorum each
+// write their group's count at their replica_rank, so the sum is every member's count, exactly.
+inline constexpr size_t kCountLimbs = 6;   // 72 bits: any uint64_t
+inline constexpr uint32_t kCountSumsMax = 4096;  // counts one sum may add up exactly
+void EncodeCount(uint64_t count, std::span<float> limbs);  // limbs.size() == kCountLimbs
+uint64_t DecodeCount(std::span<const float> limbs);        // saturates at UINT64_MAX
+// [limbs of rank 0, limbs of rank 1, ...] with only `rank`'s filled in.
+std::vector<float> EncodeMemberTokens(uint64_t tokens, uint32_t rank, uint32_t world);
+std::vector<uint64_t> DecodeMemberTokens(std::span<const float> summed);
+
+// The token weights of the cross-group average: avg = sum_i(t_i * delta_i) / sum_i(t_i). Each
+// member scales its pseudo-gradient by `self`, the members sum-allreduce (the same bytes in
+// every member), and each divides by `total`, the same float everywhere, so every member ends
+// with bitwise-identical weights. A member that reported no tokens (0) makes every member weigh
+// 1: a plain average, the right thing for groups that all leave the count out.
+struct OuterWeights {
+  float self = 1.0f;
+  float total = 1.0f;
+  bool weighted = false;    // false: the plain average
+  uint64_t self_tokens = 0;
+  uint64_t all_tokens = 0;  // the quorum's, this outer step
+};
+OuterWeights DecideWeights(std::span<const uint64_t> tokens, uint32_t rank);
+void ScaleInPlace(std::span<float> values, float weight);     // values[i] *= weight
+void DivideInPlace(std::span<float> values, float total);     // values[i] /= total
+// The whole weighted mean over members given side by side (what the collective computes, for
+// tests and simulations): the sum runs in member order, as a ring's reduction order is fixed.
+std::vector<float> WeightedMean(const std::vector<std::vector<float>>& deltas,
+                                const std::vector<uint64_t>& tokens);
+
 }  // namespace lk::diloco

@@ -145,4 +145,63 @@ TEST_CASE("diloco member states survive the sum-allreduce encoding") {
   }
 }
 
+
+TEST_CASE("diloco weighted mean: each pseudo-gradient weighs its group's tokens, exactly") {
+  // Inputs whose weighted sums and quotient are exact in float32: (1*t0 + 4*t1) / (t0 + t1).
+  std::vector<std::vector<float>> deltas = {{1.0f, 2.0f, -0.5f, 0.0f}, {4.0f, 8.0f, 1.5f, 0.0f}};
+  std::vector<float> mean = WeightedMean(deltas, {1, 3});
+  CHECK(mean == std::vector<float>{3.25f, 6.5f, 1.0f, 0.0f});
+  // Twice the tokens of a group weighs it twice: (2*3 + 1*6) / 3 = 4.
+  CHECK(WeightedMean({{3.0f}, {6.0f}}, {200, 100}) == std::vector<float>{4.0f});
+  // Equal tokens are the plain mean; so is any member without a count (0).
+  CHECK(WeightedMean(deltas, {7, 7}) == std::vector<float>{2.5f, 5.0f, 0.5f, 0.0f});
+  CHECK(WeightedMean(deltas, {0, 3}) == std::vector<float>{2.5f, 5.0f, 0.5f, 0.0f});
+  CHECK(WeightedMean(deltas, {0, 0}) == std::vector<float>{2.5f, 5.0f, 0.5f, 0.0f});
+  // Three groups: (1*1 + 2*2 + 4*5) / 8 = 25/8.
+  CHECK(WeightedMean({{1.0f}, {2.0f}, {4.0f}}, {1, 2, 5}) == std::vector<float>{3.125f});
+  // One member alone with a power-of-two count keeps its pseudo-gradient bit for bit.
+  CHECK(WeightedMean({{0.1f, -3.7f}}, {4096}) == std::vector<float>{0.1f, -3.7f});
+  // No -0.0 comes out (a later sum with zeros would turn it into +0.0 in some members only).
+  std::vector<float> z = WeightedMean({{-0.0f}, {0.0f}}, {1, 1});
+  CHECK_FALSE(std::signbit(z[0]));
+}
+
+TEST_CASE("diloco weights: every member computes the same divisor, and it is the weights' sum") {
+  std::vector<uint64_t> tokens = {1024, 3000, 77};
+  OuterWeights w0 = DecideWeights(tokens, 0), w2 = DecideWeights(tokens, 2);
+  CHECK(w0.weighted);
+  CHECK(w0.self == 1024.0f);
+  CHECK(w2.self == 77.0f);
+  CHECK(w0.total == 4101.0f);
+  CHECK(std::memcmp(&w0.total, &w2.total, sizeof(float)) == 0);
+  CHECK(w0.self_tokens == 1024);
+  CHECK(w0.all_tokens == 4101);
+  OuterWeights plain = DecideWeights(std::vector<uint64_t>{5, 0, 9}, 1);
+  CHECK_FALSE(plain.weighted);
+  CHECK(plain.self == 1.0f);
+  CHECK(plain.total == 3.0f);
+  CHECK(plain.all_tokens == 14);
+}
+
+TEST_CASE("diloco token counts survive a float sum of up to 4096 of them exactly") {
+  for (uint64_t c : {uint64_t{0}, uint64_t{1}, uint64_t{4095}, uint64_t{4096}, uint64_t{1} << 24,
+                     (uint64_t{1} << 24) + 1, uint64_t{123456789012345}, UINT64_MAX}) {
+    std::vector<float> limbs(kCountLimbs);
+    EncodeCount(c, limbs);
+    CHECK(DecodeCount(limbs) == c);
+  }
+  // 4096 trainers with the largest limbs: every limb sum is below 2^24, so the float sum is exact.
+  const uint64_t big = (uint64_t{1} << 40) - 1;
+  std::vector<float> sum(kCountLimbs, 0.0f), one(kCountLimbs);
+  EncodeCount(big, one);
+  for (uint32_t i = 0; i < kCountSumsMax; ++i) {
+    for (size_t k = 0; k < kCountLimbs; ++k) sum[k] += one[k];
+  }
+  CHECK(DecodeCount(sum) == big * kCountSumsMax);
+  // Members write their own limbs only: the sum holds every member's count.
+  std::vector<float> a = EncodeMemberTokens(300, 0, 3), b = EncodeMemberTokens(5'000'000'000, 2, 3);
+  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+  CHECK(DecodeMemberTokens(a) == std::vector<uint64_t>{300, 0, 5'000'000'000});
+}
+
 }  // namespace lk::diloco

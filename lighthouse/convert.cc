@@ -85,6 +85,11 @@ void ToProto(const JobView& v, pb::JobStatus* out) {
     gs->set_state(g.state);
     gs->set_reason(g.reason);
     gs->set_generation(g.generation);
+    gs->set_tokens(g.tokens);
+    gs->set_tokens_step(g.tokens_step);
+    gs->set_share(g.share);
+    gs->set_tokens_total(g.tokens_total);
+    gs->set_group_size(g.group_size);
   }
   for (const auto& c : v.checkpoints) ToProto(c, out->add_checkpoints());
 }

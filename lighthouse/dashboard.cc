@@ -32,6 +32,7 @@ function render(st){
       <td>${esc(g.group_id)}</td><td class="${esc(g.state)}">${esc(g.state)}</td>
       <td>${g.step}</td><td>${g.nodes}</td><td>${(g.heartbeat_age_ms/1000).toFixed(1)} s</td>
       <td>${esc(g.phase||"")}</td><td>${g.diverged?'<span class="bad">diverged</span>':''}</td>
+      <td>${g.tokens_step?`${esc(String(g.tokens))} @${g.tokens_step} (${((g.share||0)*100).toFixed(1)}%)`:""}</td>
       <td>${esc(g.incarnation)}</td><td class="decision">${esc(g.reason||"")}</td></tr>`).join("");
     const members = (j.members||[]).map((m,i)=>`${i}:${esc(m.group_id)}`).join(" ");
     return `<section class="job"><h2>${esc(j.job)}</h2><div class="kv">
@@ -41,7 +42,7 @@ function render(st){
       <span>checkpoints <b>${(j.checkpoints||[]).length}</b></span></div>
       <div class="decision">${esc(j.last_decision||"")}</div>
       <table><thead><tr><th>group</th><th>state</th><th>step</th><th>nodes</th><th>heartbeat</th>
-      <th>phase</th><th></th><th>incarnation</th><th>reason</th></tr></thead><tbody>${rows}</tbody></table></section>`;
+      <th>phase</th><th></th><th>tokens @step (share)</th><th>incarnation</th><th>reason</th></tr></thead><tbody>${rows}</tbody></table></section>`;
   }).join("");
   document.getElementById("jobs").innerHTML = html || "<p>No jobs yet.</p>";
 }

@@ -124,6 +124,12 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx, b
   a.ask_has_state = in.has_state;
   a.ask_shrink_only = in.shrink_only;
   a.waiting = true;
+  // A new ask is judged afresh: the quorum's size may have changed since a refusal.
+  if (in.group_size != 0) g.status.group_size = in.group_size;
+  if (g.status.size_refused) {
+    g.status.size_refused = false;
+    g.reason.clear();
+  }
   s.RearmProgress(g);
   fx->events.push_back(fmt::format(
       "quorum_ask job={} group={} incarnation={} node={} step={} has_state={} shrink_only={} "
@@ -240,10 +246,21 @@ Result<bool> LighthouseCore::OnCommit(const CommitInput& in, TimePoint now, Effe
   } else if (current) {
     job.force_new = true;
   }
+  // The group's contribution, once per step (every node of the group reports the same count).
+  if (current && in.ok && in.tokens > 0) {
+    GroupTokensData& t = job.tokens[in.group_id];
+    if (t.group_id.empty() || in.step > t.step) {
+      t.group_id = in.group_id;
+      t.step = in.step;
+      t.tokens = in.tokens;
+      t.total = t.total > UINT64_MAX - in.tokens ? UINT64_MAX : t.total + in.tokens;
+    }
+  }
   fx->events.push_back(fmt::format(
-      "commit job={} quorum_id={} group={} incarnation={} node={} step={} ok={} committed_step={}",
+      "commit job={} quorum_id={} group={} incarnation={} node={} step={} ok={} committed_step={} "
+      "tokens={}",
       Q(in.job), job.quorum_id, Q(in.group_id), Q(in.incarnation), in.node_rank, in.step, in.ok,
-      job.committed_step));
+      job.committed_step, in.tokens));
   if (current && in.ok && !in.state_hash.empty()) {
     g->hash_step = in.step;
     g->state_hash = in.state_hash;

@@ -78,6 +78,15 @@ struct CheckpointData {
   uint32_t created_unix_s = 0;
 };
 
+// A group's contribution to a job: the tokens (samples) it reported with its commits.
+struct GroupTokensData {
+  std::string group_id;
+  uint32_t step = 0;     // the last step it committed tokens for
+  uint64_t tokens = 0;   // at that step
+  uint64_t total = 0;    // over every step it committed (saturating)
+  bool operator==(const GroupTokensData&) const = default;
+};
+
 // What the shell persists per job (RocksDB value); enough to resume after kill -9.
 struct JobRecordData {
   std::string job;
@@ -94,6 +103,9 @@ struct JobRecordData {
   // while none has since the last regular quorum.
   uint32_t finished_step = 0;
   bool catch_up = false;  // the last quorum is a catch-up quorum (it commits nothing)
+  // Each group's contribution, sorted by group_id (written with every commit, unsynced like
+  // the step it goes with).
+  std::vector<GroupTokensData> tokens;
 };
 
 // What the shell persists per group (RocksDB value): the current incarnation with its
@@ -126,6 +138,9 @@ struct JoinInput {
   bool has_state = true;
   std::string address;
   uint32_t generation = 0;  // as in HeartbeatInput
+  // Trainers in the whole group; 0: not known. A group whose size differs from the quorum's
+  // is refused (GROUP_SIZE_MISMATCH) while groups of different sizes cannot share a quorum.
+  uint32_t group_size = 0;
 };
 
 struct CommitInput {
@@ -133,6 +148,7 @@ struct CommitInput {
   uint32_t node_rank = 0, quorum_id = 0, step = 0;
   bool ok = true;
   std::string state_hash;
+  uint64_t tokens = 0;  // the group's tokens in this outer step; 0: not reported
 };
 
 struct FailureNoticeData {
@@ -202,6 +218,12 @@ struct HeartbeatResult {
 struct GroupView {
   std::string group_id, incarnation, phase, state, reason;
   uint32_t nodes = 1, step = 0, generation = 0;
+  uint32_t group_size = 0;  // trainers, from its last ask (0: not known)
+  // Its contribution: the tokens of its last committed step (tokens_step), their share of all
+  // the tokens the job's groups committed for that step, and its total over the job.
+  uint64_t tokens = 0, tokens_total = 0;
+  uint32_t tokens_step = 0;
+  double share = 0;
   bool healthy = false, participant = false, in_quorum = false, draining = false, diverged = false;
   Millis heartbeat_age{0};  // oldest agent's
 };

@@ -190,6 +190,11 @@ Status LighthouseCore::Load(std::vector<JobRecordData> jobs,
     job.generation_last = rec.generation_last;
     job.finished_step = rec.finished_step;
     job.catch_up = rec.catch_up;
+    for (const GroupTokensData& t : rec.tokens) {
+      if (t.group_id.empty() || !job.tokens.emplace(t.group_id, t).second) {
+        return Error(Code::kDataLoss, "job {}: tokens of an unnamed or repeated group", rec.job);
+      }
+    }
   }
   LK_RETURN_IF_ERROR(s.LoadGroups(std::move(groups), now));
   for (JobRecordData& rec : jobs) {
@@ -303,6 +308,18 @@ std::vector<JobView> LighthouseCore::View(TimePoint now) const {
       gv.draining = g.status.mode == GroupMode::kDraining;
       gv.diverged = g.status.diverged;
       gv.reason = g.reason;
+      gv.group_size = g.status.group_size;
+      if (auto t = job.tokens.find(id); t != job.tokens.end()) {
+        gv.tokens = t->second.tokens;
+        gv.tokens_step = t->second.step;
+        gv.tokens_total = t->second.total;
+        // The share of that step: its tokens over those of every group that committed it.
+        double all = 0;
+        for (const auto& [other, o] : job.tokens) {
+          if (o.step == t->second.step) all += static_cast<double>(o.tokens);
+        }
+        gv.share = all > 0 ? static_cast<double>(gv.tokens) / all : 0;
+      }
       TimePoint oldest = now;
       for (const AgentStatus& a : g.status.agents) {
         if (a.seen) oldest = std::min(oldest, a.last_seen);
@@ -314,7 +331,10 @@ std::vector<JobView> LighthouseCore::View(TimePoint now) const {
         case GroupMode::kEvicted: gv.state = "evicted"; break;
         case GroupMode::kDraining: gv.state = "draining"; break;
         case GroupMode::kActive:
-          gv.state = g.status.asked > 0 ? "waiting" : gv.in_quorum ? "member" : "joining";
+          gv.state = g.status.size_refused ? "refused"
+                     : g.status.asked > 0  ? "waiting"
+                     : gv.in_quorum        ? "member"
+                                           : "joining";
           break;
       }
       v.groups.push_back(std::move(gv));

@@ -18,6 +18,7 @@ void LighthouseCore::Impl::Evaluate(Job& job, TimePoint now, Effects* fx) {
     LK_CHECK(pass < 4) << "job " << job.name << " issued " << pass << " quorums for one input";
     JobMembership m{job.plan.members, job.order};
     QuorumDecision d = ComputeQuorum(m, options, now);
+    for (const GroupStatus* s : d.refused) RefuseSize(job.groups.at(s->group_id), d, now, fx);
     if (!d.issue && job.finished_step > 0) {
       QuorumDecision c = ComputeCatchUp(m, options, now, job.finished_step);
       if (c.issue) {
@@ -38,6 +39,22 @@ void LighthouseCore::Impl::Evaluate(Job& job, TimePoint now, Effects* fx) {
     }
     return;
   }
+}
+
+void LighthouseCore::Impl::RefuseSize(Group& g, const QuorumDecision& d, TimePoint now,
+                                      Effects* fx) {
+  const std::string why = fmt::format(
+      "group {} has {} trainers but the quorum's groups have {}: groups of different sizes "
+      "cannot train one job yet (start it with --group-size {})",
+      g.status.group_id, g.status.group_size, d.group_size, d.group_size);
+  g.status.size_refused = true;
+  g.reason = why;
+  fx->events.push_back(fmt::format(
+      "group_refused job={} group={} incarnation={} group_size={} quorum_group_size={} "
+      "code=GROUP_SIZE_MISMATCH",
+      Q(g.job->name), Q(g.status.group_id), Q(g.status.incarnation), g.status.group_size,
+      d.group_size));
+  ClearAsks(g, Refuse(Code::kConflict, Reason::kGroupSizeMismatch, "{}", why), now, fx);
 }
 
 void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint now, Effects* fx) {
@@ -181,6 +198,7 @@ JobRecordData LighthouseCore::Impl::Record(const Job& job) const {
   r.generation_last = job.generation_last;
   r.finished_step = job.finished_step;
   r.catch_up = job.catch_up;
+  for (const auto& [id, t] : job.tokens) r.tokens.push_back(t);
   return r;
 }
 

@@ -227,6 +227,7 @@ void LighthouseCore::Impl::Collect(Group& g, TimePoint now, Effects* fx) {
   SetDeadline(g.collect_deadline, std::nullopt, DeadlineKind::kCollect, &g);
   std::erase(job.order, &g.status);
   fx->drop_groups.push_back({job.name, id});
+  if (job.tokens.erase(id) > 0) fx->persist_jobs.push_back(Record(job));
   job.groups.erase(id);
   --group_count;
 }

@@ -58,6 +58,8 @@ struct Job {
   std::vector<CheckpointData> checkpoints;  // newest first
   std::string last_decision;
   std::optional<TimePoint> join_deadline;
+  // Each group's contribution, by group_id (kept across incarnations, dropped with the group).
+  std::map<std::string, GroupTokensData> tokens;
 };
 
 using Deadline = std::tuple<TimePoint, DeadlineKind, void*>;
@@ -122,6 +124,9 @@ struct LighthouseCore::Impl {
   // Runs the decision for a job and issues when it says so.
   void Evaluate(Job& job, TimePoint now, Effects* fx);
   void Issue(Job& job, const QuorumDecision& d, TimePoint now, Effects* fx);
+  // Keeps a participant of another size than the quorum's out: its asks are refused with
+  // GROUP_SIZE_MISMATCH and /status shows why, until it asks again.
+  void RefuseSize(Group& g, const QuorumDecision& d, TimePoint now, Effects* fx);
   void CheckDivergence(Job& job, uint32_t step, Effects* fx);
   JobRecordData Record(const Job& job) const;
   // Load's parts: the persisted groups (unheard, collection armed) and a loaded quorum member.

@@ -80,9 +80,18 @@ void PrintStatus(const pb::StatusResponse& st) {
     std::printf("  %-20s %-9s %7s %5s %10s %-10s %s\n", "GROUP", "STATE", "STEP", "NODES",
                 "HEARTBEAT", "PHASE", "INCARNATION");
     for (const auto& g : j.groups()) {
-      std::printf("  %-20s %-9s %7u %5u %9.1fs %-10s %s%s\n", g.group_id().c_str(),
+      // The group's contribution (its tokens at its last committed step and their share of
+      // that step), and why a refused group is kept out.
+      std::string extra;
+      if (g.tokens_step() > 0) {
+        extra += fmt::format("  tokens {} at step {} (share {:.3f}, total {})", g.tokens(),
+                             g.tokens_step(), g.share(), g.tokens_total());
+      }
+      if (g.state() == "refused") extra += "  " + g.reason();
+      std::printf("  %-20s %-9s %7u %5u %9.1fs %-10s %s%s%s\n", g.group_id().c_str(),
                   g.state().c_str(), g.step(), g.nodes(), g.heartbeat_age_ms() / 1000.0,
-                  g.phase().c_str(), g.incarnation().c_str(), g.diverged() ? "  DIVERGED" : "");
+                  g.phase().c_str(), g.incarnation().c_str(), g.diverged() ? "  DIVERGED" : "",
+                  extra.c_str());
     }
   }
 }

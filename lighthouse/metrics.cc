@@ -111,6 +111,24 @@ std::string Metrics::Render(const std::vector<JobView>& jobs, double uptime_s,
                      Esc(g.group_id), g.diverged ? 1 : 0);
     }
   }
+  o += "# HELP lk_group_tokens_total Tokens (samples) a group processed in the outer steps it "
+       "committed.\n# TYPE lk_group_tokens_total counter\n";
+  for (const auto& j : jobs) {
+    for (const auto& g : j.groups) {
+      if (g.tokens_step == 0) continue;
+      fmt::format_to(out, "lk_group_tokens_total{{job=\"{}\",group=\"{}\"}} {}\n", Esc(j.job),
+                     Esc(g.group_id), g.tokens_total);
+    }
+  }
+  o += "# HELP lk_group_token_share A group's share of the tokens of its last committed step.\n"
+       "# TYPE lk_group_token_share gauge\n";
+  for (const auto& j : jobs) {
+    for (const auto& g : j.groups) {
+      if (g.tokens_step == 0) continue;
+      fmt::format_to(out, "lk_group_token_share{{job=\"{}\",group=\"{}\"}} {:.6f}\n", Esc(j.job),
+                     Esc(g.group_id), g.share);
+    }
+  }
   o += "# HELP lk_divergences_total Commits whose state hash differed from the majority.\n"
        "# TYPE lk_divergences_total counter\n";
   for (const auto& [job, n] : divergences_) {

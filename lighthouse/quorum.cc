@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 
 namespace lk::lighthouse {
 
@@ -68,6 +69,30 @@ std::string HeldBackSuffix(uint32_t held_back) {
 
 }  // namespace
 
+uint32_t QuorumGroupSize(std::span<const GroupStatus* const> candidates,
+                         const std::vector<bool>& candidate_is_prev,
+                         std::span<const GroupStatus* const> healthy) {
+  std::map<uint32_t, std::pair<size_t, size_t>> count;  // size -> (candidates, healthy groups)
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const uint32_t size = candidates[i]->group_size;
+    if (size == 0) continue;
+    if (candidate_is_prev[i]) return size;  // the running quorum's size stays
+    ++count[size].first;
+  }
+  for (const GroupStatus* g : healthy) {
+    if (auto it = count.find(g->group_size); it != count.end()) ++it->second.second;
+  }
+  uint32_t best = 0;
+  std::pair<size_t, size_t> best_count{0, 0};
+  for (const GroupStatus* g : candidates) {  // group_id order: the first of a full tie wins
+    if (g->group_size != 0 && count[g->group_size] > best_count) {
+      best = g->group_size;
+      best_count = count[best];
+    }
+  }
+  return best;
+}
+
 QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options, TimePoint now) {
   // One merge walk over the (sorted) groups and previous members.
   size_t healthy = 0, prev_healthy = 0, prev_participants = 0;
@@ -75,14 +100,18 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
   std::vector<const GroupStatus*> candidates;
   std::vector<bool> candidate_is_prev;
   bool any_shrink = false;
+  uint32_t prev_size = 0;  // the trainers per group of a live previous member, asking or not
+  std::vector<const GroupStatus*> healthy_groups;
   size_t pi = 0;
   for (const GroupStatus* g : m.groups) {
     while (pi < m.previous.size() && m.previous[pi].group_id < g->group_id) ++pi;
     bool is_prev = pi < m.previous.size() && m.previous[pi].group_id == g->group_id &&
                    m.previous[pi].incarnation == g->incarnation;
-    if (!IsHealthy(*g, options, now)) continue;
+    if (!IsHealthy(*g, options, now) || g->size_refused) continue;
     ++healthy;
+    healthy_groups.push_back(g);
     if (is_prev) ++prev_healthy;
+    if (is_prev && prev_size == 0) prev_size = g->group_size;
     if (g->first_ask) {
       if (!clock_all || *g->first_ask < *clock_all) clock_all = g->first_ask;
       if (is_prev && (!clock_prev || *g->first_ask < *clock_prev)) clock_prev = g->first_ask;
@@ -94,8 +123,44 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
     any_shrink = any_shrink || AskShrinkOnly(*g);
   }
 
-  // Rule 3: with shrink_only, groups outside the previous quorum wait.
+  // One trainer count per quorum: participants of another size are refused, and count as
+  // neither candidates nor healthy groups from here on.
   QuorumDecision d;
+  d.group_size = prev_size != 0 ? prev_size
+                                : QuorumGroupSize(candidates, candidate_is_prev, healthy_groups);
+  if (d.group_size != 0) {
+    size_t kept = 0;
+    any_shrink = false;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const GroupStatus* g = candidates[i];
+      if (g->group_size != 0 && g->group_size != d.group_size) {
+        d.refused.push_back(g);
+        --healthy;
+        if (candidate_is_prev[i]) --prev_healthy, --prev_participants;
+        continue;
+      }
+      any_shrink = any_shrink || AskShrinkOnly(*g);
+      candidates[kept] = g;
+      candidate_is_prev[kept] = candidate_is_prev[i];
+      ++kept;
+    }
+    candidates.resize(kept);
+    candidate_is_prev.resize(kept);
+  }
+
+  // The others are refused when a quorum of this size issues, or at once while a running
+  // quorum's size is known. Before that they wait, kept out of this decision only: the size of
+  // a first quorum may still turn as more groups ask (refusing on a tie would let two sizes
+  // refuse each other forever).
+  auto wait = [&d, prev_size](std::string reason,
+                              std::optional<TimePoint> wake_at = std::nullopt) {
+    QuorumDecision w = Wait(std::move(reason), wake_at);
+    if (prev_size != 0) w.refused = d.refused;
+    w.group_size = d.group_size;
+    return w;
+  };
+
+  // Rule 3: with shrink_only, groups outside the previous quorum wait.
   for (size_t i = 0; i < candidates.size(); ++i) {
     if (any_shrink && !candidate_is_prev[i]) {
       ++d.held_back;
@@ -110,7 +175,7 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
 
   // Rule 4: every previous member is back as a healthy participant.
   if (!m.previous.empty() && prev_participants == m.previous.size()) {
-    if (n < options.min_replicas) return Wait(min_reason + HeldBackSuffix(d.held_back));
+    if (n < options.min_replicas) return wait(min_reason + HeldBackSuffix(d.held_back));
     d.issue = true;
     d.fast_path = true;
     d.reason = fmt::format("fast_path: all {} previous members rejoined", m.previous.size());
@@ -121,19 +186,19 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
 
   // Rule 5.
   if (candidates.empty()) {
-    return Wait(fmt::format("wait: no healthy participants among {}",
+    return wait(fmt::format("wait: no healthy participants among {}",
                             Plural(healthy, "healthy group")));
   }
   if (n == 0) {
-    return Wait(fmt::format("wait: shrink_only holds back all {}", Plural(d.held_back, "joiner")));
+    return wait(fmt::format("wait: shrink_only holds back all {}", Plural(d.held_back, "joiner")));
   }
-  if (n < options.min_replicas) return Wait(min_reason + HeldBackSuffix(d.held_back));
+  if (n < options.min_replicas) return wait(min_reason + HeldBackSuffix(d.held_back));
   if (n * 2 <= healthy) {
-    return Wait(fmt::format("wait: {} of {} healthy groups asked, a majority needs {}", n, healthy,
+    return wait(fmt::format("wait: {} of {} healthy groups asked, a majority needs {}", n, healthy,
                             healthy / 2 + 1));
   }
   if (prev_healthy > 0 && prev_participants * 2 <= prev_healthy) {
-    return Wait(fmt::format(
+    return wait(fmt::format(
         "wait: {} of {} live previous members asked, joiners wait for the quorum's next step",
         prev_participants, prev_healthy));
   }
@@ -153,7 +218,7 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
                HeldBackSuffix(d.held_back);
     return d;
   }
-  return Wait(fmt::format("wait: {} of {} healthy groups asked, join_timeout in {}ms",
+  return wait(fmt::format("wait: {} of {} healthy groups asked, join_timeout in {}ms",
                           candidates.size(), healthy,
                           std::chrono::ceil<Millis>(deadline - now).count()),
               deadline);

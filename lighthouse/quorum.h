@@ -49,6 +49,10 @@ struct GroupStatus {
   std::optional<TimePoint> first_ask;  // earliest ask of this group in the pending round
   uint32_t step = 0;                   // highest step this incarnation reported (progress)
   bool diverged = false;               // its state hash disagreed with the majority (rule 7)
+  uint32_t group_size = 0;             // trainers, from its last ask (0: not known)
+  // Refused for its size (QuorumDecision::refused) until it asks again: not counted as a
+  // healthy group, so that it holds up no majority while it goes away.
+  bool size_refused = false;
 };
 
 // Rule 1, freshness only: every agent heard within heartbeat_timeout. The instant
@@ -79,9 +83,26 @@ struct QuorumDecision {
   // When waiting on join_timeout: the instant the decision changes unless an input comes first.
   std::optional<TimePoint> wake_at;
   std::string reason;
+  // Participants kept out because their trainer count differs from the quorum's (`group_size`):
+  // until groups of different sizes can share one quorum, mixing them would break every
+  // member's cross-group collective. The core refuses their asks (GROUP_SIZE_MISMATCH). Set
+  // when this decision issues, or while a running quorum's size is known; a first quorum's
+  // other-size participants otherwise wait, outside the decision.
+  std::vector<const GroupStatus*> refused;
+  uint32_t group_size = 0;  // the quorum's trainers per group (0: none known)
 };
 
-// Rules 2-5. Candidates are healthy participants. Fast path (rule 4): a previous quorum exists
+// The trainers per group a quorum of these candidates has: the size of the previous quorum's
+// members among them when any reported one, else the size most of them share (a tie goes to
+// the size more of the `healthy` groups have, then to the first group's by group_id); 0 when
+// no candidate reported a size.
+uint32_t QuorumGroupSize(std::span<const GroupStatus* const> candidates,
+                         const std::vector<bool>& candidate_is_prev,
+                         std::span<const GroupStatus* const> healthy = {});
+
+// Rules 2-5. Candidates are healthy participants of the quorum's size (that of the live previous
+// members, else QuorumGroupSize); those of another size are `refused` and count as neither
+// candidates nor healthy groups. Fast path (rule 4): a previous quorum exists
 // and every member of it (same incarnation) is a healthy participant. Otherwise (rule 5): at least
 // min_replicas candidates, more than half of the healthy groups, and every healthy group asked or
 // join_timeout passed since the first ask of the round. Two refinements, both about joiners:

@@ -145,8 +145,9 @@ void Service::Impl::HandleQuorum(const Request& req, Responder respond) {
                              it->second.format));
   });
   quorum_waiters.emplace(key, QuorumWaiter{id, std::move(respond), f, Now(), std::move(timer), in.compact()});
-  JoinInput join{in.job(), in.group_id(), in.incarnation(), in.node_rank(), in.nodes(), in.step(),
-                 in.shrink_only(), !in.fresh(), in.address(), in.generation()};
+  JoinInput join{in.job(),         in.group_id(), in.incarnation(), in.node_rank(),
+                 in.nodes(),       in.step(),     in.shrink_only(), !in.fresh(),
+                 in.address(),     in.generation(), in.group_size()};
   Effects fx;
   st = core.OnJoin(join, Now(), &fx, /*evaluate=*/false);
   if (!st.ok()) {
@@ -201,8 +202,8 @@ void Service::Impl::HandleCommit(const Request& req, Responder respond) {
   if (st.ok()) st = RequireJob(req, in.job());
   if (st.ok() && in.state_hash().size() > 128) st = InvalidArgument("state_hash longer than 128");
   if (!st.ok()) return respond(http::ErrorReply(st, f));
-  CommitInput c{in.job(), in.group_id(), in.incarnation(), in.node_rank(), in.quorum_id(),
-                in.step(), !in.failed(), in.state_hash()};
+  CommitInput c{in.job(),  in.group_id(), in.incarnation(), in.node_rank(), in.quorum_id(),
+                in.step(), !in.failed(), in.state_hash(), in.tokens()};
   Effects fx;
   auto r = core.OnCommit(c, Now(), &fx);
   if (!r.ok()) return respond(http::ErrorReply(r.status(), f));

@@ -17,6 +17,7 @@
 #include <map>
 #include <queue>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -49,11 +50,13 @@ struct SimAgent {
 struct SimGroup {
   std::string job, id, inc;
   uint32_t nodes = 1;
+  uint32_t trainers = 2;  // the group's size, sent with every ask
   int gen = 0;
   bool up = true;
   bool has_state = false;
   bool training = false;
   bool shrink_only = false;  // this round's asks (only during the chaos period)
+  bool size_refused = false;  // its last answer was GROUP_SIZE_MISMATCH
   uint32_t step = 0;
   uint32_t quorum_id = 0;
   TimePoint partitioned_until{}, stalled_until{};
@@ -87,6 +90,11 @@ class Sim {
       g.job = fmt::format("job{}", i % jobs);
       g.id = fmt::format("g{}", i);
       g.nodes = Rand(1, 3);
+      // A quarter of the seeds has a group of another size, which no quorum may hold beside
+      // the others (derived from the seed, not drawn: the draws stay as they were).
+      // Only where g0's job has at least two other groups, so that either size can train.
+      const int job0_groups = (groups + jobs - 1) / jobs;
+      g.trainers = seed % 4 == 3 && i == 0 && job0_groups >= 3 ? 1 : 2;
       groups_.push_back(g);
       Start(i, now_ + Millis(Rand(0, 500)));
     }
@@ -209,8 +217,8 @@ class Sim {
     a.req = ++req_;
     waiters_[key] = a.req;
     Push(now_ + Millis(Rand(3000, 6000)), Ev::kDeadline, i, node, a.req);
-    JoinInput in{g.job, g.id, g.inc, static_cast<uint32_t>(node), g.nodes, g.step, g.shrink_only,
-                 g.has_state, fmt::format("{}:{}", g.id, node)};
+    JoinInput in{g.job,         g.id,        g.inc, static_cast<uint32_t>(node), g.nodes, g.step,
+                 g.shrink_only, g.has_state, fmt::format("{}:{}", g.id, node), 0, g.trainers};
     Effects fx;
     Status st = core_->OnJoin(in, now_, &fx);
     Check(st.ok(), "ask of a current incarnation failed: " + st.ToString());
@@ -374,6 +382,16 @@ class Sim {
         SimGroup& g = groups_[i];
         if (g.id != key.group_id || g.job != key.job || g.inc != key.incarnation) continue;
         g.agents[key.node_rank].waiting = false;
+        if (status.reason() == Reason::kGroupSizeMismatch) {
+          // As the agent does: leave and exit (asking again would be refused again).
+          if (!g.up) continue;
+          g.up = false;
+          g.size_refused = true;
+          Effects left;
+          (void)core_->OnLeave(g.job, g.id, g.inc, "group_size_mismatch", now_, &left);
+          Apply(left);
+          continue;
+        }
         if (g.up) Reask(static_cast<int>(i));
       }
     }
@@ -426,6 +444,15 @@ class Sim {
     const auto& members = a.members_shared ? *a.members_shared : a.members;
     Check(a.replica_rank < members.size() && members[a.replica_rank].group_id == key.group_id,
           "answer with a wrong replica_rank");
+    // One trainer count per quorum (GROUP_SIZE_MISMATCH keeps the others out).
+    std::set<uint32_t> sizes;
+    for (const MemberData& m : members) {
+      for (const SimGroup& g : groups_) {
+        if (g.job == key.job && g.id == m.group_id) sizes.insert(g.trainers);
+      }
+    }
+    Check(sizes.size() <= 1, fmt::format("quorum {} of {} holds groups of {} sizes", a.quorum_id,
+                                         key.job, sizes.size()));
     for (uint32_t s : a.source_ranks) {
       Check(s < members.size() && !members[s].heal, "a healing member named as a donor");
     }
@@ -437,6 +464,7 @@ class Sim {
       agent.answered = true;
       g.quorum_id = a.quorum_id;
       g.last_answer = now_;
+      g.size_refused = false;
       if (a.heal) {
         g.step = a.max_step;
         g.has_state = true;
@@ -456,7 +484,8 @@ class Sim {
   void End() {
     // After the calm period every running group must have been answered recently.
     for (const SimGroup& g : groups_) {
-      Check(!g.up || g.last_answer > chaos_end_ + Millis(15'000),
+      // A group refused for its size is answered, with the refusal, by design.
+      Check(!g.up || g.size_refused || g.last_answer > chaos_end_ + Millis(15'000),
             fmt::format("{} of {} not answered in the calm period", g.id, g.job));
     }
     for (SimGroup& g : groups_) {
@@ -533,7 +562,8 @@ TEST_CASE("simulation: invariants hold under crashes - partitions - stalls and r
     CHECK(stats.restarts > 0);
     for (const char* name : {"incarnation_replaced", "group_unhealthy", "member_lost",
                              "group_evicted", "group_left", "diverged", "quorum_retry",
-                             "group_rejoin", "checkpoint_registered", "group_collected"}) {
+                             "group_rejoin", "checkpoint_registered", "group_collected",
+                             "group_refused"}) {
       CAPTURE(name);
       CHECK(stats.events[name] > 0);
     }

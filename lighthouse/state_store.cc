@@ -98,6 +98,13 @@ class RocksDbStore final : public StateStore {
       rec.set_finished_step(j.finished_step);
       rec.set_catch_up(j.catch_up);
       for (const auto& m : j.members) ToProto(m, rec.add_members());
+      for (const auto& t : j.tokens) {
+        auto* out = rec.add_tokens();
+        out->set_group_id(t.group_id);
+        out->set_step(t.step);
+        out->set_tokens(t.tokens);
+        out->set_total(t.total);
+      }
       batch.Put(JobKey(j.job), rec.SerializeAsString());
     }
     for (const auto& g : groups) {
@@ -148,6 +155,9 @@ class RocksDbStore final : public StateStore {
       j.finished_step = rec.finished_step();
       j.catch_up = rec.catch_up();
       for (const auto& m : rec.members()) j.members.push_back(FromProto(m));
+      for (const auto& t : rec.tokens()) {
+        j.tokens.push_back(GroupTokensData{t.group_id(), t.step(), t.tokens(), t.total()});
+      }
       out.push_back(std::move(j));
       return Status::Ok();
     });

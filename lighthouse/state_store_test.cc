@@ -65,6 +65,7 @@ TEST_CASE("state store: what it wrote loads back - the baseline the corrupt case
     j.job = "j";
     j.quorum_id = 4;
     j.committed_step = 9;
+    j.tokens = {{"g", 9, 4096, 40960}, {"h", 8, 1ull << 40, (1ull << 40) + 7}};
     CheckpointData c{"j", 9, "/ckpt/step-9", "d", "g", 1};
     REQUIRE((*store)->Apply({j}, {c}, {}, {}, {}, true).ok());
     REQUIRE((*store)->PutKv({"j", 4, "nccl/0", "id-bytes"}).ok());
@@ -75,6 +76,9 @@ TEST_CASE("state store: what it wrote loads back - the baseline the corrupt case
   REQUIRE(jobs.ok());
   REQUIRE(jobs->size() == 1);
   CHECK((*jobs)[0].quorum_id == 4);
+  // Each group's contribution survives the restart, 64-bit counts included.
+  CHECK((*jobs)[0].tokens == std::vector<GroupTokensData>{{"g", 9, 4096, 40960},
+                                                          {"h", 8, 1ull << 40, (1ull << 40) + 7}});
   auto ckpts = (*store)->LoadCheckpoints();
   REQUIRE(ckpts.ok());
   REQUIRE(ckpts->size() == 1);

@@ -265,6 +265,10 @@ void Agent::Impl::QuorumLoop() {
     q.set_fresh(fresh);
     q.set_compact(true);  // the agent needs its donors' addresses, not the whole member list
     q.set_generation(generation.load());
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      q.set_group_size(group_size);
+    }
     pb::QuorumResponse resp;
     Status st = client->Call("POST", "/v1/quorum", q, &resp, options.quorum_timeout + Millis(5000));
     if (st.ok()) {
@@ -306,6 +310,10 @@ void Agent::Impl::QuorumLoop() {
     // trainers still progress. The group fails, as when a heartbeat brings the eviction.
     if (st.reason() == Reason::kGroupEvicted) {
       Fail("evicted");
+      return;
+    }
+    if (st.reason() == Reason::kGroupSizeMismatch) {
+      Refused(st);
       return;
     }
     if (failures++ == 0) LK_LOG_WARN("quorum_failed error={}", Q(st.ToString()));
@@ -542,6 +550,29 @@ void Agent::Impl::Fail(const std::string& reason) {
     }
   }
   Drain(reason);
+}
+
+void Agent::Impl::Refused(const Status& refused) {
+  // The trainers get the lighthouse's words, without the HTTP status the client put before
+  // them (their own client adds the agent's).
+  std::string words = refused.message();
+  if (words.rfind("HTTP ", 0) == 0) {
+    if (auto colon = words.find(": "); colon != std::string::npos) words = words.substr(colon + 2);
+  }
+  const Status why(refused.code(), words, refused.reason());
+  LK_LOG_ERROR("quorum_refused code={} reason={}", ReasonName(why.reason()), Q(why.message()));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    refusal = why;
+    exit_code = 2;
+    for (auto& [rank, t] : trainers) {
+      if (!t.poll_respond) continue;
+      auto respond = std::move(t.poll_respond);
+      t.poll_respond = nullptr;
+      respond(http::ErrorReply(why, t.poll_format));
+    }
+  }
+  Drain("group_size_mismatch");
 }
 
 void Agent::Impl::Finish(int code) {

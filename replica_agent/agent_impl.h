@@ -42,6 +42,7 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
     uint32_t heal_answered_quorum_id = 0;
     std::optional<uint32_t> committed_step;
     std::string state_hash;
+    uint64_t tokens = 0;  // the group's tokens it reported with its last commit
     bool finished = false;  // said goodbye: its exit is not a crash
     bool exited = false;
     bool peer_wait = false;  // blocked in the cross-group collective
@@ -65,6 +66,10 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
              std::function<void()> after_leave = {});
   void WaitForTrainersThen(std::function<void(bool all_exited)> then);
   void Fail(const std::string& reason);
+  // The lighthouse refused this group for good (its trainer count differs from the quorum's):
+  // every poll now fails with that refusal, so the trainers exit with it, and the agent leaves
+  // and exits 2 (a configuration error: restarting the same group would be refused again).
+  void Refused(const Status& why);
   void Finish(int code);
 
   // ---- lighthouse threads (agent.cc) ----
@@ -103,7 +108,8 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   void HandlePoll(const http::Request& req, http::Responder respond);
   void HandleCommit(const http::Request& req, http::Responder respond);
   // With mu held: a trainer's commit (from the socket or its board slot).
-  Status CommitLocked(Trainer& t, uint32_t step, bool failed, const std::string& state_hash);
+  Status CommitLocked(Trainer& t, uint32_t step, bool failed, const std::string& state_hash,
+                      uint64_t tokens = 0);
   void HandleNotice(const http::Request& req, http::Responder respond);
   void HandleKv(const http::Request& req, http::Responder respond);
   void HandleStatus(const http::Request& req, http::Responder respond);
@@ -114,7 +120,7 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   pb::TrainerPollResponse PollAnswerLocked(Trainer& t, bool fresh_answer);
   void AnswerNoticesLocked(bool force);
   // Queues a commit for the lighthouse (the commit thread sends it, retrying while it is away).
-  void QueueCommitLocked(uint32_t step, bool failed, std::string state_hash);
+  void QueueCommitLocked(uint32_t step, bool failed, std::string state_hash, uint64_t tokens = 0);
   void DrainTrainersLocked();
   uint32_t ExpectedLocalTrainersLocked() const;
   // The quorum the watch thread follows: the one fetched ahead if any, else the trainers' own.
@@ -161,6 +167,7 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   std::unique_ptr<ckpt::ShardServer> shard_server;
   std::atomic<bool> stopping{false};
   std::atomic<int> exit_code{-1};
+  std::optional<Status> refusal;  // guarded by mu: set by Refused, answers every later poll
   std::atomic<bool> signalled{false};
   // This incarnation's generation as the lighthouse handed it out (0 until its first answer);
   // sent back on every heartbeat, ask and leave, so that a restarted lighthouse can tell this

@@ -3,7 +3,7 @@
 //   POST /v1/trainer/poll    {group_rank, group_size, step}   once per outer step
 //   POST /v1/trainer/goodbye {group_rank}                      done: its exit is not a crash
 //   POST /v1/trainer/checkpoint {step, location, manifest_digest}  register a durable one
-//   POST /v1/trainer/commit  {group_rank, step, failed, state_hash}
+//   POST /v1/trainer/commit  {group_rank, step, failed, state_hash, tokens}
 //   GET  /v1/trainer/notice?quorum_id=Q&timeout_ms=T         returns when Q is lost or on drain
 //   PUT/GET /v1/trainer/kv/QUORUM_ID/KEY                      the lighthouse rendezvous KV
 #include <sys/syscall.h>
@@ -82,7 +82,7 @@ void Agent::Impl::WatchPid(Trainer& t) {
                           if (it != self->trainers.end() && it->second.pid == pid) {
                             it->second.exited = true;
                           }
-                          expected = self->draining || self->signalled ||
+                          expected = self->draining || self->signalled || self->refusal ||
                                      (it != self->trainers.end() && it->second.finished);
                         }
                         LK_LOG_INFO("trainer_exited group_rank={} pid={} during_drain={}", rank,
@@ -198,6 +198,7 @@ void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) 
   Status st = DecodeAs(req, &in);
   std::lock_guard<std::mutex> lock(mu);
   if (st.ok()) st = Register(in.group_rank(), in.group_size(), PeerPid(req));
+  if (st.ok() && refusal) st = *refusal;
   if (!st.ok()) return respond(http::ErrorReply(st, f));
   Trainer& t = trainers[in.group_rank()];
   if (t.committed_step && in.step() < *t.committed_step) {
@@ -292,7 +293,7 @@ void Agent::Impl::SyncBoardLocked() {
     auto c = board->CommitOf(*t.slot);
     if (!c || c->step <= t.board_commit_seen) continue;
     t.board_commit_seen = c->step;
-    if (Status st = CommitLocked(t, c->step, false, c->state_hash); !st.ok()) {
+    if (Status st = CommitLocked(t, c->step, false, c->state_hash, c->tokens); !st.ok()) {
       LK_LOG_WARN("board_commit_refused group_rank={} step={} error={}", rank, c->step, Q(st.ToString()));
     }
   }
@@ -362,7 +363,10 @@ void Agent::Impl::HandleCommit(const http::Request& req, http::Responder respond
   if (st.ok() && !trainers.count(in.group_rank())) {
     st = InvalidArgument("group_rank {} has not polled yet", in.group_rank());
   }
-  if (st.ok()) st = CommitLocked(trainers[in.group_rank()], in.step(), in.failed(), in.state_hash());
+  if (st.ok()) {
+    st = CommitLocked(trainers[in.group_rank()], in.step(), in.failed(), in.state_hash(),
+                      in.tokens());
+  }
   if (!st.ok()) return respond(http::ErrorReply(st, f));
   pb::TrainerCommitResponse out;
   out.set_committed_step(in.failed() ? committed_step : in.step());
@@ -370,7 +374,7 @@ void Agent::Impl::HandleCommit(const http::Request& req, http::Responder respond
 }
 
 Status Agent::Impl::CommitLocked(Trainer& t, uint32_t step, bool failed,
-                                 const std::string& state_hash) {
+                                 const std::string& state_hash, uint64_t tokens) {
   if (!quorum) return Status(Code::kConflict, "no quorum yet: poll first");
   if (state_hash.size() > board::kMaxStateHash) {
     return InvalidArgument("state_hash over {} bytes", board::kMaxStateHash);
@@ -390,18 +394,24 @@ Status Agent::Impl::CommitLocked(Trainer& t, uint32_t step, bool failed,
   }
   t.committed_step = step;
   t.state_hash = state_hash;
+  t.tokens = tokens;
   had_state = true;
   // The node commits once all its trainers committed this step; its hash covers all shards.
   bool all = trainers.size() >= ExpectedLocalTrainersLocked();
   std::string hashes;
+  // Every trainer reports the group's count (the library sums it over the group); the largest
+  // stands for the node, so one trainer that left it out does not zero it.
+  uint64_t group_tokens = 0;
   for (auto& [r, o] : trainers) {
     all &= o.committed_step == step;
     hashes += o.state_hash + ";";
+    group_tokens = std::max(group_tokens, o.tokens);
   }
   if (all) {
     committed_step = step;
     QueueCommitLocked(step, /*failed=*/false,
-                      fmt::format("{:016x}", XXH3_64bits(hashes.data(), hashes.size())));
+                      fmt::format("{:016x}", XXH3_64bits(hashes.data(), hashes.size())),
+                      group_tokens);
     // The node's outer step is done: the next round can start now, while the trainers run
     // their inner steps (the quorum loop sends the commit first).
     AskAheadLocked(step);
@@ -409,7 +419,8 @@ Status Agent::Impl::CommitLocked(Trainer& t, uint32_t step, bool failed,
   return Status::Ok();
 }
 
-void Agent::Impl::QueueCommitLocked(uint32_t step, bool failed, std::string state_hash) {
+void Agent::Impl::QueueCommitLocked(uint32_t step, bool failed, std::string state_hash,
+                                    uint64_t tokens) {
   pb::CommitRequest c;
   c.set_job(options.job);
   c.set_group_id(options.group_id);
@@ -419,6 +430,7 @@ void Agent::Impl::QueueCommitLocked(uint32_t step, bool failed, std::string stat
   c.set_step(step);
   c.set_failed(failed);
   c.set_state_hash(std::move(state_hash));
+  c.set_tokens(tokens);
   commits.push_back(std::move(c));
   cv.notify_all();
 }

@@ -24,8 +24,19 @@ int main(int argc, char** argv) {
               "polls its replica_agent (LK_AGENT_SOCKET) at every outer step, heals and drains\n"
               "when told. Exits 0 when the committed step reaches --outer-steps or on a drain.");
   flags.Add("group-rank", &o.group_rank, "this trainer's rank inside its group");
-  flags.Add("group-size", &o.group_size, "trainers per group (the same for every group)");
-  flags.Add("inner-steps", &o.inner_steps, "H: inner AdamW steps per outer step");
+  flags.Add("group-size", &o.group_size,
+            "trainers per group (the same for every group: the lighthouse refuses a group of "
+            "another size with GROUP_SIZE_MISMATCH, and the trainer exits 2)");
+  flags.Add("inner-steps", &o.inner_steps,
+            "H: inner AdamW steps per outer step (with --outer-step-s: the most per outer step); "
+            "groups may use different values: the outer average weighs each group by its tokens");
+  flags.Add("outer-step-s", &o.outer_step_s,
+            "a time budget per outer step: run inner steps until this many seconds passed since "
+            "the last outer step ended (at most --inner-steps), so that a faster group does more "
+            "steps instead of waiting; 0: exactly --inner-steps");
+  flags.Add("inner-step-min-ms", &o.inner_step_min_ms,
+            "tests and benchmarks: each inner step lasts at least this long (sleeps the rest), "
+            "to make one group slower than another; 0: off");
   flags.Add("outer-steps", &o.outer_steps, "T: run until the committed outer step reaches T");
   flags.Add("seed", &o.seed, "model initialisation (same for all groups) and data order");
   flags.Add("group-id", &o.group_id,

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <optional>
+#include <thread>
 
 #include "common/log.h"
 #include "diloco/diloco.h"
@@ -74,6 +75,10 @@ class Trainer {
   std::FILE* log_ = nullptr;
   StepStats stats_;
   float loss_ = 0;
+  uint32_t inner_run_ = 0;  // inner steps of the current outer step (all attempts)
+  uint64_t tokens_ = 0;     // this trainer's tokens since the last commit
+  // When the last outer step ended (the time budget counts from here).
+  Clock::time_point outer_end_ = Clock::now();
   Clock::time_point last_commit_ = Clock::now();
   std::optional<float> eval_loss_;
 };
@@ -123,7 +128,10 @@ void Trainer::Apply(const SyncResult& r) {
     // not training that reached the model.
     stats_.discarded_ms += stats_.inner_ms;
     stats_.inner_ms = 0;
+    tokens_ = 0;
+    inner_run_ = 0;
   }
+  outer_end_ = Clock::now();
   if (r.inner == InnerAction::kReset) {
     model_->ResetOptimizer();
   } else if (r.inner == InnerAction::kRestored) {
@@ -143,24 +151,38 @@ Result<bool> Trainer::InnerSteps() {
   float loss_sum = 0;
   // A drain seen by any trainer of the group travels in the gradients' collective, so that
   // all of them stop after the same inner step (one stopping alone would leave the others
-  // waiting in the next collective).
-  bool drain = false;
-  GroupAverage average = [this, &drain](std::span<float> v) {
-    v.back() = diloco_->drain_requested() ? 1.0f : 0.0f;
+  // waiting in the next collective). So does the end of the time budget, which rank 0's clock
+  // decides: each trainer adds 1 for a drain, rank 0 kBudgetMark (above any group size) for
+  // the budget, and the sum, exact in a float, says both.
+  constexpr float kBudgetMark = 8192.0f;
+  bool drain = false, budget_spent = false;
+  const auto budget = std::chrono::duration<double>(o_.outer_step_s);
+  GroupAverage average = [&](std::span<float> v) {
+    const bool spent_here =
+        o_.group_rank == 0 && o_.outer_step_s > 0 && Clock::now() - outer_end_ >= budget;
+    v.back() = (diloco_->drain_requested() ? 1.0f : 0.0f) + (spent_here ? kBudgetMark : 0.0f);
     LK_RETURN_IF_ERROR(diloco_->GroupAllReduceSum(v));
-    drain = v.back() > 0;
+    budget_spent = v.back() > kBudgetMark - 0.5f;
+    drain = v.back() - (budget_spent ? kBudgetMark : 0.0f) > 0.5f;
     for (float& x : v) x /= static_cast<float>(o_.group_size);
     return Status::Ok();
   };
   auto inner_t0 = Clock::now();
   TcpSent b0 = SnapshotTcpSent();
-  for (uint32_t i = 0; i < o_.inner_steps && !drain; ++i) {
+  uint32_t ran = 0;
+  for (; ran < o_.inner_steps && !drain && !budget_spent; ++ran) {
+    auto step_t0 = Clock::now();
     LK_ASSIGN_OR_RETURN(float loss, model_->InnerStep(*rng_, average));
     loss_sum += loss;
+    if (o_.inner_step_min_ms > 0) {
+      std::this_thread::sleep_until(step_t0 + Millis(o_.inner_step_min_ms));
+    }
   }
+  inner_run_ += ran;
+  tokens_ += uint64_t{ran} * o_.model.batch * o_.model.seq_len;
   stats_.group_bytes += TcpSentBetween(b0, SnapshotTcpSent());
   stats_.inner_ms += MsSince(inner_t0);
-  loss_ = loss_sum / static_cast<float>(std::max(1u, o_.inner_steps));
+  loss_ = loss_sum / static_cast<float>(std::max(1u, ran));
   model_->Flatten(params_);
   if (drain) diloco_->RequestDrain();
   return !drain;
@@ -192,6 +214,9 @@ void Trainer::WriteLogLine(const SyncResult& r) {
   StepStats s = stats_;
   const double step_ms = MsSince(last_commit_);
   stats_ = StepStats();
+  const uint32_t inner_run = inner_run_;
+  inner_run_ = 0;
+  tokens_ = 0;
   last_commit_ = Clock::now();
   if (log_ == nullptr) return;
   const SyncStats& y = s.sync;
@@ -207,15 +232,17 @@ void Trainer::WriteLogLine(const SyncResult& r) {
                   "\"gather_ms\":{:.1f},\"publish_ms\":{:.1f},\"commit_ms\":{:.3f},"
                   "\"eval_ms\":{:.1f},"
                   "\"cross_bytes\":{},\"sync_bytes\":{},\"group_bytes\":{},\"params\":{},"
-                  "\"shard\":{},\"inner_steps\":{},\"group_size\":{},"
-                  "\"outer_compress\":\"{}\"}}\n",
+                  "\"shard\":{},\"inner_steps\":{},\"group_size\":{},\"tokens\":{},"
+                  "\"quorum_tokens\":{},\"weighted\":{},\"global_hash\":\"{}\","
+                  "\"inner_steps_run\":{},\"group_id\":\"{}\",\"outer_compress\":\"{}\"}}\n",
                   r.step, r.quorum_id, r.replica_world_size, loss_, r.state_hash,
                   r.healed ? "true" : "false", o_.group_rank, static_cast<int64_t>(y.outer_ms),
                   eval, t_ms, step_ms, y.poll_ms, y.join_ms, s.inner_ms, s.discarded_ms,
                   y.allreduce_ms, y.gather_ms, y.publish_ms, y.commit_ms, s.eval_ms, y.cross_bytes,
                   y.sync_bytes, s.group_bytes + y.group_bytes, diloco_->numel(),
-                  diloco_->shard_numel(), o_.inner_steps, o_.group_size,
-                  OuterCompressName(o_.outer_compress))
+                  diloco_->shard_numel(), o_.inner_steps, o_.group_size, r.tokens,
+                  r.quorum_tokens, r.weighted ? "true" : "false", r.global_hash, inner_run,
+                  o_.group_id, OuterCompressName(o_.outer_compress))
           .c_str(),
       log_);
   std::fflush(log_);
@@ -229,6 +256,12 @@ int Trainer::Run() {
   auto joined = diloco_->Join(params_);
   if (!joined.ok()) {
     LK_LOG_ERROR("join_failed error={}", Q(joined.status().ToString()));
+    if (joined.status().reason() == Reason::kGroupSizeMismatch) {
+      // A configuration error, said plainly: restarting this trainer would be refused again.
+      std::fprintf(stderr, "diloco_trainer: the lighthouse refused this group: %s\n",
+                   joined.status().message().c_str());
+      return 2;
+    }
     return 1;
   }
   Add(&stats_.sync, joined->stats);
@@ -246,7 +279,7 @@ int Trainer::Run() {
                    Q(ran.status().ToString()));
       return 1;
     }
-    auto r = diloco_->Sync(params_);
+    auto r = diloco_->Sync(params_, tokens_);
     if (!r.ok()) {
       LK_LOG_ERROR("outer_step_failed step={} error={}", diloco_->step() + 1,
                    Q(r.status().ToString()));
@@ -280,6 +313,10 @@ Status TrainerOptions::Validate() const {
     return InvalidArgument("--group-rank {} must be below --group-size {}", group_rank, group_size);
   }
   if (inner_steps == 0) return InvalidArgument("--inner-steps must be at least 1");
+  if (!(outer_step_s >= 0) || outer_step_s > 86'400) {
+    return InvalidArgument("--outer-step-s must be in [0, 86400]");
+  }
+  if (group_size > 4096) return InvalidArgument("--group-size must be at most 4096");
   if (outer_steps >= (1u << 24)) return InvalidArgument("--outer-steps must be below 2^24");
   if (ckpt_every > 0 && ckpt_dir.empty()) return InvalidArgument("--ckpt-every needs --ckpt-dir");
   if (corpus_bytes < 4096) return InvalidArgument("--corpus-bytes must be at least 4096");

@@ -19,7 +19,14 @@ namespace lk::diloco {
 struct TrainerOptions {
   uint32_t group_rank = 0;
   uint32_t group_size = 1;   // trainers in this group; every group must use the same value
-  uint32_t inner_steps = 20; // H: AdamW steps between outer steps
+  uint32_t inner_steps = 20; // H: AdamW steps between outer steps (with outer_step_s: at most)
+  // > 0: a time budget per outer step: the group runs inner steps until this many seconds
+  // passed since the last outer step ended (rank 0's clock decides, and the decision rides in
+  // the gradients' collective, so every trainer of the group stops after the same inner step).
+  double outer_step_s = 0;
+  // Tests and benchmarks only: each inner step lasts at least this long (the rest is slept),
+  // to make one group slower than another on one machine. 0: off.
+  uint32_t inner_step_min_ms = 0;
   uint32_t outer_steps = 10; // T: run until the committed step reaches T
   uint32_t seed = 1;         // model initialisation (shared) and data order (mixed with group)
   std::string group_id;      // seeds this group's data stream; empty: the first replica_rank

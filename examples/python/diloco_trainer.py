@@ -39,7 +39,13 @@ except ImportError as e:  # the package is built into build/python
 FLAGS = [
     ("group-rank", int, 0, "this trainer's rank inside its group"),
     ("group-size", int, 1, "trainers per group (the same for every group)"),
-    ("inner-steps", int, 20, "H: inner AdamW steps per outer step"),
+    ("inner-steps", int, 20, "H: inner AdamW steps per outer step (with --outer-step-s: the "
+                             "most per outer step); groups may differ"),
+    ("outer-step-s", float, 0.0, "a time budget per outer step: inner steps until this many "
+                                 "seconds passed since the last outer step ended; 0: exactly "
+                                 "--inner-steps"),
+    ("inner-step-min-ms", int, 0, "tests and benchmarks: each inner step lasts at least this "
+                                  "long (sleeps the rest); 0: off"),
     ("outer-steps", int, 10, "T: run until the committed outer step reaches T"),
     ("seed", int, 1, "model initialisation (same for all groups) and data order"),
     ("group-id", str, "", "seeds this group's data stream (the agent's LK_GROUP_ID); empty: the "
@@ -94,6 +100,10 @@ def parse_flags(argv):
         problems.append(f"--group-rank {a.group_rank} must be below --group-size {a.group_size}")
     if a.inner_steps < 1:
         problems.append("--inner-steps must be at least 1")
+    if not 0 <= a.outer_step_s <= 86400:
+        problems.append("--outer-step-s must be in [0, 86400]")
+    if a.inner_step_min_ms < 0:
+        problems.append("--inner-step-min-ms must not be negative")
     if a.ckpt_every > 0 and not a.ckpt_dir:
         problems.append("--ckpt-every needs --ckpt-dir")
     if a.corpus_bytes < 4096:
@@ -195,7 +205,7 @@ class StepLog:
         self.discarded_ms += self.inner_ms
         self.inner_ms = 0.0
 
-    def write(self, r, loss, eval_loss, params, shard):
+    def write(self, r, loss, eval_loss, params, shard, inner_run):
         now = time.monotonic()
         step_ms = (now - self.last_commit) * 1000
         self.last_commit = now
@@ -208,14 +218,18 @@ class StepLog:
             '"inner_ms":%.1f,"discarded_ms":%.1f,"allreduce_ms":%.1f,'
             '"gather_ms":%.1f,"publish_ms":%.1f,"commit_ms":%.3f,"eval_ms":%.1f,'
             '"cross_bytes":%d,"sync_bytes":%d,"group_bytes":%d,"params":%d,'
-            '"shard":%d,"inner_steps":%d,"group_size":%d,"outer_compress":"%s"}\n') % (
+            '"shard":%d,"inner_steps":%d,"group_size":%d,"tokens":%d,"quorum_tokens":%d,'
+            '"weighted":%s,"global_hash":"%s","inner_steps_run":%d,"group_id":"%s",'
+            '"outer_compress":"%s"}\n') % (
                 r["step"], r["quorum_id"], r["replica_world_size"], loss, r["state_hash"],
                 "true" if r["healed"] else "false", a.group_rank, int(y["outer_ms"]), evals,
                 int(time.time() * 1000), step_ms, y["poll_ms"], y["join_ms"], self.inner_ms,
                 self.discarded_ms, y["allreduce_ms"], y["gather_ms"], y["publish_ms"],
                 y["commit_ms"], self.eval_ms, y["cross_bytes"], y["sync_bytes"],
                 self.group_bytes + y["group_bytes"], params, shard, a.inner_steps,
-                a.group_size, a.outer_compress)
+                a.group_size, r["tokens"], r["quorum_tokens"],
+                "true" if r["weighted"] else "false", r["global_hash"], inner_run, a.group_id,
+                a.outer_compress)
         self.clear()
         if self.file is not None:
             self.file.write(line)
@@ -238,7 +252,9 @@ def train(args, log):
         manager, lm.model, lm.optimizer, sync_every=args.inner_steps, outer_lr=args.outer_lr,
         outer_momentum=args.outer_momentum, nesterov=True, ckpt_dir=args.ckpt_dir or None,
         ckpt_every=args.ckpt_every, live_dir=args.live_dir, timeout=op_timeout,
-        init_timeout=init_timeout, outer_compress=args.outer_compress)
+        init_timeout=init_timeout, outer_compress=args.outer_compress,
+        sync_every_s=args.outer_step_s or None)
+    tokens_per_step = args.batch * args.seq_len
     with diloco:
         # Entering joined the job: the model holds the job's global weights (replica_rank 0's
         # initial ones at the very first start, a heal's later).
@@ -281,17 +297,23 @@ def train(args, log):
             # own: the log still gets that step's line (healed=true), as the C++ trainer's does.
             if r["kind"] != "received" or r["step"] < args.outer_steps:
                 return
-            steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel)
+            steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel, 0)
             log("info", "reached_by_heal", step=r["step"], quorum_id=r["quorum_id"],
                 hash=r["state_hash"], source=r["heal_source"])
 
         log_reached_by_heal(joined, 0.0)
         loss_sum = torch.zeros((), dtype=torch.float32)
         inner = 0  # inner steps since the last outer step
+        inner_run = 0  # ... since the last commit (a failed attempt's steps count too)
         t0, b0 = time.monotonic(), tcp_sent()
         while diloco.outer_step < args.outer_steps and not diloco.should_stop:
+            s0 = time.monotonic()
             loss, _ = lm.inner_step(rng, average)
             lm.optimizer.step()
+            if args.inner_step_min_ms > 0:
+                rest = s0 + args.inner_step_min_ms / 1000 - time.monotonic()
+                if rest > 0:
+                    time.sleep(rest)
             loss_sum += loss
             before = diloco.last_result
             # The inner steps' time and bytes end where the outer step begins (the library's
@@ -300,25 +322,28 @@ def train(args, log):
             inner += 1
             t1 = time.monotonic()
             b1 = tcp_sent() if inner == args.inner_steps else None
-            diloco.step()
+            diloco.step(tokens=tokens_per_step)
             r = diloco.last_result
             if r is before:
                 continue  # no outer step at this inner step
-            inner = 0
+            ran, inner = inner, 0
+            inner_run += ran
             steps.inner_ms += (t1 - t0) * 1000
             steps.group_bytes += tcp_sent_between(b0, b1 if b1 is not None else tcp_sent())
             steps.add(r)
             if r["kind"] == "committed":
-                mean_loss = float(loss_sum / args.inner_steps)
-                steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel)
+                mean_loss = float(loss_sum / max(1, ran))
+                steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel, inner_run)
+                inner_run = 0
                 log("info", "outer_committed", step=r["step"], quorum_id=r["quorum_id"],
                     world=r["replica_world_size"], loss="%.4f" % mean_loss,
                     hash=r["state_hash"], outer_ms=int(r["stats"]["outer_ms"]))
             elif r["kind"] == "received":
                 steps.discard()
+                inner_run = 0
                 log("info", "state_received", step=r["step"], source=r["heal_source"],
                     healed=r["healed"])
-                log_reached_by_heal(r, float(loss_sum / args.inner_steps))
+                log_reached_by_heal(r, float(loss_sum / max(1, ran)))
             else:
                 log("info", "drain", step=r["step"], checkpoint_now=r["checkpoint_now"],
                     reason=r["reason"])
@@ -340,6 +365,12 @@ def main(argv):
     try:
         return train(args, log)
     except lightkeeper.Error as e:
+        if getattr(e, "reason", "") == "GROUP_SIZE_MISMATCH":
+            # A configuration error, said plainly: restarting this trainer would be refused again.
+            log("error", "trainer_failed", code=e.code, reason=e.reason, error=e.message)
+            print(f"diloco_trainer.py: the lighthouse refused this group: {e.message}",
+                  file=sys.stderr)
+            return 2
         # The agent is gone, or no quorum could be joined: the launcher restarts the group.
         log("error", "trainer_failed", code=e.code, error=e.message)
     except RuntimeError as e:

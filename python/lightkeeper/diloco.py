@@ -17,6 +17,7 @@ back out of them, and makes the group's trainers agree on a drain at every inner
 import ctypes
 import datetime
 import os
+import time
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -117,7 +118,12 @@ class DiLoCo:
         model: the model; its float32 parameters become views into one flat buffer.
         inner_optimizer: the inner optimizer (e.g. AdamW); its state goes into durable
             checkpoints and comes back from them.
-        sync_every: inner steps (calls of ``step()``) per outer step.
+        sync_every: inner steps (calls of ``step()``) per outer step; with ``sync_every_s``
+            the most inner steps per outer step.
+        sync_every_s: a time budget per outer step (seconds), or None: the outer step comes
+            once this much time passed since the last one ended, so that a faster group runs
+            more inner steps instead of waiting for a slower one. Group rank 0's clock decides
+            and the group's trainers agree on it at every inner step (as on a drain).
         outer_lr, outer_momentum, nesterov: the outer SGD.
         ckpt_dir: durable checkpoints of this group (its trainers share it); None: none.
         ckpt_every: a durable save every K committed outer steps; 0: on drain and at the end.
@@ -138,9 +144,13 @@ class DiLoCo:
                  group_pg=None, live_dir: Optional[str] = None, ckpt_keep: int = 3,
                  timeout: datetime.timedelta = datetime.timedelta(seconds=120),
                  init_timeout: datetime.timedelta = datetime.timedelta(seconds=30),
-                 outer_compress: str = "none"):
+                 outer_compress: str = "none", sync_every_s: Optional[float] = None):
         if sync_every < 1:
             raise Error("invalid_argument", f"sync_every must be at least 1, not {sync_every}")
+        if sync_every_s is not None and not 0 < sync_every_s <= 86400:
+            raise Error("invalid_argument",
+                        f"sync_every_s must be in (0, 86400] or None, not {sync_every_s}")
+        self.sync_every_s = sync_every_s
         self.manager = manager
         self.model = model
         self.inner_optimizer = inner_optimizer
@@ -155,6 +165,8 @@ class DiLoCo:
         self._group_pg = group_pg
         self._native: Optional[_native.Diloco] = None
         self._inner_steps = 0
+        self._tokens = 0  # this trainer's tokens since the last outer step
+        self._outer_end = time.monotonic()  # when the last outer step ended (sync_every_s)
         self.outer_step = 0
         self.should_stop = False
         self.last_result: Optional[dict] = None
@@ -237,40 +249,54 @@ class DiLoCo:
 
     # The loop.
 
-    def step(self) -> None:
-        """Call right after every ``inner_optimizer.step()``. Every ``sync_every`` calls it runs
-        the outer step and loads the new global weights into the model; at any call it stops
-        the loop (``should_stop``) when the agent drains the group."""
+    def step(self, tokens: int = 0) -> None:
+        """Call right after every ``inner_optimizer.step()``, with the tokens (samples) this
+        trainer processed in it. Every ``sync_every`` calls (or once ``sync_every_s`` passed)
+        it runs the outer step and loads the new global weights into the model; the outer
+        average weighs each group's pseudo-gradient by its tokens (every trainer of every group
+        passes them, or none does: then it is the plain average). At any call it stops the loop
+        (``should_stop``) when the agent drains the group."""
         if self._native is None:
             raise Error("invalid_argument", "DiLoCo.step() outside its context")
         if self.should_stop:
             return
+        if tokens < 0:
+            raise Error("invalid_argument", f"tokens must not be negative, not {tokens}")
         self._inner_steps += 1
-        if self._drain_agreed() or self._inner_steps % self.sync_every == 0:
+        self._tokens += int(tokens)
+        drain, budget_spent = self._agree()
+        if drain or budget_spent or self._inner_steps % self.sync_every == 0:
             self._call("sync")
 
-    def _drain_agreed(self) -> bool:
-        """Whether any trainer of the group saw a drain: all of them must stop after the same
-        inner step (one stopping alone would leave the others in the next collective)."""
+    def _agree(self) -> Tuple[bool, bool]:
+        """Whether any trainer of the group saw a drain, and whether group rank 0 found the
+        time budget spent: all of them must stop after the same inner step (one stopping alone
+        would leave the others in the next collective)."""
         noticed = self._native.drain_requested()
+        spent = (self.sync_every_s is not None and self.manager.group_rank == 0 and
+                 time.monotonic() - self._outer_end >= self.sync_every_s)
         if self.manager.group_size == 1:
-            return noticed
-        flag = torch.tensor([1.0 if noticed else 0.0], dtype=torch.float32)
+            return noticed, spent
+        flag = torch.tensor([1.0 if noticed else 0.0, 1.0 if spent else 0.0],
+                            dtype=torch.float32)
         if self._group_pg is not None:
             on = flag.to(self._device) if _is_nccl(self._group_pg) else flag
             dist.all_reduce(on, group=self._group_pg)
             flag = on.cpu()
         else:
-            self._native.group_allreduce_sum(flag.data_ptr(), 1)
-        if flag.item() > 0 and not noticed:
+            self._native.group_allreduce_sum(flag.data_ptr(), 2)
+        drain = flag[0].item() > 0
+        if drain and not noticed:
             self._native.request_drain()
-        return flag.item() > 0
+        return drain, flag[1].item() > 0
 
     def _call(self, what: str) -> dict:
         if self._host is not self._flat:
             self._host.copy_(self._flat)
-        fn = self._native.join if what == "join" else self._native.sync
-        r = fn(self._host.data_ptr(), self._host.numel())
+        if what == "join":
+            r = self._native.join(self._host.data_ptr(), self._host.numel())
+        else:
+            r = self._native.sync(self._host.data_ptr(), self._host.numel(), self._tokens)
         if self._host is not self._flat:
             self._flat.copy_(self._host)
         self.last_result = r
@@ -288,6 +314,8 @@ class DiLoCo:
             self.should_stop = True
             self._drained = True
         self._inner_steps = 0  # the next outer step counts its inner steps afresh
+        self._tokens = 0
+        self._outer_end = time.monotonic()
         return r
 
     # For tests and tools.

@@ -1,17 +1,21 @@
 """Exceptions of the lightkeeper package.
 
 Every error carries the library's machine-readable reason code (``code``: "invalid_argument",
-"aborted", "deadline_exceeded", ...) beside its message; branch on the code, never on the text.
+"aborted", "deadline_exceeded", ...) and the wire's finer one (``reason``:
+"GROUP_SIZE_MISMATCH", ...) beside its message; branch on the codes, never on the text.
 """
 
 
 class Error(RuntimeError):
     """A Lightkeeper call failed; ``code`` says why, ``message`` says it in words."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, reason: str = "UNSPECIFIED"):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        # The wire's reason code behind it, e.g. "GROUP_SIZE_MISMATCH" (the lighthouse refused
+        # this group's trainer count); "UNSPECIFIED" when none came with it.
+        self.reason = reason
 
 
 class QuorumLost(Error):

@@ -70,10 +70,13 @@ class Manager:
             self._step = q.max_step
         return q
 
-    def commit(self, step: int, ok: bool = True, state_hash: Optional[str] = None) -> None:
+    def commit(self, step: int, ok: bool = True, state_hash: Optional[str] = None,
+               tokens: int = 0) -> None:
         """Reports outer step ``step`` as committed (or failed, ``ok=False``), with a hash of the
-        state it produced so that the lighthouse can tell diverged replicas apart."""
-        self._session.commit(step, ok, state_hash or "")
+        state it produced so that the lighthouse can tell diverged replicas apart, and the
+        tokens (samples) the whole group processed in the step (0: not reported), which the
+        lighthouse shows as the group's contribution."""
+        self._session.commit(step, ok, state_hash or "", tokens)
         if ok:
             self._step = step
 

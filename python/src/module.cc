@@ -50,9 +50,10 @@ const char* CodeName(int code) {
 py::object* g_error_type = nullptr;
 py::object* g_quorum_lost_type = nullptr;
 
-[[noreturn]] void RaiseCode(int code, const std::string& message, bool quorum_lost) {
+[[noreturn]] void RaiseCode(int code, const std::string& message, bool quorum_lost,
+                            const char* reason = "UNSPECIFIED") {
   py::object& type = quorum_lost ? *g_quorum_lost_type : *g_error_type;
-  py::object exc = type(CodeName(code), message);
+  py::object exc = type(CodeName(code), message, reason);
   PyErr_SetObject(type.ptr(), exc.ptr());
   throw py::error_already_set();
 }
@@ -63,7 +64,7 @@ py::object* g_quorum_lost_type = nullptr;
   // A collective cut short means the quorum is gone: the trainer polls for the next one.
   bool lost = collective && (code == LK_ERR_ABORTED || code == LK_ERR_DEADLINE_EXCEEDED ||
                              code == LK_ERR_UNAVAILABLE);
-  RaiseCode(code, lk_last_error(), lost);
+  RaiseCode(code, lk_last_error(), lost, lk_last_error_reason());
 }
 
 [[noreturn]] void RaiseInvalid(const std::string& message) {
@@ -155,8 +156,11 @@ class Session {
     return q;
   }
 
-  void Commit(uint32_t step, bool ok, const std::string& hash) {
-    Call([&] { return lk_session_commit(s_, step, ok ? 1 : 0, hash.empty() ? nullptr : hash.c_str()); });
+  void Commit(uint32_t step, bool ok, const std::string& hash, uint64_t tokens) {
+    Call([&] {
+      return lk_session_commit_tokens(s_, step, ok ? 1 : 0, hash.empty() ? nullptr : hash.c_str(),
+                                      tokens);
+    });
   }
   void Finish() {
     Call([&] { return lk_session_finish(s_); });
@@ -368,12 +372,24 @@ class Diloco {
   py::dict Join(uintptr_t params, size_t count) {
     lk_diloco_result r{};
     Call([&] { return lk_diloco_join(d_, reinterpret_cast<float*>(params), count, &r); });
-    return ResultDict(r);
+    return WithTokens(ResultDict(r));
   }
-  py::dict Sync(uintptr_t params, size_t count) {
+  // The result's token weights and global hash (lk_diloco_last_tokens).
+  py::dict WithTokens(py::dict d) {
+    lk_diloco_tokens t{};
+    lk_diloco_last_tokens(d_, &t);
+    d["tokens"] = t.tokens;
+    d["quorum_tokens"] = t.quorum_tokens;
+    d["weighted"] = t.weighted != 0;
+    d["global_hash"] = std::string(t.global_hash);
+    return d;
+  }
+  py::dict Sync(uintptr_t params, size_t count, uint64_t tokens) {
     lk_diloco_result r{};
-    Call([&] { return lk_diloco_sync(d_, reinterpret_cast<float*>(params), count, &r); });
-    return ResultDict(r);
+    Call([&] {
+      return lk_diloco_sync_tokens(d_, reinterpret_cast<float*>(params), count, tokens, &r);
+    });
+    return WithTokens(ResultDict(r));
   }
   void GroupAllReduceSum(uintptr_t values, size_t count) {
     Call([&] { return lk_diloco_group_allreduce_sum(d_, reinterpret_cast<float*>(values), count); },
@@ -451,7 +467,8 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init<const std::string&, uint32_t, uint32_t>(), py::arg("socket"),
            py::arg("group_rank"), py::arg("group_size"))
       .def("poll", &Session::Poll)
-      .def("commit", &Session::Commit)
+      .def("commit", &Session::Commit, py::arg("step"), py::arg("ok"), py::arg("state_hash"),
+           py::arg("tokens") = 0)
       .def("finish", &Session::Finish)
       .def("set_peer_wait", &Session::SetPeerWait)
       .def("register_checkpoint", &Session::RegisterCheckpoint)
@@ -489,7 +506,7 @@ PYBIND11_MODULE(_native, m) {
                     const std::string&, uint32_t, uint32_t, uint32_t, const std::string&>(),
            py::keep_alive<1, 2>())  // the session outlives the DiLoCo object
       .def("join", &Diloco::Join)
-      .def("sync", &Diloco::Sync)
+      .def("sync", &Diloco::Sync, py::arg("params"), py::arg("count"), py::arg("tokens") = 0)
       .def("group_allreduce_sum", &Diloco::GroupAllReduceSum)
       .def("finish", &Diloco::Finish)
       .def("drain_requested", &Diloco::drain_requested)

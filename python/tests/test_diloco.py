@@ -192,3 +192,45 @@ def test_a_late_group_heals_from_live_peers_with_a_fresh_inner_optimizer(cluster
     common = sorted(set(mine) & set(theirs))
     assert common, (mine, theirs)
     assert all(mine[s] == theirs[s] for s in common)
+
+
+def test_sync_every_s_must_be_positive():
+    import lightkeeper
+    for bad in (0, -1.0, 1e9):
+        try:
+            lightkeeper.DiLoCo(None, None, None, sync_every=4, sync_every_s=bad)
+        except lightkeeper.Error as e:
+            assert e.code == "invalid_argument"
+        else:
+            raise AssertionError(f"sync_every_s={bad} was taken")
+
+
+def test_time_budgets_and_tokens_weigh_the_outer_average(cluster_factory):
+    """Two groups of two trainers with one time budget per outer step, one group's inner steps
+    twice as long: each group's trainers stop after the same inner step, every commit reports
+    the group's tokens (what its trainers passed to step(), summed), the average is weighted,
+    and every trainer holds the same global weights (global_hash) at every step."""
+    c = cluster_factory(("--min-replicas", "2", "--join-timeout-ms", "300",
+                         "--heartbeat-timeout-ms", "5000"))
+    ts = defaultdict(list)
+    for g, sleep_ms in (("g0", "10"), ("g1", "20")):
+        c.agent(g)
+        for r in range(2):
+            ts[g].append(c.trainer(g, ["diloco", "--group-rank", str(r), "--group-size", "2",
+                                       "--steps", "3", "--sync-every", "1000",
+                                       "--sync-every-s", "0.3", "--sleep-ms", sleep_ms,
+                                       "--tokens", "16", "--data-seed", g]))
+    for g in ts:
+        for t in ts[g]:
+            assert t.wait(180) == 0, t.log()
+    for step in (1, 2, 3):
+        rows = {g: [outer_commits(t)[step - 1] for t in ts[g]] for g in ts}
+        for g, (a, b) in rows.items():
+            assert a["ran"] == b["ran"], (g, step, a, b)  # one stop for the group
+            assert a["ran"] < 1000  # the budget ended the inner steps, not sync_every
+            assert a["tokens"] == b["tokens"] == a["ran"] * 16 * 2
+            assert a["weighted"] and b["weighted"]
+        totals = {e["quorum_tokens"] for g in rows for e in rows[g]}
+        assert totals == {rows["g0"][0]["tokens"] + rows["g1"][0]["tokens"]}
+        assert len({e["global_hash"] for g in rows for e in rows[g]}) == 1
+        assert len({e["model_hash"] for g in rows for e in rows[g]}) == 1

@@ -126,7 +126,9 @@ def mode_diloco(args, m):
     target = torch.randn(8, 4, generator=torch.Generator().manual_seed(5))
     with lightkeeper.DiLoCo(m, model, opt, sync_every=args.sync_every,
                             ckpt_dir=args.ckpt_dir or None, ckpt_every=args.ckpt_every,
-                            outer_compress=args.outer_compress) as d:
+                            outer_compress=args.outer_compress,
+                            sync_every_s=args.sync_every_s) as d:
+        ran = 0  # inner steps since the last outer step
         r = d.last_result
         inner = hashlib.sha256(d.inner_state_vector().numpy().tobytes()).hexdigest()[:16]
         emit(event="joined", kind=r["kind"], step=d.outer_step, inner=r["inner"],
@@ -141,14 +143,18 @@ def mode_diloco(args, m):
             loss.backward()
             opt.step()
             prev = d.last_result
-            d.step()
+            d.step(tokens=args.tokens)
+            ran += 1
             r = d.last_result
             if r is not prev:  # an outer step ran
                 inner = hashlib.sha256(d.inner_state_vector().numpy().tobytes()).hexdigest()[:16]
                 emit(event="outer", kind=r["kind"], step=d.outer_step, quorum_id=r["quorum_id"],
                      world=r["replica_world_size"], state_hash=r["state_hash"],
                      model_hash=flat_hash(model), inner=r["inner"], inner_hash=inner,
-                     saved=r["saved"], healed=r["healed"], loss=float(loss))
+                     saved=r["saved"], healed=r["healed"], loss=float(loss), ran=ran,
+                     tokens=r["tokens"], quorum_tokens=r["quorum_tokens"],
+                     weighted=r["weighted"], global_hash=r["global_hash"])
+                ran = 0
             if args.sleep_ms:
                 time.sleep(args.sleep_ms / 1000)
         emit(event="stopping", step=d.outer_step, should_stop=d.should_stop)
@@ -172,6 +178,8 @@ def main():
     p.add_argument("--ckpt-every", type=int, default=0)
     p.add_argument("--data-seed", default="g")
     p.add_argument("--outer-compress", default="none")
+    p.add_argument("--sync-every-s", type=float, default=None)
+    p.add_argument("--tokens", type=int, default=0)
     args = p.parse_args()
     import datetime
     m = lightkeeper.Manager(args.group_rank, args.group_size,

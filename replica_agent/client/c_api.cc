@@ -9,6 +9,7 @@ namespace {
 
 thread_local std::string g_error;
 thread_local int g_code = LK_OK;
+thread_local lk::Reason g_reason = lk::Reason::kUnspecified;
 
 // Copies `value` NUL-terminated into buf, or fails with kTooLarge leaving buf as it was.
 int CopyOut(const std::string& value, char* buf, size_t cap, size_t* len) {
@@ -26,6 +27,7 @@ int CopyOut(const std::string& value, char* buf, size_t cap, size_t* len) {
 int Fail(const Status& st) {
   g_error = st.ToString();
   g_code = static_cast<int>(st.code());
+  g_reason = st.reason();
   return -1;
 }
 
@@ -55,6 +57,10 @@ extern "C" {
 
 const char* lk_last_error(void) { return lk::capi::g_error.c_str(); }
 int lk_last_error_code(void) { return lk::capi::g_code; }
+const char* lk_last_error_reason(void) {
+  // ReasonName's views point into a static table of NUL-terminated literals.
+  return lk::ReasonName(lk::capi::g_reason).data();
+}
 
 lk_session* lk_session_open(const char* socket_path, uint32_t group_rank, uint32_t group_size) {
   auto s = socket_path ? lk::client::Session::Connect(socket_path, group_rank, group_size)
@@ -123,6 +129,12 @@ int lk_session_poll_reason(lk_session* s, char* buf, size_t cap, size_t* len) {
 
 int lk_session_commit(lk_session* s, uint32_t step, int ok, const char* state_hash) {
   lk::Status st = s->session->Commit(step, ok != 0, state_hash ? state_hash : "");
+  return st.ok() ? 0 : Fail(st);
+}
+
+int lk_session_commit_tokens(lk_session* s, uint32_t step, int ok, const char* state_hash,
+                             uint64_t tokens) {
+  lk::Status st = s->session->Commit(step, ok != 0, state_hash ? state_hash : "", tokens);
   return st.ok() ? 0 : Fail(st);
 }
 

@@ -21,6 +21,7 @@ struct lk_comm {
 struct lk_diloco {
   std::shared_ptr<lk::capi::Fanout> fanout;
   std::unique_ptr<lk::diloco::Diloco> diloco;
+  lk_diloco_tokens last_tokens{};  // of the last join or sync
 };
 
 namespace lk::capi {
@@ -79,11 +80,17 @@ void FillResult(const diloco::SyncResult& r, lk_diloco_result* out) {
   out->group_bytes = s.group_bytes;
 }
 
-int Run(lk_diloco* d, float* params, size_t count, lk_diloco_result* out, bool join) {
+int Run(lk_diloco* d, float* params, size_t count, lk_diloco_result* out, bool join,
+        uint64_t tokens = 0) {
   if (params == nullptr && count > 0) return Fail(InvalidArgument("params is NULL"));
   auto r = join ? d->diloco->Join(std::span<float>(params, count))
-                : d->diloco->Sync(std::span<float>(params, count));
+                : d->diloco->Sync(std::span<float>(params, count), tokens);
   if (!r.ok()) return Fail(r.status());
+  d->last_tokens = lk_diloco_tokens{};
+  d->last_tokens.tokens = r->tokens;
+  d->last_tokens.quorum_tokens = r->quorum_tokens;
+  d->last_tokens.weighted = r->weighted ? 1 : 0;
+  CopyTruncated(r->global_hash, d->last_tokens.global_hash, sizeof(d->last_tokens.global_hash));
   if (out != nullptr) FillResult(*r, out);
   return 0;
 }
@@ -235,6 +242,15 @@ int lk_diloco_join(lk_diloco* d, float* params, size_t count, lk_diloco_result* 
 
 int lk_diloco_sync(lk_diloco* d, float* params, size_t count, lk_diloco_result* out) {
   return lk::capi::Run(d, params, count, out, false);
+}
+
+int lk_diloco_sync_tokens(lk_diloco* d, float* params, size_t count, uint64_t tokens,
+                          lk_diloco_result* out) {
+  return lk::capi::Run(d, params, count, out, false, tokens);
+}
+
+void lk_diloco_last_tokens(const lk_diloco* d, lk_diloco_tokens* out) {
+  if (out != nullptr) *out = d->last_tokens;
 }
 
 int lk_diloco_drain_requested(const lk_diloco* d) { return d->diloco->drain_requested() ? 1 : 0; }

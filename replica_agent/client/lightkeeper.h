@@ -48,6 +48,9 @@ enum {
 
 const char* lk_last_error(void);
 int lk_last_error_code(void);
+/* The wire's reason code of the last error, by its name ("GROUP_SIZE_MISMATCH": the lighthouse
+ * refused this group's size; "UNSPECIFIED" when none came with it). */
+const char* lk_last_error_reason(void);
 
 /* ---- Session: the trainer's link to its node agent ----------------------------------------- */
 
@@ -91,6 +94,10 @@ int lk_session_set_peer_wait(lk_session* s, int waiting);
 int lk_session_finish(lk_session* s);
 /* Reports outer step `step` committed (ok != 0) or failed; state_hash may be NULL. */
 int lk_session_commit(lk_session* s, uint32_t step, int ok, const char* state_hash);
+/* The same with the tokens (samples) the whole group processed in this outer step, which the
+ * lighthouse shows as the group's contribution; 0: not reported. */
+int lk_session_commit_tokens(lk_session* s, uint32_t step, int ok, const char* state_hash,
+                             uint64_t tokens);
 /* Registers a durable checkpoint (a directory every group can read) at the lighthouse, so that a
  * job whose groups all lost their live state restores it. Once per committed checkpoint, from
  * one trainer of the group; manifest_digest may be NULL or "". */
@@ -238,6 +245,21 @@ void lk_diloco_close(lk_diloco* d);
 /* params: `count` floats (the whole flat parameter buffer), in place. */
 int lk_diloco_join(lk_diloco* d, float* params, size_t count, lk_diloco_result* out);
 int lk_diloco_sync(lk_diloco* d, float* params, size_t count, lk_diloco_result* out);
+/* The same with the tokens (samples) this trainer processed since the last commit: the group's
+ * trainers' counts are summed, and the cross-group average weights each group's pseudo-gradient
+ * by its sum (every trainer of the group passes its count; 0 everywhere: a plain average). */
+int lk_diloco_sync_tokens(lk_diloco* d, float* params, size_t count, uint64_t tokens,
+                          lk_diloco_result* out);
+/* What the last join or sync of d adds to its lk_diloco_result (a struct of its own, so that
+ * lk_diloco_result keeps its size for callers built against an older header). */
+typedef struct lk_diloco_tokens {
+  uint64_t tokens;        /* committed: this group's tokens in the step (0: not reported) */
+  uint64_t quorum_tokens; /* committed: every member's, summed */
+  int weighted;           /* committed: the average was token-weighted */
+  char global_hash[17];   /* committed or received: hash of the whole global weights, equal in
+                             every member whatever its layout; "" otherwise */
+} lk_diloco_tokens;
+void lk_diloco_last_tokens(const lk_diloco* d, lk_diloco_tokens* out);
 int lk_diloco_drain_requested(const lk_diloco* d);
 /* Marks a drain as noticed (Diloco::RequestDrain): for a trainer that learned of it from another
  * trainer of its group before its own notice came. */

@@ -17,7 +17,7 @@ namespace {
 // Bumped whenever Layout changes, so that a trainer built against another layout falls back
 // to the socket instead of misreading the board.
 constexpr uint32_t kMagic = 0x4250'4b4c;  // "LKPB"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: commits carry tokens
 constexpr size_t kReasonWords = kMaxReason / 8;
 constexpr size_t kHashWords = kMaxStateHash / 8;
 
@@ -42,6 +42,7 @@ struct alignas(64) Slot {
   std::atomic<uint32_t> commit_step;
   std::atomic<uint32_t> hash_len;
   std::atomic<uint64_t> hash[kHashWords];
+  std::atomic<uint64_t> tokens;  // written with the hash, before the step
 };
 
 // Every field is written by the agent only, except the ticket (trainers CAS READY -> TAKEN) and
@@ -212,6 +213,7 @@ std::optional<Commit> Board::CommitOf(uint32_t slot) const {
     Commit c;
     c.step = step;
     c.state_hash = LoadText(s.hash, std::min<size_t>(s.hash_len.load(std::memory_order_relaxed), kMaxStateHash));
+    c.tokens = s.tokens.load(std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (s.commit_step.load(std::memory_order_relaxed) == step) return c;
   }
@@ -255,7 +257,7 @@ Result<std::unique_ptr<View>> View::Open(const std::string& path, uint32_t slot)
 
 View::~View() { ::munmap(mem_, sizeof(Layout)); }
 
-bool View::Commit(uint32_t step, std::string_view state_hash) {
+bool View::Commit(uint32_t step, std::string_view state_hash, uint64_t tokens) {
   if (step == 0 || state_hash.size() > kMaxStateHash) return false;
   Layout* l = L(mem_);
   Slot& s = l->slots[slot_];
@@ -265,6 +267,7 @@ bool View::Commit(uint32_t step, std::string_view state_hash) {
   std::atomic_thread_fence(std::memory_order_release);
   s.hash_len.store(static_cast<uint32_t>(state_hash.size()), std::memory_order_relaxed);
   StoreText(s.hash, state_hash);
+  s.tokens.store(tokens, std::memory_order_relaxed);
   s.commit_step.store(step, std::memory_order_release);
   Ring(l);
   return true;

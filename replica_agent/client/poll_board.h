@@ -18,7 +18,7 @@
 // every other answer goes over the socket as before.
 //
 // The other way, each trainer has a slot: what it consumed, its "waiting on the other groups"
-// mark, and its last commit (step and state hash). After writing a commit it bumps the board's
+// mark, and its last commit (step, state hash and the group's tokens). After writing a commit it bumps the board's
 // doorbell and wakes it as a futex; the agent sleeps on the doorbell and applies the commit as
 // it applies one that came over the socket.
 //
@@ -53,6 +53,7 @@ constexpr size_t kMaxStateHash = 128;  // as on the socket's /v1/trainer/commit
 struct Commit {
   uint32_t step = 0;
   std::string state_hash;
+  uint64_t tokens = 0;  // the group's tokens in this outer step (0: not reported)
 };
 constexpr uint32_t kMaxSlots = 256;  // trainers per node that can use the board
 
@@ -124,7 +125,7 @@ class View {
   // done) for step 0 or a hash over kMaxStateHash bytes. The agent takes it as it takes
   // POST /v1/trainer/commit. The caller commits again only after a poll the agent answered
   // after this commit (Session keeps that order: a step's commit comes after its poll).
-  bool Commit(uint32_t step, std::string_view state_hash);
+  bool Commit(uint32_t step, std::string_view state_hash, uint64_t tokens = 0);
   // Marks this trainer as waiting in (or out of) the cross-group collective. The agent reads
   // it when it heartbeats, which is when the socket's /v1/trainer/phase would take effect too.
   void SetPeerWait(bool waiting);

@@ -132,7 +132,7 @@ Result<PollResult> Session::Poll(uint32_t step, Millis timeout) {
   return r;
 }
 
-Status Session::Commit(uint32_t step, bool ok, const std::string& state_hash) {
+Status Session::Commit(uint32_t step, bool ok, const std::string& state_hash, uint64_t tokens) {
   // A successful step after a poll goes on the board: the agent takes it from this trainer's
   // slot. What the agent would refuse is refused here the same way; a failed step, and one
   // before any poll, go over the socket.
@@ -140,7 +140,7 @@ Status Session::Commit(uint32_t step, bool ok, const std::string& state_hash) {
     if (committed_ && step <= *committed_) {
       return Error(Code::kConflict, "step {} is not after the committed step {}", step, *committed_);
     }
-    if (board_->Commit(step, state_hash)) {
+    if (board_->Commit(step, state_hash, tokens)) {
       committed_ = step;
       return Status::Ok();
     }
@@ -150,6 +150,7 @@ Status Session::Commit(uint32_t step, bool ok, const std::string& state_hash) {
   req.set_step(step);
   req.set_failed(!ok);
   req.set_state_hash(state_hash);
+  req.set_tokens(tokens);
   Status st = client_->Call("POST", "/v1/trainer/commit", req, nullptr, Millis(30'000));
   if (st.ok() && ok) committed_ = step;
   return st;

@@ -72,7 +72,9 @@ class Session {
 
   // Blocks until the agent answers for this outer step (at once when nothing changed).
   Result<PollResult> Poll(uint32_t step, Millis timeout = Millis(3'600'000));
-  Status Commit(uint32_t step, bool ok, const std::string& state_hash = "");
+  // `tokens`: what the whole group processed in this outer step (its weight in the average,
+  // shown by the lighthouse); 0: not reported.
+  Status Commit(uint32_t step, bool ok, const std::string& state_hash = "", uint64_t tokens = 0);
   Status KvPut(uint32_t quorum_id, const std::string& key, const std::string& value);
   Result<std::string> KvGet(uint32_t quorum_id, const std::string& key, Millis timeout);
   // Tells the agent this trainer is done (its committed step reached the target), so that its

@@ -39,6 +39,11 @@ struct RunOptions {
   uint32_t inner_steps = 8;
   // Appended to every trainer's command line (e.g. {"--outer-compress", "int8"}).
   std::vector<std::string> trainer_flags;
+  // Per group (by name): flags appended to its trainers' command lines (a later flag wins), and
+  // a trainer count other than group_size.
+  std::map<std::string, std::vector<std::string>> group_flags;
+  std::map<std::string, uint32_t> group_sizes;
+  std::vector<std::string> lighthouse_flags;  // empty: Run::LighthouseFlags()
 };
 
 // The interpreter and script of the Python trainer, and its PYTHONPATH.
@@ -72,7 +77,14 @@ struct Run {
 
   Run(const std::string& tag, RunOptions o)
       : options(std::move(o)), dir(test::TempDir(tag)), lh_data(dir + "/lh") {
-    lh = test::StartLighthouse(lh_data, LighthouseFlags(), dir + "/lighthouse.log");
+    lh = test::StartLighthouse(lh_data, LhFlags(), dir + "/lighthouse.log");
+  }
+  std::vector<std::string> LhFlags() const {
+    return options.lighthouse_flags.empty() ? LighthouseFlags() : options.lighthouse_flags;
+  }
+  uint32_t SizeOf(const std::string& group) const {
+    auto it = options.group_sizes.find(group);
+    return it == options.group_sizes.end() ? options.group_size : it->second;
   }
   static std::vector<std::string> LighthouseFlags() {
     return {"--min-replicas", "2", "--join-timeout-ms", "2000", "--heartbeat-timeout-ms", "2000"};
@@ -88,7 +100,7 @@ struct Run {
       argv = {test::BinDir() + "/diloco_trainer"};
     }
     std::vector<std::string> flags = {
-        "--group-rank", std::to_string(rank), "--group-size", std::to_string(options.group_size),
+        "--group-rank", std::to_string(rank), "--group-size", std::to_string(SizeOf(name)),
         "--inner-steps", std::to_string(options.inner_steps), "--outer-steps",
         std::to_string(options.steps), "--seed", std::to_string(options.seed), "--ckpt-dir",
         dir + "/ckpt-" + name, "--log", log, "--model-width", "32", "--layers", "1", "--heads",
@@ -96,6 +108,9 @@ struct Run {
         "20000", "--live-dir", live, "--eval-batches", "8"};
     argv.insert(argv.end(), flags.begin(), flags.end());
     argv.insert(argv.end(), options.trainer_flags.begin(), options.trainer_flags.end());
+    if (auto it = options.group_flags.find(name); it != options.group_flags.end()) {
+      argv.insert(argv.end(), it->second.begin(), it->second.end());
+    }
     return argv;
   }
 
@@ -120,7 +135,7 @@ struct Run {
       env.insert({"PYTHONPATH", PythonPackageDir()});
       env.insert({"PYTHONDONTWRITEBYTECODE", "1"});  // nothing written into the source tree
     }
-    for (uint32_t r = 0; r < options.group_size; ++r) {
+    for (uint32_t r = 0; r < SizeOf(name); ++r) {
       std::string log = fmt::format("{}/trainer-{}-{}.{}.jsonl", dir, name, r, life->index);
       life->logs.push_back(log);
       life->trainers.push_back(std::make_unique<test::Process>(
@@ -175,7 +190,7 @@ struct Run {
     lh.process->Signal(SIGKILL);
     REQUIRE(lh.process->Wait(10s).has_value());
     std::this_thread::sleep_for(std::chrono::milliseconds(200 + rng() % 800));
-    lh = test::StartLighthouse(lh_data, LighthouseFlags(),
+    lh = test::StartLighthouse(lh_data, LhFlags(),
                                fmt::format("{}/lighthouse.{}.log", dir, ++restarts_of_lighthouse),
                                address);
     REQUIRE(lh.address == address);
