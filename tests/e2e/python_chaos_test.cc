@@ -44,10 +44,11 @@ bool HavePythonPackage() {
 RunOptions ChaosOptions() {
   RunOptions o;
   o.job = "pychaos";
-  // Longer outer steps than chaos_test's (24 inner steps, not 8): a Python group's return (the
-  // interpreter and torch start, then a heal) then costs fewer of them, and the schedule's
-  // changes stay far from T whatever the machine's load.
-  o.steps = 30;
+  // Longer outer steps than chaos_test's (24 inner steps, not 8) and more of them: a Python
+  // group's return (the interpreter and torch start, then a heal) takes 15-25 s on a loaded
+  // machine while the others go on at about a step a second, so the schedule's changes stay
+  // far from T whatever the machine's load.
+  o.steps = 70;
   o.inner_steps = 24;
   o.group_size = 2;
   o.seed = 5;
