@@ -212,22 +212,37 @@ void GlooCommManager::StopMonitor() {
   sentinel_.reset();
 }
 
-Status GlooCommManager::AllReduce(void* data, size_t count, DType dtype, ReduceOp op) {
+Status GlooCommManager::UsableLocked() const {
+  if (phase_ == Phase::kNone) {
+    return Error(Code::kUnavailable, "no communicator: call Reconfigure first");
+  }
+  if (phase_ == Phase::kFailed) return status_;
+  return Status::Ok();
+}
+
+GlooCommManager::OpStart GlooCommManager::StartLocked(size_t count, const char* what) {
+  OpStart op{ctx_, rank_, world_};
+  if (op.world > 1 && count > 0) ArmLocked(options_.op_timeout, what);
+  return op;
+}
+
+Status GlooCommManager::EndOp(const Status& st) {
+  std::lock_guard lock(mu_);
+  armed_ = false;
+  if (!st.ok()) FailLocked(st);
+  if (phase_ == Phase::kFailed) return status_;
+  return Status::Ok();
+}
+
+Status GlooCommManager::AllReduce(void* data, size_t count, DType dtype, ReduceOp reduce) {
   ScopedSigpipeBlock no_sigpipe;  // Gloo writes on this thread
-  std::shared_ptr<GlooContext> ctx;
-  size_t rank = 0;
-  size_t world = 0;
+  OpStart op;
   {
     std::lock_guard lock(mu_);
-    if (phase_ == Phase::kNone) {
-      return Error(Code::kUnavailable, "no communicator: call Reconfigure first");
-    }
-    if (phase_ == Phase::kFailed) return status_;
-    ctx = ctx_;
-    rank = rank_;
-    world = world_;
-    if (world > 1 && count > 0) ArmLocked(options_.op_timeout, "allreduce");
+    LK_RETURN_IF_ERROR(UsableLocked());
+    op = StartLocked(count, "allreduce");
   }
+  const size_t rank = op.rank, world = op.world;
   float* values = static_cast<float*>(data);
   if (dtype == DType::kBFloat16) {
     // The ring fills the float32 accumulator itself, segment by segment, as it adds into it.
@@ -238,18 +253,14 @@ Status GlooCommManager::AllReduce(void* data, size_t count, DType dtype, ReduceO
     // The ring itself divides and narrows each chunk where it is finished (see Ring).
     Status st;
     try {
-      st = Ring(*ctx, data, values, count, dtype, op, rank, world);
+      st = Ring(*op.ctx, data, values, count, dtype, reduce, rank, world);
     } catch (const std::exception& e) {
       st = Error(Code::kAborted, "peer failure: {}", e.what());
     }
-    std::lock_guard lock(mu_);
-    armed_ = false;
-    if (!st.ok()) FailLocked(st);
-    if (phase_ == Phase::kFailed) return status_;
-    return Status::Ok();
+    return EndOp(st);
   }
   if (dtype == DType::kBFloat16) WidenBf16(static_cast<const uint16_t*>(data), values, count);
-  if (op == ReduceOp::kAvg) Divide(values, count, static_cast<float>(world));
+  if (reduce == ReduceOp::kAvg) Divide(values, count, static_cast<float>(world));
   if (dtype == DType::kBFloat16) NarrowToBf16(values, static_cast<uint16_t*>(data), count);
   return Status::Ok();
 }

@@ -108,6 +108,18 @@ class GlooCommManager final : public CommManager {
   // The encoded allreduce's two all-to-all phases (ctx is null for a member alone).
   Status Exchange(GlooContext* ctx, std::span<float> data, const ChunkCodec& codec, ReduceOp op,
                   std::span<float> sent, size_t rank, size_t world);
+  // The start of a collective, under mu_: UsableLocked refuses without a communicator (or with
+  // the failure a failed one keeps); StartLocked takes the communicator and arms the op deadline
+  // when the collective moves bytes (more than one member, a non-empty buffer). EndOp ends an
+  // armed collective: it disarms, keeps the first failure, and answers with it.
+  struct OpStart {
+    std::shared_ptr<GlooContext> ctx;
+    size_t rank = 0;
+    size_t world = 0;
+  };
+  Status UsableLocked() const;
+  OpStart StartLocked(size_t count, const char* what);
+  Status EndOp(const Status& st);
   Status WaitRecv(GlooBuffer& buf);
   Status WaitSend(GlooBuffer& buf);
   Status Interrupted() {

@@ -14,37 +14,27 @@ Status GlooCommManager::AllReduceEncoded(std::span<float> data, const ChunkCodec
     return InvalidArgument("sent has {} elements, data {}", sent.size(), data.size());
   }
   ScopedSigpipeBlock no_sigpipe;  // Gloo writes on this thread
-  std::shared_ptr<GlooContext> ctx;
-  size_t rank = 0;
-  size_t world = 0;
+  OpStart start;
   {
     std::lock_guard lock(mu_);
-    if (phase_ == Phase::kNone) {
-      return Error(Code::kUnavailable, "no communicator: call Reconfigure first");
-    }
-    if (phase_ == Phase::kFailed) return status_;
+    LK_RETURN_IF_ERROR(UsableLocked());
     if (world_ > 3 && !options_.full_mesh) {
       return InvalidArgument("the encoded allreduce of {} members needs CommOptions::full_mesh",
                              world_);
     }
-    ctx = ctx_;
-    rank = rank_;
-    world = world_;
-    if (world > 1 && !data.empty()) ArmLocked(options_.op_timeout, "encoded allreduce");
+    start = StartLocked(data.size(), "encoded allreduce");
   }
   if (data.empty()) return Status::Ok();
+  const size_t world = start.world;
   Status st;
   try {
-    st = Exchange(world > 1 ? ctx.get() : nullptr, data, codec, op, sent, rank, world);
+    st = Exchange(world > 1 ? start.ctx.get() : nullptr, data, codec, op, sent, start.rank,
+                  world);
   } catch (const std::exception& e) {
     st = Error(Code::kAborted, "peer failure: {}", e.what());
   }
   if (world == 1) return st;
-  std::lock_guard lock(mu_);
-  armed_ = false;
-  if (!st.ok()) FailLocked(st);
-  if (phase_ == Phase::kFailed) return status_;
-  return Status::Ok();
+  return EndOp(st);
 }
 
 // Phase 1 (reduce-scatter): every member sends its encoding of chunk p to member p, which
