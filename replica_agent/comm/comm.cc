@@ -46,6 +46,12 @@ Status CommManager::AllReduceEncoded(std::span<float>, const ChunkCodec&, Reduce
                BackendName(backend()));
 }
 
+Status CommManager::AllReduceRuns(std::span<float>, std::span<const ReduceRun>,
+                                  const ChunkCodec*, std::span<float>) {
+  return Error(Code::kUnavailable, "the {} backend has no allreduce of runs",
+               BackendName(backend()));
+}
+
 Result<std::unique_ptr<CommManager>> CommManager::Create(Backend backend, RendezvousStore* store,
                                                          CommOptions options) {
   if (store == nullptr) return InvalidArgument("CommManager needs a RendezvousStore");

@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/status.h"
@@ -49,6 +50,14 @@ class ChunkCodec {
   virtual size_t MaxEncodedBytes(size_t count) const = 0;
   virtual void Encode(const float* in, size_t count, uint8_t* out) const = 0;
   virtual void Decode(const uint8_t* in, size_t count, float* out) const = 0;
+};
+
+// One run of AllReduceRuns: elements [offset, offset + count) of this member's buffer.
+struct ReduceRun {
+  size_t offset = 0;
+  size_t count = 0;
+  std::vector<uint32_t> holders;  // communicator ranks holding the run, ascending: the sum order
+  uint32_t owner = 0;             // one of holders: sums the copies and sends the result
 };
 
 enum class Backend { kGloo, kNccl };
@@ -120,6 +129,23 @@ class CommManager {
   // kConflict. Failures, abort and op_timeout as AllReduce. Backends without it: kUnavailable.
   virtual Status AllReduceEncoded(std::span<float> data, const ChunkCodec& codec, ReduceOp op,
                                   std::span<float> sent = {});
+
+  // In-place sum of runs of elements that only some members hold, for members whose buffers
+  // are laid out differently (DiLoCo groups of different sizes: each element of the model lives
+  // in one trainer of every group, at a place that depends on the group's layout). Each run of
+  // `runs` is a stretch of this member's `data` whose elements the members `holders` hold too,
+  // each at a place of its own; the run's `owner` (one of the holders) receives the other
+  // holders' copies, sums them in float32 in `holders` order, and sends the result back, so
+  // every holder ends with the same bits. Members pass only the runs they hold, all in one
+  // order common to every member (e.g. by position in the whole model), since each pair's
+  // messages are their shared runs in that order. With `codec` (not null) every contribution
+  // and result travels encoded, run by run, and `sent` (data.size() elements, when not empty)
+  // gets what this member's own encoding decodes to (its error feedback); the owner decodes,
+  // sums and encodes the result once, and every holder, the owner too, decodes those bytes.
+  // Failures, abort and op_timeout as AllReduce; needs CommOptions::full_mesh beyond three
+  // members. Backends without it: kUnavailable.
+  virtual Status AllReduceRuns(std::span<float> data, std::span<const ReduceRun> runs,
+                               const ChunkCodec* codec, std::span<float> sent = {});
 
   // Aborts the current communicator (or the one being initialised): a collective in flight
   // returns kAborted at once, later ones too, until Reconfigure with a newer quorum_id.

@@ -50,6 +50,8 @@ inline constexpr auto kForever = std::chrono::hours(24 * 365);
 // 2 * world per collective), so that a member running the other kind of collective waits for
 // the op deadline instead of receiving a message of the wrong shape.
 inline constexpr uint64_t kEncodedSlots = uint64_t{1} << 62;
+// ... and the allreduce of runs another.
+inline constexpr uint64_t kRunSlots = kEncodedSlots | (uint64_t{1} << 61);
 
 class GlooCommManager final : public CommManager {
  public:
@@ -76,6 +78,8 @@ class GlooCommManager final : public CommManager {
   Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op) override;
   Status AllReduceEncoded(std::span<float> data, const ChunkCodec& codec, ReduceOp op,
                           std::span<float> sent) override;
+  Status AllReduceRuns(std::span<float> data, std::span<const ReduceRun> runs,
+                       const ChunkCodec* codec, std::span<float> sent) override;
 
   void Abort(const std::string& reason) override {
     std::lock_guard lock(mu_);
@@ -108,6 +112,9 @@ class GlooCommManager final : public CommManager {
   // The encoded allreduce's two all-to-all phases (ctx is null for a member alone).
   Status Exchange(GlooContext* ctx, std::span<float> data, const ChunkCodec& codec, ReduceOp op,
                   std::span<float> sent, size_t rank, size_t world);
+  // The allreduce of runs' two phases (ctx is null for a member alone).
+  Status ExchangeRuns(GlooContext* ctx, std::span<float> data, std::span<const ReduceRun> runs,
+                      const ChunkCodec* codec, std::span<float> sent, size_t rank, size_t world);
   // The start of a collective, under mu_: UsableLocked refuses without a communicator (or with
   // the failure a failed one keeps); StartLocked takes the communicator and arms the op deadline
   // when the collective moves bytes (more than one member, a non-empty buffer). EndOp ends an
@@ -152,6 +159,9 @@ class GlooCommManager final : public CommManager {
   // encoded result of every chunk, and the float32 sum of its chunk.
   std::vector<uint8_t> enc_send_, enc_stage_, enc_result_;
   std::vector<float> enc_sum_, enc_scratch_;
+  // The allreduce of runs: its four message areas, this member's own encodings, one result.
+  std::vector<uint8_t> runs_send_, runs_stage_, runs_out_, runs_in_, runs_own_, runs_result_;
+  std::vector<float> runs_sum_, runs_scratch_;
 
   std::atomic<uint32_t> quorum_id_{0};
   mutable std::mutex mu_;  // guards everything below

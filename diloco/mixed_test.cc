@@ -1,0 +1,277 @@
+// The exchange of groups of different sizes (diloco/mixed.h): the plan covers every element
+// once with one holder per group, tiles each trainer's shard, and spreads the owners; and the
+// allreduce of runs it drives (CommManager::AllReduceRuns), on real Gloo communicators with the
+// members as threads over loopback, gives every holder of an element the same bits: the float32
+// sum in replica_rank order exactly, and with a codec the owner's decode-sum-encode.
+#include "diloco/mixed.h"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <map>
+
+#include "diloco/compress.h"
+#include "replica_agent/comm/rendezvous_store.h"
+#include "replica_agent/comm/runs.h"
+#include "replica_agent/comm/test_support.h"
+
+namespace lk::diloco {
+namespace {
+
+// Tensors of awkward shapes: rows not divisible by 2 or 3, fewer rows than trainers, a scalar,
+// and one large enough to be cut into several runs.
+std::vector<TensorSpec> Specs() {
+  std::vector<TensorSpec> specs;
+  size_t at = 0;
+  auto add = [&](std::string name, std::vector<int64_t> shape) {
+    TensorSpec s{std::move(name), at, std::move(shape)};
+    at += s.numel();
+    specs.push_back(std::move(s));
+  };
+  add("embed", {7, 5});
+  add("scale", {});
+  add("tiny", {2, 3});
+  add("big", {3, 100'000});
+  add("bias", {11});
+  return specs;
+}
+
+size_t Total(const std::vector<TensorSpec>& specs) {
+  size_t total = 0;
+  REQUIRE(ValidateSpecs(specs, &total).ok());
+  return total;
+}
+
+TEST_CASE("the mixed plan covers every element once, one holder per group, and tiles shards") {
+  const auto specs = Specs();
+  const size_t total = Total(specs);
+  for (std::vector<uint32_t> sizes :
+       {std::vector<uint32_t>{1, 2, 3}, {3, 1}, {2, 2, 4}, {4, 1, 3, 2}}) {
+    CAPTURE(fmt::format("{}", fmt::join(sizes, ",")));
+    MixedPlan p0 = PlanMixed(specs, sizes, 0, 0);
+    CHECK(MixedGroupSizes(sizes) == (sizes != std::vector<uint32_t>{2, 2}));
+    // The fragments tile [0, total) in order.
+    size_t next = 0;
+    for (const auto& f : p0.all) {
+      CHECK(f.full_begin == next);
+      CHECK(f.full_end > f.full_begin);
+      CHECK(f.full_end - f.full_begin <= kMaxRunElems);
+      CHECK(f.holders.size() == sizes.size());
+      CHECK(std::find(f.holders.begin(), f.holders.end(), f.owner) != f.holders.end());
+      next = f.full_end;
+    }
+    CHECK(next == total);
+    std::vector<size_t> owned(p0.mesh_world, 0);
+    for (const auto& f : p0.all) owned[f.owner] += f.full_end - f.full_begin;
+    for (uint32_t q = 0; q < sizes.size(); ++q) {
+      for (uint32_t r = 0; r < sizes[q]; ++r) {
+        MixedPlan p = PlanMixed(specs, sizes, q, r);
+        CHECK(p.mesh_rank == p0.group_base[q] + r);
+        CHECK(p.mesh_world == p0.mesh_world);
+        CHECK(p.all.size() == p0.all.size());  // every member plans the same fragments
+        // Its runs tile its shard, and each is where its layout keeps those elements.
+        ShardLayout layout = MakeShardLayout(specs, sizes[q], r);
+        std::vector<float> full(total), shard(layout.shard_numel);
+        for (size_t i = 0; i < total; ++i) full[i] = static_cast<float>(i);
+        layout.Take(full, shard);
+        size_t covered = 0, k = 0;
+        for (const auto& f : p.all) {
+          const bool mine = f.holders[q] == p.mesh_rank;
+          if (!mine) continue;
+          REQUIRE(k < p.runs.size());
+          const comm::ReduceRun& run = p.runs[k++];
+          CHECK(run.count == f.full_end - f.full_begin);
+          CHECK(run.owner == f.owner);
+          CHECK(run.holders == f.holders);
+          CHECK(shard[run.offset] == static_cast<float>(f.full_begin));
+          CHECK(shard[run.offset + run.count - 1] == static_cast<float>(f.full_end - 1));
+          covered += run.count;
+        }
+        CHECK(k == p.runs.size());
+        CHECK(covered == layout.shard_numel);
+        CHECK(comm::ValidateRuns(p.runs, layout.shard_numel, p.mesh_rank, p.mesh_world).ok());
+      }
+    }
+  }
+}
+
+TEST_CASE("owners spread: no trainer owns more than a run's worth above the least loaded holder") {
+  const auto specs = Specs();
+  MixedPlan p = PlanMixed(specs, std::vector<uint32_t>{1, 2, 3}, 0, 0);
+  std::vector<size_t> owned(p.mesh_world, 0);
+  for (const auto& f : p.all) owned[f.owner] += f.full_end - f.full_begin;
+  // The trainer of the group of one holds everything; the others share what it does not own.
+  size_t most = *std::max_element(owned.begin(), owned.end());
+  CHECK(most <= Total(specs) / 2 + kMaxRunElems);
+  for (size_t o : owned) CHECK(o > 0);
+}
+
+TEST_CASE("a group's state is a step only when all its trainers hold that step") {
+  CHECK(GroupState(std::vector<MemberState>{{true, 4}, {true, 4}}).has_state);
+  CHECK(GroupState(std::vector<MemberState>{{true, 4}, {true, 4}}).step == 4);
+  CHECK_FALSE(GroupState(std::vector<MemberState>{{true, 4}, {false, 0}}).has_state);
+  CHECK_FALSE(GroupState(std::vector<MemberState>{{true, 4}, {true, 3}}).has_state);
+}
+
+// Group q's whole model: different in every group, many magnitudes and signs, exact zeros.
+std::vector<float> GroupModel(size_t q, size_t total) {
+  std::vector<float> v(total);
+  for (size_t i = 0; i < total; ++i) {
+    v[i] = i % 17 == 0 ? 0.0f
+                       : std::ldexp(std::sin(0.29f * static_cast<float>(i) + 1.3f * q),
+                                    -static_cast<int>((i + q) % 7));
+  }
+  return v;
+}
+
+struct Trainer {
+  uint32_t q = 0, r = 0;
+  MixedPlan plan;
+  ShardLayout layout;
+  std::unique_ptr<comm::CommManager> comm;
+  std::vector<float> data, sent;
+};
+
+// Runs one allreduce of runs over the groups `sizes`; returns every trainer after it.
+std::vector<Trainer> Exchange(const std::vector<uint32_t>& sizes, const comm::ChunkCodec* codec) {
+  const auto specs = Specs();
+  const size_t total = Total(specs);
+  comm::FileRendezvousStore store(comm::testing::TempDir("mixed"));
+  std::vector<Trainer> ts;
+  for (uint32_t q = 0; q < sizes.size(); ++q) {
+    const auto model = GroupModel(q, total);
+    for (uint32_t r = 0; r < sizes[q]; ++r) {
+      Trainer t;
+      t.q = q, t.r = r;
+      t.plan = PlanMixed(specs, sizes, q, r);
+      t.layout = MakeShardLayout(specs, sizes[q], r);
+      t.data.resize(t.layout.shard_numel);
+      t.sent.resize(t.layout.shard_numel);
+      t.layout.Take(model, t.data);
+      comm::CommOptions o;
+      o.full_mesh = true;
+      o.op_timeout = Millis(30'000);
+      auto c = comm::CommManager::Create(comm::Backend::kGloo, &store, o);
+      REQUIRE(c.ok());
+      t.comm = std::move(*c);
+      ts.push_back(std::move(t));
+    }
+  }
+  std::vector<std::future<Status>> fs;
+  for (auto& t : ts) {
+    fs.push_back(std::async(std::launch::async, [&t, codec] {
+      LK_RETURN_IF_ERROR(t.comm->Reconfigure(1, t.plan.mesh_rank, t.plan.mesh_world));
+      return t.comm->AllReduceRuns(t.data, t.plan.runs, codec, t.sent);
+    }));
+  }
+  for (auto& f : fs) REQUIRE(f.get().ok());
+  return ts;
+}
+
+// Each group's whole model after the exchange, gathered from its trainers' shards.
+std::map<uint32_t, std::vector<float>> Gathered(const std::vector<Trainer>& ts, size_t total) {
+  std::map<uint32_t, std::vector<float>> out;
+  for (const auto& t : ts) {
+    auto& full = out[t.q];
+    full.resize(total, 0.0f);
+    t.layout.Place(t.data, full);
+  }
+  return out;
+}
+
+TEST_CASE("groups of 1, 2 and 3 trainers: every element is the float32 sum in replica order") {
+  const auto specs = Specs();
+  const size_t total = Total(specs);
+  const std::vector<uint32_t> sizes{1, 2, 3};
+  auto ts = Exchange(sizes, nullptr);
+  std::vector<float> want = GroupModel(0, total);
+  for (uint32_t q = 1; q < sizes.size(); ++q) {
+    auto m = GroupModel(q, total);
+    for (size_t i = 0; i < total; ++i) want[i] += m[i];
+  }
+  for (const auto& [q, full] : Gathered(ts, total)) {
+    CAPTURE(q);
+    CHECK(std::memcmp(full.data(), want.data(), total * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("with int8 on the wire every group ends with the same bits, near the exact sum") {
+  const auto specs = Specs();
+  const size_t total = Total(specs);
+  BlockCodec codec(OuterCompress::kInt8);
+  auto ts = Exchange({3, 1, 2}, &codec);
+  auto groups = Gathered(ts, total);
+  std::vector<float> exact(total, 0.0f);
+  for (uint32_t q = 0; q < 3; ++q) {
+    auto m = GroupModel(q, total);
+    for (size_t i = 0; i < total; ++i) exact[i] += m[i];
+  }
+  const auto& first = groups.begin()->second;
+  for (const auto& [q, full] : groups) {
+    CAPTURE(q);
+    CHECK(std::memcmp(full.data(), first.data(), total * sizeof(float)) == 0);
+  }
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < total; ++i) {
+    err += std::abs(first[i] - exact[i]);
+    norm += std::abs(exact[i]);
+  }
+  CHECK(err / norm < 0.05);
+  // `sent` is what each trainer's own encoding decodes to: within int8's error of its input.
+  for (const auto& t : ts) {
+    std::vector<float> in(t.layout.shard_numel);
+    t.layout.Take(GroupModel(t.q, total), in);
+    double e = 0, n = 0;
+    for (size_t i = 0; i < in.size(); ++i) e += std::abs(t.sent[i] - in[i]), n += std::abs(in[i]);
+    CHECK(e / n < 0.02);
+  }
+}
+
+TEST_CASE("a member that planned other runs is refused by name, not read as garbage") {
+  const auto specs = Specs();
+  comm::FileRendezvousStore store(comm::testing::TempDir("mixed-bad"));
+  const std::vector<uint32_t> sizes{1, 2};
+  std::vector<Trainer> ts;
+  for (uint32_t q = 0; q < 2; ++q) {
+    for (uint32_t r = 0; r < sizes[q]; ++r) {
+      Trainer t;
+      t.q = q, t.r = r;
+      t.plan = PlanMixed(specs, sizes, q, r);
+      t.layout = MakeShardLayout(specs, sizes[q], r);
+      t.data.assign(t.layout.shard_numel, 1.0f);
+      comm::CommOptions o;
+      o.op_timeout = Millis(10'000);
+      auto c = comm::CommManager::Create(comm::Backend::kGloo, &store, o);
+      REQUIRE(c.ok());
+      t.comm = std::move(*c);
+      ts.push_back(std::move(t));
+    }
+  }
+  // The group of one drops a run that another trainer owns from its plan: its message to that
+  // owner is shorter than the owner's plan says. (A longer one would overrun the posted
+  // receive; the plans of one quorum agree, since they come from the same specs and sizes.)
+  auto& runs = ts[0].plan.runs;
+  auto it = std::find_if(runs.begin(), runs.end(),
+                         [&](const comm::ReduceRun& r) { return r.owner != ts[0].plan.mesh_rank; });
+  REQUIRE(it != runs.end());
+  runs.erase(it);
+  std::vector<std::future<Status>> fs;
+  for (auto& t : ts) {
+    fs.push_back(std::async(std::launch::async, [&t] {
+      LK_RETURN_IF_ERROR(t.comm->Reconfigure(1, t.plan.mesh_rank, t.plan.mesh_world));
+      return t.comm->AllReduceRuns(t.data, t.plan.runs, nullptr, {});
+    }));
+  }
+  bool refused = false;
+  for (auto& f : fs) {
+    Status st = f.get();
+    refused = refused || (st.code() == Code::kConflict &&
+                          st.message().find("planned different runs") != std::string::npos);
+  }
+  CHECK(refused);
+}
+
+}  // namespace
+}  // namespace lk::diloco
