@@ -24,11 +24,13 @@ using Clock = internal::Clock;
 void internal::Deliver(NoticeSink& sink, const client::Notice& n) {
   if (n.drain) sink.drain = true;
   std::lock_guard lock(sink.mu);
-  if (sink.slot == nullptr) return;
-  if (n.drain) {
-    sink.slot->Abort("drain: " + n.reason);
-  } else if (n.lost) {
-    sink.slot->AbortQuorum(n.quorum_id, "quorum lost: " + n.reason);
+  for (comm::CommManager* c : {sink.slot, sink.mesh}) {
+    if (c == nullptr) continue;
+    if (n.drain) {
+      c->Abort("drain: " + n.reason);
+    } else if (n.lost) {
+      c->AbortQuorum(n.quorum_id, "quorum lost: " + n.reason);
+    }
   }
 }
 
@@ -67,6 +69,14 @@ Status Diloco::Impl::Init() {
   slot_store_ = std::make_unique<PrefixedStore>(kv_.get(), "diloco/");
   LK_ASSIGN_OR_RETURN(slot_comm_,
                       comm::CommManager::Create(comm::Backend::kGloo, slot_store_.get(), co));
+  // Quorums of groups of different sizes run their cross-group collectives on one communicator
+  // over all their trainers, connected pairwise (AllReduceRuns sends to each fragment's owner).
+  mesh_store_ = std::make_unique<PrefixedStore>(kv_.get(), "diloco-mesh/");
+  comm::CommOptions mesh_co = co;
+  mesh_co.slot = 0;
+  mesh_co.full_mesh = true;
+  LK_ASSIGN_OR_RETURN(mesh_comm_,
+                      comm::CommManager::Create(comm::Backend::kGloo, mesh_store_.get(), mesh_co));
   if (o_.group_size > 1) {
     // The prefix names the group once its replica_rank is known (the first quorum).
     group_store_ = std::make_unique<PrefixedStore>(kv_.get(), "");
@@ -78,6 +88,7 @@ Status Diloco::Impl::Init() {
   {
     std::lock_guard lock(sink_->mu);
     sink_->slot = slot_comm_.get();
+    sink_->mesh = mesh_comm_.get();
   }
   if (o_.own_notices) {
     session_->OnNotice([sink = sink_](const client::Notice& n) { internal::Deliver(*sink, n); });
@@ -250,9 +261,10 @@ Result<uint64_t> Diloco::Impl::GroupTokens(uint64_t tokens) {
 }
 
 Result<OuterWeights> Diloco::Impl::AgreeWeights(const client::PollResult& pr) {
-  std::vector<float> counts =
-      EncodeMemberTokens(pending_tokens_, pr.replica_rank, pr.replica_world_size);
-  LK_RETURN_IF_ERROR(slot_comm_->AllReduce(counts.data(), counts.size(), comm::DType::kFloat32,
+  // On the mesh every trainer of a group takes part, and group_rank 0 speaks for the group.
+  const uint64_t mine = mixed_ && o_.group_rank != 0 ? 0 : pending_tokens_;
+  std::vector<float> counts = EncodeMemberTokens(mine, pr.replica_rank, pr.replica_world_size);
+  LK_RETURN_IF_ERROR(CrossComm().AllReduce(counts.data(), counts.size(), comm::DType::kFloat32,
                                            comm::ReduceOp::kSum));
   return DecideWeights(DecodeMemberTokens(counts), pr.replica_rank);
 }
@@ -361,10 +373,12 @@ Result<bool> Diloco::Impl::OuterAttempt(const client::PollResult& pr, std::span<
     LK_LOG_WARN("publish_live_failed step={} error={}", state_.step, Q(p.ToString()));
   }
   stats->publish_ms += MsSince(publish_t0);
-  const std::string hash = StateHash(state_.global);
+  // The lighthouse compares the commits' hashes across groups (its divergence check), so the
+  // commit carries the hash of the whole global weights, which is the same in every trainer
+  // whatever its group's layout, not this trainer's shard hash.
   auto commit_t0 = Clock::now();
   LK_RETURN_IF_ERROR(
-      session_->Commit(state_.step, true, hash, w->self_tokens).WithContext("commit"));
+      session_->Commit(state_.step, true, global_hash_, w->self_tokens).WithContext("commit"));
   stats->commit_ms += MsSince(commit_t0);
   stats->outer_ms = MsSince(t0);
   saved_at_last_commit_ = false;
@@ -380,7 +394,7 @@ Status Diloco::Impl::Finish() {
   // member still waits for the last bytes of the final allreduce, that member's step would be
   // aborted with nobody left to heal from. So no member leaves before all have come out of it.
   float done = 1.0f;
-  if (Status st = slot_comm_->AllReduce(&done, 1, comm::DType::kFloat32, comm::ReduceOp::kSum);
+  if (Status st = CrossComm().AllReduce(&done, 1, comm::DType::kFloat32, comm::ReduceOp::kSum);
       !st.ok()) {
     LK_LOG_WARN("final_barrier_failed error={}", Q(st.ToString()));
   }

@@ -15,6 +15,7 @@
 #include "diloco/compress.h"
 #include "diloco/core.h"
 #include "diloco/diloco.h"
+#include "diloco/mixed.h"
 #include "diloco/outer.h"
 #include "diloco/prefixed_store.h"
 #include "diloco/state_io.h"
@@ -41,6 +42,7 @@ inline Millis Since(Clock::time_point t0) {
 struct NoticeSink {
   std::mutex mu;
   comm::CommManager* slot = nullptr;  // guarded by mu; cleared before the comm goes away
+  comm::CommManager* mesh = nullptr;  // the same for the communicator of mixed quorums
   std::atomic<bool> drain{false};
 };
 
@@ -68,6 +70,7 @@ class Diloco::Impl {
   ~Impl() {
     std::lock_guard lock(sink_->mu);
     sink_->slot = nullptr;
+    sink_->mesh = nullptr;
   }
 
   Status Init();
@@ -100,6 +103,14 @@ class Diloco::Impl {
   Status JoinQuorum(const client::PollResult& pr, std::span<float> params, SyncStats* stats);
   Status Heal(const client::PollResult& pr);
   Status SyncSlot(const client::PollResult& pr);
+  // SyncSlot for a quorum of groups of different sizes: the same plan over whole groups, the
+  // donor group's state carried to the others fragment by fragment on the mesh.
+  Status SyncMixed(const client::PollResult& pr);
+  // The plan of quorum pr.quorum_id when its groups differ in size (none when they do not), or
+  // an error when the answer's sizes do not fit this trainer.
+  Result<std::optional<MixedPlan>> PlanQuorum(const client::PollResult& pr) const;
+  // The communicator of the cross-group collectives of the joined quorum.
+  comm::CommManager& CrossComm() { return mixed_ ? *mesh_comm_ : *slot_comm_; }
   Result<bool> GroupAgree(bool ok);
   // One cross-group attempt with the pending pseudo-gradient: false when it was cut short.
   Result<bool> OuterAttempt(const client::PollResult& pr, std::span<float> params,
@@ -128,8 +139,11 @@ class Diloco::Impl {
   // The lighthouse KV through the agent, on a connection of its own (a KV wait never holds up
   // a Poll); each communicator sees it under its own key prefix.
   std::unique_ptr<client::SessionKvStore> kv_;
-  std::unique_ptr<PrefixedStore> slot_store_, group_store_;
-  std::unique_ptr<comm::CommManager> slot_comm_, group_comm_;
+  std::unique_ptr<PrefixedStore> slot_store_, group_store_, mesh_store_;
+  // slot_comm_: the trainers of this group_rank in every group, when all groups have this
+  // group's size; mesh_comm_: every trainer of the quorum, when the sizes differ (diloco/mixed.h).
+  std::unique_ptr<comm::CommManager> slot_comm_, group_comm_, mesh_comm_;
+  std::optional<MixedPlan> mixed_;  // of the joined quorum, when its groups differ in size
   std::unique_ptr<StateIo> state_io_;
   bool group_ready_ = false;
   bool group_failed_ = false;  // an in-group collective failed: the group is going down

@@ -1,5 +1,7 @@
 // Joining a quorum: the in-group communicator the first time, the slot communicator, a heal
 // in the core's source order, the slot state sync, and the group's agreement on all of it.
+#include <algorithm>
+
 #include "common/log.h"
 #include "diloco/diloco_impl.h"
 #include "diloco/net_bytes.h"
@@ -86,6 +88,67 @@ Status Diloco::Impl::SyncSlot(const client::PollResult& pr) {
   return Status::Ok();
 }
 
+Result<std::optional<MixedPlan>> Diloco::Impl::PlanQuorum(const client::PollResult& pr) const {
+  const std::vector<uint32_t>& sizes = pr.group_sizes;
+  // Without the sizes the quorum has one group size: the lighthouse refuses the others.
+  if (sizes.empty()) return std::optional<MixedPlan>();
+  if (sizes.size() != pr.replica_world_size || pr.replica_rank >= sizes.size() ||
+      sizes[pr.replica_rank] != o_.group_size ||
+      std::find(sizes.begin(), sizes.end(), 0u) != sizes.end()) {
+    return Status(Code::kConflict,
+                  fmt::format("quorum {} lists group sizes [{}] for {} members, this group of {} "
+                              "at replica_rank {}",
+                              pr.quorum_id, fmt::join(sizes, ","), pr.replica_world_size,
+                              o_.group_size, pr.replica_rank));
+  }
+  if (!MixedGroupSizes(sizes)) return std::optional<MixedPlan>();
+  return std::optional<MixedPlan>(PlanMixed(o_.params, sizes, pr.replica_rank, o_.group_rank));
+}
+
+// The slot state sync across layouts: each group holds state when all its trainers hold the same
+// step; the donor group's trainers contribute their global weights and momentum, everyone else
+// zeros, to a sum over the mesh fragment by fragment, so the receivers get the donor's bits in
+// their own layout (x + 0 == x).
+Status Diloco::Impl::SyncMixed(const client::PollResult& pr) {
+  const MixedPlan& plan = *mixed_;
+  std::vector<float> states =
+      EncodeMemberState({has_state_, state_.step}, plan.mesh_rank, plan.mesh_world);
+  LK_RETURN_IF_ERROR(mesh_comm_->AllReduce(states.data(), states.size(), comm::DType::kFloat32,
+                                           comm::ReduceOp::kSum));
+  const std::vector<MemberState> trainers = DecodeMemberStates(states);
+  std::vector<MemberState> groups;
+  for (size_t q = 0; q < pr.group_sizes.size(); ++q) {
+    groups.push_back(GroupState(std::span(trainers).subspan(plan.group_base[q],
+                                                            pr.group_sizes[q])));
+  }
+  SyncPlan sync = PlanStateSync(groups);
+  if (!sync.donor) return Status(Code::kUnavailable, "no group of the quorum holds state");
+  if (!sync.any_receives()) return Status::Ok();
+  const size_t n = layout_.shard_numel;
+  std::vector<float> buf(2 * n, 0.0f);
+  if (pr.replica_rank == *sync.donor) {
+    std::copy(state_.global.begin(), state_.global.end(), buf.begin());
+    std::copy(state_.momentum.begin(), state_.momentum.end(), buf.begin() + n);
+  }
+  std::vector<comm::ReduceRun> runs = plan.runs;
+  std::vector<comm::ReduceRun> momentum = ShiftRuns(plan.runs, n);
+  runs.insert(runs.end(), momentum.begin(), momentum.end());
+  LK_RETURN_IF_ERROR(mesh_comm_->AllReduceRuns(buf, runs, nullptr));
+  if (sync.receives[pr.replica_rank]) {
+    state_.global.assign(buf.begin(), buf.begin() + n);
+    state_.momentum.assign(buf.begin() + n, buf.end());
+    state_.step = sync.step;
+    has_state_ = true;
+    received_ = true;
+    healed_ = !pr.initial;
+    inner_from_disk_ = false;  // whatever a restore brought is for another step now
+    heal_source_ = fmt::format("replica_rank {}", *sync.donor);
+    LK_LOG_INFO("heal_received donor_replica_rank={} step={} quorum_id={} group_sizes={}",
+                *sync.donor, sync.step, pr.quorum_id, fmt::join(pr.group_sizes, ","));
+  }
+  return Status::Ok();
+}
+
 Status Diloco::Impl::LoadGlobal(std::span<float> params) {
   std::vector<float> full(layout_.total, 0.0f);
   layout_.Place(state_.global, full);
@@ -117,6 +180,11 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& pr, std::span<float> p
     }
     group_ready_ = true;
   }
+  Result<std::optional<MixedPlan>> plan = PlanQuorum(pr);
+  if (!plan.ok()) {
+    account();
+    return plan.status();
+  }
   received_ = healed_ = inner_from_disk_ = false;
   heal_source_.clear();
   if (pr.heal) {
@@ -124,8 +192,11 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& pr, std::span<float> p
   } else {
     has_state_ = true;  // the plan says this group's state is current (or the initial one)
   }
-  Status st = slot_comm_->Reconfigure(pr.quorum_id, pr.replica_rank, pr.replica_world_size);
-  if (st.ok()) st = SyncSlot(pr);
+  mixed_ = std::move(*plan);
+  Status st = mixed_ ? mesh_comm_->Reconfigure(pr.quorum_id, mixed_->mesh_rank, mixed_->mesh_world)
+                     : slot_comm_->Reconfigure(pr.quorum_id, pr.replica_rank,
+                                               pr.replica_world_size);
+  if (st.ok()) st = mixed_ ? SyncMixed(pr) : SyncSlot(pr);
   auto all_ok = GroupAgree(st.ok());
   if (!all_ok.ok() || !*all_ok) {
     account();
@@ -157,11 +228,12 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& pr, std::span<float> p
   account();
   LK_LOG_INFO(
       "quorum_joined quorum_id={} replica_rank={} world={} step={} healed={} "
-      "inner_state={} reason={}",
+      "inner_state={} group_sizes={} reason={}",
       pr.quorum_id, pr.replica_rank, pr.replica_world_size, state_.step, healed_,
       inner_action_ == InnerAction::kKeep    ? "kept"
       : inner_action_ == InnerAction::kReset ? "fresh"
                                              : "restored",
+      mixed_ ? fmt::format("{}", fmt::join(pr.group_sizes, ",")) : std::to_string(o_.group_size),
       Q(pr.reason));
   return Status::Ok();
 }

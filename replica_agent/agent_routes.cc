@@ -409,8 +409,14 @@ Status Agent::Impl::CommitLocked(Trainer& t, uint32_t step, bool failed,
   }
   if (all) {
     committed_step = step;
+    // Trainers that all report one hash (the DiLoCo library's hash of the whole global weights)
+    // give the node that hash, so that nodes of groups of different sizes compare equal;
+    // otherwise (a hash per shard) the node's hash covers the list.
+    bool one_hash = true;
+    for (auto& [r, o] : trainers) one_hash &= o.state_hash == trainers.begin()->second.state_hash;
     QueueCommitLocked(step, /*failed=*/false,
-                      fmt::format("{:016x}", XXH3_64bits(hashes.data(), hashes.size())),
+                      one_hash ? trainers.begin()->second.state_hash
+                               : fmt::format("{:016x}", XXH3_64bits(hashes.data(), hashes.size())),
                       group_tokens);
     // The node's outer step is done: the next round can start now, while the trainers run
     // their inner steps (the quorum loop sends the commit first).

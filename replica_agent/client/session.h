@@ -46,6 +46,10 @@ struct PollResult {
   std::string restore_location;           // durable checkpoint to restore when no live source
   uint32_t restore_step = 0;
   std::string reason;
+  // Every member's group size, index = replica_rank, on the answer that joins a quorum (over
+  // the socket); empty on answers from the poll board and from a lighthouse that does not send
+  // them. The caller keeps it for that quorum_id.
+  std::vector<uint32_t> group_sizes;
   // Read from the agent's poll board (shared memory) instead of asked over the socket: the
   // answer was known before the poll, and nothing changed.
   bool from_board = false;
