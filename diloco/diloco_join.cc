@@ -187,6 +187,18 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& pr, std::span<float> p
   }
   received_ = healed_ = inner_from_disk_ = false;
   heal_source_.clear();
+  // A join that fails leaves this trainer's state as it was before: state fetched for a quorum
+  // that then fell apart is not a step this group reached, and the next poll must ask at the
+  // step it holds. (A group that was healing to the last step when the others finished would
+  // otherwise ask as a finished group, and no catch-up quorum would ever take it.)
+  OuterState before = state_;
+  const bool had_state = has_state_;
+  auto roll_back = [&] {
+    state_ = std::move(before);
+    has_state_ = had_state;
+    received_ = healed_ = inner_from_disk_ = false;
+    heal_source_.clear();
+  };
   if (pr.heal) {
     LK_RETURN_IF_ERROR(Heal(pr));
   } else {
@@ -200,6 +212,7 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& pr, std::span<float> p
   auto all_ok = GroupAgree(st.ok());
   if (!all_ok.ok() || !*all_ok) {
     account();
+    roll_back();
     if (!all_ok.ok()) return all_ok.status();
     return st.ok() ? Status(Code::kAborted, "another trainer of the group failed") : st;
   }
