@@ -106,6 +106,11 @@ class Diloco::Impl {
   // SyncSlot for a quorum of groups of different sizes: the same plan over whole groups, the
   // donor group's state carried to the others fragment by fragment on the mesh.
   Status SyncMixed(const client::PollResult& pr);
+  // The state sync's buffer, [global shard, momentum shard]: this trainer's state when it is the
+  // donor, zeros otherwise; and a receiver's taking of the summed buffer.
+  std::vector<float> DonorBuffer(bool donor) const;
+  void TakeDonorState(std::span<const float> buf, const SyncPlan& plan,
+                      const client::PollResult& pr);
   // The plan of quorum pr.quorum_id when its groups differ in size (none when they do not), or
   // an error when the answer's sizes do not fit this trainer.
   Result<std::optional<MixedPlan>> PlanQuorum(const client::PollResult& pr) const;

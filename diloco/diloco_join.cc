@@ -65,27 +65,38 @@ Status Diloco::Impl::SyncSlot(const client::PollResult& pr) {
   SyncPlan plan = PlanStateSync(DecodeMemberStates(states));
   if (!plan.donor) return Status(Code::kUnavailable, "no member of the quorum holds state");
   if (!plan.any_receives()) return Status::Ok();
+  std::vector<float> buf = DonorBuffer(rank == *plan.donor);
+  LK_RETURN_IF_ERROR(
+      slot_comm_->AllReduce(buf.data(), buf.size(), comm::DType::kFloat32, comm::ReduceOp::kSum));
+  if (plan.receives[rank]) TakeDonorState(buf, plan, pr);
+  return Status::Ok();
+}
+
+std::vector<float> Diloco::Impl::DonorBuffer(bool donor) const {
   const size_t n = layout_.shard_numel;
   std::vector<float> buf(2 * n, 0.0f);
-  if (rank == *plan.donor) {
+  if (donor) {
     std::copy(state_.global.begin(), state_.global.end(), buf.begin());
     std::copy(state_.momentum.begin(), state_.momentum.end(), buf.begin() + n);
   }
-  LK_RETURN_IF_ERROR(
-      slot_comm_->AllReduce(buf.data(), buf.size(), comm::DType::kFloat32, comm::ReduceOp::kSum));
-  if (plan.receives[rank]) {
-    state_.global.assign(buf.begin(), buf.begin() + n);
-    state_.momentum.assign(buf.begin() + n, buf.end());
-    state_.step = plan.step;
-    has_state_ = true;
-    received_ = true;
-    healed_ = !pr.initial;
-    inner_from_disk_ = false;  // whatever a restore brought is for another step now
-    heal_source_ = fmt::format("replica_rank {}", *plan.donor);
-    LK_LOG_INFO("heal_received donor_replica_rank={} step={} quorum_id={}", *plan.donor, plan.step,
-                pr.quorum_id);
-  }
-  return Status::Ok();
+  return buf;
+}
+
+void Diloco::Impl::TakeDonorState(std::span<const float> buf, const SyncPlan& plan,
+                                  const client::PollResult& pr) {
+  const size_t n = layout_.shard_numel;
+  state_.global.assign(buf.begin(), buf.begin() + n);
+  state_.momentum.assign(buf.begin() + n, buf.end());
+  state_.step = plan.step;
+  has_state_ = true;
+  received_ = true;
+  healed_ = !pr.initial;
+  inner_from_disk_ = false;  // whatever a restore brought is for another step now
+  heal_source_ = fmt::format("replica_rank {}", *plan.donor);
+  LK_LOG_INFO("heal_received donor_replica_rank={} step={} quorum_id={} group_sizes={}",
+              *plan.donor, plan.step, pr.quorum_id,
+              pr.group_sizes.empty() ? std::to_string(o_.group_size)
+                                     : fmt::format("{}", fmt::join(pr.group_sizes, ",")));
 }
 
 Result<std::optional<MixedPlan>> Diloco::Impl::PlanQuorum(const client::PollResult& pr) const {
@@ -124,28 +135,12 @@ Status Diloco::Impl::SyncMixed(const client::PollResult& pr) {
   SyncPlan sync = PlanStateSync(groups);
   if (!sync.donor) return Status(Code::kUnavailable, "no group of the quorum holds state");
   if (!sync.any_receives()) return Status::Ok();
-  const size_t n = layout_.shard_numel;
-  std::vector<float> buf(2 * n, 0.0f);
-  if (pr.replica_rank == *sync.donor) {
-    std::copy(state_.global.begin(), state_.global.end(), buf.begin());
-    std::copy(state_.momentum.begin(), state_.momentum.end(), buf.begin() + n);
-  }
+  std::vector<float> buf = DonorBuffer(pr.replica_rank == *sync.donor);
   std::vector<comm::ReduceRun> runs = plan.runs;
-  std::vector<comm::ReduceRun> momentum = ShiftRuns(plan.runs, n);
+  std::vector<comm::ReduceRun> momentum = ShiftRuns(plan.runs, layout_.shard_numel);
   runs.insert(runs.end(), momentum.begin(), momentum.end());
   LK_RETURN_IF_ERROR(mesh_comm_->AllReduceRuns(buf, runs, nullptr));
-  if (sync.receives[pr.replica_rank]) {
-    state_.global.assign(buf.begin(), buf.begin() + n);
-    state_.momentum.assign(buf.begin() + n, buf.end());
-    state_.step = sync.step;
-    has_state_ = true;
-    received_ = true;
-    healed_ = !pr.initial;
-    inner_from_disk_ = false;  // whatever a restore brought is for another step now
-    heal_source_ = fmt::format("replica_rank {}", *sync.donor);
-    LK_LOG_INFO("heal_received donor_replica_rank={} step={} quorum_id={} group_sizes={}",
-                *sync.donor, sync.step, pr.quorum_id, fmt::join(pr.group_sizes, ","));
-  }
+  if (sync.receives[pr.replica_rank]) TakeDonorState(buf, sync, pr);
   return Status::Ok();
 }
 

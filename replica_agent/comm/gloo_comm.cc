@@ -346,14 +346,7 @@ Status GlooCommManager::Ring(GlooContext& ctx, void* user, float* acc, size_t co
     inflight_ = {ubuf.get(), sbuf.get()};
     if (bf16) inflight_.push_back(abuf);
   }
-  // Declared after the buffers, so it runs first: Abort must never touch a freed buffer.
-  struct Unregister {
-    GlooCommManager* self;
-    ~Unregister() {
-      std::lock_guard lock(self->mu_);
-      self->inflight_.clear();
-    }
-  } unregister{this};
+  InflightGuard unregister{this};  // after the buffers: see InflightGuard
 
   const uint64_t slot_base = (++op_seq_) * 2 * world;
   // The next reduce-scatter segment to post a staging receive for, and how many were posted.

@@ -129,6 +129,15 @@ class GlooCommManager final : public CommManager {
   Status EndOp(const Status& st);
   Status WaitRecv(GlooBuffer& buf);
   Status WaitSend(GlooBuffer& buf);
+  // Clears inflight_ when a collective ends. Declared after the collective's buffers, so that
+  // it runs first: Abort must never touch a freed buffer.
+  struct InflightGuard {
+    GlooCommManager* self;
+    ~InflightGuard() {
+      std::lock_guard lock(self->mu_);
+      self->inflight_.clear();
+    }
+  };
   Status Interrupted() {
     std::lock_guard lock(mu_);
     return phase_ == Phase::kFailed ? status_ : Status::Ok();

@@ -77,14 +77,7 @@ Status GlooCommManager::Exchange(GlooContext* ctx, std::span<float> data, const 
     if (phase_ == Phase::kFailed) return status_;
     inflight_ = {sbuf.get(), stage.get(), rbuf.get()};
   }
-  // Declared after the buffers, so it runs first: Abort must never touch a freed buffer.
-  struct Unregister {
-    GlooCommManager* self;
-    ~Unregister() {
-      std::lock_guard lock(self->mu_);
-      self->inflight_.clear();
-    }
-  } unregister{this};
+  InflightGuard unregister{this};  // after the buffers: see InflightGuard
 
   const uint64_t slot = kEncodedSlots | ((++op_seq_) << 1);
   for (size_t p = 0; p < world; ++p) {

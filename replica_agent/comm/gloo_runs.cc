@@ -138,14 +138,7 @@ Status GlooCommManager::ExchangeRuns(GlooContext* ctx, std::span<float> data,
     if (phase_ == Phase::kFailed) return status_;
     inflight_ = {sbuf.get(), stage.get(), obuf.get(), ibuf.get()};
   }
-  // Declared after the buffers, so it runs first: Abort must never touch a freed buffer.
-  struct Unregister {
-    GlooCommManager* self;
-    ~Unregister() {
-      std::lock_guard lock(self->mu_);
-      self->inflight_.clear();
-    }
-  } unregister{this};
+  InflightGuard unregister{this};  // after the buffers: see InflightGuard
 
   const uint64_t slot = kRunSlots | ((++op_seq_) << 1);
   size_t stage_msgs = 0, in_msgs = 0, sends = 0, out_sends = 0;
