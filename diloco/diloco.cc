@@ -65,6 +65,10 @@ Status Diloco::Impl::Init() {
   co.op_timeout = o_.op_timeout;
   // The encoded exchange sends every chunk straight to its owner (see comm.h).
   co.full_mesh = o_.outer_compress != OuterCompress::kNone;
+  // The fragment-wise exchange averages with groups of any trainer count, so this group may
+  // share quorums with groups of other sizes (the lighthouse's size rule is for trainers that
+  // only know an exchange over equal layouts).
+  session_->SetMixedGroupSizes(true);
   kv_ = std::make_unique<client::SessionKvStore>(session_->socket_path());
   slot_store_ = std::make_unique<PrefixedStore>(kv_.get(), "diloco/");
   LK_ASSIGN_OR_RETURN(slot_comm_,

@@ -1,5 +1,7 @@
 #include "lighthouse/convert.h"
 
+#include <algorithm>
+
 namespace lk::lighthouse {
 
 namespace pb = lightkeeper::v1;
@@ -10,6 +12,19 @@ void ToProto(const MemberData& m, pb::Member* out) {
   out->set_step(m.step);
   for (const auto& a : m.addresses) out->add_addresses(a);
   out->set_heal(m.heal);
+  out->set_group_size(m.group_size);
+  out->set_mixed_group_sizes(m.mixed_group_sizes);
+}
+
+void AddGroupSizes(const std::vector<MemberData>& members, pb::QuorumResponse* out) {
+  // Only a quorum of different sizes sends them: at 1,024 groups every answer would otherwise
+  // carry 1,024 equal numbers that the trainers already know.
+  const bool differ = std::adjacent_find(members.begin(), members.end(),
+                                         [](const MemberData& a, const MemberData& b) {
+                                           return a.group_size != b.group_size;
+                                         }) != members.end();
+  if (!differ) return;
+  for (const auto& m : members) out->add_group_sizes(m.group_size);
 }
 
 void ToProto(const CheckpointData& c, pb::CheckpointInfo* out) {
@@ -33,6 +48,8 @@ MemberData FromProto(const pb::Member& m) {
   out.step = m.step();
   out.addresses.assign(m.addresses().begin(), m.addresses().end());
   out.heal = m.heal();
+  out.group_size = m.group_size();
+  out.mixed_group_sizes = m.mixed_group_sizes();
   return out;
 }
 
@@ -42,6 +59,7 @@ void ToProto(const QuorumAnswer& a, pb::QuorumResponse* out) {
   // times for n members), or inline.
   const auto& members = a.members_shared ? *a.members_shared : a.members;
   for (const auto& m : members) ToProto(m, out->add_members());
+  AddGroupSizes(members, out);
   out->set_replica_rank(a.replica_rank);
   out->set_replica_world_size(static_cast<uint32_t>(members.size()));
   out->set_max_step(a.max_step);
@@ -90,6 +108,7 @@ void ToProto(const JobView& v, pb::JobStatus* out) {
     gs->set_share(g.share);
     gs->set_tokens_total(g.tokens_total);
     gs->set_group_size(g.group_size);
+    gs->set_mixed_group_sizes(g.mixed_group_sizes);
   }
   for (const auto& c : v.checkpoints) ToProto(c, out->add_checkpoints());
 }

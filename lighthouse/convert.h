@@ -9,6 +9,8 @@
 namespace lk::lighthouse {
 
 void ToProto(const MemberData& m, lightkeeper::v1::Member* out);
+// Every member's group size into out->group_sizes, when the members' sizes differ.
+void AddGroupSizes(const std::vector<MemberData>& members, lightkeeper::v1::QuorumResponse* out);
 void ToProto(const CheckpointData& c, lightkeeper::v1::CheckpointInfo* out);
 void ToProto(const QuorumAnswer& a, lightkeeper::v1::QuorumResponse* out);
 void ToProto(const FailureNoticeData& n, lightkeeper::v1::FailureNotice* out);

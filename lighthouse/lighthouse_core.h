@@ -67,6 +67,8 @@ struct MemberData {
   std::vector<std::string> addresses;  // index node_rank; shard server of each agent
   bool heal = false;
   bool has_state = true;
+  uint32_t group_size = 0;  // trainers in the group when the quorum formed (0: not known)
+  bool mixed_group_sizes = false;  // it could average across group sizes then
 };
 
 struct CheckpointData {
@@ -139,8 +141,10 @@ struct JoinInput {
   std::string address;
   uint32_t generation = 0;  // as in HeartbeatInput
   // Trainers in the whole group; 0: not known. A group whose size differs from the quorum's
-  // is refused (GROUP_SIZE_MISMATCH) while groups of different sizes cannot share a quorum.
+  // is refused (GROUP_SIZE_MISMATCH), unless every member sets mixed_group_sizes.
   uint32_t group_size = 0;
+  // Every trainer of the group averages across groups of other sizes (see ComputeQuorum).
+  bool mixed_group_sizes = false;
 };
 
 struct CommitInput {
@@ -219,6 +223,7 @@ struct GroupView {
   std::string group_id, incarnation, phase, state, reason;
   uint32_t nodes = 1, step = 0, generation = 0;
   uint32_t group_size = 0;  // trainers, from its last ask (0: not known)
+  bool mixed_group_sizes = false;  // its last ask could average across group sizes
   // Its contribution: the tokens of its last committed step (tokens_step), their share of all
   // the tokens the job's groups committed for that step, and its total over the job.
   uint64_t tokens = 0, tokens_total = 0;

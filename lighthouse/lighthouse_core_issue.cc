@@ -43,10 +43,18 @@ void LighthouseCore::Impl::Evaluate(Job& job, TimePoint now, Effects* fx) {
 
 void LighthouseCore::Impl::RefuseSize(Group& g, const QuorumDecision& d, TimePoint now,
                                       Effects* fx) {
-  const std::string why = fmt::format(
-      "group {} has {} trainers but the quorum's groups have {}: groups of different sizes "
-      "cannot train one job yet (start it with --group-size {})",
-      g.status.group_id, g.status.group_size, d.group_size, d.group_size);
+  const std::string why =
+      d.mixed_sizes
+          ? fmt::format(
+                "group {} has {} trainers and cannot average across group sizes, but the "
+                "quorum's groups have other sizes (use the DiLoCo library, which sets "
+                "mixed_group_sizes, in every group, or give every group the same --group-size)",
+                g.status.group_id, g.status.group_size)
+          : fmt::format(
+                "group {} has {} trainers but the quorum's groups have {}: groups of different "
+                "sizes share a quorum only when all of them average across sizes (the DiLoCo "
+                "library does); start it with --group-size {}",
+                g.status.group_id, g.status.group_size, d.group_size, d.group_size);
   g.status.size_refused = true;
   g.reason = why;
   fx->events.push_back(fmt::format(
@@ -69,6 +77,8 @@ void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint no
     m.incarnation = s->incarnation;
     m.step = AskStep(*s);
     m.has_state = AskHasState(*s);
+    m.group_size = s->group_size;
+    m.mixed_group_sizes = s->mixed_group_sizes;
     m.addresses.reserve(s->agents.size());
     for (const AgentStatus& a : s->agents) m.addresses.push_back(a.address);
     members.push_back(std::move(m));

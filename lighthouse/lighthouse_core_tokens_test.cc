@@ -1,6 +1,7 @@
 // Tests of the lighthouse core for groups of different speeds and sizes: each group's tokens
-// per committed step (its contribution, shown and persisted), and the refusal of a group whose
-// trainer count differs from the quorum's (GROUP_SIZE_MISMATCH), through the public inputs.
+// per committed step (its contribution, shown and persisted), the refusal of a group whose
+// trainer count differs from the quorum's (GROUP_SIZE_MISMATCH), and quorums of several sizes
+// when every group averages across sizes, through the public inputs.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -16,10 +17,25 @@ namespace {
 using testing::Harness;
 
 Status JoinSized(Harness& h, const std::string& g, uint32_t step, uint32_t group_size,
-                 const std::string& inc = "i1") {
+                 const std::string& inc = "i1", bool mixed = false) {
   h.fx = {};
-  JoinInput in{h.job, g, inc, 0, 1, step, false, true, "addr-" + g, 0, group_size};
+  JoinInput in{h.job, g, inc, 0, 1, step, false, true, "addr-" + g, 0, group_size, mixed};
   return h.core.OnJoin(in, h.clock.Now(), &h.fx);
+}
+
+// A group whose trainers average across sizes (the DiLoCo library's asks).
+Status JoinMixed(Harness& h, const std::string& g, uint32_t step, uint32_t group_size) {
+  return JoinSized(h, g, step, group_size, "i1", true);
+}
+
+// "a:1,b:2": each member of a's answer with its size.
+std::string Sizes(const QuorumAnswer* a) {
+  std::string out;
+  for (const MemberData& m : *a->members_shared) {
+    if (!out.empty()) out += ",";
+    out += m.group_id + ":" + std::to_string(m.group_size);
+  }
+  return out;
 }
 
 Result<bool> CommitTokens(Harness& h, const std::string& g, uint32_t quorum_id, uint32_t step,
@@ -127,8 +143,9 @@ TEST_CASE("group size: a group of another size is refused when the quorum forms,
   CHECK(refused->code() == Code::kConflict);
   CHECK(refused->reason() == Reason::kGroupSizeMismatch);
   CHECK(refused->message() ==
-        "group b has 2 trainers but the quorum's groups have 1: groups of different sizes cannot "
-        "train one job yet (start it with --group-size 1)");
+        "group b has 2 trainers but the quorum's groups have 1: groups of different sizes share "
+        "a quorum only when all of them average across sizes (the DiLoCo library does); start "
+        "it with --group-size 1");
   CHECK(h.HasEvent("group_refused job=j group=b incarnation=i1 group_size=2 quorum_group_size=1 "
                    "code=GROUP_SIZE_MISMATCH"));
   // The refused group holds up nothing: a goes ahead alone.
@@ -203,6 +220,108 @@ TEST_CASE("group size: no refusal on a tie before a first quorum: the size turns
   CHECK(h.Answer("c") != nullptr);
   REQUIRE(h.Rejection("a") != nullptr);
   CHECK(h.Rejection("a")->reason() == Reason::kGroupSizeMismatch);
+}
+
+TEST_CASE("mixed sizes: groups that all average across sizes share one quorum - each member's size") {
+  Harness h;
+  for (const char* g : {"a", "b", "c"}) REQUIRE(h.Beat(g).ok());
+  REQUIRE(JoinMixed(h, "a", 0, 1).ok());
+  REQUIRE(JoinMixed(h, "b", 0, 2).ok());
+  REQUIRE(JoinMixed(h, "c", 0, 3).ok());
+  CHECK(h.fx.rejections.empty());
+  REQUIRE(h.fx.answers.size() == 3);
+  CHECK(Sizes(h.Answer("a")) == "a:1,b:2,c:3");
+  CHECK(h.Answer("c")->replica_rank == 2);
+  CHECK(h.Group("b")->mixed_group_sizes);
+  // The next step: a joiner of a fourth size comes in beside them.
+  REQUIRE(h.Beat("d").ok());
+  REQUIRE(JoinMixed(h, "d", 0, 4).ok());
+  for (const char* g : {"a", "b", "c"}) REQUIRE(JoinMixed(h, g, 1, g[0] - 'a' + 1).ok());
+  CHECK(h.fx.rejections.empty());
+  REQUIRE(h.Answer("d") != nullptr);
+  CHECK(Sizes(h.Answer("d")) == "a:1,b:2,c:3,d:4");
+  // The sizes and the flag are persisted with the quorum: after a restart the first member
+  // to ask sets no one-size rule for the others.
+  JobRecordData rec = h.fx.persist_jobs.at(0);
+  REQUIRE(rec.members.size() == 4);
+  CHECK(rec.members[3].group_size == 4);
+  CHECK(rec.members[3].mixed_group_sizes);
+  Harness r(h.options);
+  REQUIRE(r.core.Load({rec}, {}, h.clock.Now()).ok());
+  for (const char* g : {"a", "b", "c", "d"}) {
+    REQUIRE(JoinSized(r, g, 2, g[0] - 'a' + 1, "i1", true).ok());
+    CHECK(r.fx.rejections.empty());
+  }
+  REQUIRE(r.Answer("a") != nullptr);
+  CHECK(Sizes(r.Answer("a")) == "a:1,b:2,c:3,d:4");
+}
+
+TEST_CASE("mixed sizes: a group that cannot mix is refused by a quorum of several sizes, taken by one of its own size") {
+  Harness h;
+  for (const char* g : {"a", "b"}) REQUIRE(h.Beat(g).ok());
+  REQUIRE(JoinMixed(h, "a", 0, 1).ok());
+  REQUIRE(JoinMixed(h, "b", 0, 2).ok());
+  REQUIRE(h.fx.answers.size() == 2);
+  REQUIRE(h.Beat("c").ok());
+  REQUIRE(JoinSized(h, "c", 0, 2).ok());  // an older trainer: no mixed_group_sizes
+  const Status* refused = h.Rejection("c");
+  REQUIRE(refused != nullptr);
+  CHECK(refused->reason() == Reason::kGroupSizeMismatch);
+  CHECK(refused->message() ==
+        "group c has 2 trainers and cannot average across group sizes, but the quorum's groups "
+        "have other sizes (use the DiLoCo library, which sets mixed_group_sizes, in every "
+        "group, or give every group the same --group-size)");
+  CHECK(h.HasEvent("group_refused job=j group=c incarnation=i1 group_size=2 quorum_group_size=0 "
+                   "code=GROUP_SIZE_MISMATCH"));
+
+  // A quorum of mixing groups that all have one size takes a group of that size that cannot
+  // mix; from then on the quorum keeps that size.
+  Harness u;
+  for (const char* g : {"a", "b"}) REQUIRE(u.Beat(g).ok());
+  REQUIRE(JoinMixed(u, "a", 0, 2).ok());
+  REQUIRE(JoinMixed(u, "b", 0, 2).ok());
+  REQUIRE(u.fx.answers.size() == 2);
+  REQUIRE(u.Beat("c").ok());
+  REQUIRE(JoinSized(u, "c", 0, 2).ok());
+  CHECK(u.Rejection("c") == nullptr);
+  REQUIRE(JoinMixed(u, "a", 1, 2).ok());
+  REQUIRE(JoinMixed(u, "b", 1, 2).ok());
+  REQUIRE(u.Answer("c") != nullptr);
+  CHECK(Sizes(u.Answer("c")) == "a:2,b:2,c:2");
+  REQUIRE(u.Beat("d").ok());
+  REQUIRE(JoinMixed(u, "d", 0, 3).ok());  // can mix, but c cannot: one size again
+  REQUIRE(u.Rejection("d") != nullptr);
+  CHECK(u.Rejection("d")->reason() == Reason::kGroupSizeMismatch);
+}
+
+TEST_CASE("mixed sizes: every agent of a group must mix - a first quorum with one that cannot has one size") {
+  Harness h;
+  for (const char* g : {"a", "b", "c"}) REQUIRE(h.Beat(g).ok());
+  REQUIRE(JoinMixed(h, "a", 0, 1).ok());
+  REQUIRE(JoinMixed(h, "b", 0, 2).ok());
+  REQUIRE(JoinSized(h, "c", 0, 2).ok());
+  // Not all mix: the one-size rule, and the size most groups have.
+  REQUIRE(h.fx.answers.size() == 2);
+  CHECK(Sizes(h.Answer("b")) == "b:2,c:2");
+  REQUIRE(h.Rejection("a") != nullptr);
+
+  // Two nodes of one group: its asks mix only when both do.
+  Harness two;
+  REQUIRE(two.Beat("a").ok());
+  REQUIRE(two.Beat("b", 0, "i1", 0, 2).ok());
+  REQUIRE(two.Beat("b", 0, "i1", 1, 2).ok());
+  REQUIRE(JoinMixed(two, "a", 0, 1).ok());
+  two.fx = {};
+  JoinInput in{two.job, "b", "i1", 0, 2, 0, false, true, "addr-b0", 0, 2, true};
+  REQUIRE(two.core.OnJoin(in, two.clock.Now(), &two.fx).ok());
+  CHECK(two.Group("b")->mixed_group_sizes == false);  // node 1 has not said so yet
+  in.node_rank = 1;
+  in.address = "addr-b1";
+  REQUIRE(two.core.OnJoin(in, two.clock.Now(), &two.fx).ok());
+  CHECK(two.Group("b")->mixed_group_sizes);
+  CHECK(two.fx.rejections.empty());
+  REQUIRE(two.Answer("a") != nullptr);
+  CHECK(Sizes(two.Answer("a")) == "a:1,b:2");
 }
 
 }  // namespace

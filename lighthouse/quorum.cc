@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 namespace lk::lighthouse {
 
@@ -101,6 +102,7 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
   std::vector<bool> candidate_is_prev;
   bool any_shrink = false;
   uint32_t prev_size = 0;  // the trainers per group of a live previous member, asking or not
+  bool prev_live = false, prev_all_mixed = true;  // over the live previous members
   std::vector<const GroupStatus*> healthy_groups;
   size_t pi = 0;
   for (const GroupStatus* g : m.groups) {
@@ -112,6 +114,7 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
     healthy_groups.push_back(g);
     if (is_prev) ++prev_healthy;
     if (is_prev && prev_size == 0) prev_size = g->group_size;
+    if (is_prev) prev_live = true, prev_all_mixed = prev_all_mixed && g->mixed_group_sizes;
     if (g->first_ask) {
       if (!clock_all || *g->first_ask < *clock_all) clock_all = g->first_ask;
       if (is_prev && (!clock_prev || *g->first_ask < *clock_prev)) clock_prev = g->first_ask;
@@ -123,17 +126,44 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
     any_shrink = any_shrink || AskShrinkOnly(*g);
   }
 
-  // One trainer count per quorum: participants of another size are refused, and count as
-  // neither candidates nor healthy groups from here on.
+  // A quorum mixes group sizes when every group that decides its shape can: the live previous
+  // members, else (a first quorum, or one whose members are all gone) every candidate.
   QuorumDecision d;
-  d.group_size = prev_size != 0 ? prev_size
-                                : QuorumGroupSize(candidates, candidate_is_prev, healthy_groups);
-  if (d.group_size != 0) {
+  d.mixed_sizes =
+      prev_live ? prev_all_mixed
+                : !candidates.empty() &&
+                      std::all_of(candidates.begin(), candidates.end(),
+                                  [](const GroupStatus* g) { return g->mixed_group_sizes; });
+  // In a mixed quorum a group that cannot mix is kept only while every other member has its
+  // size (then the quorum is uniform and its trainers' plain exchange works); otherwise it is
+  // refused. Elsewhere one trainer count per quorum: participants of another size are refused.
+  // Either way the refused count as neither candidates nor healthy groups from here on.
+  std::set<uint32_t> sizes;  // mixed: the sizes of the healthy groups that can mix
+  if (d.mixed_sizes) {
+    for (const GroupStatus* g : healthy_groups) {
+      if (g->mixed_group_sizes && g->group_size != 0) sizes.insert(g->group_size);
+    }
+  } else {
+    d.group_size = prev_size != 0
+                       ? prev_size
+                       : QuorumGroupSize(candidates, candidate_is_prev, healthy_groups);
+  }
+  auto refuse = [&](const GroupStatus* g) {
+    if (!d.mixed_sizes) return g->group_size != 0 && g->group_size != d.group_size;
+    if (g->mixed_group_sizes) return false;
+    if (g->group_size == 0 || (!sizes.empty() && *sizes.begin() != g->group_size) ||
+        sizes.size() > 1) {
+      return true;
+    }
+    sizes.insert(g->group_size);
+    return false;
+  };
+  if (d.mixed_sizes || d.group_size != 0) {
     size_t kept = 0;
     any_shrink = false;
     for (size_t i = 0; i < candidates.size(); ++i) {
       const GroupStatus* g = candidates[i];
-      if (g->group_size != 0 && g->group_size != d.group_size) {
+      if (refuse(g)) {
         d.refused.push_back(g);
         --healthy;
         if (candidate_is_prev[i]) --prev_healthy, --prev_participants;
@@ -152,11 +182,14 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
   // quorum's size is known. Before that they wait, kept out of this decision only: the size of
   // a first quorum may still turn as more groups ask (refusing on a tie would let two sizes
   // refuse each other forever).
-  auto wait = [&d, prev_size](std::string reason,
-                              std::optional<TimePoint> wake_at = std::nullopt) {
+  const bool settled = d.mixed_sizes ? prev_live : prev_size != 0;
+  if (d.mixed_sizes && sizes.size() == 1) d.group_size = *sizes.begin();
+  auto wait = [&d, settled](std::string reason,
+                            std::optional<TimePoint> wake_at = std::nullopt) {
     QuorumDecision w = Wait(std::move(reason), wake_at);
-    if (prev_size != 0) w.refused = d.refused;
+    if (settled) w.refused = d.refused;
     w.group_size = d.group_size;
+    w.mixed_sizes = d.mixed_sizes;
     return w;
   };
 

@@ -35,6 +35,7 @@ struct AgentStatus {
   bool waiting = false;   // its ask is still held by the shell (not yet answered or timed out)
   bool ask_has_state = true;
   bool ask_shrink_only = false;
+  bool ask_mixed_group_sizes = false;  // its node's trainers average across group sizes
   std::string address;  // its shard server
   std::string phase;    // free text from heartbeats ("train", "heal", ...)
 };
@@ -50,6 +51,7 @@ struct GroupStatus {
   uint32_t step = 0;                   // highest step this incarnation reported (progress)
   bool diverged = false;               // its state hash disagreed with the majority (rule 7)
   uint32_t group_size = 0;             // trainers, from its last ask (0: not known)
+  bool mixed_group_sizes = false;      // every agent's last ask could average across sizes
   // Refused for its size (QuorumDecision::refused) until it asks again: not counted as a
   // healthy group, so that it holds up no majority while it goes away.
   bool size_refused = false;
@@ -89,7 +91,10 @@ struct QuorumDecision {
   // when this decision issues, or while a running quorum's size is known; a first quorum's
   // other-size participants otherwise wait, outside the decision.
   std::vector<const GroupStatus*> refused;
-  uint32_t group_size = 0;  // the quorum's trainers per group (0: none known)
+  uint32_t group_size = 0;  // the quorum's trainers per group (0: none known, or they differ)
+  // Every group that decides the quorum's shape averages across sizes (mixed_group_sizes): no
+  // size rule, and `refused` holds only groups that cannot mix in a quorum of several sizes.
+  bool mixed_sizes = false;
 };
 
 // The trainers per group a quorum of these candidates has: the size of the previous quorum's
@@ -102,7 +107,9 @@ uint32_t QuorumGroupSize(std::span<const GroupStatus* const> candidates,
 
 // Rules 2-5. Candidates are healthy participants of the quorum's size (that of the live previous
 // members, else QuorumGroupSize); those of another size are `refused` and count as neither
-// candidates nor healthy groups. Fast path (rule 4): a previous quorum exists
+// candidates nor healthy groups. A quorum whose shaping groups (the live previous members, else
+// every candidate) all set mixed_group_sizes has no size rule (`mixed_sizes`): only a group that
+// cannot mix is refused, when the healthy groups that can have a size other than its own. Fast path (rule 4): a previous quorum exists
 // and every member of it (same incarnation) is a healthy participant. Otherwise (rule 5): at least
 // min_replicas candidates, more than half of the healthy groups, and every healthy group asked or
 // join_timeout passed since the first ask of the round. Two refinements, both about joiners:

@@ -147,7 +147,8 @@ void Service::Impl::HandleQuorum(const Request& req, Responder respond) {
   quorum_waiters.emplace(key, QuorumWaiter{id, std::move(respond), f, Now(), std::move(timer), in.compact()});
   JoinInput join{in.job(),         in.group_id(), in.incarnation(), in.node_rank(),
                  in.nodes(),       in.step(),     in.shrink_only(), !in.fresh(),
-                 in.address(),     in.generation(), in.group_size()};
+                 in.address(),     in.generation(), in.group_size(),
+                 in.mixed_group_sizes()};
   Effects fx;
   st = core.OnJoin(join, Now(), &fx, /*evaluate=*/false);
   if (!st.ok()) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
+#include <algorithm>
 #include <random>
 
 #include "common/flags.h"
@@ -268,6 +269,10 @@ void Agent::Impl::QuorumLoop() {
     {
       std::lock_guard<std::mutex> lock(mu);
       q.set_group_size(group_size);
+      q.set_mixed_group_sizes(!trainers.empty() &&
+                              std::all_of(trainers.begin(), trainers.end(), [](const auto& kv) {
+                                return kv.second.mixed_group_sizes;
+                              }));
     }
     pb::QuorumResponse resp;
     Status st = client->Call("POST", "/v1/quorum", q, &resp, options.quorum_timeout + Millis(5000));

@@ -46,6 +46,9 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
     bool finished = false;  // said goodbye: its exit is not a crash
     bool exited = false;
     bool peer_wait = false;  // blocked in the cross-group collective
+    // Its last poll said it averages across groups of other sizes: the node asks with
+    // mixed_group_sizes when every local trainer did.
+    bool mixed_group_sizes = false;
     std::optional<uint32_t> slot;  // its place on the poll board
     uint32_t board_commit_seen = 0;  // the last commit taken from its slot
   };

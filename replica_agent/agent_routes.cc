@@ -1,6 +1,7 @@
 // The trainers' API on the agent's Unix socket (the routes of each listener: agent_listeners.cc):
 //   POST /v1/trainer/hello   {group_rank, group_size}    register; the peer's pid is watched
-//   POST /v1/trainer/poll    {group_rank, group_size, step}   once per outer step
+//   POST /v1/trainer/poll    {group_rank, group_size, step, mixed_group_sizes}   once per
+//                                                              outer step
 //   POST /v1/trainer/goodbye {group_rank}                      done: its exit is not a crash
 //   POST /v1/trainer/checkpoint {step, location, manifest_digest}  register a durable one
 //   POST /v1/trainer/commit  {group_rank, step, failed, state_hash, tokens}
@@ -154,6 +155,7 @@ pb::TrainerPollResponse Agent::Impl::PollAnswerLocked(Trainer& t, bool fresh_ans
   r.set_max_step(q.max_step());
   r.set_reconfigure(t.seen_quorum_id != q.quorum_id());
   *r.mutable_members() = q.members();
+  *r.mutable_group_sizes() = q.group_sizes();
   // The plan's heal applies once, to the answer of the round that decided it.
   bool heal = fresh_answer && q.heal() && t.heal_answered_quorum_id != q.quorum_id();
   if (fresh_answer && q.heal()) t.heal_answered_quorum_id = q.quorum_id();
@@ -201,6 +203,7 @@ void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) 
   if (st.ok() && refusal) st = *refusal;
   if (!st.ok()) return respond(http::ErrorReply(st, f));
   Trainer& t = trainers[in.group_rank()];
+  t.mixed_group_sizes = in.mixed_group_sizes();
   if (t.committed_step && in.step() < *t.committed_step) {
     return respond(http::ErrorReply(
         Error(Code::kConflict, "step {} is below this trainer's committed step {}", in.step(),

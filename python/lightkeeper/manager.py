@@ -29,7 +29,8 @@ class Manager:
 
     Args:
         group_rank: this trainer's rank inside its replica group.
-        group_size: the group's number of trainers (every group of a job uses the same).
+        group_size: the group's number of trainers. Groups of a job use the same, unless every
+            trainer averages across sizes (``DiLoCo`` does; see ``set_mixed_group_sizes``).
         socket: the agent's Unix socket; ``None`` takes ``$LK_AGENT_SOCKET``.
         timeout: the deadline of one collective (the cross-group one waits for the slowest
             group); past it the collective raises ``QuorumLost``.
@@ -51,6 +52,7 @@ class Manager:
         self._comms = {}  # "gloo" / ("nccl", device) -> _native.Comm
         self._quorum: Optional[_native.Quorum] = None
         self._quorum_id = 0        # of the last poll (the Manager's or DiLoCo's)
+        self._group_sizes = []     # of that quorum's members, when they differ
         self._replica_rank = 0
         self._replica_world_size = 0
         self._step = 0
@@ -64,6 +66,9 @@ class Manager:
         blocks until it is known, at once when nothing changed."""
         q = self._session.poll(self._step if step is None else step)
         self._quorum = q
+        if q.quorum_id != self._quorum_id:
+            # Sizes come with the answer that joins a quorum; later answers of it leave them out.
+            self._group_sizes = list(q.group_sizes)
         self._note_quorum(q.quorum_id, q.replica_rank, q.replica_world_size)
         if q.heal and q.max_step > self._step:
             # After healing, the trainer holds the state of max_step (torchft's convention).
@@ -79,6 +84,14 @@ class Manager:
         self._session.commit(step, ok, state_hash or "", tokens)
         if ok:
             self._step = step
+
+    def set_mixed_group_sizes(self, on: bool = True) -> None:
+        """Says that this trainer averages across groups of other trainer counts, so that its
+        group may share quorums with groups of other sizes (``Quorum.group_sizes`` then gives
+        each member's size). Off by default: ``allreduce`` needs every group laid out alike.
+        ``DiLoCo`` turns it on itself. Call it before the first poll, in every trainer of the
+        group."""
+        self._session.set_mixed_group_sizes(bool(on))
 
     def current_step(self) -> int:
         """The last committed outer step (or the step a heal brings this trainer to)."""
@@ -110,6 +123,11 @@ class Manager:
                         f"{tensor.device}")
         if self._quorum_id == 0:
             raise Error("invalid_argument", "allreduce needs a poll first")
+        if len(set(self._group_sizes)) > 1:
+            raise Error("conflict",
+                        f"the quorum's groups have different sizes {self._group_sizes}: a plain "
+                        "allreduce needs every group laid out alike (DiLoCo averages across "
+                        "sizes by fragments)")
         comm = self._comm_for(device)
         if comm.quorum_id != self._quorum_id:
             comm.reconfigure(self._quorum_id, self._replica_rank, self._replica_world_size)

@@ -89,6 +89,7 @@ struct Quorum {
   bool reconfigure = false, heal = false, drain = false, checkpoint_now = false;
   bool initial = false, from_board = false;
   std::vector<std::string> heal_sources;
+  std::vector<uint32_t> group_sizes;
   std::string restore_location;
   uint32_t restore_step = 0;
   std::string reason;
@@ -151,6 +152,11 @@ class Session {
       if (lk_session_heal_source(s_, i, buf, sizeof(buf)) != 0) RaiseLast();
       q.heal_sources.emplace_back(buf);
     }
+    size_t n = 0;
+    if (lk_session_poll_group_sizes(s_, nullptr, 0, &n) != 0 || n > 0) {
+      q.group_sizes.resize(n);
+      if (lk_session_poll_group_sizes(s_, q.group_sizes.data(), n, &n) != 0) RaiseLast();
+    }
     if (r.has_restore) q.restore_location = ReadString(lk_session_restore_location);
     q.reason = ReadString(lk_session_poll_reason);
     return q;
@@ -164,6 +170,9 @@ class Session {
   }
   void Finish() {
     Call([&] { return lk_session_finish(s_); });
+  }
+  void SetMixedGroupSizes(bool on) {
+    Call([&] { return lk_session_set_mixed_group_sizes(s_, on ? 1 : 0); });
   }
   void SetPeerWait(bool waiting) {
     Call([&] { return lk_session_set_peer_wait(s_, waiting ? 1 : 0); });
@@ -451,6 +460,10 @@ PYBIND11_MODULE(_native, m) {
       .def_readonly("checkpoint_now", &Quorum::checkpoint_now)
       .def_readonly("initial", &Quorum::initial)
       .def_readonly("heal_sources", &Quorum::heal_sources)
+      .def_readonly("group_sizes", &Quorum::group_sizes,
+                    "Every member's group size (index = replica_rank) when the quorum's groups "
+                    "differ in size; empty when they are all equal or on answers that join "
+                    "nothing new.")
       .def_readonly("restore_location", &Quorum::restore_location)
       .def_readonly("restore_step", &Quorum::restore_step)
       .def_readonly("reason", &Quorum::reason)
@@ -471,6 +484,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("tokens") = 0)
       .def("finish", &Session::Finish)
       .def("set_peer_wait", &Session::SetPeerWait)
+      .def("set_mixed_group_sizes", &Session::SetMixedGroupSizes)
       .def("register_checkpoint", &Session::RegisterCheckpoint)
       .def("kv_put", [](Session& s, uint32_t q, const std::string& k, py::bytes v) {
         s.KvPut(q, k, std::string(v));

@@ -127,6 +127,24 @@ int lk_session_poll_reason(lk_session* s, char* buf, size_t cap, size_t* len) {
   return lk::capi::CopyOut(s->last.reason, buf, cap, len);
 }
 
+int lk_session_set_mixed_group_sizes(lk_session* s, int on) {
+  if (s == nullptr) return Fail(lk::InvalidArgument("no session"));
+  s->session->SetMixedGroupSizes(on != 0);
+  return 0;
+}
+
+int lk_session_poll_group_sizes(lk_session* s, uint32_t* out, size_t cap, size_t* count) {
+  if (s == nullptr) return Fail(lk::InvalidArgument("no session"));
+  const std::vector<uint32_t>& sizes = s->last.group_sizes;
+  if (count != nullptr) *count = sizes.size();
+  if (cap < sizes.size()) {
+    return Fail(lk::Status(lk::Code::kTooLarge, fmt::format("room for {} group sizes, {} to give",
+                                                            cap, sizes.size())));
+  }
+  if (!sizes.empty()) std::memcpy(out, sizes.data(), sizes.size() * sizeof(uint32_t));
+  return 0;
+}
+
 int lk_session_commit(lk_session* s, uint32_t step, int ok, const char* state_hash) {
   lk::Status st = s->session->Commit(step, ok != 0, state_hash ? state_hash : "");
   return st.ok() ? 0 : Fail(st);

@@ -87,6 +87,14 @@ int lk_session_heal_source(lk_session* s, uint32_t i, char* buf, size_t cap);
  * which may exceed cap - 1: the call then fails with LK_ERR_TOO_LARGE and buf is untouched. */
 int lk_session_restore_location(lk_session* s, char* buf, size_t cap, size_t* len);
 int lk_session_poll_reason(lk_session* s, char* buf, size_t cap, size_t* len);
+/* This trainer averages across groups of other trainer counts (on != 0): its group may then
+ * share quorums with groups of other sizes. Off by default; call before the first poll, the
+ * same in every trainer of the group. The DiLoCo object (lk_diloco_create) turns it on. */
+int lk_session_set_mixed_group_sizes(lk_session* s, int on);
+/* The last poll's group size of every member (index = replica_rank) into out[0..cap): *count
+ * gets how many there are, 0 unless the poll joined a quorum whose groups differ in size. Fails
+ * with LK_ERR_TOO_LARGE (out untouched) when cap is below *count. */
+int lk_session_poll_group_sizes(lk_session* s, uint32_t* out, size_t cap, size_t* count);
 /* Around the cross-group collective: waiting == 1 before it, 0 after. While every trainer of a
  * group waits on the other groups, the lighthouse does not count the time as this group's stall. */
 int lk_session_set_peer_wait(lk_session* s, int waiting);

@@ -101,6 +101,7 @@ Result<PollResult> Session::Poll(uint32_t step, Millis timeout) {
   req.set_group_rank(group_rank_);
   req.set_group_size(group_size_);
   req.set_step(step);
+  req.set_mixed_group_sizes(mixed_group_sizes_);
   pb::TrainerPollResponse resp;
   LK_RETURN_IF_ERROR(client_->Call("POST", "/v1/trainer/poll", req, &resp, timeout));
   if (!incarnation_.empty() && !resp.incarnation().empty() && resp.incarnation() != incarnation_) {
@@ -127,6 +128,7 @@ Result<PollResult> Session::Poll(uint32_t step, Millis timeout) {
     r.restore_step = resp.restore_checkpoint().step();
   }
   r.reason = resp.reason();
+  r.group_sizes.assign(resp.group_sizes().begin(), resp.group_sizes().end());
   if (!r.drain) Watch(r.quorum_id);
   polled_ = true;
   return r;

@@ -47,8 +47,9 @@ struct PollResult {
   uint32_t restore_step = 0;
   std::string reason;
   // Every member's group size, index = replica_rank, on the answer that joins a quorum (over
-  // the socket); empty on answers from the poll board and from a lighthouse that does not send
-  // them. The caller keeps it for that quorum_id.
+  // the socket) whose groups differ in size (only with SetMixedGroupSizes); empty when they are
+  // all equal, on answers from the poll board and from a lighthouse that does not send them.
+  // The caller keeps it for that quorum_id.
   std::vector<uint32_t> group_sizes;
   // Read from the agent's poll board (shared memory) instead of asked over the socket: the
   // answer was known before the poll, and nothing changed.
@@ -92,6 +93,14 @@ class Session {
   // restores it. Call it once per committed checkpoint, from one trainer of the group.
   Status RegisterCheckpoint(uint32_t step, const std::string& location,
                             const std::string& manifest_digest);
+  // This trainer averages across groups of other trainer counts (the DiLoCo library does, by
+  // fragments): its group may then share a quorum with groups of other sizes, and the joining
+  // poll's PollResult::group_sizes says each member's size. Off by default: a trainer that
+  // only knows a collective over equal layouts keeps every quorum to one size. Call it before
+  // the first Poll; every trainer of the group must say the same.
+  void SetMixedGroupSizes(bool on) { mixed_group_sizes_ = on; }
+  bool mixed_group_sizes() const { return mixed_group_sizes_; }
+
   // Starts watching the quorum of the last Poll; `cb` runs once per lost quorum and on drain.
   void OnNotice(std::function<void(const Notice&)> cb);
 
@@ -117,6 +126,7 @@ class Session {
   std::string socket_;
   uint32_t group_rank_;
   uint32_t group_size_;
+  bool mixed_group_sizes_ = false;
   // Tells the notice thread which quorum this trainer's step runs on.
   void Watch(uint32_t quorum_id);
 
