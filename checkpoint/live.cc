@@ -47,30 +47,58 @@ Result<RestoredState> RecoverFromPeers(const std::vector<std::string>& peer_urls
     for (const auto& u : unreachable) why += "; " + u;
     return Error(Code::kUnavailable, "no peer serves a checkpoint{}", why);
   }
-  std::vector<Manifest> parts;
-  std::vector<std::unique_ptr<Source>> sources;
+  // Peers of other groups may hold the state in other layouts (groups of different sizes):
+  // parts of one layout (rank count and chunk size) merge, parts of two never do. The first
+  // layout, in peer order, whose parts cover every rank is the one fetched.
+  struct Layout {
+    uint32_t ranks = 0;
+    uint64_t chunk_bytes = 0;
+    std::vector<Manifest> parts;
+    std::vector<std::unique_ptr<Source>> sources;
+  };
+  std::vector<Layout> layouts;
   for (const auto& p : peers) {
-    std::map<std::string, std::string> files;
+    std::map<size_t, std::map<std::string, std::string>> files;  // layout index -> its files
     for (const auto& c : p.served) {
       if (c.manifest.step != step) continue;
-      parts.push_back(c.manifest);
-      for (const auto& f : c.manifest.files) files[f.name] = c.root + "/" + c.dir;
+      size_t li = 0;
+      while (li < layouts.size() && (layouts[li].ranks != c.manifest.ranks ||
+                                     layouts[li].chunk_bytes != c.manifest.chunk_bytes)) {
+        ++li;
+      }
+      if (li == layouts.size()) {
+        layouts.emplace_back();
+        layouts.back().ranks = c.manifest.ranks;
+        layouts.back().chunk_bytes = c.manifest.chunk_bytes;
+      }
+      layouts[li].parts.push_back(c.manifest);
+      for (const auto& f : c.manifest.files) files[li][f.name] = c.root + "/" + c.dir;
     }
-    if (!files.empty()) sources.push_back(std::make_unique<PeerSource>(p.url, std::move(files), options.peer));
+    for (auto& [li, f] : files) {
+      layouts[li].sources.push_back(std::make_unique<PeerSource>(p.url, std::move(f), options.peer));
+    }
   }
-  if (parts.empty()) return Error(Code::kUnavailable, "no reachable peer serves step {}", step);
-  auto merged = MergeManifests(parts);
-  if (!merged.ok()) return merged.status().WithContext(fmt::format("step {} from peers", step));
-  if (merged->partial) {
-    std::string ranks;
-    for (const auto& f : merged->files) ranks += fmt::format(" {}", f.rank);
-    return Error(Code::kUnavailable, "peers serve only ranks{} of the {} of step {}", ranks,
+  if (layouts.empty()) return Error(Code::kUnavailable, "no reachable peer serves step {}", step);
+  Status first_error;
+  for (Layout& l : layouts) {
+    auto merged = MergeManifests(l.parts);
+    Status st = merged.status();
+    if (st.ok() && merged->partial) {
+      std::string ranks;
+      for (const auto& f : merged->files) ranks += fmt::format(" {}", f.rank);
+      st = Error(Code::kUnavailable, "peers serve only ranks{} of the {} of step {}", ranks,
                  merged->ranks, step);
+    }
+    if (!st.ok()) {
+      if (first_error.ok()) first_error = st.WithContext(fmt::format("step {} from peers", step));
+      continue;
+    }
+    LK_ASSIGN_OR_RETURN(RestorePlan plan, PlanRestore(*merged, options.layout, options.plan));
+    std::vector<Source*> raw;
+    for (auto& s : l.sources) raw.push_back(s.get());
+    return ExecutePlan(*merged, plan, raw, options.fetch, report);
   }
-  LK_ASSIGN_OR_RETURN(RestorePlan plan, PlanRestore(*merged, options.layout, options.plan));
-  std::vector<Source*> raw;
-  for (auto& s : sources) raw.push_back(s.get());
-  return ExecutePlan(*merged, plan, raw, options.fetch, report);
+  return first_error;
 }
 
 }  // namespace lk::ckpt

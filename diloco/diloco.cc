@@ -217,7 +217,8 @@ SyncResult Diloco::Impl::MakeResult(SyncKind kind, const client::PollResult& pr,
   r.replica_rank = pr.replica_rank;
   r.replica_world_size = pr.replica_world_size;
   r.state_hash = StateHash(state_.global);
-  if (kind == SyncKind::kCommitted) r.global_hash = global_hash_;
+  // A received state was loaded (LoadGlobal), so its whole-model hash is known too.
+  if (kind == SyncKind::kCommitted || kind == SyncKind::kReceived) r.global_hash = global_hash_;
   r.reason = pr.reason;
   r.stats = stats;
   return r;
