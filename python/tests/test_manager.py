@@ -57,6 +57,26 @@ def test_two_groups_quorum_and_allreduce_average_in_place(cluster_factory):
     assert len(qids) == 1  # one quorum for both
 
 
+def test_groups_of_different_sizes_share_a_quorum_when_they_mix(cluster_factory):
+    c = cluster_factory(("--min-replicas", "2", "--join-timeout-ms", "300",
+                         "--heartbeat-timeout-ms", "3000"))
+    c.agent("g0")
+    c.agent("g1")
+    ts = [c.trainer("g0", ["sizes"])]
+    ts += [c.trainer("g1", ["sizes", "--group-rank", str(r), "--group-size", "2"])
+           for r in range(2)]
+    for t in ts:
+        assert t.wait(60) == 0, t.log()
+    for t in ts:
+        poll = events(t, "poll")[0]
+        assert poll["world"] == 2
+        assert poll["group_sizes"] == [1, 2]  # index = replica_rank; g0 sorts first
+        ar = events(t, "allreduce")[0]
+        assert not ar["ok"]
+        assert ar["code"] == "conflict"
+        assert "different sizes [1, 2]" in ar["message"]
+
+
 def test_cuda_tensors_allreduce_on_nccl(cluster_factory):
     import torch
 

@@ -59,6 +59,21 @@ def mode_allreduce(args, m):
     return 0
 
 
+def mode_sizes(args, m):
+    """One poll with set_mixed_group_sizes: report the quorum's group sizes, then show that a
+    plain allreduce refuses a quorum of several sizes."""
+    m.set_mixed_group_sizes(True)
+    q = m.poll(0)
+    emit(event="poll", step=0, group_sizes=list(q.group_sizes), **quorum_fields(q))
+    try:
+        m.allreduce(torch.ones(16))
+        emit(event="allreduce", ok=True)
+    except lightkeeper.Error as e:
+        emit(event="allreduce", ok=False, code=e.code, message=e.message)
+    m.finish()
+    return 0
+
+
 def mode_idle(args, m):
     """Polls once and then sleeps without ever joining the allreduce, so the other groups'
     allreduce blocks on it (until this process is killed)."""
@@ -164,7 +179,7 @@ def mode_diloco(args, m):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["allreduce", "idle", "ddp", "diloco"])
+    p.add_argument("mode", choices=["allreduce", "idle", "ddp", "diloco", "sizes"])
     p.add_argument("--group-rank", type=int, default=0)
     p.add_argument("--group-size", type=int, default=1)
     p.add_argument("--steps", type=int, default=5)
@@ -187,7 +202,7 @@ def main():
     if args.no_finish:
         m.finish = lambda: None  # exit as if the process died after its last step
     mode = {"allreduce": mode_allreduce, "idle": mode_idle, "ddp": mode_ddp,
-            "diloco": mode_diloco}[args.mode]
+            "diloco": mode_diloco, "sizes": mode_sizes}[args.mode]
     return mode(args, m)
 
 
