@@ -600,5 +600,38 @@ TEST_CASE("live state published per rank is recovered from several groups onto a
   CheckState(*older, model, 31);
 }
 
+TEST_CASE("peers holding the state in different layouts: the first layout that covers every rank is fetched") {
+  // Groups of different sizes: group A serves the step as 2 ranks on one node, group C as 1
+  // rank, group B only rank 1 of its 2 (its other node is gone). Parts of two layouts never
+  // merge; the healer takes whichever whole layout comes first.
+  TempDir tmp;
+  auto model = BigModel();
+  std::string node_a = tmp.Sub("a"), node_b1 = tmp.Sub("b1"), node_c = tmp.Sub("c");
+  auto publish = [&](const std::string& base, uint32_t rank, uint32_t ranks) {
+    LiveStatePublisher p(LivePublisherOptions{base, ranks, 256 << 10, nullptr});
+    auto r = p.Publish(MakeSnapshot(model, 40, rank, ranks));
+    REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  };
+  publish(node_a, 0, 2);
+  publish(node_a, 1, 2);
+  publish(node_b1, 1, 2);
+  publish(node_c, 0, 1);
+  TestServer a(node_a), b1(node_b1), c(node_c);
+  for (const std::vector<std::string>& urls :
+       {std::vector<std::string>{c.url(), a.url()}, std::vector<std::string>{a.url(), c.url()},
+        std::vector<std::string>{b1.url(), c.url()}}) {
+    for (uint32_t rank = 0; rank < 3; ++rank) {
+      auto state = RecoverFromPeers(urls, Recovery(3, rank));
+      REQUIRE_MESSAGE(state.ok(), state.status().ToString());
+      CHECK(state->step == 40);
+      CheckState(*state, model, 40);
+    }
+  }
+  // B's half alone is still refused, and says which ranks it has.
+  auto half = RecoverFromPeers({b1.url()}, Recovery(1, 0));
+  CHECK(half.status().code() == Code::kUnavailable);
+  CHECK(half.status().message().find("only ranks 1") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace lk::ckpt
