@@ -51,6 +51,7 @@ struct SimGroup {
   std::string job, id, inc;
   uint32_t nodes = 1;
   uint32_t trainers = 2;  // the group's size, sent with every ask
+  bool mixed = false;     // its trainers average across sizes (mixed_group_sizes)
   int gen = 0;
   bool up = true;
   bool has_state = false;
@@ -67,6 +68,7 @@ struct SimGroup {
 // What the seeds exercised, summed, so that a simulation that stopped doing anything fails.
 struct SimStats {
   uint64_t issued = 0, changed = 0, answers = 0, rejections = 0, restarts = 0;
+  uint64_t mixed_answers = 0;  // answers of quorums that hold groups of several sizes
   std::map<std::string, uint64_t> events;  // by event name
 };
 
@@ -95,6 +97,13 @@ class Sim {
       // Only where g0's job has at least two other groups, so that either size can train.
       const int job0_groups = (groups + jobs - 1) / jobs;
       g.trainers = seed % 4 == 3 && i == 0 && job0_groups >= 3 ? 1 : 2;
+      // Whose trainers mix, also from the seed: nobody, everybody, all but g0, or only g0.
+      switch (seed % 16 / 4) {
+        case 0: g.mixed = false; break;
+        case 1: g.mixed = true; break;
+        case 2: g.mixed = i != 0; break;
+        default: g.mixed = i == 0; break;
+      }
       groups_.push_back(g);
       Start(i, now_ + Millis(Rand(0, 500)));
     }
@@ -218,7 +227,8 @@ class Sim {
     waiters_[key] = a.req;
     Push(now_ + Millis(Rand(3000, 6000)), Ev::kDeadline, i, node, a.req);
     JoinInput in{g.job,         g.id,        g.inc, static_cast<uint32_t>(node), g.nodes, g.step,
-                 g.shrink_only, g.has_state, fmt::format("{}:{}", g.id, node), 0, g.trainers};
+                 g.shrink_only, g.has_state, fmt::format("{}:{}", g.id, node), 0, g.trainers,
+                 g.mixed};
     Effects fx;
     Status st = core_->OnJoin(in, now_, &fx);
     Check(st.ok(), "ask of a current incarnation failed: " + st.ToString());
@@ -383,6 +393,10 @@ class Sim {
         if (g.id != key.group_id || g.job != key.job || g.inc != key.incarnation) continue;
         g.agents[key.node_rank].waiting = false;
         if (status.reason() == Reason::kGroupSizeMismatch) {
+          bool job_mixes = true;
+          for (const SimGroup& o : groups_) job_mixes = job_mixes && (o.job != g.job || o.mixed);
+          Check(!job_mixes, fmt::format("{} refused for its size in a job whose groups all mix",
+                                        g.id));
           // As the agent does: leave and exit (asking again would be refused again).
           if (!g.up) continue;
           g.up = false;
@@ -444,15 +458,24 @@ class Sim {
     const auto& members = a.members_shared ? *a.members_shared : a.members;
     Check(a.replica_rank < members.size() && members[a.replica_rank].group_id == key.group_id,
           "answer with a wrong replica_rank");
-    // One trainer count per quorum (GROUP_SIZE_MISMATCH keeps the others out).
+    // One trainer count per quorum (GROUP_SIZE_MISMATCH keeps the others out), unless every
+    // member averages across sizes; each member carries its group's size.
     std::set<uint32_t> sizes;
+    bool all_mixed = true;
     for (const MemberData& m : members) {
       for (const SimGroup& g : groups_) {
-        if (g.job == key.job && g.id == m.group_id) sizes.insert(g.trainers);
+        if (g.job != key.job || g.id != m.group_id) continue;
+        sizes.insert(g.trainers);
+        all_mixed = all_mixed && g.mixed;
+        Check(m.group_size == g.trainers,
+              fmt::format("member {} of quorum {} carries size {}, not {}", m.group_id,
+                          a.quorum_id, m.group_size, g.trainers));
       }
     }
-    Check(sizes.size() <= 1, fmt::format("quorum {} of {} holds groups of {} sizes", a.quorum_id,
-                                         key.job, sizes.size()));
+    Check(sizes.size() <= 1 || all_mixed,
+          fmt::format("quorum {} of {} holds groups of {} sizes, not all of which mix",
+                      a.quorum_id, key.job, sizes.size()));
+    if (sizes.size() > 1) ++stats_->mixed_answers;
     for (uint32_t s : a.source_ranks) {
       Check(s < members.size() && !members[s].heal, "a healing member named as a donor");
     }
@@ -560,6 +583,7 @@ TEST_CASE("simulation: invariants hold under crashes - partitions - stalls and r
     CHECK(stats.changed > 0);
     CHECK(stats.issued > stats.changed);  // unchanged re-issues (the hot path)
     CHECK(stats.restarts > 0);
+    CHECK(stats.mixed_answers > 0);  // quorums of several sizes formed where all groups mix
     for (const char* name : {"incarnation_replaced", "group_unhealthy", "member_lost",
                              "group_evicted", "group_left", "diverged", "quorum_retry",
                              "group_rejoin", "checkpoint_registered", "group_collected",
