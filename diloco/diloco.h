@@ -90,8 +90,8 @@ bool ParseOuterCompress(std::string_view name, OuterCompress* out);
 
 struct DilocoOptions {
   uint32_t group_rank = 0;  // this trainer's rank inside its group
-  // Trainers of the group (at most 4096); every group of the job uses the same value (the
-  // lighthouse refuses a group of another size with GROUP_SIZE_MISMATCH).
+  // Trainers of the group (at most 4096). Groups of a job may differ: a quorum of several
+  // sizes averages fragment by fragment between the trainers that hold each (diloco/mixed.h).
   uint32_t group_size = 1;
   // The model's parameters inside the flat parameter buffer that Join and Sync take. Every
   // trainer of every group passes the same list (names, shapes, order).

@@ -25,8 +25,8 @@ int main(int argc, char** argv) {
               "when told. Exits 0 when the committed step reaches --outer-steps or on a drain.");
   flags.Add("group-rank", &o.group_rank, "this trainer's rank inside its group");
   flags.Add("group-size", &o.group_size,
-            "trainers per group (the same for every group: the lighthouse refuses a group of "
-            "another size with GROUP_SIZE_MISMATCH, and the trainer exits 2)");
+            "trainers in this group (groups may differ: their quorums average fragment by "
+            "fragment; a refusal, GROUP_SIZE_MISMATCH, makes the trainer exit 2)");
   flags.Add("inner-steps", &o.inner_steps,
             "H: inner AdamW steps per outer step (with --outer-step-s: the most per outer step); "
             "groups may use different values: the outer average weighs each group by its tokens");

@@ -38,7 +38,7 @@ except ImportError as e:  # the package is built into build/python
 # (flag, type, default, help): diloco_trainer's flags, with its defaults.
 FLAGS = [
     ("group-rank", int, 0, "this trainer's rank inside its group"),
-    ("group-size", int, 1, "trainers per group (the same for every group)"),
+    ("group-size", int, 1, "trainers in this group (groups may differ)"),
     ("inner-steps", int, 20, "H: inner AdamW steps per outer step (with --outer-step-s: the "
                              "most per outer step); groups may differ"),
     ("outer-step-s", float, 0.0, "a time budget per outer step: inner steps until this many "
