@@ -21,8 +21,12 @@ for base in /tmp/lk-slurm "$scratch/slurm" ${SLURM_BASE:+"$SLURM_BASE"}; do
   [ -f "$base/slurm.conf" ] || [ -d "$base/munge" ] || continue
   SLURM_BASE=$base timeout -k 5 60 bash scripts/slurm-local.sh down 2>/dev/null || true
 done
-# Daemons whose pid files went with an earlier scrub still hold Slurm's fixed ports.
-for pat in "slurmctld -f /tmp/lk-" "slurmd -f /tmp/lk-" "munged --socket=/tmp/lk-"; do
+# Daemons whose pid files went with an earlier scrub still hold Slurm's fixed ports, and so do
+# those of a run whose base was elsewhere (tests run with TMPDIR inside a checkout put it under
+# $TMPDIR/lk-slurm): every slurm-local.sh daemon names a base with "lk-" in it.
+for pat in "slurmctld -f /tmp/lk-" "slurmd -f /tmp/lk-" "munged --socket=/tmp/lk-" \
+           "^slurmctld -f [^ ]*/lk-[^ ]*/slurm[.]conf" "^slurmd -f [^ ]*/lk-[^ ]*/slurm[.]conf" \
+           "^/usr/sbin/munged --socket=[^ ]*/lk-[^ ]*/munge/"; do
   pkill -KILL -f -- "$pat" 2>/dev/null || true
 done
 pkill -KILL -f -- "^$top/build/bin/" 2>/dev/null || true
