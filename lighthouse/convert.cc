@@ -1,7 +1,5 @@
 #include "lighthouse/convert.h"
 
-#include <algorithm>
-
 namespace lk::lighthouse {
 
 namespace pb = lightkeeper::v1;
@@ -16,14 +14,11 @@ void ToProto(const MemberData& m, pb::Member* out) {
   out->set_mixed_group_sizes(m.mixed_group_sizes);
 }
 
-void AddGroupSizes(const std::vector<MemberData>& members, pb::QuorumResponse* out) {
+void AddGroupSizes(const QuorumAnswer& a, const std::vector<MemberData>& members,
+                   pb::QuorumResponse* out) {
   // Only a quorum of different sizes sends them: at 1,024 groups every answer would otherwise
   // carry 1,024 equal numbers that the trainers already know.
-  const bool differ = std::adjacent_find(members.begin(), members.end(),
-                                         [](const MemberData& a, const MemberData& b) {
-                                           return a.group_size != b.group_size;
-                                         }) != members.end();
-  if (!differ) return;
+  if (!a.group_sizes_differ) return;
   for (const auto& m : members) out->add_group_sizes(m.group_size);
 }
 
@@ -59,7 +54,7 @@ void ToProto(const QuorumAnswer& a, pb::QuorumResponse* out) {
   // times for n members), or inline.
   const auto& members = a.members_shared ? *a.members_shared : a.members;
   for (const auto& m : members) ToProto(m, out->add_members());
-  AddGroupSizes(members, out);
+  AddGroupSizes(a, members, out);
   out->set_replica_rank(a.replica_rank);
   out->set_replica_world_size(static_cast<uint32_t>(members.size()));
   out->set_max_step(a.max_step);

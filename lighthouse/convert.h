@@ -9,8 +9,10 @@
 namespace lk::lighthouse {
 
 void ToProto(const MemberData& m, lightkeeper::v1::Member* out);
-// Every member's group size into out->group_sizes, when the members' sizes differ.
-void AddGroupSizes(const std::vector<MemberData>& members, lightkeeper::v1::QuorumResponse* out);
+// Every member's group size into out->group_sizes, when the members' sizes differ
+// (a.group_sizes_differ); `members` is a's list, shared or inline.
+void AddGroupSizes(const QuorumAnswer& a, const std::vector<MemberData>& members,
+                   lightkeeper::v1::QuorumResponse* out);
 void ToProto(const CheckpointData& c, lightkeeper::v1::CheckpointInfo* out);
 void ToProto(const QuorumAnswer& a, lightkeeper::v1::QuorumResponse* out);
 void ToProto(const FailureNoticeData& n, lightkeeper::v1::FailureNotice* out);

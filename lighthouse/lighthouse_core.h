@@ -174,6 +174,8 @@ struct QuorumAnswer {
   bool initial = false;                          // first start: take replica_rank 0's weights
   std::string reason;
   uint32_t generation = 0;  // the answered member's incarnation generation
+  // The members' group sizes are not all equal: the answer then lists them (group_sizes).
+  bool group_sizes_differ = false;
 };
 
 // Identifies one waiting agent (a pending POST /v1/quorum).

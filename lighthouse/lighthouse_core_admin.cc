@@ -276,7 +276,6 @@ void LighthouseCore::Impl::LoadMember(Group& g, const MemberData& m, TimePoint n
   // A loaded member keeps its size and whether it mixes until it asks again: without them the
   // first group to ask after a restart would set a one-size rule for a quorum of several.
   if (m.group_size != 0) g.status.group_size = m.group_size;
-  g.status.mixed_group_sizes = m.mixed_group_sizes;
   for (AgentStatus& a : g.status.agents) a.ask_mixed_group_sizes = m.mixed_group_sizes;
   g.alive = true;
   g.in_quorum = true;
@@ -314,7 +313,7 @@ std::vector<JobView> LighthouseCore::View(TimePoint now) const {
       gv.diverged = g.status.diverged;
       gv.reason = g.reason;
       gv.group_size = g.status.group_size;
-      gv.mixed_group_sizes = g.status.mixed_group_sizes;
+      gv.mixed_group_sizes = MixesGroupSizes(g.status);
       if (auto t = job.tokens.find(id); t != job.tokens.end()) {
         gv.tokens = t->second.tokens;
         gv.tokens_step = t->second.step;

@@ -78,7 +78,7 @@ void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint no
     m.step = AskStep(*s);
     m.has_state = AskHasState(*s);
     m.group_size = s->group_size;
-    m.mixed_group_sizes = s->mixed_group_sizes;
+    m.mixed_group_sizes = MixesGroupSizes(*s);
     m.addresses.reserve(s->agents.size());
     for (const AgentStatus& a : s->agents) m.addresses.push_back(a.address);
     members.push_back(std::move(m));

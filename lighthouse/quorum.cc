@@ -50,6 +50,11 @@ bool AskShrinkOnly(const GroupStatus& group) {
   return false;
 }
 
+bool MixesGroupSizes(const GroupStatus& group) {
+  return std::all_of(group.agents.begin(), group.agents.end(),
+                     [](const AgentStatus& a) { return a.ask_mixed_group_sizes; });
+}
+
 std::string Plural(size_t n, const char* word) {
   return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s");
 }
@@ -66,6 +71,18 @@ QuorumDecision Wait(std::string reason, std::optional<TimePoint> wake_at = std::
 std::string HeldBackSuffix(uint32_t held_back) {
   if (held_back == 0) return "";
   return fmt::format("; shrink_only: {} held back", Plural(held_back, "joiner"));
+}
+
+// The members into the plan, with the copy every answer shares and whether their sizes differ
+// (decided once per issue, not once per answer).
+void Share(std::vector<MemberData> members, RecoveryPlan* plan) {
+  plan->members = std::move(members);
+  plan->shared = std::make_shared<const std::vector<MemberData>>(plan->members);
+  plan->group_sizes_differ =
+      std::adjacent_find(plan->members.begin(), plan->members.end(),
+                         [](const MemberData& a, const MemberData& b) {
+                           return a.group_size != b.group_size;
+                         }) != plan->members.end();
 }
 
 }  // namespace
@@ -114,7 +131,7 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
     healthy_groups.push_back(g);
     if (is_prev) ++prev_healthy;
     if (is_prev && prev_size == 0) prev_size = g->group_size;
-    if (is_prev) prev_live = true, prev_all_mixed = prev_all_mixed && g->mixed_group_sizes;
+    if (is_prev) prev_live = true, prev_all_mixed = prev_all_mixed && MixesGroupSizes(*g);
     if (g->first_ask) {
       if (!clock_all || *g->first_ask < *clock_all) clock_all = g->first_ask;
       if (is_prev && (!clock_prev || *g->first_ask < *clock_prev)) clock_prev = g->first_ask;
@@ -133,7 +150,7 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
       prev_live ? prev_all_mixed
                 : !candidates.empty() &&
                       std::all_of(candidates.begin(), candidates.end(),
-                                  [](const GroupStatus* g) { return g->mixed_group_sizes; });
+                                  [](const GroupStatus* g) { return MixesGroupSizes(*g); });
   // In a mixed quorum a group that cannot mix is kept only while every other member has its
   // size (then the quorum is uniform and its trainers' plain exchange works); otherwise it is
   // refused. Elsewhere one trainer count per quorum: participants of another size are refused.
@@ -141,7 +158,7 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
   std::set<uint32_t> sizes;  // mixed: the sizes of the healthy groups that can mix
   if (d.mixed_sizes) {
     for (const GroupStatus* g : healthy_groups) {
-      if (g->mixed_group_sizes && g->group_size != 0) sizes.insert(g->group_size);
+      if (MixesGroupSizes(*g) && g->group_size != 0) sizes.insert(g->group_size);
     }
   } else {
     d.group_size = prev_size != 0
@@ -150,7 +167,7 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
   }
   auto refuse = [&](const GroupStatus* g) {
     if (!d.mixed_sizes) return g->group_size != 0 && g->group_size != d.group_size;
-    if (g->mixed_group_sizes) return false;
+    if (MixesGroupSizes(*g)) return false;
     if (g->group_size == 0 || (!sizes.empty() && *sizes.begin() != g->group_size) ||
         sizes.size() > 1) {
       return true;
@@ -316,8 +333,7 @@ RecoveryPlan PlanRecovery(std::vector<MemberData> members, const std::vector<boo
       plan.max_step = std::max(plan.max_step, members[i].step);
     }
   }
-  plan.members = std::move(members);
-  plan.shared = std::make_shared<const std::vector<MemberData>>(plan.members);
+  Share(std::move(members), &plan);
   return plan;
 }
 
@@ -337,8 +353,7 @@ RecoveryPlan PlanFromIssued(std::vector<MemberData> members,
     plan.restore = newest_checkpoint;
     plan.max_step = newest_checkpoint->step;
   }
-  plan.members = std::move(members);
-  plan.shared = std::make_shared<const std::vector<MemberData>>(plan.members);
+  Share(std::move(members), &plan);
   return plan;
 }
 
@@ -348,6 +363,7 @@ QuorumAnswer AnswerFor(const RecoveryPlan& plan, uint32_t quorum_id, uint32_t re
   QuorumAnswer a;
   a.quorum_id = quorum_id;
   a.members_shared = plan.shared;
+  a.group_sizes_differ = plan.group_sizes_differ;
   if (inline_members) a.members = plan.members;
   a.replica_rank = replica_rank;
   a.max_step = plan.max_step;

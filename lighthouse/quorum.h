@@ -35,7 +35,9 @@ struct AgentStatus {
   bool waiting = false;   // its ask is still held by the shell (not yet answered or timed out)
   bool ask_has_state = true;
   bool ask_shrink_only = false;
-  bool ask_mixed_group_sizes = false;  // its node's trainers average across group sizes
+  // Its last ask (kept across rounds, and from the quorum record after a restart) said its
+  // node's trainers average across group sizes.
+  bool ask_mixed_group_sizes = false;
   std::string address;  // its shard server
   std::string phase;    // free text from heartbeats ("train", "heal", ...)
 };
@@ -51,7 +53,6 @@ struct GroupStatus {
   uint32_t step = 0;                   // highest step this incarnation reported (progress)
   bool diverged = false;               // its state hash disagreed with the majority (rule 7)
   uint32_t group_size = 0;             // trainers, from its last ask (0: not known)
-  bool mixed_group_sizes = false;      // every agent's last ask could average across sizes
   // Refused for its size (QuorumDecision::refused) until it asks again: not counted as a
   // healthy group, so that it holds up no majority while it goes away.
   bool size_refused = false;
@@ -70,6 +71,8 @@ bool IsParticipant(const GroupStatus& group);
 uint32_t AskStep(const GroupStatus& group);
 bool AskHasState(const GroupStatus& group);
 bool AskShrinkOnly(const GroupStatus& group);
+// Every agent's last ask said its trainers average across group sizes (mixed_group_sizes).
+bool MixesGroupSizes(const GroupStatus& group);
 
 struct JobMembership {
   std::span<const MemberData> previous;        // last issued quorum, sorted by group_id
@@ -137,6 +140,7 @@ struct RecoveryPlan {
   uint32_t max_step = 0;
   std::optional<CheckpointData> restore;  // no live state: every member restores this
   bool initial = false;                   // no state, no checkpoint: take rank 0's weights
+  bool group_sizes_differ = false;        // the members' group_size values are not all equal
 };
 
 // Live state = members with has_state and not diverged. With live state: max_step is their

@@ -367,7 +367,7 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
     own.members.clear();
     ToProto(own, &resp);
     resp.set_replica_world_size(static_cast<uint32_t>(members.size()));
-    AddGroupSizes(members, &resp);
+    AddGroupSizes(answer, members, &resp);
     if (compact) {
       for (uint32_t r : answer.source_ranks) {
         if (r < members.size()) ToProto(members[r], resp.add_sources());
