@@ -14,6 +14,7 @@
 # Build first: ninja -C BUILD_DIR -j2 diloco_trainer replica_agent lighthouse
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/bench/lib.sh"
 build=$(cd "${1:-$root/build}" && pwd)
 steps=${2:-8}
 width=${3:-128}
@@ -24,15 +25,10 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 run() {
   local name=$1 sizes=($2) dir=$work/$1
   mkdir -p "$dir"
-  "$build/bin/lighthouse" --bind 127.0.0.1:0 --data-dir "$dir/lh" --min-replicas 3 \
-    --join-timeout-ms 5000 > "$dir/lighthouse.log" 2>&1 &
-  local lh_pid=$!
-  for _ in $(seq 1 100); do grep -q 'listening address=' "$dir/lighthouse.log" && break; sleep 0.1; done
-  local lh_addr
-  lh_addr=$(sed -n 's/.*listening address=\([0-9.:]*\).*/\1/p' "$dir/lighthouse.log" | head -1)
+  lk_bench_lighthouse "$build" "$dir" 3 5000
   local agents=() trainers=()
   for i in 0 1 2; do
-    "$build/bin/replica_agent" --lighthouse "http://$lh_addr" --job mixed --group-id g$i \
+    "$build/bin/replica_agent" --lighthouse "http://$LK_BENCH_LH_ADDR" --job mixed --group-id g$i \
       --socket "$dir/g$i.sock" --heartbeat-interval-ms 100 > "$dir/agent-g$i.log" 2>&1 &
     agents+=($!)
   done
@@ -47,17 +43,8 @@ run() {
       trainers+=($!)
     done
   done
-  for p in "${trainers[@]}"; do
-    if ! wait "$p"; then echo "mixed_sizes_bench: a trainer of the $name run failed, see $dir" >&2; exit 1; fi
-  done
-  for _ in $(seq 1 100); do
-    local alive=0
-    for p in "${agents[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-    [ "$alive" = 0 ] && break
-    sleep 0.1
-  done
-  kill "${agents[@]}" "$lh_pid" 2>/dev/null || true
-  wait 2>/dev/null || true
+  lk_bench_wait_trainers "mixed_sizes_bench ($name)" "$dir" "${trainers[@]}"
+  lk_bench_stop "$LK_BENCH_LH_PID" "${agents[@]}"
 }
 
 run uniform "2 2 2"
