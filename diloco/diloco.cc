@@ -248,6 +248,7 @@ Result<SyncResult> Diloco::Impl::Join(std::span<float> params) {
     }
     ready_quorum_id_ = turn.poll.quorum_id;
     joined_unstepped_ = turn.poll;
+    if (o_.overlap) base_.assign(params.begin(), params.end());
     SyncResult r =
         MakeResult(received_ ? SyncKind::kReceived : SyncKind::kJoined, turn.poll, stats);
     r.healed = healed_;
@@ -265,9 +266,10 @@ Result<uint64_t> Diloco::Impl::GroupTokens(uint64_t tokens) {
   return DecodeCount(limbs);
 }
 
-Result<OuterWeights> Diloco::Impl::AgreeWeights(const client::PollResult& pr) {
+Result<OuterWeights> Diloco::Impl::AgreeWeights(const client::PollResult& pr,
+                                                uint64_t tokens) {
   // On the mesh every trainer of a group takes part, and group_rank 0 speaks for the group.
-  const uint64_t mine = mixed_ && o_.group_rank != 0 ? 0 : pending_tokens_;
+  const uint64_t mine = mixed_ && o_.group_rank != 0 ? 0 : tokens;
   std::vector<float> counts = EncodeMemberTokens(mine, pr.replica_rank, pr.replica_world_size);
   LK_RETURN_IF_ERROR(CrossComm().AllReduce(counts.data(), counts.size(), comm::DType::kFloat32,
                                            comm::ReduceOp::kSum));
@@ -279,6 +281,7 @@ Result<SyncResult> Diloco::Impl::Sync(std::span<float> params, uint64_t tokens) 
     return InvalidArgument("params has {} elements, the specs {}", params.size(), layout_.total);
   }
   if (ready_quorum_id_ == 0) return InvalidArgument("Sync before Join");
+  if (o_.overlap) return SyncOverlapped(params, tokens);
   if (!pending_delta_) {
     // Every trainer of the group comes here once per outer step, so this in-group sum pairs up.
     LK_ASSIGN_OR_RETURN(pending_tokens_, GroupTokens(tokens));
@@ -287,7 +290,10 @@ Result<SyncResult> Diloco::Impl::Sync(std::span<float> params, uint64_t tokens) 
     for (size_t i = 0; i < delta.size(); ++i) delta[i] = state_.global[i] - delta[i];
     pending_delta_ = std::move(delta);
   }
-  SyncStats stats;
+  return RunPending(params, SyncStats{});
+}
+
+Result<SyncResult> Diloco::Impl::RunPending(std::span<float> params, SyncStats stats) {
   while (true) {
     Turn turn;
     if (joined_unstepped_ && !sink_->drain.load()) {
@@ -313,7 +319,6 @@ Result<SyncResult> Diloco::Impl::Sync(std::span<float> params, uint64_t tokens) 
       if (received_) {
         joined_unstepped_ = pr;
         SyncResult r = MakeResult(SyncKind::kReceived, pr, stats);
-        r.global_hash = global_hash_;
         r.healed = healed_;
         r.heal_source = heal_source_;
         r.inner = inner_action_;
@@ -326,47 +331,62 @@ Result<SyncResult> Diloco::Impl::Sync(std::span<float> params, uint64_t tokens) 
       MarkBad(pr.quorum_id, !sink_->drain.load());
       continue;
     }
-    SyncResult r = MakeResult(SyncKind::kCommitted, pr, stats);
-    r.healed = healed_since_commit_;
-    r.saved = saved_at_last_commit_;
-    r.tokens = last_weights_.self_tokens;
-    r.quorum_tokens = last_weights_.all_tokens;
-    r.weighted = last_weights_.weighted;
-    healed_since_commit_ = false;
-    return r;
+    return CommittedResult(pr, stats);
   }
+}
+
+SyncResult Diloco::Impl::CommittedResult(const client::PollResult& pr, const SyncStats& stats) {
+  SyncResult r = MakeResult(SyncKind::kCommitted, pr, stats);
+  r.healed = healed_since_commit_;
+  r.saved = saved_at_last_commit_;
+  r.tokens = last_weights_.self_tokens;
+  r.quorum_tokens = last_weights_.all_tokens;
+  r.weighted = last_weights_.weighted;
+  healed_since_commit_ = false;
+  return r;
+}
+
+Result<OuterWeights> Diloco::Impl::Exchange(const client::PollResult& pr, uint64_t tokens,
+                                            std::vector<float>& sum) {
+  // Token-weighted: this shard scaled by its group's weight, summed (compressed when
+  // outer_compress says so), divided by the weights' sum (diloco/outer.h DecideWeights: the same
+  // divisor in every member). The token counts themselves always travel as exact float32.
+  LK_ASSIGN_OR_RETURN(OuterWeights w, AgreeWeights(pr, tokens));
+  ScaleInPlace(sum, w.self);
+  LK_RETURN_IF_ERROR(CrossAllReduce(sum, comm::ReduceOp::kSum));
+  return w;
 }
 
 Result<bool> Diloco::Impl::OuterAttempt(const client::PollResult& pr, std::span<float> params,
                                         SyncStats* stats) {
   auto t0 = Clock::now();
-  std::vector<float> avg = *pending_delta_;
+  std::vector<float> sum = *pending_delta_;
   TcpSent ar_b0 = SnapshotTcpSent();
   // Waiting on the other groups is not this group's stall (the lighthouse's progress timeout).
   (void)session_->SetPeerWait(true);
-  // Token-weighted: this shard scaled by its group's weight, summed (compressed when
-  // outer_compress says so), divided by the weights' sum (diloco/outer.h DecideWeights: the same
-  // divisor in every member). The token counts themselves always travel as exact float32.
-  Result<OuterWeights> w = AgreeWeights(pr);
-  Status st = w.status();
-  if (st.ok()) {
-    ScaleInPlace(avg, w->self);
-    st = CrossAllReduce(avg, comm::ReduceOp::kSum);
-  }
+  Result<OuterWeights> w = Exchange(pr, pending_tokens_, sum);
   (void)session_->SetPeerWait(false);
   stats->cross_bytes += TcpSentBetween(ar_b0, SnapshotTcpSent());
   stats->allreduce_ms += MsSince(t0);
-  LK_ASSIGN_OR_RETURN(bool all_ok, GroupAgree(st.ok()));
+  return Land(pr, w, sum, params, stats, t0);
+}
+
+Result<bool> Diloco::Impl::Land(const client::PollResult& pr, const Result<OuterWeights>& w,
+                                std::vector<float>& sum, std::span<float> params,
+                                SyncStats* stats, Clock::time_point t0) {
+  LK_ASSIGN_OR_RETURN(bool all_ok, GroupAgree(w.ok()));
   if (!all_ok) {
-    LK_LOG_WARN("outer_step_aborted step={} quorum_id={} error={}", state_.step + 1, pr.quorum_id,
-                Q(st.ok() ? std::string("another trainer of the group failed") : st.ToString()));
+    LK_LOG_WARN("outer_step_aborted step={} quorum_id={} overlapped={} error={}", state_.step + 1,
+                pr.quorum_id, o_.overlap,
+                Q(w.ok() ? std::string("another trainer of the group failed")
+                         : w.status().ToString()));
     return false;
   }
   auto gather_t0 = Clock::now();
   TcpSent gather_b0 = SnapshotTcpSent();
-  DivideInPlace(avg, w->total);
+  DivideInPlace(sum, w->total);
   last_weights_ = *w;
-  OuterNesterovStep(state_.global, state_.momentum, avg, o_.outer);
+  OuterNesterovStep(state_.global, state_.momentum, sum, o_.outer);
   LK_RETURN_IF_ERROR(LoadGlobal(params));
   stats->group_bytes += TcpSentBetween(gather_b0, SnapshotTcpSent());
   stats->gather_ms += MsSince(gather_t0);
@@ -394,7 +414,166 @@ Result<bool> Diloco::Impl::OuterAttempt(const client::PollResult& pr, std::span<
   return true;
 }
 
+// Overlapped outer steps. Each call lands the exchange the previous call started (the outer
+// update to step s+1), and starts the exchange of the inner steps since the previous call (the
+// pseudo-gradient of step s+2). The caller's weights for the next inner steps are the outer
+// update of step s+1's global weights with this group's own pseudo-gradient standing in for the
+// average that is still on the wire (the "eager" correction for the one-step delay): a group
+// alone in its quorum, or groups whose pseudo-gradients agree, follow exactly the trajectory of
+// the blocking outer step, and the real average replaces the stand-in one call later.
+Result<SyncResult> Diloco::Impl::SyncOverlapped(std::span<float> params, uint64_t tokens) {
+  LK_ASSIGN_OR_RETURN(uint64_t group_tokens, GroupTokens(tokens));
+  // The pseudo-gradient: the weights these inner steps started from minus where they ended,
+  // this trainer's rows.
+  std::vector<float> delta(layout_.shard_numel), ended(layout_.shard_numel);
+  layout_.Take(base_, delta);
+  layout_.Take(params, ended);
+  for (size_t i = 0; i < delta.size(); ++i) delta[i] -= ended[i];
+  std::optional<SyncResult> landed;
+  SyncStats stats;
+  if (in_flight_) {
+    LK_ASSIGN_OR_RETURN(SyncResult r, LandInFlight(params, SyncStats{}));
+    if (r.kind != SyncKind::kCommitted) {
+      // A heal or a drain: the inner work since is dropped with the state it was built on.
+      base_.assign(params.begin(), params.end());
+      return r;
+    }
+    stats = r.stats;
+    landed = std::move(r);
+  }
+  pending_delta_ = delta;
+  pending_tokens_ = group_tokens;
+  LK_ASSIGN_OR_RETURN(SyncResult next, StartNext(params, stats));
+  if (next.kind == SyncKind::kStarted) {
+    auto t0 = Clock::now();
+    TcpSent b0 = SnapshotTcpSent();
+    std::vector<float> global = state_.global, momentum = state_.momentum;
+    OuterNesterovStep(global, momentum, delta, o_.outer);
+    LK_RETURN_IF_ERROR(GatherInto(global, params));
+    next.stats.group_bytes += TcpSentBetween(b0, SnapshotTcpSent());
+    next.stats.gather_ms += MsSince(t0);
+  }
+  base_.assign(params.begin(), params.end());
+  if (!landed || next.kind != SyncKind::kStarted) return next;
+  landed->stats = next.stats;
+  return *landed;
+}
+
+Result<SyncResult> Diloco::Impl::StartNext(std::span<float> params, SyncStats stats) {
+  while (true) {
+    Turn turn;
+    if (joined_unstepped_ && !sink_->drain.load()) {
+      turn = Turn{std::move(*joined_unstepped_), {PollAction::kStep, "joined in the last call"}};
+    } else {
+      LK_ASSIGN_OR_RETURN(turn, PollOnce(&stats));
+    }
+    joined_unstepped_.reset();
+    const PollAction a = turn.decision.action;
+    if (a == PollAction::kDrain || a == PollAction::kDrainSave) {
+      pending_delta_.reset();
+      return Drain(turn, stats);
+    }
+    LK_ASSIGN_OR_RETURN(bool again, Wait(turn));
+    if (again) continue;
+    const client::PollResult& pr = turn.poll;
+    if (a == PollAction::kJoin) {
+      Status st = JoinQuorum(pr, params, &stats);
+      if (!st.ok()) {
+        LK_LOG_WARN("quorum_join_failed quorum_id={} error={}", pr.quorum_id, Q(st.ToString()));
+        if (group_failed_) return st;
+        MarkBad(pr.quorum_id, true);
+        continue;
+      }
+      ready_quorum_id_ = pr.quorum_id;
+      if (received_) {
+        joined_unstepped_ = pr;
+        SyncResult r = MakeResult(SyncKind::kReceived, pr, stats);
+        r.healed = healed_;
+        r.heal_source = heal_source_;
+        r.inner = inner_action_;
+        return r;
+      }
+    }
+    StartInFlight(pr);
+    return MakeResult(SyncKind::kStarted, pr, stats);
+  }
+}
+
+void Diloco::Impl::StartInFlight(const client::PollResult& pr) {
+  auto f = std::make_unique<InFlight>();
+  f->pr = pr;
+  f->delta = std::move(*pending_delta_);
+  pending_delta_.reset();
+  f->tokens = pending_tokens_;
+  f->sum = f->delta;
+  f->t0 = Clock::now();
+  InFlight* raw = f.get();
+  f->thread = std::thread([this, raw] {
+    // Other traffic of this process (the in-group gradient averages of the inner steps) runs
+    // meanwhile, so the bytes counted here are an upper bound of the exchange's.
+    TcpSent b0 = SnapshotTcpSent();
+    raw->weights = Exchange(raw->pr, raw->tokens, raw->sum);
+    raw->bytes = TcpSentBetween(b0, SnapshotTcpSent());
+    raw->ms = MsSince(raw->t0);
+  });
+  in_flight_ = std::move(f);
+}
+
+Result<SyncResult> Diloco::Impl::LandInFlight(std::span<float> params, SyncStats stats) {
+  auto wait_t0 = Clock::now();
+  // Blocked on the other groups from here: not this group's stall.
+  (void)session_->SetPeerWait(true);
+  in_flight_->thread.join();
+  (void)session_->SetPeerWait(false);
+  stats.wait_ms += MsSince(wait_t0);
+  std::unique_ptr<InFlight> f = std::move(in_flight_);
+  stats.allreduce_ms += f->ms;
+  stats.cross_bytes += f->bytes;
+  pending_delta_ = std::move(f->delta);
+  pending_tokens_ = f->tokens;
+  LK_ASSIGN_OR_RETURN(bool done, Land(f->pr, f->weights, f->sum, params, &stats, f->t0));
+  if (done) return CommittedResult(f->pr, stats);
+  MarkBad(f->pr.quorum_id, !sink_->drain.load());
+  return RunPending(params, stats);
+}
+
+Result<SyncResult> Diloco::Impl::Flush(std::span<float> params) {
+  if (params.size() != layout_.total) {
+    return InvalidArgument("params has {} elements, the specs {}", params.size(), layout_.total);
+  }
+  if (!in_flight_) {
+    SyncResult r;
+    r.kind = SyncKind::kJoined;
+    r.step = state_.step;
+    r.quorum_id = ready_quorum_id_;
+    r.state_hash = StateHash(state_.global);
+    return r;
+  }
+  // Lands into params: the new global weights, without a stand-in step after them.
+  LK_ASSIGN_OR_RETURN(SyncResult r, LandInFlight(params, SyncStats{}));
+  base_.assign(params.begin(), params.end());
+  return r;
+}
+
+void Diloco::Impl::AbandonInFlight() {
+  if (!in_flight_) return;
+  CrossComm().Abort("the DiLoCo object is closing");
+  in_flight_->thread.join();
+  in_flight_.reset();
+}
+
 Status Diloco::Impl::Finish() {
+  if (in_flight_) {
+    // The last step's exchange lands before the barrier (which runs on the same communicator).
+    std::vector<float> scratch = base_;
+    Result<SyncResult> landed = Flush(scratch);
+    if (!landed.ok()) return landed.status().WithContext("landing the last exchange");
+    const SyncResult& r = *landed;
+    if (r.kind == SyncKind::kCommitted) {
+      LK_LOG_INFO("outer_committed step={} quorum_id={} hash={} at=finish", r.step, r.quorum_id,
+                  r.state_hash);
+    }
+  }
   // A finished group's leave is a lost member to the others: were it to leave while another
   // member still waits for the last bytes of the final allreduce, that member's step would be
   // aborted with nobody left to heal from. So no member leaves before all have come out of it.
@@ -438,6 +617,9 @@ Result<SyncResult> Diloco::Sync(std::span<float> params) { return impl_->Sync(pa
 Result<SyncResult> Diloco::Sync(std::span<float> params, uint64_t tokens) {
   return impl_->Sync(params, tokens);
 }
+Result<SyncResult> Diloco::Flush(std::span<float> params) { return impl_->Flush(params); }
+bool Diloco::in_flight() const { return impl_->in_flight(); }
+std::span<const float> Diloco::global_weights() const { return impl_->global_weights(); }
 bool Diloco::drain_requested() const { return impl_->drain_requested(); }
 void Diloco::RequestDrain() { impl_->RequestDrain(); }
 void Diloco::HandleNotice(const client::Notice& notice) { impl_->HandleNotice(notice); }

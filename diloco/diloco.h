@@ -16,6 +16,10 @@
 //   }
 //   d->Finish();                            // barrier, final save, goodbye to the agent
 //
+// With DilocoOptions::overlap the loop runs `while (d->step() + d->in_flight() < T)` and calls
+// d->Flush(params) before Finish: each Sync lands the previous step's exchange and starts this
+// one's (see the option).
+//
 // Each call of Sync runs the whole protocol: poll; join a new quorum (communicator reconfigure,
 // heal from live peers, else from the registered durable checkpoint, else the slot state sync);
 // this trainer's shard of the pseudo-gradient (global - local); the cross-group average; the
@@ -113,6 +117,20 @@ struct DilocoOptions {
   // saved in checkpoints, durable or live: it is per trainer and per layout, and losing it
   // costs one step's quantization error, no more.
   OuterCompress outer_compress = OuterCompress::kNone;
+  // Overlapped outer steps (the idea of streaming DiLoCo): Sync starts the cross-group exchange
+  // of this step's pseudo-gradient on a thread of its own and returns at once, with the weights
+  // the caller passed, so the next inner steps run while the exchange is on the link. The next
+  // Sync (or Flush) waits for it and lands it: the outer update gives the new global weights.
+  // The caller's weights for the inner steps meanwhile are the outer update of the last landed
+  // global weights with this group's own pseudo-gradient standing in for the average still on
+  // the wire (the "eager" correction for the one-step delay), so a group whose pseudo-gradient
+  // equals the average (a quorum of one) trains exactly as without overlap. Commits, heals and
+  // notices stay as without overlap: a lost member or a drain aborts the exchange in flight,
+  // which is then retried on the next quorum (or dropped by a drain or a heal) before anything
+  // else, so a heal always lands on a committed step. The global weights are the same in every
+  // member, bitwise, as without overlap; the committed step trails the inner work by one. Every
+  // group of a job uses the same setting.
+  bool overlap = false;
   std::string ckpt_dir;     // durable checkpoints of this group (its trainers share it); "": none
   uint32_t ckpt_every = 0;  // a durable save every K committed steps; 0: on drain and at Finish
   uint32_t ckpt_keep = 3;   // durable checkpoints kept
@@ -146,6 +164,8 @@ enum class SyncKind {
   kJoined,     // Join only: joined with this group's own state (params unchanged apart from
                // -0.0 turned into +0.0)
   kDrained,    // the agent drains the group: leave the loop (saved first when it asked)
+  kStarted,    // overlap only: this step's exchange started and nothing was in flight to land
+               // (the first Sync after Join or a heal); params unchanged, nothing committed
 };
 
 // Where one call's time and bytes went. Bytes are TCP bytes this process sent (the kernel's
@@ -158,6 +178,9 @@ struct SyncStats {
   double publish_ms = 0;     // live state for healing peers
   double commit_ms = 0;      // Session::Commit
   double outer_ms = 0;       // the committed attempt, from its allreduce to its commit
+  // Overlap: how long this call waited for the exchange in flight to finish (the part of it
+  // the inner steps did not hide); allreduce_ms and cross_bytes count that exchange.
+  double wait_ms = 0;
   uint64_t cross_bytes = 0;  // sent by the cross-group allreduce
   uint64_t sync_bytes = 0;   // sent while joining quorums
   uint64_t group_bytes = 0;  // sent by the in-group all-gather
@@ -228,6 +251,20 @@ class Diloco {
   // the cross-group average weights each group's pseudo-gradient by it. A retry after a lost
   // member keeps the count; a heal drops it with the pseudo-gradient.
   Result<SyncResult> Sync(std::span<float> params, uint64_t tokens);
+
+  // Overlap: lands the exchange in flight, as the next Sync would but without starting another
+  // one (after the last Sync, before Finish): params get the new global weights plus the inner
+  // progress since the last call. kCommitted, or what a retry found (kReceived, kDrained);
+  // kJoined with params unchanged when nothing was in flight. Finish lands it too, into a
+  // buffer of its own, when the caller did not.
+  Result<SyncResult> Flush(std::span<float> params);
+  // Overlap: an exchange is in flight (started by the last Sync, not landed). A loop that runs
+  // to T outer steps runs `while (step() + in_flight() < T)` and calls Flush after it.
+  bool in_flight() const;
+  // Overlap: the whole global weights of the last commit (or received state), which the
+  // caller's weights no longer equal (they carry the inner progress since); e.g. to evaluate
+  // the model every member holds. Empty without overlap: params hold them after each commit.
+  std::span<const float> global_weights() const;
 
   // True once a drain notice arrived. The inner loop should stop at an inner step that every
   // trainer of the group agrees on (e.g. by carrying the flag in the gradient allreduce) and

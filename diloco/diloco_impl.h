@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "diloco/compress.h"
@@ -68,6 +69,7 @@ class Diloco::Impl {
   }
 
   ~Impl() {
+    AbandonInFlight();
     std::lock_guard lock(sink_->mu);
     sink_->slot = nullptr;
     sink_->mesh = nullptr;
@@ -76,6 +78,9 @@ class Diloco::Impl {
   Status Init();
   Result<SyncResult> Join(std::span<float> params);
   Result<SyncResult> Sync(std::span<float> params, uint64_t tokens);
+  Result<SyncResult> Flush(std::span<float> params);
+  bool in_flight() const { return in_flight_ != nullptr; }
+  std::span<const float> global_weights() const { return global_full_; }
   Status GroupSum(std::span<float> v);
   Status Finish();
 
@@ -117,19 +122,59 @@ class Diloco::Impl {
   // The communicator of the cross-group collectives of the joined quorum.
   comm::CommManager& CrossComm() { return mixed_ ? *mesh_comm_ : *slot_comm_; }
   Result<bool> GroupAgree(bool ok);
+  // Polls and joins until the pending pseudo-gradient is committed (or dropped by a heal or a
+  // drain): the blocking outer step, and the retry of an overlapped one that was cut short.
+  Result<SyncResult> RunPending(std::span<float> params, SyncStats stats);
   // One cross-group attempt with the pending pseudo-gradient: false when it was cut short.
   Result<bool> OuterAttempt(const client::PollResult& pr, std::span<float> params,
                             SyncStats* stats);
+  // The cross-group half of an attempt (any thread; only the cross communicator, the codec and
+  // the error feedback): the members' token weights and the weighted sum of `sum` in place.
+  Result<OuterWeights> Exchange(const client::PollResult& pr, uint64_t tokens,
+                                std::vector<float>& sum);
+  // The rest, on the trainer's thread: the group's agreement that every trainer's exchange
+  // succeeded, the outer update, the in-group all-gather into `params`, publishing, the commit
+  // and the saves. false when a trainer's exchange failed.
+  Result<bool> Land(const client::PollResult& pr, const Result<OuterWeights>& w,
+                    std::vector<float>& sum, std::span<float> params, SyncStats* stats,
+                    Clock::time_point t0);
+  SyncResult CommittedResult(const client::PollResult& pr, const SyncStats& stats);
+  // Overlap (see DilocoOptions::overlap). The exchange in flight: its quorum, its inputs (kept
+  // for a retry) and, once the thread is done, its outcome.
+  struct InFlight {
+    client::PollResult pr;
+    std::vector<float> delta;
+    uint64_t tokens = 0;
+    std::vector<float> sum;
+    Result<OuterWeights> weights = Status(Code::kAborted, "not run");
+    Clock::time_point t0;
+    double ms = 0;
+    uint64_t bytes = 0;
+    std::thread thread;
+  };
+  Result<SyncResult> SyncOverlapped(std::span<float> params, uint64_t tokens);
+  // Starts the exchange of the pending pseudo-gradient on quorum `pr`.
+  void StartInFlight(const client::PollResult& pr);
+  // Waits for the exchange in flight and commits it, or retries it (RunPending) when it was cut
+  // short; params get the new global weights.
+  Result<SyncResult> LandInFlight(std::span<float> params, SyncStats stats);
+  // Polls until the pending pseudo-gradient's exchange is started (kStarted) or the group got
+  // state from elsewhere (kReceived) or drains (kDrained).
+  Result<SyncResult> StartNext(std::span<float> params, SyncStats stats);
+  // Aborts the exchange in flight and joins its thread (the Diloco is going away).
+  void AbandonInFlight();
   // The cross-group reduction of `values` in place (diloco_compress.cc): the float32 ring for
   // kNone, else the encoded allreduce with this trainer's error feedback.
   Status CrossAllReduce(std::span<float> values, comm::ReduceOp op);
   // Drops the error-feedback residual: the state came from elsewhere (diloco_compress.cc).
   void ResetResidual();
   // The members' token counts of this attempt (one small sum-allreduce) and the weights.
-  Result<OuterWeights> AgreeWeights(const client::PollResult& pr);
+  Result<OuterWeights> AgreeWeights(const client::PollResult& pr, uint64_t tokens);
   // The group's tokens: every trainer's count summed over the group.
   Result<uint64_t> GroupTokens(uint64_t tokens);
   Status LoadGlobal(std::span<float> params);
+  // The in-group all-gather of a shard in this trainer's layout into the whole buffer `out`.
+  Status GatherInto(std::span<const float> shard, std::span<float> out);
   Status SaveDurable(uint32_t attempt);
   void MarkBad(uint32_t quorum_id, bool report);
   SyncResult MakeResult(SyncKind kind, const client::PollResult& pr, const SyncStats& stats) const;
@@ -181,6 +226,12 @@ class Diloco::Impl {
   comm::ChunkCodec* codec_ = nullptr;  // points at codec_storage_ unless outer_compress is none
   std::optional<BlockCodec> codec_storage_;
   ErrorFeedback feedback_;
+  // Overlap: the exchange in flight (its thread touches only the cross communicator, codec_
+  // and feedback_, which nothing else touches until it is joined), and the weights the last
+  // call gave the caller, from which the inner progress of the next call is measured.
+  std::unique_ptr<InFlight> in_flight_;
+  std::vector<float> base_;
+  std::vector<float> global_full_;  // the whole global weights of the last LoadGlobal
 };
 
 }  // namespace lk::diloco

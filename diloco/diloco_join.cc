@@ -144,6 +144,14 @@ Status Diloco::Impl::SyncMixed(const client::PollResult& pr) {
   return Status::Ok();
 }
 
+Status Diloco::Impl::GatherInto(std::span<const float> shard, std::span<float> out) {
+  std::vector<float> full(layout_.total, 0.0f);
+  layout_.Place(shard, full);
+  LK_RETURN_IF_ERROR(GroupSum(full));
+  std::copy(full.begin(), full.end(), out.begin());
+  return Status::Ok();
+}
+
 Status Diloco::Impl::LoadGlobal(std::span<float> params) {
   std::vector<float> full(layout_.total, 0.0f);
   layout_.Place(state_.global, full);
@@ -151,6 +159,7 @@ Status Diloco::Impl::LoadGlobal(std::span<float> params) {
   std::copy(full.begin(), full.end(), params.begin());
   // The whole global weights, the same bytes in every member whatever its layout.
   global_hash_ = StateHash(full);
+  if (o_.overlap) global_full_ = std::move(full);
   return Status::Ok();
 }
 

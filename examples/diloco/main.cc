@@ -70,6 +70,9 @@ int main(int argc, char** argv) {
   flags.Add("outer-compress", &outer_compress,
             "encoding of the cross-group pseudo-gradients: none (float32), bf16, int8 or int4 "
             "(blockwise scales, error feedback); the same in every group");
+  flags.Add("outer-overlap", &o.overlap,
+            "overlapped outer steps: the exchange of a step runs during the next step's inner "
+            "steps and lands one step late; the same in every group");
   flags.Add("log-level", &log_level, "debug, info, warn or error");
   Status st = flags.Parse(argc, argv);
   if (flags.help_requested()) {

@@ -45,6 +45,7 @@ void Add(SyncStats* to, const SyncStats& s) {
   to->cross_bytes += s.cross_bytes;
   to->sync_bytes += s.sync_bytes;
   to->group_bytes += s.group_bytes;
+  to->wait_ms += s.wait_ms;
 }
 
 class Trainer {
@@ -100,6 +101,7 @@ Status Trainer::Init() {
   d.init_timeout = o_.init_timeout;
   d.op_timeout = o_.op_timeout;
   d.outer_compress = o_.outer_compress;
+  d.overlap = o_.overlap;
   InnerStateHooks hooks;
   hooks.save = [this](std::span<float> out) {
     model_->ExportOptimizer(out);
@@ -120,7 +122,7 @@ Status Trainer::Init() {
 
 void Trainer::Apply(const SyncResult& r) {
   if (r.kind == SyncKind::kCommitted || r.kind == SyncKind::kReceived ||
-      r.kind == SyncKind::kJoined) {
+      r.kind == SyncKind::kJoined || r.kind == SyncKind::kStarted) {
     model_->Load(params_);
   }
   if (r.kind == SyncKind::kReceived) {
@@ -195,6 +197,16 @@ void Trainer::Evaluate() {
   // new global weights now, identical in every member.
   auto eval_t0 = Clock::now();
   SplitMix eval_rng(MixSeed({o_.seed, 0x65766131}));  // the same batches every step and run
+  // With overlap the model holds the global weights plus this group's inner progress since
+  // the last call; the evaluation is of the global weights alone.
+  std::span<const float> global = diloco_->global_weights();
+  if (o_.overlap && global.size() == params_.size()) {
+    model_->Load(global);
+    eval_loss_ = model_->Eval(eval_rng, o_.eval_batches);
+    model_->Load(params_);
+    stats_.eval_ms += MsSince(eval_t0);
+    return;
+  }
   eval_loss_ = model_->Eval(eval_rng, o_.eval_batches);
   stats_.eval_ms += MsSince(eval_t0);
 }
@@ -234,7 +246,8 @@ void Trainer::WriteLogLine(const SyncResult& r) {
                   "\"cross_bytes\":{},\"sync_bytes\":{},\"group_bytes\":{},\"params\":{},"
                   "\"shard\":{},\"inner_steps\":{},\"group_size\":{},\"tokens\":{},"
                   "\"quorum_tokens\":{},\"weighted\":{},\"global_hash\":\"{}\","
-                  "\"inner_steps_run\":{},\"group_id\":\"{}\",\"outer_compress\":\"{}\"}}\n",
+                  "\"inner_steps_run\":{},\"group_id\":\"{}\",\"outer_compress\":\"{}\","
+                  "\"overlap\":{},\"wait_ms\":{:.1f}}}\n",
                   r.step, r.quorum_id, r.replica_world_size, loss_, r.state_hash,
                   r.healed ? "true" : "false", o_.group_rank, static_cast<int64_t>(y.outer_ms),
                   eval, t_ms, step_ms, y.poll_ms, y.join_ms, s.inner_ms, s.discarded_ms,
@@ -242,7 +255,8 @@ void Trainer::WriteLogLine(const SyncResult& r) {
                   y.sync_bytes, s.group_bytes + y.group_bytes, diloco_->numel(),
                   diloco_->shard_numel(), o_.inner_steps, o_.group_size, r.tokens,
                   r.quorum_tokens, r.weighted ? "true" : "false", r.global_hash, inner_run,
-                  o_.group_id, OuterCompressName(o_.outer_compress))
+                  o_.group_id, OuterCompressName(o_.outer_compress),
+                  o_.overlap ? "true" : "false", y.wait_ms)
           .c_str(),
       log_);
   std::fflush(log_);
@@ -269,17 +283,27 @@ int Trainer::Run() {
   if (joined->kind == SyncKind::kDrained) return 0;
   LogReachedByHeal(*joined);
   while (diloco_->step() < o_.outer_steps) {
-    // The inner steps come before the poll: the agent asked the lighthouse for this step's
-    // round as soon as the last step was committed, so the round ran during them and the poll
-    // is answered from the agent's memory, with the freshest membership right before the
-    // outer sync.
-    auto ran = InnerSteps();
-    if (!ran.ok()) {
-      LK_LOG_ERROR("inner_steps_failed step={} error={}", diloco_->step() + 1,
-                   Q(ran.status().ToString()));
-      return 1;
+    // With overlap the step in flight counts: its exchange runs during the next inner steps,
+    // and once it is the last one it is landed (Flush) without more inner steps.
+    const bool land_last = diloco_->in_flight() && diloco_->step() + 1 >= o_.outer_steps;
+    Result<SyncResult> r = Status(Code::kInternal, "no outer step ran");
+    if (land_last) {
+      r = diloco_->Flush(params_);
+    } else {
+      // The inner steps come before the poll: the agent asked the lighthouse for this step's
+      // round as soon as the last step was committed, so the round ran during them and the
+      // poll is answered from the agent's memory, with the freshest membership right before
+      // the outer sync.
+      auto ran = InnerSteps();
+      if (!ran.ok()) {
+        LK_LOG_ERROR("inner_steps_failed step={} error={}", diloco_->step() + 1,
+                     Q(ran.status().ToString()));
+        return 1;
+      }
+      r = diloco_->Sync(params_, tokens_);
+      // Overlap: each call reports the tokens since the previous call, committed or not.
+      if (o_.overlap) tokens_ = 0;
     }
-    auto r = diloco_->Sync(params_, tokens_);
     if (!r.ok()) {
       LK_LOG_ERROR("outer_step_failed step={} error={}", diloco_->step() + 1,
                    Q(r.status().ToString()));

@@ -42,6 +42,7 @@ struct TrainerOptions {
   ModelOptions model;
   OuterOptions outer;
   OuterCompress outer_compress = OuterCompress::kNone;  // the cross-group exchange's encoding
+  bool overlap = false;  // overlapped outer steps (DilocoOptions::overlap)
   Millis init_timeout{30'000};  // communicator rendezvous + connect
   Millis op_timeout{120'000};   // one collective; the outer one waits for the slowest group
   Status Validate() const;

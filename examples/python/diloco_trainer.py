@@ -94,6 +94,12 @@ def parse_flags(argv):
             except ValueError:
                 p.error(f"bad {env}={value!r}")
         p.add_argument("--" + name, type=kind, default=default, help=f"{text} (env {env})")
+    overlap_env = os.environ.get("LK_OUTER_OVERLAP", "")
+    p.add_argument("--outer-overlap", action="store_true",
+                   default=overlap_env.lower() in ("1", "true", "yes"),
+                   help="overlapped outer steps: the exchange of a step runs during the next "
+                        "step's inner steps and lands one step late; the same in every group "
+                        "(env LK_OUTER_OVERLAP)")
     a = p.parse_args(argv)
     problems = []
     if a.group_size < 1 or not 0 <= a.group_rank < a.group_size:
@@ -180,7 +186,7 @@ class StepLog:
     (the library's figures of every call since then, and this loop's own)."""
 
     STATS = ("poll_ms", "join_ms", "allreduce_ms", "gather_ms", "publish_ms", "commit_ms",
-             "outer_ms", "cross_bytes", "sync_bytes", "group_bytes")
+             "outer_ms", "cross_bytes", "sync_bytes", "group_bytes", "wait_ms")
 
     def __init__(self, path, args):
         self.file = open(path, "a") if path else None
@@ -220,7 +226,7 @@ class StepLog:
             '"cross_bytes":%d,"sync_bytes":%d,"group_bytes":%d,"params":%d,'
             '"shard":%d,"inner_steps":%d,"group_size":%d,"tokens":%d,"quorum_tokens":%d,'
             '"weighted":%s,"global_hash":"%s","inner_steps_run":%d,"group_id":"%s",'
-            '"outer_compress":"%s"}\n') % (
+            '"outer_compress":"%s","overlap":%s,"wait_ms":%.1f}\n') % (
                 r["step"], r["quorum_id"], r["replica_world_size"], loss, r["state_hash"],
                 "true" if r["healed"] else "false", a.group_rank, int(y["outer_ms"]), evals,
                 int(time.time() * 1000), step_ms, y["poll_ms"], y["join_ms"], self.inner_ms,
@@ -229,7 +235,7 @@ class StepLog:
                 self.group_bytes + y["group_bytes"], params, shard, a.inner_steps,
                 a.group_size, r["tokens"], r["quorum_tokens"],
                 "true" if r["weighted"] else "false", r["global_hash"], inner_run, a.group_id,
-                a.outer_compress)
+                a.outer_compress, "true" if a.outer_overlap else "false", y["wait_ms"])
         self.clear()
         if self.file is not None:
             self.file.write(line)
@@ -253,7 +259,7 @@ def train(args, log):
         outer_momentum=args.outer_momentum, nesterov=True, ckpt_dir=args.ckpt_dir or None,
         ckpt_every=args.ckpt_every, live_dir=args.live_dir, timeout=op_timeout,
         init_timeout=init_timeout, outer_compress=args.outer_compress,
-        sync_every_s=args.outer_step_s or None)
+        sync_every_s=args.outer_step_s or None, overlap=args.outer_overlap)
     tokens_per_step = args.batch * args.seq_len
     with diloco:
         # Entering joined the job: the model holds the job's global weights (replica_rank 0's
@@ -287,6 +293,18 @@ def train(args, log):
             if args.eval_batches <= 0:
                 return None
             e0 = time.monotonic()
+            if args.outer_overlap:
+                # The model carries this group's inner progress on top of the global weights:
+                # the evaluation is of the global weights alone, as every member holds them.
+                with torch.no_grad():
+                    flat = torch.nn.utils.parameters_to_vector(lm.model.parameters())
+                    torch.nn.utils.vector_to_parameters(diloco.global_weights(),
+                                                        lm.model.parameters())
+                    value = float(lm.eval_loss(char_model.SplitMix(eval_seed),
+                                               args.eval_batches))
+                    torch.nn.utils.vector_to_parameters(flat, lm.model.parameters())
+                steps.eval_ms += (time.monotonic() - e0) * 1000
+                return value
             value = float(lm.eval_loss(char_model.SplitMix(eval_seed), args.eval_batches))
             steps.eval_ms += (time.monotonic() - e0) * 1000
             return value
@@ -306,7 +324,9 @@ def train(args, log):
         inner = 0  # inner steps since the last outer step
         inner_run = 0  # ... since the last commit (a failed attempt's steps count too)
         t0, b0 = time.monotonic(), tcp_sent()
-        while diloco.outer_step < args.outer_steps and not diloco.should_stop:
+        # With --outer-overlap the step in flight counts; the last one lands after the loop.
+        while (diloco.outer_step + diloco.in_flight < args.outer_steps and
+               not diloco.should_stop):
             s0 = time.monotonic()
             loss, _ = lm.inner_step(rng, average)
             lm.optimizer.step()
@@ -331,7 +351,9 @@ def train(args, log):
             steps.inner_ms += (t1 - t0) * 1000
             steps.group_bytes += tcp_sent_between(b0, b1 if b1 is not None else tcp_sent())
             steps.add(r)
-            if r["kind"] == "committed":
+            if r["kind"] == "started":
+                log("info", "outer_started", step=r["step"] + 1, quorum_id=r["quorum_id"])
+            elif r["kind"] == "committed":
                 mean_loss = float(loss_sum / max(1, ran))
                 steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel, inner_run)
                 inner_run = 0
@@ -347,8 +369,21 @@ def train(args, log):
             else:
                 log("info", "drain", step=r["step"], checkpoint_now=r["checkpoint_now"],
                     reason=r["reason"])
+            last_loss = float(loss_sum / max(1, ran))
             loss_sum.zero_()
             t0, b0 = time.monotonic(), tcp_sent()
+            if diloco.outer_step + diloco.in_flight >= args.outer_steps and diloco.in_flight:
+                # The last step's exchange lands without more inner steps.
+                r = diloco.flush()
+                steps.add(r)
+                if r["kind"] == "committed":
+                    steps.write(r, last_loss, evaluate(), lm.numel,
+                                diloco.shard_numel, 0)
+                    log("info", "outer_committed", step=r["step"], quorum_id=r["quorum_id"],
+                        world=r["replica_world_size"], hash=r["state_hash"],
+                        outer_ms=int(r["stats"]["outer_ms"]))
+                elif r["kind"] == "received":
+                    log_reached_by_heal(r, 0.0)
     # Leaving the context after the last outer step ran the final barrier, the final save and
     # the goodbye to the agent; after a drain, the save the agent asked for.
     log("info", "trainer_done", step=diloco.outer_step)

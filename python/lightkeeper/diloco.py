@@ -6,6 +6,14 @@
             inner_opt.step(); inner_opt.zero_grad()
             diloco.step()
 
+With ``overlap=True`` the exchange of each outer step runs during the next step's inner steps
+and lands one step late; the loop then counts the step in flight and lands the last one:
+
+        while diloco.outer_step + diloco.in_flight < T and not diloco.should_stop:
+            ...
+            diloco.step()
+        diloco.flush()
+
 The outer step itself (poll, join, heal, pseudo-gradient, cross-group average, outer Nesterov
 update, in-group all-gather and agreement, live state, commit, drain, final barrier) is the C++
 library's (``lk_diloco_*``); this module only lays the model's parameters out for it: one flat
@@ -136,6 +144,12 @@ class DiLoCo:
         outer_compress: the encoding of the cross-group exchange: "none" (float32), "bf16",
             "int8" or "int4" (blockwise scales with error feedback; every member still ends
             with bitwise-identical weights). Every group of a job must use the same.
+        overlap: overlapped outer steps (the C++ library's DilocoOptions::overlap): each outer
+            step's exchange runs on a thread of the library while the next inner steps compute,
+            and lands at the next outer step with the inner progress made meanwhile kept on
+            top of the new global weights. ``in_flight`` says whether one is on the wire,
+            ``flush()`` lands it, and the context's exit lands it when the loop did not.
+            Every group of a job uses the same setting.
     """
 
     def __init__(self, manager, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer,
@@ -144,7 +158,8 @@ class DiLoCo:
                  group_pg=None, live_dir: Optional[str] = None, ckpt_keep: int = 3,
                  timeout: datetime.timedelta = datetime.timedelta(seconds=120),
                  init_timeout: datetime.timedelta = datetime.timedelta(seconds=30),
-                 outer_compress: str = "none", sync_every_s: Optional[float] = None):
+                 outer_compress: str = "none", sync_every_s: Optional[float] = None,
+                 overlap: bool = False):
         if sync_every < 1:
             raise Error("invalid_argument", f"sync_every must be at least 1, not {sync_every}")
         if sync_every_s is not None and not 0 < sync_every_s <= 86400:
@@ -161,7 +176,7 @@ class DiLoCo:
                              live_dir=live_dir if live_dir is not None
                              else os.environ.get("LK_LIVE_DIR", ""),
                              timeout_ms=_ms(timeout), init_timeout_ms=_ms(init_timeout),
-                             outer_compress=outer_compress)
+                             outer_compress=outer_compress, overlap=bool(overlap))
         self._group_pg = group_pg
         self._native: Optional[_native.Diloco] = None
         self._inner_steps = 0
@@ -222,7 +237,7 @@ class DiLoCo:
             m._session, m.group_rank, m.group_size, self._specs, self._inner.specs(), save_inner,
             o["outer_lr"], o["outer_momentum"], o["nesterov"], o["ckpt_dir"], o["ckpt_every"],
             o["ckpt_keep"], o["live_dir"], m._bind_host, o["init_timeout_ms"], o["timeout_ms"], 0,
-            o["outer_compress"])
+            o["outer_compress"], o["overlap"])
         self._call("join")
         if not self.should_stop and m.group_size > 1 and self._group_pg is None:
             self._group_pg = m.group_process_group()
@@ -232,6 +247,8 @@ class DiLoCo:
         if self._native is None:
             return False
         try:
+            if exc_type is None and not self._drained and self._native.in_flight:
+                self.flush()  # the model gets the last step's weights (overlap)
             if exc_type is None and not self._drained:
                 # The final barrier, a durable save unless the last commit made one, and the
                 # goodbye to the agent (so the exit is not reported as a crash).
@@ -295,6 +312,8 @@ class DiLoCo:
             self._host.copy_(self._flat)
         if what == "join":
             r = self._native.join(self._host.data_ptr(), self._host.numel())
+        elif what == "flush":
+            r = self._native.flush(self._host.data_ptr(), self._host.numel())
         else:
             r = self._native.sync(self._host.data_ptr(), self._host.numel(), self._tokens)
         if self._host is not self._flat:
@@ -317,6 +336,31 @@ class DiLoCo:
         self._tokens = 0
         self._outer_end = time.monotonic()
         return r
+
+    def flush(self) -> Optional[dict]:
+        """With ``overlap``: lands the outer step in flight (after the loop's last ``step()``),
+        as the next outer step would but without starting another one; the model gets the new
+        global weights. Returns the result (``last_result``), or None when nothing was in
+        flight."""
+        if self._native is None:
+            raise Error("invalid_argument", "DiLoCo.flush() outside its context")
+        if self.should_stop or not self._native.in_flight:
+            return None
+        return self._call("flush")
+
+    @property
+    def in_flight(self) -> bool:
+        """With ``overlap``: an outer step's exchange is on the wire (started, not landed)."""
+        return self._native is not None and self._native.in_flight
+
+    def global_weights(self) -> torch.Tensor:
+        """With ``overlap``: the global weights of the last commit (or received state) in the
+        flat layout of the model's parameters, a copy (the model itself carries the inner
+        progress made since). Without overlap the model holds them after each commit."""
+        raw = self._native.global_weights() if self._native is not None else b""
+        if not raw:
+            return self._flat.detach().cpu().clone()
+        return torch.frombuffer(bytearray(raw), dtype=torch.float32)
 
     # For tests and tools.
 

@@ -303,10 +303,10 @@ std::vector<lk_tensor_spec> CSpecs(const std::vector<Spec>& specs) {
 }
 
 py::dict ResultDict(const lk_diloco_result& r) {
-  static const char* kKinds[] = {"committed", "received", "joined", "drained"};
+  static const char* kKinds[] = {"committed", "received", "joined", "drained", "started"};
   static const char* kInner[] = {"keep", "reset", "restored"};
   py::dict d;
-  d["kind"] = kKinds[std::clamp(r.kind, 0, 3)];
+  d["kind"] = kKinds[std::clamp(r.kind, 0, 4)];
   d["step"] = r.step;
   d["quorum_id"] = r.quorum_id;
   d["replica_rank"] = r.replica_rank;
@@ -342,7 +342,7 @@ class Diloco {
          float outer_lr, float outer_momentum, bool nesterov, const std::string& ckpt_dir,
          uint32_t ckpt_every, uint32_t ckpt_keep, const std::string& live_dir,
          const std::string& bind_host, uint32_t init_timeout_ms, uint32_t op_timeout_ms,
-         uint32_t stuck_timeout_ms, const std::string& outer_compress)
+         uint32_t stuck_timeout_ms, const std::string& outer_compress, bool overlap)
       : params_(std::move(params)), inner_(std::move(inner_state)),
         inner_save_(std::move(inner_save)) {
     std::vector<lk_tensor_spec> p = CSpecs(params_), i = CSpecs(inner_);
@@ -371,6 +371,7 @@ class Diloco {
     lk_diloco_ext_options ext{};
     ext.struct_size = sizeof(ext);
     ext.outer_compress = outer_compress.c_str();
+    ext.overlap = overlap ? 1 : 0;
     d_ = lk_diloco_create_ext(session.raw(), &o, &ext);
     if (d_ == nullptr) RaiseLast();
   }
@@ -385,6 +386,8 @@ class Diloco {
   }
   // The result's token weights and global hash (lk_diloco_last_tokens).
   py::dict WithTokens(py::dict d) {
+    py::dict stats = d["stats"];
+    stats["wait_ms"] = lk_diloco_last_wait_ms(d_);
     lk_diloco_tokens t{};
     lk_diloco_last_tokens(d_, &t);
     d["tokens"] = t.tokens;
@@ -399,6 +402,18 @@ class Diloco {
       return lk_diloco_sync_tokens(d_, reinterpret_cast<float*>(params), count, tokens, &r);
     });
     return WithTokens(ResultDict(r));
+  }
+  py::dict Flush(uintptr_t params, size_t count) {
+    lk_diloco_result r{};
+    Call([&] { return lk_diloco_flush(d_, reinterpret_cast<float*>(params), count, &r); });
+    return WithTokens(ResultDict(r));
+  }
+  bool in_flight() const { return lk_diloco_in_flight(d_) != 0; }
+  // A copy, as RestoredInnerState.
+  py::bytes GlobalWeights() const {
+    size_t count = 0;
+    const float* p = lk_diloco_global_weights(d_, &count);
+    return py::bytes(reinterpret_cast<const char*>(p), count * sizeof(float));
   }
   void GroupAllReduceSum(uintptr_t values, size_t count) {
     Call([&] { return lk_diloco_group_allreduce_sum(d_, reinterpret_cast<float*>(values), count); },
@@ -517,10 +532,14 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init<Session&, uint32_t, uint32_t, std::vector<Spec>, std::vector<Spec>,
                     std::function<void(uintptr_t, size_t)>, float, float, bool,
                     const std::string&, uint32_t, uint32_t, const std::string&,
-                    const std::string&, uint32_t, uint32_t, uint32_t, const std::string&>(),
+                    const std::string&, uint32_t, uint32_t, uint32_t, const std::string&,
+                    bool>(),
            py::keep_alive<1, 2>())  // the session outlives the DiLoCo object
       .def("join", &Diloco::Join)
       .def("sync", &Diloco::Sync, py::arg("params"), py::arg("count"), py::arg("tokens") = 0)
+      .def("flush", &Diloco::Flush)
+      .def_property_readonly("in_flight", &Diloco::in_flight)
+      .def("global_weights", &Diloco::GlobalWeights)
       .def("group_allreduce_sum", &Diloco::GroupAllReduceSum)
       .def("finish", &Diloco::Finish)
       .def("drain_requested", &Diloco::drain_requested)

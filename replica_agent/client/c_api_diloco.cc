@@ -22,6 +22,7 @@ struct lk_diloco {
   std::shared_ptr<lk::capi::Fanout> fanout;
   std::unique_ptr<lk::diloco::Diloco> diloco;
   lk_diloco_tokens last_tokens{};  // of the last join or sync
+  double last_wait_ms = 0;          // of the last join, sync or flush
 };
 
 namespace lk::capi {
@@ -53,6 +54,7 @@ void FillResult(const diloco::SyncResult& r, lk_diloco_result* out) {
   out->kind = static_cast<int>(r.kind == diloco::SyncKind::kCommitted  ? LK_SYNC_COMMITTED
                                : r.kind == diloco::SyncKind::kReceived ? LK_SYNC_RECEIVED
                                : r.kind == diloco::SyncKind::kJoined   ? LK_SYNC_JOINED
+                               : r.kind == diloco::SyncKind::kStarted  ? LK_SYNC_STARTED
                                                                        : LK_SYNC_DRAINED);
   out->step = r.step;
   out->quorum_id = r.quorum_id;
@@ -80,17 +82,22 @@ void FillResult(const diloco::SyncResult& r, lk_diloco_result* out) {
   out->group_bytes = s.group_bytes;
 }
 
-int Run(lk_diloco* d, float* params, size_t count, lk_diloco_result* out, bool join,
+enum class Call { kJoin, kSync, kFlush };
+
+int Run(lk_diloco* d, float* params, size_t count, lk_diloco_result* out, Call call,
         uint64_t tokens = 0) {
   if (params == nullptr && count > 0) return Fail(InvalidArgument("params is NULL"));
-  auto r = join ? d->diloco->Join(std::span<float>(params, count))
-                : d->diloco->Sync(std::span<float>(params, count), tokens);
+  std::span<float> p(params, count);
+  auto r = call == Call::kJoin   ? d->diloco->Join(p)
+           : call == Call::kSync ? d->diloco->Sync(p, tokens)
+                                 : d->diloco->Flush(p);
   if (!r.ok()) return Fail(r.status());
   d->last_tokens = lk_diloco_tokens{};
   d->last_tokens.tokens = r->tokens;
   d->last_tokens.quorum_tokens = r->quorum_tokens;
   d->last_tokens.weighted = r->weighted ? 1 : 0;
   CopyTruncated(r->global_hash, d->last_tokens.global_hash, sizeof(d->last_tokens.global_hash));
+  d->last_wait_ms = r->stats.wait_ms;
   if (out != nullptr) FillResult(*r, out);
   return 0;
 }
@@ -204,6 +211,9 @@ lk_diloco* lk_diloco_create_ext(lk_session* s, const lk_diloco_options* options,
                                ext->outer_compress));
       return nullptr;
     }
+    if (has(offsetof(lk_diloco_ext_options, overlap), sizeof(ext->overlap))) {
+      d.overlap = ext->overlap != 0;
+    }
   }
   lk::diloco::InnerStateHooks hooks;
   if (o.inner_save != nullptr) {
@@ -237,16 +247,30 @@ void lk_diloco_close(lk_diloco* d) {
 }
 
 int lk_diloco_join(lk_diloco* d, float* params, size_t count, lk_diloco_result* out) {
-  return lk::capi::Run(d, params, count, out, true);
+  return lk::capi::Run(d, params, count, out, lk::capi::Call::kJoin);
 }
 
 int lk_diloco_sync(lk_diloco* d, float* params, size_t count, lk_diloco_result* out) {
-  return lk::capi::Run(d, params, count, out, false);
+  return lk::capi::Run(d, params, count, out, lk::capi::Call::kSync);
 }
 
 int lk_diloco_sync_tokens(lk_diloco* d, float* params, size_t count, uint64_t tokens,
                           lk_diloco_result* out) {
-  return lk::capi::Run(d, params, count, out, false, tokens);
+  return lk::capi::Run(d, params, count, out, lk::capi::Call::kSync, tokens);
+}
+
+int lk_diloco_flush(lk_diloco* d, float* params, size_t count, lk_diloco_result* out) {
+  return lk::capi::Run(d, params, count, out, lk::capi::Call::kFlush);
+}
+
+int lk_diloco_in_flight(const lk_diloco* d) { return d->diloco->in_flight() ? 1 : 0; }
+
+double lk_diloco_last_wait_ms(const lk_diloco* d) { return d->last_wait_ms; }
+
+const float* lk_diloco_global_weights(const lk_diloco* d, size_t* count) {
+  auto s = d->diloco->global_weights();
+  if (count != nullptr) *count = s.size();
+  return s.data();
 }
 
 void lk_diloco_last_tokens(const lk_diloco* d, lk_diloco_tokens* out) {

@@ -209,7 +209,13 @@ typedef struct lk_diloco_options {
 } lk_diloco_options;
 
 /* lk_diloco_result.kind */
-enum { LK_SYNC_COMMITTED = 0, LK_SYNC_RECEIVED = 1, LK_SYNC_JOINED = 2, LK_SYNC_DRAINED = 3 };
+enum {
+  LK_SYNC_COMMITTED = 0,
+  LK_SYNC_RECEIVED = 1,
+  LK_SYNC_JOINED = 2,
+  LK_SYNC_DRAINED = 3,
+  LK_SYNC_STARTED = 4 /* overlap: the exchange started, nothing was in flight to land */
+};
 /* lk_diloco_result.inner */
 enum { LK_INNER_KEEP = 0, LK_INNER_RESET = 1, LK_INNER_RESTORED = 2 };
 
@@ -244,6 +250,10 @@ typedef struct lk_diloco_ext_options {
    * (float32), "bf16", "int8" or "int4" (blockwise scales, error feedback). Every group of a job
    * must use the same. */
   const char* outer_compress;
+  /* Non-zero: overlapped outer steps (DilocoOptions::overlap): lk_diloco_sync starts the
+   * exchange and returns; the next sync (or lk_diloco_flush) lands it. Every group of a job
+   * uses the same setting. */
+  int overlap;
 } lk_diloco_ext_options;
 
 /* lk_diloco_create with the options of `ext` too; ext NULL: all unset. */
@@ -268,6 +278,18 @@ typedef struct lk_diloco_tokens {
                              every member whatever its layout; "" otherwise */
 } lk_diloco_tokens;
 void lk_diloco_last_tokens(const lk_diloco* d, lk_diloco_tokens* out);
+/* Overlap: lands the exchange in flight without starting another (Diloco::Flush): after the
+ * last sync. LK_SYNC_JOINED with params unchanged when nothing was in flight. */
+int lk_diloco_flush(lk_diloco* d, float* params, size_t count, lk_diloco_result* out);
+/* Overlap: 1 while an exchange is in flight. A loop to T outer steps runs while
+ * lk_diloco_step(d) + lk_diloco_in_flight(d) < T, then calls lk_diloco_flush. */
+int lk_diloco_in_flight(const lk_diloco* d);
+/* How long the last join, sync or flush waited for the exchange in flight (milliseconds). */
+double lk_diloco_last_wait_ms(const lk_diloco* d);
+/* Overlap: the whole global weights of the last commit or received state (the caller's weights
+ * carry the inner progress since), valid until the next call on d; *count gets its length (0
+ * without overlap). */
+const float* lk_diloco_global_weights(const lk_diloco* d, size_t* count);
 int lk_diloco_drain_requested(const lk_diloco* d);
 /* Marks a drain as noticed (Diloco::RequestDrain): for a trainer that learned of it from another
  * trainer of its group before its own notice came. */

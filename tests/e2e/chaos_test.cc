@@ -194,5 +194,14 @@ TEST_CASE("chaos with int8 outer compression passes the same assertions") {
   ChaosRun("chaos-int8", {"--outer-compress", "int8"});
 }
 
+// The same with overlapped outer steps (--outer-overlap): each trainer's exchange is in flight
+// during the next inner steps, so the kills, the lighthouse restart and the leave land while
+// one is on the wire; the aborted exchange is retried or dropped, the weights stay bitwise equal
+// at every commit, no committed step is lost, and the loss stays within 5% of its own
+// failure-free reference (also overlapped).
+TEST_CASE("chaos with overlapped outer steps passes the same assertions") {
+  ChaosRun("chaos-overlap", {"--outer-overlap"});
+}
+
 }  // namespace
 }  // namespace lk::e2e
