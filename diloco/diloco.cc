@@ -447,8 +447,25 @@ Result<SyncResult> Diloco::Impl::SyncOverlapped(std::span<float> params, uint64_
   if (next.kind == SyncKind::kStarted) {
     auto t0 = Clock::now();
     TcpSent b0 = SnapshotTcpSent();
+    // The stand-in, corrected by what the last one missed. These inner steps started from the
+    // last stand-in step, which missed the global weights that landed now by E = start - global
+    // = -c (last stand-in - last average), c = lr (1 + momentum) for Nesterov (lr for heavy
+    // ball): the outer step's amplification of this group's deviation from the average. The
+    // pseudo-gradient of these steps carries about E again (more where the inner steps converge
+    // fully), so without a correction E grows by c > 1 per step; subtracting E / c, i.e. adding
+    // the last stand-in's miss to this one (error feedback), leaves E at most as large as it
+    // was for every curvature while c < 2, and its average over the groups at zero, so the
+    // global trajectory is the blocking one to first order (bench/diloco.md has the loss). A
+    // group alone has E == 0 exactly and trains bit for bit as without overlap.
+    const float c = o_.outer.lr * (o_.outer.nesterov ? 1.0f + o_.outer.momentum : 1.0f);
+    std::vector<float> start(layout_.shard_numel);
+    layout_.Take(base_, start);
+    std::vector<float> stand_in(delta.size());
+    for (size_t i = 0; i < delta.size(); ++i) {
+      stand_in[i] = delta[i] - (start[i] - state_.global[i]) / c;
+    }
     std::vector<float> global = state_.global, momentum = state_.momentum;
-    OuterNesterovStep(global, momentum, delta, o_.outer);
+    OuterNesterovStep(global, momentum, stand_in, o_.outer);
     LK_RETURN_IF_ERROR(GatherInto(global, params));
     next.stats.group_bytes += TcpSentBetween(b0, SnapshotTcpSent());
     next.stats.gather_ms += MsSince(t0);

@@ -209,9 +209,13 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& pr, std::span<float> p
     has_state_ = true;  // the plan says this group's state is current (or the initial one)
   }
   mixed_ = std::move(*plan);
-  Status st = mixed_ ? mesh_comm_->Reconfigure(pr.quorum_id, mixed_->mesh_rank, mixed_->mesh_world)
-                     : slot_comm_->Reconfigure(pr.quorum_id, pr.replica_rank,
-                                               pr.replica_world_size);
+  // A drain noticed since the poll aborted the communicators, but a reconfigure for a newer
+  // quorum_id starts afresh: it would wait out init_timeout for members that were told this
+  // group is leaving. The group still agrees below, so its trainers go back to polling together.
+  Status st = sink_->drain.load() ? Status(Code::kAborted, "drain noticed before the rendezvous")
+              : mixed_ ? mesh_comm_->Reconfigure(pr.quorum_id, mixed_->mesh_rank, mixed_->mesh_world)
+                       : slot_comm_->Reconfigure(pr.quorum_id, pr.replica_rank,
+                                                 pr.replica_world_size);
   if (st.ok()) st = mixed_ ? SyncMixed(pr) : SyncSlot(pr);
   auto all_ok = GroupAgree(st.ok());
   if (!all_ok.ok() || !*all_ok) {
