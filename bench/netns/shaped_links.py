@@ -322,7 +322,9 @@ def agents_reach_each_other(links, serve, token):
 
 def summarize(job, groups):
     """Medians over the steady steps (not a trainer's first) of every trainer."""
-    steady = [x for rows in job["rows"].values() for x in rows[1:]]
+    # With --outer-overlap the last line is the landing of the last exchange (Flush), with no
+    # inner steps of its own: it is the run's tail, not a step.
+    steady = [x for rows in job["rows"].values() for x in rows[1:] if x["inner_ms"] > 0]
     med = lambda k: statistics.median(x[k] for x in steady)  # noqa: E731
     s = {k: med(k) for k in ("step_ms", "inner_ms", "allreduce_ms", "cross_bytes", "poll_ms",
                              "commit_ms", "gather_ms", "join_ms")}
@@ -333,7 +335,8 @@ def summarize(job, groups):
     per_step = {}
     for rows in job["rows"].values():
         for x in rows[1:]:
-            per_step.setdefault(x["step"], []).append(x["inner_ms"])
+            if x["inner_ms"] > 0:
+                per_step.setdefault(x["step"], []).append(x["inner_ms"])
     s["inner_skew_ms"] = statistics.median(max(v) - min(v) for v in per_step.values())
     s["params"] = steady[0]["params"]
     s["steps"] = {f"g{g}-{r}": rows[-1]["step"] for (g, r), rows in job["rows"].items()}

@@ -2,10 +2,9 @@
 //  - a group alone in its job follows the blocking outer step's trajectory bit for bit (the
 //    stand-in for the average still on the wire is the group's own pseudo-gradient, which is
 //    the average when it is alone): the same param_hash and eval_loss at every step;
-//  - a kill of the slow group while the fast group's exchange is in flight: the fast group's
-//    exchange is aborted by the lost quorum (its log says overlapped=true), retried once the
-//    killed group is back and healed from the fast group's live state, no committed step is
-//    lost and the weights agree at every commit;
+//  - a kill of the slow group in the middle of its inner steps: it comes back healed from the
+//    fast group's live state, no committed step is lost and the weights agree at every commit
+//    (the kill of an exchange in flight on a slow link is bench/netns/overlap_kill_test.py);
 //  - a job of a C++ and a Python group, both overlapped, agree at every commit.
 // The chaos run with overlap (kills, a lighthouse restart, a leave, a join) is in chaos_test.cc.
 #include <doctest/doctest.h>
@@ -15,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "tests/e2e/chaos_run.h"
 
@@ -68,20 +68,22 @@ TEST_CASE("overlap: a group alone follows the blocking trajectory bit for bit") 
   }
 }
 
-TEST_CASE("overlap: a kill while the other group's exchange is in flight heals and loses nothing") {
+TEST_CASE("overlap: a kill of the slower group mid-step heals and loses nothing") {
   RunOptions o;
   o.job = "inflight";
   o.steps = 14;
   o.group_size = 1;
   o.trainer_flags = {"--outer-overlap"};
-  // g1's inner steps are slow, so g0 waits for g1's part of every exchange with its own part
-  // already sent: a kill of g1 during its inner steps lands while g0's exchange is in flight.
+  // g1's inner steps are slow, so the kill lands inside them.
   o.group_flags["g1"] = {"--inner-step-min-ms", "40"};
   Run run("overlap-inflight", o);
   StatusWatch watch(run.lh.address, o.job);
   Life* g0 = run.StartGroup("g0");
   Life* g1 = run.StartGroup("g1");
   REQUIRE(WaitCommitted(watch, 4, 90s));
+  // A commit is where a group's outer step lands, i.e. between g1's inner phases; 150 ms later
+  // g1 is inside its next phase (at least 8 x 40 ms).
+  std::this_thread::sleep_for(150ms);
   MESSAGE("kill -9 the trainer of g1 at committed step " << watch.committed());
   g1->trainers[0]->Signal(SIGKILL);
   std::optional<int> code = run.Reap(g1, 30s);
@@ -93,12 +95,12 @@ TEST_CASE("overlap: a kill while the other group's exchange is in flight heals a
   for (const std::string& v : watch.violations()) FAIL_CHECK(v);
   CHECK(watch.committed() == o.steps);
   CheckLogs(run.AllLogs(), o.steps, o.group_size);
-  // Whether the kill found g0's exchange still waiting for g1's part (usually: g0 waits for it
-  // most of the time) or just after both parts had met; either way nothing committed is lost.
+  // On loopback the exchange takes a few milliseconds after both groups started it, so the
+  // kill usually finds none in flight (bench/netns/overlap_kill_test.py kills one on a slow
+  // link, where it always is); what must hold either way is asserted above and below.
   const std::string fast = Slurp(g0->trainers[0]->log_path());
   MESSAGE("g0's exchange in flight was aborted by the kill: "
-          << std::string(fast.find("overlapped=true") != std::string::npos ? "yes" : "no") << " ("
-          << g0->trainers[0]->log_path() << ")");
+          << std::string(fast.find("overlapped=true") != std::string::npos ? "yes" : "no"));
   const std::string healed = Slurp(back->trainers[0]->log_path());
   INFO("g1's new life: " << back->trainers[0]->log_path());
   CHECK(healed.find("heal_fetched from=peers") != std::string::npos);
