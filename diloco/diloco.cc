@@ -423,12 +423,14 @@ Result<bool> Diloco::Impl::Land(const client::PollResult& pr, const Result<Outer
 // the blocking outer step, and the real average replaces the stand-in one call later.
 Result<SyncResult> Diloco::Impl::SyncOverlapped(std::span<float> params, uint64_t tokens) {
   LK_ASSIGN_OR_RETURN(uint64_t group_tokens, GroupTokens(tokens));
-  // The pseudo-gradient: the weights these inner steps started from minus where they ended,
-  // this trainer's rows.
-  std::vector<float> delta(layout_.shard_numel), ended(layout_.shard_numel);
-  layout_.Take(base_, delta);
-  layout_.Take(params, ended);
-  for (size_t i = 0; i < delta.size(); ++i) delta[i] -= ended[i];
+  // start_: this trainer's rows of the weights these inner steps started from; delta: the
+  // pseudo-gradient, start minus where they ended.
+  const size_t n = layout_.shard_numel;
+  std::vector<float> delta(n);
+  start_.resize(n);
+  layout_.Take(base_, start_);
+  layout_.Take(params, delta);
+  for (size_t i = 0; i < n; ++i) delta[i] = start_[i] - delta[i];
   std::optional<SyncResult> landed;
   SyncStats stats;
   if (in_flight_) {
@@ -441,31 +443,30 @@ Result<SyncResult> Diloco::Impl::SyncOverlapped(std::span<float> params, uint64_
     stats = r.stats;
     landed = std::move(r);
   }
-  pending_delta_ = delta;
+  // The stand-in, corrected by what the last one missed. These inner steps started from the
+  // last stand-in step, which missed the global weights that landed now by E = start - global
+  // = -c (last stand-in - last average), c = lr (1 + momentum) for Nesterov (lr for heavy
+  // ball): the outer step's amplification of this group's deviation from the average. The
+  // pseudo-gradient of these steps carries about E again (more where the inner steps converge
+  // fully), so without a correction E grows by c > 1 per step; subtracting E / c, i.e. adding
+  // the last stand-in's miss to this one (error feedback), leaves E at most as large as it was
+  // for every curvature while c < 2, and its average over the groups at zero, so the global
+  // trajectory is the blocking one to first order (BENCHMARKS.md, "Overlapped outer steps",
+  // has the loss). A group alone has E == 0 exactly and trains bit for bit as without overlap.
+  const float c = o_.outer.lr * (o_.outer.nesterov ? 1.0f + o_.outer.momentum : 1.0f);
+  stand_in_.resize(n);
+  for (size_t i = 0; i < n; ++i) stand_in_[i] = delta[i] - (start_[i] - state_.global[i]) / c;
+  pending_delta_ = std::move(delta);
   pending_tokens_ = group_tokens;
   LK_ASSIGN_OR_RETURN(SyncResult next, StartNext(params, stats));
   if (next.kind == SyncKind::kStarted) {
     auto t0 = Clock::now();
     TcpSent b0 = SnapshotTcpSent();
-    // The stand-in, corrected by what the last one missed. These inner steps started from the
-    // last stand-in step, which missed the global weights that landed now by E = start - global
-    // = -c (last stand-in - last average), c = lr (1 + momentum) for Nesterov (lr for heavy
-    // ball): the outer step's amplification of this group's deviation from the average. The
-    // pseudo-gradient of these steps carries about E again (more where the inner steps converge
-    // fully), so without a correction E grows by c > 1 per step; subtracting E / c, i.e. adding
-    // the last stand-in's miss to this one (error feedback), leaves E at most as large as it
-    // was for every curvature while c < 2, and its average over the groups at zero, so the
-    // global trajectory is the blocking one to first order (bench/diloco.md has the loss). A
-    // group alone has E == 0 exactly and trains bit for bit as without overlap.
-    const float c = o_.outer.lr * (o_.outer.nesterov ? 1.0f + o_.outer.momentum : 1.0f);
-    std::vector<float> start(layout_.shard_numel);
-    layout_.Take(base_, start);
-    std::vector<float> stand_in(delta.size());
-    for (size_t i = 0; i < delta.size(); ++i) {
-      stand_in[i] = delta[i] - (start[i] - state_.global[i]) / c;
-    }
-    std::vector<float> global = state_.global, momentum = state_.momentum;
-    OuterNesterovStep(global, momentum, stand_in, o_.outer);
+    // start_ is free again: it holds the stand-in's momentum, stand_in_ its global weights.
+    start_.assign(state_.momentum.begin(), state_.momentum.end());
+    std::vector<float>& global = tentative_;
+    global.assign(state_.global.begin(), state_.global.end());
+    OuterNesterovStep(global, start_, stand_in_, o_.outer);
     LK_RETURN_IF_ERROR(GatherInto(global, params));
     next.stats.group_bytes += TcpSentBetween(b0, SnapshotTcpSent());
     next.stats.gather_ms += MsSince(t0);

@@ -232,6 +232,8 @@ class Diloco::Impl {
   std::unique_ptr<InFlight> in_flight_;
   std::vector<float> base_;
   std::vector<float> global_full_;  // the whole global weights of the last LoadGlobal
+  // Overlap's scratch of one shard each, kept so that no outer step pays for fresh pages.
+  std::vector<float> start_, stand_in_, tentative_;
 };
 
 }  // namespace lk::diloco

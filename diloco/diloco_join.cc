@@ -144,22 +144,20 @@ Status Diloco::Impl::SyncMixed(const client::PollResult& pr) {
   return Status::Ok();
 }
 
+// Gathers in `out` itself: zeros, this trainer's rows, the in-group sum (the other trainers
+// add theirs, x + 0 == x bit for bit); a group of one holds every row, so its shard is the
+// whole buffer. A failed sum leaves `out` partial, but then the group is going down.
 Status Diloco::Impl::GatherInto(std::span<const float> shard, std::span<float> out) {
-  std::vector<float> full(layout_.total, 0.0f);
-  layout_.Place(shard, full);
-  LK_RETURN_IF_ERROR(GroupSum(full));
-  std::copy(full.begin(), full.end(), out.begin());
-  return Status::Ok();
+  if (o_.group_size > 1) std::fill(out.begin(), out.end(), 0.0f);
+  layout_.Place(shard, out);
+  return GroupSum(out);
 }
 
 Status Diloco::Impl::LoadGlobal(std::span<float> params) {
-  std::vector<float> full(layout_.total, 0.0f);
-  layout_.Place(state_.global, full);
-  LK_RETURN_IF_ERROR(GroupSum(full));
-  std::copy(full.begin(), full.end(), params.begin());
+  LK_RETURN_IF_ERROR(GatherInto(state_.global, params));
   // The whole global weights, the same bytes in every member whatever its layout.
-  global_hash_ = StateHash(full);
-  if (o_.overlap) global_full_ = std::move(full);
+  global_hash_ = StateHash(params);
+  if (o_.overlap) global_full_.assign(params.begin(), params.end());
   return Status::Ok();
 }
 
