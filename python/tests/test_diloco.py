@@ -6,7 +6,7 @@ import signal
 import subprocess
 from collections import defaultdict
 
-from conftest import BIN_DIR
+from conftest import BIN_DIR, Cluster
 from test_manager import events
 
 
@@ -234,3 +234,51 @@ def test_time_budgets_and_tokens_weigh_the_outer_average(cluster_factory):
         assert totals == {rows["g0"][0]["tokens"] + rows["g1"][0]["tokens"]}
         assert len({e["global_hash"] for g in rows for e in rows[g]}) == 1
         assert len({e["model_hash"] for g in rows for e in rows[g]}) == 1
+
+
+def test_overlapped_outer_steps_agree_across_groups_and_a_lone_group_matches_blocking(
+        cluster_factory, tmp_dir):
+    # Two overlapped groups: every step is committed, by both, with one global hash; the first
+    # outer step only starts the exchange ("started"), the last one is landed by flush(), after
+    # which the model holds exactly the global weights.
+    c = cluster_factory(("--min-replicas", "2", "--join-timeout-ms", "300",
+                         "--heartbeat-timeout-ms", "3000"))
+    ts = []
+    for g in ("g0", "g1"):
+        c.agent(g)
+        ts.append(c.trainer(g, ["diloco", "--steps", "4", "--sync-every", "3",
+                                "--data-seed", g, "--overlap"]))
+    for t in ts:
+        assert t.wait(120) == 0, t.log()
+    by_step = defaultdict(set)
+    for t in ts:
+        outer = events(t, "outer")
+        assert outer[0]["kind"] == "started", t.log()
+        commits = [e for e in outer if e["kind"] == "committed"]
+        assert [e["step"] for e in commits] == [1, 2, 3, 4], t.log()
+        for e in commits:
+            by_step[e["step"]].add(e["global_hash"])
+            # Between outer steps the model carries the group's progress on the global weights.
+            assert e["global_weights_hash"] != e["model_hash"] or e is commits[-1]
+        assert commits[-1]["global_weights_hash"] == commits[-1]["model_hash"]
+    for step, hashes in by_step.items():
+        assert len(hashes) == 1 and "" not in hashes, f"step {step}: {hashes}"
+
+    # A group alone: its stand-in for the average is the average, so overlapped and blocking
+    # runs commit the same global weights at every step, bit for bit. Each run is a cluster of
+    # its own (its own lighthouse state).
+    def alone(name, flags):
+        sub = tmp_dir / name
+        sub.mkdir()
+        c = Cluster(sub, ("--min-replicas", "1", "--join-timeout-ms", "300"))
+        try:
+            c.agent("g0")
+            t = c.trainer("g0", ["diloco", "--steps", "4", "--sync-every", "3",
+                                 "--data-seed", "g0"] + flags)
+            assert t.wait(120) == 0, t.log()
+            return [(e["step"], e["global_hash"]) for e in outer_commits(t)]
+        finally:
+            c.close()
+    blocking, overlapped = alone("blocking", []), alone("overlapped", ["--overlap"])
+    assert [s for s, _ in blocking] == [1, 2, 3, 4]
+    assert overlapped == blocking

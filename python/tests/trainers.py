@@ -142,7 +142,7 @@ def mode_diloco(args, m):
     with lightkeeper.DiLoCo(m, model, opt, sync_every=args.sync_every,
                             ckpt_dir=args.ckpt_dir or None, ckpt_every=args.ckpt_every,
                             outer_compress=args.outer_compress,
-                            sync_every_s=args.sync_every_s) as d:
+                            sync_every_s=args.sync_every_s, overlap=args.overlap) as d:
         ran = 0  # inner steps since the last outer step
         r = d.last_result
         inner = hashlib.sha256(d.inner_state_vector().numpy().tobytes()).hexdigest()[:16]
@@ -151,7 +151,19 @@ def mode_diloco(args, m):
              views=all(p.data_ptr() >= d._flat.data_ptr() and
                        p.data_ptr() < d._flat.data_ptr() + 4 * d._flat.numel()
                        for p in model.parameters()))
-        while d.outer_step < args.steps and not d.should_stop:
+        def outer_event(r, ran, loss):
+            inner = hashlib.sha256(d.inner_state_vector().numpy().tobytes()).hexdigest()[:16]
+            emit(event="outer", kind=r["kind"], step=d.outer_step, quorum_id=r["quorum_id"],
+                 world=r["replica_world_size"], state_hash=r["state_hash"],
+                 model_hash=flat_hash(model), inner=r["inner"], inner_hash=inner,
+                 saved=r["saved"], healed=r["healed"], loss=float(loss), ran=ran,
+                 tokens=r["tokens"], quorum_tokens=r["quorum_tokens"],
+                 weighted=r["weighted"], global_hash=r["global_hash"],
+                 global_weights_hash=hashlib.sha256(
+                     d.global_weights().numpy().tobytes()).hexdigest()[:16])
+
+        # With --overlap the step in flight counts (README's "Overlapped outer steps").
+        while d.outer_step + d.in_flight < args.steps and not d.should_stop:
             x = torch.randn(16, 8, generator=gen)
             loss = (model(x) - x @ target).pow(2).mean()
             opt.zero_grad()
@@ -162,16 +174,12 @@ def mode_diloco(args, m):
             ran += 1
             r = d.last_result
             if r is not prev:  # an outer step ran
-                inner = hashlib.sha256(d.inner_state_vector().numpy().tobytes()).hexdigest()[:16]
-                emit(event="outer", kind=r["kind"], step=d.outer_step, quorum_id=r["quorum_id"],
-                     world=r["replica_world_size"], state_hash=r["state_hash"],
-                     model_hash=flat_hash(model), inner=r["inner"], inner_hash=inner,
-                     saved=r["saved"], healed=r["healed"], loss=float(loss), ran=ran,
-                     tokens=r["tokens"], quorum_tokens=r["quorum_tokens"],
-                     weighted=r["weighted"], global_hash=r["global_hash"])
+                outer_event(r, ran, loss)
                 ran = 0
             if args.sleep_ms:
                 time.sleep(args.sleep_ms / 1000)
+        if d.in_flight:
+            outer_event(d.flush(), 0, 0.0)
         emit(event="stopping", step=d.outer_step, should_stop=d.should_stop)
     emit(event="finished", step=d.outer_step)
     return 0
@@ -195,6 +203,7 @@ def main():
     p.add_argument("--outer-compress", default="none")
     p.add_argument("--sync-every-s", type=float, default=None)
     p.add_argument("--tokens", type=int, default=0)
+    p.add_argument("--overlap", action="store_true")
     args = p.parse_args()
     import datetime
     m = lightkeeper.Manager(args.group_rank, args.group_size,
