@@ -210,7 +210,6 @@ void Agent::Impl::HeartbeatLoop() {
     if (st.ok()) {
       if (failures > 0) LK_LOG_INFO("lighthouse_reachable after_failures={}", failures);
       failures = 0;
-      EndContinuation();
       if (resp.generation() != 0) generation = resp.generation();
       bool evicted = false;
       for (const auto& n : resp.notices()) evicted |= NamesThisGroup(n);
@@ -331,7 +330,6 @@ void Agent::Impl::QuorumLoop() {
     if (st.code() == Code::kUnavailable && quorum && !draining && !ask_ahead &&
         !lost_quorums.count(quorum->quorum_id())) {
       if (failures == 1) LK_LOG_WARN("lighthouse_unreachable continuing quorum_id={}", quorum->quorum_id());
-      continued_quorum = quorum->quorum_id();
       ask_needed = false;
       phase = "training";
       AnswerPollsLocked(false);
@@ -339,23 +337,6 @@ void Agent::Impl::QuorumLoop() {
     }
     cv.wait_for(lock, Backoff(failures), [&] { return stopping.load() || (was_ahead && !ask_ahead); });
   }
-}
-
-void Agent::Impl::EndContinuation() {
-  std::lock_guard<std::mutex> lock(mu);
-  if (!continued_quorum) return;
-  const uint32_t qid = *continued_quorum;
-  continued_quorum.reset();
-  if (lost_quorums.count(qid)) return;
-  LK_LOG_INFO("continuation_ended quorum_id={} reason=lighthouse_reachable", qid);
-  SyncBoardLocked();
-  lost_quorums.insert(qid);
-  if (ahead && ahead->quorum_id() == qid) {
-    WithdrawBoardLocked();
-    ahead.reset();
-  }
-  AnswerNoticesLocked(false);
-  cv.notify_all();
 }
 
 void Agent::Impl::WatchLoop() {

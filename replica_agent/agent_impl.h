@@ -151,13 +151,6 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   // With mu held: takes the answer off the board before `ahead` is dropped or replaced. One
   // that trainers took first stands and is applied (`ahead` then is the trainers' quorum).
   void WithdrawBoardLocked();
-  // The lighthouse answers again after this node went on with its quorum without it: the steps
-  // taken meanwhile are not the lighthouse's, and groups that reached their next outer step
-  // after it came back asked it for a new round, which waits for a majority. A collective on
-  // the continued quorum may therefore wait for members that never come (with two groups on
-  // each side, until --op-timeout-ms), so the trainers hear of it as a lost quorum: they abort
-  // what is in flight and ask too, and the round forms with everyone.
-  void EndContinuation();
 
   // With mu held: the phase heartbeats report: `phase`, or peer_wait while every local trainer
   // waits in the cross-group collective (said over the socket or on the board).
@@ -190,9 +183,6 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   uint32_t group_size = 0;
   std::optional<pb::QuorumResponse> quorum;
   std::set<uint32_t> lost_quorums;   // quorum ids known to have lost a member
-  // The quorum the trainers went on with while the lighthouse was unreachable (AskLoop), until
-  // the lighthouse answers again (HeartbeatLoop ends it).
-  std::optional<uint32_t> continued_quorum;
   bool ask_needed = false;
   uint32_t ask_step = 0;
   // The pending ask is ahead of the trainers (sent after the node committed ask_step, before
