@@ -178,7 +178,8 @@ TEST_CASE("kill -9 and restart: ids continue upward and the previous quorum is k
   fa = AskAsync(lh2.url(), Ask("j", "a", "a1", 5));
   fb = AskAsync(lh2.url(), Ask("j", "b", "b1", 5));
   auto qc = fc.get();
-  REQUIRE(qc.ok());
+  // Failed once in a fresh-clone CI run (not reproduced in 5 reruns): say why if it does again.
+  REQUIRE_MESSAGE(qc.ok(), qc.status().ToString());
   CHECK(qc->quorum_id() > q1);
   CHECK(qc->heal());
   REQUIRE(fa.get().ok());
