@@ -75,6 +75,10 @@ def parse_args(argv):
     p.add_argument("--rounds", type=int, default=1,
                    help="DiLoCo and compute-alone runs per setting, alternating which goes first")
     p.add_argument("--no-alone", action="store_true", help="skip the compute-alone runs")
+    p.add_argument("--busy-alone", action="store_true",
+                   help="also run compute alone while iperf3 carries the DiLoCo run's exchange "
+                        "rate each way between sites 0 and 1 (the machine's cost of moving the "
+                        "bytes, for overlapped outer steps)")
     p.add_argument("--smoke", action="store_true",
                    help="a short run that checks what a test can: the job committed every step "
                         "across the shaped link with equal replicas, the link carried the "
@@ -227,9 +231,12 @@ def trainer_argv(args, group, rank, setting_flags, log_path):
     return [sys.executable, os.path.join(ROOT, "examples", "python", "diloco_trainer.py")] + common
 
 
-def run_job(args, links, out, name, setting_flags, alone, procs):
+def run_job(args, links, out, name, setting_flags, alone, procs, busy_bytes_per_s=0):
     """A DiLoCo job, one group per site; alone: every group a job of its own (no cross-group
-    communication), all running at once. Returns the trainers' log rows and the link bytes."""
+    communication), all running at once. busy_bytes_per_s: meanwhile iperf3 carries this many
+    bytes per second each way between sites 0 and 1 (the compute-alone run with the link and
+    the machine as busy as the exchange keeps them). Returns the trainers' log rows and the
+    link bytes."""
     d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
     jobs = [f"alone{g}" for g in range(args.groups)] if alone else ["shaped"] * args.groups
@@ -264,6 +271,13 @@ def run_job(args, links, out, name, setting_flags, alone, procs):
     # Checked before the trainers start: the agents leave once their trainers are done.
     reach = agents_reach_each_other(links, serve, token) if not alone else None
     before, _ = links.counters()
+    if busy_bytes_per_s > 0:
+        procs.start(links.exec(1, ["iperf3", "-s", "-B", site_ip(1), "-p", "5202"]),
+                    os.path.join(d, "iperf3-server.log"))
+        time.sleep(0.3)
+        procs.start(links.exec(0, ["iperf3", "-c", site_ip(1), "-p", "5202", "--bidir",
+                                   "-b", str(int(busy_bytes_per_s * 8)), "-t", "3600"]),
+                    os.path.join(d, "iperf3-client.log"))
     t0 = time.time()
     for g in range(args.groups):
         for r in range(args.group_size):
@@ -369,11 +383,25 @@ def run_setting(args, links, out, sname, sflags, procs):
         d = summarize(got[False], args.groups)
         e = {"flags": sflags, "diloco": d, "reach": got[False]["reach"],
              "drops": got[False]["drops"]}
+        if args.busy_alone and True in got:
+            # The same bytes per second as the DiLoCo run's exchange moved, each way, for the
+            # whole compute-alone run.
+            rate = d["cross_bytes"] / (d["step_ms"] / 1000.0)
+            busy = run_job(args, links, out, f"{sname}-busy{suffix}", sflags, True, procs,
+                           busy_bytes_per_s=rate)
+            e["busy"] = summarize(busy, args.groups)
+            e["busy"]["bytes_per_s"] = rate
         if True in got:
             e["alone"] = summarize(got[True], args.groups)
             rounds.append({"step_per_inner_ratio":
                            d["step_per_inner"] / e["alone"]["step_per_inner"],
                            "step_ratio": d["step_ms"] / e["alone"]["step_ms"]})
+            if "busy" in e:
+                rounds[-1]["busy_step_ratio"] = d["step_ms"] / e["busy"]["step_ms"]
+                rounds[-1]["busy_inner_ms"] = e["busy"]["inner_ms"]
+                rounds[-1]["alone_step_ms"] = e["alone"]["step_ms"]
+                rounds[-1]["busy_step_ms"] = e["busy"]["step_ms"]
+                rounds[-1]["diloco_step_ms"] = d["step_ms"]
         entry = entry or e
         entry["reach"] = entry["reach"] and e["reach"]
     entry["rounds"] = rounds
