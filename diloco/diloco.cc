@@ -293,22 +293,27 @@ Result<SyncResult> Diloco::Impl::Sync(std::span<float> params, uint64_t tokens) 
   return RunPending(params, SyncStats{});
 }
 
-Result<SyncResult> Diloco::Impl::RunPending(std::span<float> params, SyncStats stats) {
+Result<std::optional<SyncResult>> Diloco::Impl::NextQuorum(std::span<float> params,
+                                                           SyncStats* stats,
+                                                           client::PollResult* out) {
   while (true) {
     Turn turn;
     if (joined_unstepped_ && !sink_->drain.load()) {
       turn = Turn{std::move(*joined_unstepped_), {PollAction::kStep, "joined in the last call"}};
     } else {
-      LK_ASSIGN_OR_RETURN(turn, PollOnce(&stats));
+      LK_ASSIGN_OR_RETURN(turn, PollOnce(stats));
     }
     joined_unstepped_.reset();
     const PollAction a = turn.decision.action;
-    if (a == PollAction::kDrain || a == PollAction::kDrainSave) return Drain(turn, stats);
+    if (a == PollAction::kDrain || a == PollAction::kDrainSave) {
+      LK_ASSIGN_OR_RETURN(SyncResult drained, Drain(turn, *stats));
+      return std::optional<SyncResult>(std::move(drained));
+    }
     LK_ASSIGN_OR_RETURN(bool again, Wait(turn));
     if (again) continue;
     const client::PollResult& pr = turn.poll;
     if (a == PollAction::kJoin) {
-      Status st = JoinQuorum(pr, params, &stats);
+      Status st = JoinQuorum(pr, params, stats);
       if (!st.ok()) {
         LK_LOG_WARN("quorum_join_failed quorum_id={} error={}", pr.quorum_id, Q(st.ToString()));
         if (group_failed_) return st;
@@ -318,20 +323,27 @@ Result<SyncResult> Diloco::Impl::RunPending(std::span<float> params, SyncStats s
       ready_quorum_id_ = pr.quorum_id;
       if (received_) {
         joined_unstepped_ = pr;
-        SyncResult r = MakeResult(SyncKind::kReceived, pr, stats);
+        SyncResult r = MakeResult(SyncKind::kReceived, pr, *stats);
         r.healed = healed_;
         r.heal_source = heal_source_;
         r.inner = inner_action_;
-        return r;
+        return std::optional<SyncResult>(std::move(r));
       }
     }
+    *out = std::move(turn.poll);
+    return std::optional<SyncResult>();
+  }
+}
+
+Result<SyncResult> Diloco::Impl::RunPending(std::span<float> params, SyncStats stats) {
+  while (true) {
+    client::PollResult pr;
+    LK_ASSIGN_OR_RETURN(std::optional<SyncResult> early, NextQuorum(params, &stats, &pr));
+    if (early) return std::move(*early);
     LK_ASSIGN_OR_RETURN(bool done, OuterAttempt(pr, params, &stats));
-    if (!done) {
-      // A drain aborts the allreduce on purpose: the next poll answers it, no failure to report.
-      MarkBad(pr.quorum_id, !sink_->drain.load());
-      continue;
-    }
-    return CommittedResult(pr, stats);
+    if (done) return CommittedResult(pr, stats);
+    // A drain aborts the allreduce on purpose: the next poll answers it, no failure to report.
+    MarkBad(pr.quorum_id, !sink_->drain.load());
   }
 }
 
@@ -478,43 +490,14 @@ Result<SyncResult> Diloco::Impl::SyncOverlapped(std::span<float> params, uint64_
 }
 
 Result<SyncResult> Diloco::Impl::StartNext(std::span<float> params, SyncStats stats) {
-  while (true) {
-    Turn turn;
-    if (joined_unstepped_ && !sink_->drain.load()) {
-      turn = Turn{std::move(*joined_unstepped_), {PollAction::kStep, "joined in the last call"}};
-    } else {
-      LK_ASSIGN_OR_RETURN(turn, PollOnce(&stats));
-    }
-    joined_unstepped_.reset();
-    const PollAction a = turn.decision.action;
-    if (a == PollAction::kDrain || a == PollAction::kDrainSave) {
-      pending_delta_.reset();
-      return Drain(turn, stats);
-    }
-    LK_ASSIGN_OR_RETURN(bool again, Wait(turn));
-    if (again) continue;
-    const client::PollResult& pr = turn.poll;
-    if (a == PollAction::kJoin) {
-      Status st = JoinQuorum(pr, params, &stats);
-      if (!st.ok()) {
-        LK_LOG_WARN("quorum_join_failed quorum_id={} error={}", pr.quorum_id, Q(st.ToString()));
-        if (group_failed_) return st;
-        MarkBad(pr.quorum_id, true);
-        continue;
-      }
-      ready_quorum_id_ = pr.quorum_id;
-      if (received_) {
-        joined_unstepped_ = pr;
-        SyncResult r = MakeResult(SyncKind::kReceived, pr, stats);
-        r.healed = healed_;
-        r.heal_source = heal_source_;
-        r.inner = inner_action_;
-        return r;
-      }
-    }
-    StartInFlight(pr);
-    return MakeResult(SyncKind::kStarted, pr, stats);
+  client::PollResult pr;
+  LK_ASSIGN_OR_RETURN(std::optional<SyncResult> early, NextQuorum(params, &stats, &pr));
+  if (early) {
+    if (early->kind == SyncKind::kDrained) pending_delta_.reset();
+    return std::move(*early);
   }
+  StartInFlight(pr);
+  return MakeResult(SyncKind::kStarted, pr, stats);
 }
 
 void Diloco::Impl::StartInFlight(const client::PollResult& pr) {

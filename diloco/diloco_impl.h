@@ -122,6 +122,11 @@ class Diloco::Impl {
   // The communicator of the cross-group collectives of the joined quorum.
   comm::CommManager& CrossComm() { return mixed_ ? *mesh_comm_ : *slot_comm_; }
   Result<bool> GroupAgree(bool ok);
+  // Polls (or takes the quorum joined by the last call) and joins until this trainer stands in
+  // a quorum it can step on, whose answer goes to *out; or returns the result the caller hands
+  // back instead: a drain, or state received from elsewhere (kReceived).
+  Result<std::optional<SyncResult>> NextQuorum(std::span<float> params, SyncStats* stats,
+                                               client::PollResult* out);
   // Polls and joins until the pending pseudo-gradient is committed (or dropped by a heal or a
   // drain): the blocking outer step, and the retry of an overlapped one that was cut short.
   Result<SyncResult> RunPending(std::span<float> params, SyncStats stats);

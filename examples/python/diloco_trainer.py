@@ -319,6 +319,12 @@ def train(args, log):
             log("info", "reached_by_heal", step=r["step"], quorum_id=r["quorum_id"],
                 hash=r["state_hash"], source=r["heal_source"])
 
+        def log_commit(r, mean_loss, inner_run):
+            steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel, inner_run)
+            log("info", "outer_committed", step=r["step"], quorum_id=r["quorum_id"],
+                world=r["replica_world_size"], loss="%.4f" % mean_loss,
+                hash=r["state_hash"], outer_ms=int(r["stats"]["outer_ms"]))
+
         log_reached_by_heal(joined, 0.0)
         loss_sum = torch.zeros((), dtype=torch.float32)
         inner = 0  # inner steps since the last outer step
@@ -354,12 +360,8 @@ def train(args, log):
             if r["kind"] == "started":
                 log("info", "outer_started", step=r["step"] + 1, quorum_id=r["quorum_id"])
             elif r["kind"] == "committed":
-                mean_loss = float(loss_sum / max(1, ran))
-                steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel, inner_run)
+                log_commit(r, float(loss_sum / max(1, ran)), inner_run)
                 inner_run = 0
-                log("info", "outer_committed", step=r["step"], quorum_id=r["quorum_id"],
-                    world=r["replica_world_size"], loss="%.4f" % mean_loss,
-                    hash=r["state_hash"], outer_ms=int(r["stats"]["outer_ms"]))
             elif r["kind"] == "received":
                 steps.discard()
                 inner_run = 0
@@ -377,11 +379,7 @@ def train(args, log):
                 r = diloco.flush()
                 steps.add(r)
                 if r["kind"] == "committed":
-                    steps.write(r, last_loss, evaluate(), lm.numel,
-                                diloco.shard_numel, 0)
-                    log("info", "outer_committed", step=r["step"], quorum_id=r["quorum_id"],
-                        world=r["replica_world_size"], hash=r["state_hash"],
-                        outer_ms=int(r["stats"]["outer_ms"]))
+                    log_commit(r, last_loss, 0)
                 elif r["kind"] == "received":
                     log_reached_by_heal(r, 0.0)
     # Leaving the context after the last outer step ran the final barrier, the final save and
