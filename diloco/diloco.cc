@@ -587,7 +587,15 @@ Status Diloco::Impl::Finish() {
   // last commit just did, so that a group coming back after every other group finished
   // restores the final step rather than an older checkpoint, and the user has the model.
   if (SaveAtFinish(!o_.ckpt_dir.empty(), has_state_, state_.step, o_.ckpt_every)) {
-    if (Status st = SaveDurable(ready_quorum_id_); !st.ok()) {
+    Status st = SaveDurable(ready_quorum_id_);
+    if (st.code() == Code::kConflict) {
+      // This group's root already holds a committed checkpoint of this step: an earlier life
+      // of the group finished here before this one came back and caught up from the final
+      // checkpoint. Every member's global weights at a committed step are the same, so the
+      // run's result is saved; a committed checkpoint is never overwritten, and a second
+      // copy is not needed.
+      LK_LOG_INFO("final_save_exists step={} detail={}", state_.step, Q(st.message()));
+    } else if (!st.ok()) {
       LK_LOG_ERROR("final_save_failed step={} error={}", state_.step, Q(st.ToString()));
       return st.WithContext("final save");
     }

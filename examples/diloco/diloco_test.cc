@@ -221,6 +221,32 @@ TEST_CASE("diloco a group that joins mid-run heals from the others and then matc
   }
 }
 
+TEST_CASE("diloco a group that comes back after the job finished catches up and exits 0") {
+  // Its earlier life saved the final step into the same checkpoint root; the new life restores
+  // the final checkpoint, and its own final save finds that step committed already: the run's
+  // result is saved, so it is no failure (it was, exit 1, in a chaos run whose killed group
+  // came back late).
+  constexpr uint32_t kSteps = 3;
+  Run run("diloco-late", 2, 1, kSteps);
+  run.StartGroup("g0");
+  run.StartGroup("g1");
+  run.WaitAll(60s);
+  run.groups["g1"].agent->Signal(SIGKILL);
+  (void)run.groups["g1"].agent->Wait(5s);
+  run.StartGroup("g1");
+  run.WaitAll(60s);
+  std::string log = run.groups["g1"].trainers.back()->Log();
+  INFO(log);
+  CHECK(log.find("reached_by_heal step=3") != std::string::npos);
+  CHECK(log.find("final_save_exists step=3") != std::string::npos);
+  CHECK(log.find("final_save_failed") == std::string::npos);
+  std::vector<LogLine> late = ReadLog(run.groups["g1"].logs[0]);
+  REQUIRE_FALSE(late.empty());
+  CHECK(late.back().step == kSteps);
+  CHECK(late.back().healed);
+  CHECK(late.back().hash == ReadLog(run.groups["g0"].logs[0]).back().hash);
+}
+
 // The value of `key=` on the first line of `log` that contains `needle`, or "".
 std::string LogField(const std::string& log, const std::string& needle, const std::string& key) {
   auto at = log.find(needle);
