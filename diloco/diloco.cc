@@ -23,6 +23,11 @@ using Clock = internal::Clock;
 
 void internal::Deliver(NoticeSink& sink, const client::Notice& n) {
   if (n.drain) sink.drain = true;
+  if (n.lost) {
+    uint32_t seen = sink.lost_quorum_id.load();
+    while (n.quorum_id > seen && !sink.lost_quorum_id.compare_exchange_weak(seen, n.quorum_id)) {
+    }
+  }
   std::lock_guard lock(sink.mu);
   for (comm::CommManager* c : {sink.slot, sink.mesh}) {
     if (c == nullptr) continue;

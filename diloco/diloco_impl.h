@@ -45,6 +45,10 @@ struct NoticeSink {
   comm::CommManager* slot = nullptr;  // guarded by mu; cleared before the comm goes away
   comm::CommManager* mesh = nullptr;  // the same for the communicator of mixed quorums
   std::atomic<bool> drain{false};
+  // The newest quorum_id a notice said was lost: a notice that comes between the poll that
+  // named a quorum and the rendezvous for it finds the communicator still on the older quorum
+  // and cannot abort the newer one, so the join looks here before it waits for peers.
+  std::atomic<uint32_t> lost_quorum_id{0};
 };
 
 // Aborts the slot collective on a lost quorum or a drain and notes a drain (any thread).

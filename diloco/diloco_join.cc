@@ -210,7 +210,14 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& pr, std::span<float> p
   // A drain noticed since the poll aborted the communicators, but a reconfigure for a newer
   // quorum_id starts afresh: it would wait out init_timeout for members that were told this
   // group is leaving. The group still agrees below, so its trainers go back to polling together.
+  // The same for a notice that this quorum is lost: its other members are not coming (seen
+  // when the job's groups finished while a late group healed; the rendezvous then waited out
+  // init_timeout and the group's other trainer, aborted in time, hit op_timeout in the group
+  // agreement).
   Status st = sink_->drain.load() ? Status(Code::kAborted, "drain noticed before the rendezvous")
+              : sink_->lost_quorum_id.load() >= pr.quorum_id
+                  ? Status(Code::kAborted,
+                           fmt::format("quorum {} lost before the rendezvous", pr.quorum_id))
               : mixed_ ? mesh_comm_->Reconfigure(pr.quorum_id, mixed_->mesh_rank, mixed_->mesh_world)
                        : slot_comm_->Reconfigure(pr.quorum_id, pr.replica_rank,
                                                  pr.replica_world_size);
