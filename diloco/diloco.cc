@@ -23,12 +23,9 @@ using Clock = internal::Clock;
 
 void internal::Deliver(NoticeSink& sink, const client::Notice& n) {
   if (n.drain) sink.drain = true;
-  if (n.lost) {
-    uint32_t seen = sink.lost_quorum_id.load();
-    while (n.quorum_id > seen && !sink.lost_quorum_id.compare_exchange_weak(seen, n.quorum_id)) {
-    }
-  }
   std::lock_guard lock(sink.mu);
+  // Only this function writes it, under mu; the join reads it without the lock.
+  if (n.lost && n.quorum_id > sink.lost_quorum_id.load()) sink.lost_quorum_id = n.quorum_id;
   for (comm::CommManager* c : {sink.slot, sink.mesh}) {
     if (c == nullptr) continue;
     if (n.drain) {
