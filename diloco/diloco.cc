@@ -29,7 +29,7 @@ void internal::Deliver(NoticeSink& sink, const client::Notice& n) {
   for (comm::CommManager* c : {sink.slot, sink.mesh}) {
     if (c == nullptr) continue;
     if (n.drain) {
-      c->Abort("drain: " + n.reason);
+      c->Close("drain: " + n.reason);
     } else if (n.lost) {
       c->AbortQuorum(n.quorum_id, "quorum lost: " + n.reason);
     }
@@ -88,6 +88,9 @@ Status Diloco::Impl::Init() {
     group_store_ = std::make_unique<PrefixedStore>(kv_.get(), "");
     co.slot = 0;
     co.full_mesh = false;
+    // A trainer waits in the group's agreement while another trainer of the group may still be
+    // in its cross-group rendezvous (up to init_timeout) and the collective after it.
+    co.op_timeout = o_.op_timeout + o_.init_timeout;
     LK_ASSIGN_OR_RETURN(group_comm_,
                         comm::CommManager::Create(comm::Backend::kGloo, group_store_.get(), co));
   }
@@ -168,7 +171,13 @@ void Diloco::Impl::MarkBad(uint32_t quorum_id, bool report) {
   bad_quorum_id_ = quorum_id;
   bad_since_ = Clock::now();
   // Tells the lighthouse this quorum failed us, so the next round has a new quorum_id.
-  if (report) (void)session_->Commit(state_.step + 1, false);
+  if (report) ReportFailed(quorum_id);
+}
+
+void Diloco::Impl::ReportFailed(uint32_t quorum_id) {
+  if (reported_quorum_id_ == quorum_id) return;
+  reported_quorum_id_ = quorum_id;
+  (void)session_->ReportFailed(state_.step + 1, quorum_id);
 }
 
 Result<SyncResult> Diloco::Impl::Drain(const Turn& turn, SyncStats stats) {

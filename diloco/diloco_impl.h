@@ -45,9 +45,7 @@ struct NoticeSink {
   comm::CommManager* slot = nullptr;  // guarded by mu; cleared before the comm goes away
   comm::CommManager* mesh = nullptr;  // the same for the communicator of mixed quorums
   std::atomic<bool> drain{false};
-  // The newest quorum_id a notice said was lost: a notice that comes between the poll that
-  // named a quorum and the rendezvous for it finds the communicator still on the older quorum
-  // and cannot abort the newer one, so the join looks here before it waits for peers.
+  // The newest quorum_id a notice said was lost: a failed join about it needs no report.
   std::atomic<uint32_t> lost_quorum_id{0};
 };
 
@@ -186,6 +184,8 @@ class Diloco::Impl {
   Status GatherInto(std::span<const float> shard, std::span<float> out);
   Status SaveDurable(uint32_t attempt);
   void MarkBad(uint32_t quorum_id, bool report);
+  // Tells the lighthouse (through the agent) that quorum_id failed this trainer, once per quorum.
+  void ReportFailed(uint32_t quorum_id);
   SyncResult MakeResult(SyncKind kind, const client::PollResult& pr, const SyncStats& stats) const;
 
   client::Session* session_;
@@ -228,6 +228,7 @@ class Diloco::Impl {
   std::optional<client::PollResult> joined_unstepped_;
   uint32_t ready_quorum_id_ = 0;
   uint32_t bad_quorum_id_ = 0;
+  uint32_t reported_quorum_id_ = 0;  // the last quorum ReportFailed told the agent about
   Clock::time_point bad_since_;
   std::optional<Clock::time_point> drain_wait_since_;
   bool saved_at_last_commit_ = false;

@@ -207,21 +207,21 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& pr, std::span<float> p
     has_state_ = true;  // the plan says this group's state is current (or the initial one)
   }
   mixed_ = std::move(*plan);
-  // A drain noticed since the poll aborted the communicators, but a reconfigure for a newer
-  // quorum_id starts afresh: it would wait out init_timeout for members that were told this
-  // group is leaving. The group still agrees below, so its trainers go back to polling together.
-  // The same for a notice that this quorum is lost: its other members are not coming (seen
-  // when the job's groups finished while a late group healed; the rendezvous then waited out
-  // init_timeout and the group's other trainer, aborted in time, hit op_timeout in the group
-  // agreement).
-  Status st = sink_->drain.load() ? Status(Code::kAborted, "drain noticed before the rendezvous")
-              : sink_->lost_quorum_id.load() >= pr.quorum_id
-                  ? Status(Code::kAborted,
-                           fmt::format("quorum {} lost before the rendezvous", pr.quorum_id))
-              : mixed_ ? mesh_comm_->Reconfigure(pr.quorum_id, mixed_->mesh_rank, mixed_->mesh_world)
-                       : slot_comm_->Reconfigure(pr.quorum_id, pr.replica_rank,
-                                                 pr.replica_world_size);
+  // A notice since the poll (a drain, or this quorum lost) makes the communicator refuse this
+  // rendezvous at once, whether it came before the rendezvous started or during it (see
+  // CommManager::AbortQuorum and Close): the members it would wait for are not coming.
+  Status st = mixed_ ? mesh_comm_->Reconfigure(pr.quorum_id, mixed_->mesh_rank, mixed_->mesh_world)
+                     : slot_comm_->Reconfigure(pr.quorum_id, pr.replica_rank,
+                                               pr.replica_world_size);
   if (st.ok()) st = mixed_ ? SyncMixed(pr) : SyncSlot(pr);
+  // The group's other trainers may still wait in their own rendezvous for this quorum, which no
+  // notice ends when the failure is this trainer's alone (a refused connection): telling the
+  // lighthouse now, before the group agrees, makes it replace the quorum, and the lost notice
+  // then ends their wait too instead of init_timeout.
+  if (!st.ok() && o_.group_size > 1 && !sink_->drain.load() &&
+      sink_->lost_quorum_id.load() < pr.quorum_id) {
+    ReportFailed(pr.quorum_id);
+  }
   auto all_ok = GroupAgree(st.ok());
   if (!all_ok.ok() || !*all_ok) {
     account();

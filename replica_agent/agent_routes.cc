@@ -4,7 +4,7 @@
 //                                                              outer step
 //   POST /v1/trainer/goodbye {group_rank}                      done: its exit is not a crash
 //   POST /v1/trainer/checkpoint {step, location, manifest_digest}  register a durable one
-//   POST /v1/trainer/commit  {group_rank, step, failed, state_hash, tokens}
+//   POST /v1/trainer/commit  {group_rank, step, failed, state_hash, tokens, quorum_id}
 //   GET  /v1/trainer/notice?quorum_id=Q&timeout_ms=T         returns when Q is lost or on drain
 //   PUT/GET /v1/trainer/kv/QUORUM_ID/KEY                      the lighthouse rendezvous KV
 #include <sys/syscall.h>
@@ -366,7 +366,11 @@ void Agent::Impl::HandleCommit(const http::Request& req, http::Responder respond
   if (st.ok() && !trainers.count(in.group_rank())) {
     st = InvalidArgument("group_rank {} has not polled yet", in.group_rank());
   }
-  if (st.ok()) {
+  if (st.ok() && in.failed() && in.quorum_id() != 0 && quorum &&
+      in.quorum_id() != quorum->quorum_id()) {
+    LK_LOG_INFO("outer_step_failed_stale group_rank={} step={} quorum_id={} current={}",
+                in.group_rank(), in.step(), in.quorum_id(), quorum->quorum_id());
+  } else if (st.ok()) {
     st = CommitLocked(trainers[in.group_rank()], in.step(), in.failed(), in.state_hash(),
                       in.tokens());
   }

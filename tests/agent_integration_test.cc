@@ -363,6 +363,41 @@ TEST_CASE("a trainer that finishes says goodbye: the group leaves with reason fi
   for (auto& t : c.groups["a"].trainers) CHECK(t->Wait(10s) == 0);
 }
 
+// Both trainers of a group report a failed join, but one may report after the lighthouse has
+// already formed the next quorum; that late report names the failed quorum and must not fail
+// the one formed to recover.
+TEST_CASE("a failure report about a quorum already replaced changes nothing") {
+  Cluster c("agent-stale", {"--heartbeat-timeout-ms", "60000"});
+  auto& g = c.Start("a", 0, 0);
+  auto session = client::Session::Connect(g.socket, 0, 1);
+  REQUIRE(session.ok());
+  auto p1 = (*session)->Poll(0, Millis(10'000));
+  REQUIRE(p1.ok());
+  REQUIRE((*session)->ReportFailed(1, p1->quorum_id).ok());
+  // The report travels to the lighthouse on the agent's own thread; until the new round is back,
+  // a poll still gets the failed quorum (a trainer retries, as DiLoCo does after MarkBad).
+  auto poll_past = [&](uint32_t quorum_id) {
+    auto deadline = std::chrono::steady_clock::now() + 10s;
+    for (;;) {
+      auto p = (*session)->Poll(0, Millis(10'000));
+      REQUIRE(p.ok());
+      if (p->quorum_id != quorum_id || std::chrono::steady_clock::now() > deadline) return *p;
+      std::this_thread::sleep_for(20ms);
+    }
+  };
+  client::PollResult p2 = poll_past(p1->quorum_id);
+  CHECK(p2.quorum_id > p1->quorum_id);  // the report about the current quorum replaced it
+  REQUIRE((*session)->ReportFailed(1, p1->quorum_id).ok());
+  CHECK_FALSE(g.agent->WaitForLog("outer_step_failed_stale", 5s).empty());
+  // The late one did not: the quorum stays for as long as a real failure took to replace it.
+  std::this_thread::sleep_for(500ms);
+  auto p3 = (*session)->Poll(0, Millis(10'000));
+  REQUIRE(p3.ok());
+  CHECK(p3->quorum_id == p2.quorum_id);
+  REQUIRE((*session)->Commit(1, true).ok());
+  CHECK(g.agent->Running());
+}
+
 // The poll board as a node with two trainers sees it: one reads the board through the client
 // library, the other polls over the socket in JSON (as a trainer in another language could).
 // Whichever polls first, both get the node's one answer for the step, at once.

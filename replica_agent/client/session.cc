@@ -158,6 +158,15 @@ Status Session::Commit(uint32_t step, bool ok, const std::string& state_hash, ui
   return st;
 }
 
+Status Session::ReportFailed(uint32_t step, uint32_t quorum_id) {
+  pb::TrainerCommitRequest req;
+  req.set_group_rank(group_rank_);
+  req.set_step(step);
+  req.set_failed(true);
+  req.set_quorum_id(quorum_id);
+  return client_->Call("POST", "/v1/trainer/commit", req, nullptr, Millis(30'000));
+}
+
 Status Session::Finish() {
   pb::TrainerHelloRequest req;
   req.set_group_rank(group_rank_);

@@ -80,6 +80,10 @@ class Session {
   // `tokens`: what the whole group processed in this outer step (its weight in the average,
   // shown by the lighthouse); 0: not reported.
   Status Commit(uint32_t step, bool ok, const std::string& state_hash = "", uint64_t tokens = 0);
+  // Commit(step, false) about quorum `quorum_id` only: when the agent holds a newer quorum by
+  // the time the report arrives, that quorum already replaced the failed one and the report
+  // changes nothing (a late report must not fail the quorum that was formed to recover).
+  Status ReportFailed(uint32_t step, uint32_t quorum_id);
   Status KvPut(uint32_t quorum_id, const std::string& key, const std::string& value);
   Result<std::string> KvGet(uint32_t quorum_id, const std::string& key, Millis timeout);
   // Tells the agent this trainer is done (its committed step reached the target), so that its

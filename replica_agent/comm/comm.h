@@ -151,8 +151,13 @@ class CommManager {
   // returns kAborted at once, later ones too, until Reconfigure with a newer quorum_id.
   virtual void Abort(const std::string& reason) = 0;
   // Like Abort, but only when the communicator belongs to `quorum_id` or an older one, so that a
-  // late failure notice about an old quorum cannot abort its successor.
+  // late failure notice about an old quorum cannot abort its successor. A notice about a quorum
+  // newer than the current communicator (it arrived between the poll and the rendezvous) is kept:
+  // a later Reconfigure of that quorum_id or an older one fails at once with kAborted.
   virtual void AbortQuorum(uint32_t quorum_id, const std::string& reason) = 0;
+  // Abort, and every later Reconfigure fails at once with kAborted and `reason`: the owner is
+  // leaving (a drain) and must not wait in a rendezvous for anyone.
+  virtual void Close(const std::string& reason) = 0;
 
   // The quorum_id of the last Reconfigure (0 before the first).
   virtual uint32_t quorum_id() const = 0;

@@ -310,6 +310,53 @@ TEST_CASE("gloo in one process: Abort wakes a blocked allreduce and the peer fai
   CHECK(ring.members[1]->Reconfigure(6, 1, 2).code() == Code::kInvalidArgument);
 }
 
+// A notice about a quorum that reaches the trainer after its poll and before the rendezvous for
+// that quorum has started must still end the rendezvous at once; so must a drain (Close).
+TEST_CASE("gloo in one process: an abort for a quorum not yet started refuses its rendezvous") {
+  LocalRing ring(2);
+  for (const Status& st : ring.Reconfigure(3)) REQUIRE(st.ok());
+  ring.members[0]->AbortQuorum(5, "quorum lost: g1 left");
+  // The communicator of quorum 3 is older than the notice: it is aborted too.
+  std::vector<float> v(16, 1.0f);
+  CHECK(ring.members[0]->AllReduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum).code() ==
+        Code::kAborted);
+  auto start = std::chrono::steady_clock::now();
+  for (uint32_t q : {4u, 5u}) {
+    Status st = ring.members[0]->Reconfigure(q, 0, 2);  // member 1 never comes
+    CHECK(st.code() == Code::kAborted);
+    CHECK(st.message().find("g1 left") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - start < 5s);  // init_timeout is longer: no wait
+  // A newer quorum than the notice named is a fresh start.
+  for (const Status& st : ring.Reconfigure(6)) CHECK(st.ok());
+  // A late notice about an older quorum changes nothing, before or after.
+  ring.members[0]->AbortQuorum(5, "late");
+  std::vector<std::future<Status>> fs;
+  for (size_t r = 0; r < 2; ++r) {
+    fs.push_back(std::async(std::launch::async, [&ring, r] {
+      std::vector<float> mine(16, 1.0f);
+      return ring.members[r]->AllReduce(mine.data(), mine.size(), DType::kFloat32, ReduceOp::kSum);
+    }));
+  }
+  for (auto& f : fs) CHECK(f.get().ok());
+}
+
+TEST_CASE("gloo in one process: Close aborts the communicator and refuses every later rendezvous") {
+  LocalRing ring(2);
+  for (const Status& st : ring.Reconfigure(3)) REQUIRE(st.ok());
+  ring.members[0]->Close("drain: preempted");
+  std::vector<float> v(16, 1.0f);
+  CHECK(ring.members[0]->AllReduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum).code() ==
+        Code::kAborted);
+  auto start = std::chrono::steady_clock::now();
+  for (uint32_t q : {4u, 100u}) {
+    Status st = ring.members[0]->Reconfigure(q, 0, 2);
+    CHECK(st.code() == Code::kAborted);
+    CHECK(st.message().find("preempted") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+}
+
 // An abort in the middle of the pipeline: members 0 and 1 have exchanged segments and are
 // blocked on segments that depend on member 2, which never joins; staging receives, sends from
 // the float32 accumulator and from the caller's bfloat16 buffer are all posted. The notice must

@@ -104,6 +104,11 @@ Status GlooCommManager::Reconfigure(uint32_t quorum_id, uint32_t replica_rank,
   std::shared_ptr<GlooContext> old;
   {
     std::lock_guard lock(mu_);
+    if (auto refused = pending_aborts_.Refusal(quorum_id)) {
+      LK_LOG_INFO("comm_refused backend=gloo slot={} quorum_id={} reason={}", options_.slot,
+                  quorum_id, Q(refused->message()));
+      return *refused;
+    }
     uint32_t current = quorum_id_.load();
     if (phase_ != Phase::kNone && quorum_id == current) {
       return phase_ == Phase::kFailed ? status_ : Status::Ok();

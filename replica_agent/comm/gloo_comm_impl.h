@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "replica_agent/comm/backends.h"
 #include "replica_agent/comm/comm.h"
 
 namespace lk::comm::gloo_backend {
@@ -89,8 +90,16 @@ class GlooCommManager final : public CommManager {
 
   void AbortQuorum(uint32_t quorum_id, const std::string& reason) override {
     std::lock_guard lock(mu_);
-    if (phase_ == Phase::kNone || quorum_id_.load() > quorum_id) return;
+    const bool started = phase_ != Phase::kNone;
+    if (started && quorum_id_.load() > quorum_id) return;
+    if (!started || quorum_id > quorum_id_.load()) pending_aborts_.Quorum(quorum_id, reason);
     FailLocked(Status(Code::kAborted, reason));  // the code already says "aborted"
+  }
+
+  void Close(const std::string& reason) override {
+    std::lock_guard lock(mu_);
+    pending_aborts_.All(reason);
+    FailLocked(Status(Code::kAborted, reason));
   }
 
   uint32_t quorum_id() const override { return quorum_id_.load(); }
@@ -177,6 +186,7 @@ class GlooCommManager final : public CommManager {
   std::condition_variable cv_;
   Phase phase_ = Phase::kNone;
   Status status_;  // why the communicator failed, when phase_ == kFailed
+  PendingAborts pending_aborts_;
   std::shared_ptr<GlooContext> ctx_;
   uint32_t rank_ = 0;
   uint32_t world_ = 0;

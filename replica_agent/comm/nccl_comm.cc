@@ -55,8 +55,16 @@ class NcclCommManager final : public CommManager {
 
   void AbortQuorum(uint32_t quorum_id, const std::string& reason) override {
     std::lock_guard lock(mu_);
-    if (phase_ == Phase::kNone || quorum_id_.load() > quorum_id) return;
+    const bool started = phase_ != Phase::kNone;
+    if (started && quorum_id_.load() > quorum_id) return;
+    if (!started || quorum_id > quorum_id_.load()) pending_aborts_.Quorum(quorum_id, reason);
     FailLocked(Status(Code::kAborted, reason));  // the code already says "aborted"
+  }
+
+  void Close(const std::string& reason) override {
+    std::lock_guard lock(mu_);
+    pending_aborts_.All(reason);
+    FailLocked(Status(Code::kAborted, reason));
   }
 
   uint32_t quorum_id() const override { return quorum_id_.load(); }
@@ -103,6 +111,7 @@ class NcclCommManager final : public CommManager {
   std::mutex mu_;
   Phase phase_ = Phase::kNone;
   Status status_;
+  PendingAborts pending_aborts_;
 };
 
 Status NcclCommManager::PollAsync(TimePoint deadline, std::string_view what) {
@@ -129,6 +138,11 @@ Status NcclCommManager::Reconfigure(uint32_t quorum_id, uint32_t replica_rank,
   TimePoint deadline = start + options_.init_timeout;
   {
     std::lock_guard lock(mu_);
+    if (auto refused = pending_aborts_.Refusal(quorum_id)) {
+      LK_LOG_INFO("comm_refused backend=nccl slot={} quorum_id={} reason={}", options_.slot,
+                  quorum_id, Q(refused->message()));
+      return *refused;
+    }
     uint32_t current = quorum_id_.load();
     if (phase_ != Phase::kNone && quorum_id == current) {
       return phase_ == Phase::kFailed ? status_ : Status::Ok();
