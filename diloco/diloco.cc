@@ -187,16 +187,16 @@ Result<SyncResult> Diloco::Impl::Drain(const Turn& turn, SyncStats stats) {
   SyncResult r = MakeResult(SyncKind::kDrained, pr, stats);
   r.checkpoint_now = pr.checkpoint_now;
   if (turn.decision.action == PollAction::kDrainSave) {
-    if (Status st = SaveDurable(ready_quorum_id_); !st.ok()) {
-      LK_LOG_ERROR("drain_save_failed error={}", Q(st.ToString()));
-      return st.WithContext("drain save");
+    if (Result<bool> st = SaveDurable(ready_quorum_id_); !st.ok()) {
+      LK_LOG_ERROR("drain_save_failed error={}", Q(st.status().ToString()));
+      return st.status().WithContext("drain save");
     }
     r.saved = true;
   }
   return r;
 }
 
-Status Diloco::Impl::SaveDurable(uint32_t attempt) {
+Result<bool> Diloco::Impl::SaveDurable(uint32_t attempt) {
   std::vector<float> inner_shard;
   if (hooks_.save && inner_total_ > 0) {
     std::vector<float> inner(inner_total_, 0.0f);
@@ -205,7 +205,16 @@ Status Diloco::Impl::SaveDurable(uint32_t attempt) {
     inner_layout_.Take(inner, inner_shard);
     LK_LOG_INFO("inner_state_saved step={} hash={}", state_.step, StateHash(inner));
   }
-  LK_RETURN_IF_ERROR(state_io_->SaveDurable(state_, inner_shard, attempt));
+  bool written = true;
+  if (Status st = state_io_->SaveDurable(state_, inner_shard, attempt); !st.ok()) {
+    if (st.code() != Code::kConflict) return st;
+    // This group's root already holds a committed checkpoint of this step: an earlier life of
+    // the group got there before this one came back (restored or healed to it). Every member's
+    // global weights at a committed step are the same, so the step is saved; a committed
+    // checkpoint is never overwritten, and it is registered again below all the same.
+    LK_LOG_INFO("checkpoint_exists step={} detail={}", state_.step, Q(st.message()));
+    written = false;
+  }
   // Tells the lighthouse (through the agent) where this group's durable checkpoints are, so
   // that a job whose groups all lost their live state restores the newest one. Rank 0 speaks
   // for the group; the location is the checkpoint root, whose LATEST names the newest step.
@@ -216,7 +225,7 @@ Status Diloco::Impl::SaveDurable(uint32_t attempt) {
       LK_LOG_WARN("checkpoint_register_failed step={} error={}", state_.step, Q(st.ToString()));
     }
   }
-  return Status::Ok();
+  return written;
 }
 
 SyncResult Diloco::Impl::MakeResult(SyncKind kind, const client::PollResult& pr,
@@ -431,7 +440,7 @@ Result<bool> Diloco::Impl::Land(const client::PollResult& pr, const Result<Outer
   stats->outer_ms = MsSince(t0);
   saved_at_last_commit_ = false;
   if (SaveAfterCommit(state_.step, o_.ckpt_every)) {
-    LK_RETURN_IF_ERROR(SaveDurable(pr.quorum_id));
+    LK_RETURN_IF_ERROR(SaveDurable(pr.quorum_id).status());
     saved_at_last_commit_ = true;
   }
   return true;
@@ -598,18 +607,15 @@ Status Diloco::Impl::Finish() {
   // last commit just did, so that a group coming back after every other group finished
   // restores the final step rather than an older checkpoint, and the user has the model.
   if (SaveAtFinish(!o_.ckpt_dir.empty(), has_state_, state_.step, o_.ckpt_every)) {
-    Status st = SaveDurable(ready_quorum_id_);
-    if (st.code() == Code::kConflict) {
-      // This group's root already holds a committed checkpoint of this step: an earlier life
-      // of the group finished here before this one came back and caught up from the final
-      // checkpoint. Every member's global weights at a committed step are the same, so the
-      // run's result is saved; a committed checkpoint is never overwritten, and a second
-      // copy is not needed.
-      LK_LOG_INFO("final_save_exists step={} detail={}", state_.step, Q(st.message()));
-    } else if (!st.ok()) {
-      LK_LOG_ERROR("final_save_failed step={} error={}", state_.step, Q(st.ToString()));
-      return st.WithContext("final save");
+    Result<bool> written = SaveDurable(ready_quorum_id_);
+    if (!written.ok()) {
+      LK_LOG_ERROR("final_save_failed step={} error={}", state_.step,
+                   Q(written.status().ToString()));
+      return written.status().WithContext("final save");
     }
+    // An earlier life of the group finished here before this one came back and caught up from
+    // the final checkpoint: the run's result is saved already.
+    if (!*written) LK_LOG_INFO("final_save_exists step={}", state_.step);
   }
   LK_LOG_INFO("trainer_done step={} hash={}", state_.step, StateHash(state_.global));
   // Without the goodbye the agent would take this exit for a crash and fail the group.

@@ -182,7 +182,9 @@ class Diloco::Impl {
   Status LoadGlobal(std::span<float> params);
   // The in-group all-gather of a shard in this trainer's layout into the whole buffer `out`.
   Status GatherInto(std::span<const float> shard, std::span<float> out);
-  Status SaveDurable(uint32_t attempt);
+  // Saves the state durably and registers it; false when this step was committed to the
+  // group's root already (an earlier life of the group), which is no failure.
+  Result<bool> SaveDurable(uint32_t attempt);
   void MarkBad(uint32_t quorum_id, bool report);
   // Tells the lighthouse (through the agent) that quorum_id failed this trainer, once per quorum.
   void ReportFailed(uint32_t quorum_id);
