@@ -53,6 +53,16 @@ Status DilocoOptions::Validate() const {
   }
   if (ckpt_every > 0 && ckpt_dir.empty()) return InvalidArgument("ckpt_every needs a ckpt_dir");
   if (ckpt_keep == 0) return InvalidArgument("ckpt_keep must be at least 1");
+  if (outer_fragments == 0 || outer_fragments > kMaxOuterFragments) {
+    return InvalidArgument("outer_fragments {} is not in [1, {}]", outer_fragments,
+                           kMaxOuterFragments);
+  }
+  if (outer_fragments > 1 && !overlap) {
+    return InvalidArgument(
+        "outer_fragments {} needs overlap: the fragments are spread over the inner steps that "
+        "run while the exchange is in flight",
+        outer_fragments);
+  }
   if (OuterCompress parsed; !ParseOuterCompress(OuterCompressName(outer_compress), &parsed)) {
     return InvalidArgument("unknown outer_compress {}", static_cast<int>(outer_compress));
   }
@@ -301,7 +311,12 @@ Result<SyncResult> Diloco::Impl::Sync(std::span<float> params, uint64_t tokens) 
     return InvalidArgument("params has {} elements, the specs {}", params.size(), layout_.total);
   }
   if (ready_quorum_id_ == 0) return InvalidArgument("Sync before Join");
-  if (o_.overlap) return SyncOverlapped(params, tokens);
+  if (o_.overlap) {
+    if (sync_returned_) inner_phase_ = Clock::now() - *sync_returned_;
+    Result<SyncResult> r = SyncOverlapped(params, tokens);
+    sync_returned_ = Clock::now();
+    return r;
+  }
   if (!pending_delta_) {
     // Every trainer of the group comes here once per outer step, so this in-group sum pairs up.
     LK_ASSIGN_OR_RETURN(pending_tokens_, GroupTokens(tokens));
@@ -379,13 +394,13 @@ SyncResult Diloco::Impl::CommittedResult(const client::PollResult& pr, const Syn
 }
 
 Result<OuterWeights> Diloco::Impl::Exchange(const client::PollResult& pr, uint64_t tokens,
-                                            std::vector<float>& sum) {
+                                            std::vector<float>& sum, Pacer* pacer) {
   // Token-weighted: this shard scaled by its group's weight, summed (compressed when
   // outer_compress says so), divided by the weights' sum (diloco/outer.h DecideWeights: the same
   // divisor in every member). The token counts themselves always travel as exact float32.
   LK_ASSIGN_OR_RETURN(OuterWeights w, AgreeWeights(pr, tokens));
   ScaleInPlace(sum, w.self);
-  LK_RETURN_IF_ERROR(CrossAllReduce(sum, comm::ReduceOp::kSum));
+  LK_RETURN_IF_ERROR(CrossAllReduce(sum, comm::ReduceOp::kSum, pacer));
   return w;
 }
 
@@ -528,12 +543,18 @@ void Diloco::Impl::StartInFlight(const client::PollResult& pr) {
   f->tokens = pending_tokens_;
   f->sum = f->delta;
   f->t0 = Clock::now();
+  if (o_.outer_fragments > 1) {
+    // The next inner phase is taken to last as long as the last one; the pieces end by about
+    // 0.8 of it, so that the last one is not what the next Sync waits for.
+    const auto phase = std::chrono::duration_cast<Millis>(inner_phase_);
+    f->pacer = std::make_unique<Pacer>(phase * 4 / (5 * o_.outer_fragments));
+  }
   InFlight* raw = f.get();
   f->thread = std::thread([this, raw] {
     // Other traffic of this process (the in-group gradient averages of the inner steps) runs
     // meanwhile, so the bytes counted here are an upper bound of the exchange's.
     TcpSent b0 = SnapshotTcpSent();
-    raw->weights = Exchange(raw->pr, raw->tokens, raw->sum);
+    raw->weights = Exchange(raw->pr, raw->tokens, raw->sum, raw->pacer.get());
     raw->bytes = TcpSentBetween(b0, SnapshotTcpSent());
     raw->ms = MsSince(raw->t0);
   });
@@ -542,8 +563,10 @@ void Diloco::Impl::StartInFlight(const client::PollResult& pr) {
 
 Result<SyncResult> Diloco::Impl::LandInFlight(std::span<float> params, SyncStats stats) {
   auto wait_t0 = Clock::now();
-  // Blocked on the other groups from here: not this group's stall.
+  // Blocked on the other groups from here: not this group's stall. Fragments still waiting
+  // for their turn go now.
   (void)session_->SetPeerWait(true);
+  if (in_flight_->pacer) in_flight_->pacer->Hurry();
   in_flight_->thread.join();
   (void)session_->SetPeerWait(false);
   stats.wait_ms += MsSince(wait_t0);
@@ -579,6 +602,7 @@ Result<SyncResult> Diloco::Impl::Flush(std::span<float> params) {
 void Diloco::Impl::AbandonInFlight() {
   if (!in_flight_) return;
   CrossComm().Abort("the DiLoCo object is closing");
+  if (in_flight_->pacer) in_flight_->pacer->Hurry();
   in_flight_->thread.join();
   in_flight_.reset();
 }

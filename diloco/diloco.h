@@ -131,6 +131,13 @@ struct DilocoOptions {
   // member, bitwise, as without overlap; the committed step trails the inner work by one. Every
   // group of a job uses the same setting.
   bool overlap = false;
+  // With overlap: the exchange in flight goes on the link in this many fragments, one after the
+  // other, spread over the inner steps that run meanwhile (paced at 0.8 x the last inner
+  // phase's length / fragments apart), so the link carries a steady trickle rather than one
+  // burst per outer step. The token weights are agreed once first, error feedback covers the
+  // whole shard, and a notice aborts the fragments still to come with the one on the wire.
+  // The result is the same average; every group of a job uses the same setting. 1: one burst.
+  uint32_t outer_fragments = 1;
   std::string ckpt_dir;     // durable checkpoints of this group (its trainers share it); "": none
   uint32_t ckpt_every = 0;  // a durable save every K committed steps; 0: on drain and at Finish
   uint32_t ckpt_keep = 3;   // durable checkpoints kept

@@ -1,27 +1,66 @@
 // The cross-group exchange of the outer step with --outer-compress: the float32 ring
-// allreduce, or the encoded allreduce with error feedback (diloco/compress.h).
+// allreduce, or the encoded allreduce with error feedback (diloco/compress.h); with
+// --outer-fragments, in pieces paced over the inner steps (diloco/fragments.h).
 #include "common/log.h"
 #include "diloco/diloco_impl.h"
 
 namespace lk::diloco {
 
-// With a codec, this trainer sends x = values + residual and keeps what the encoding of x
-// dropped (x - decoded) for the next step; ErrorFeedback (compress.h) holds it back until the
-// step is committed, so that a retry of the same step meets the same residual.
-// A quorum of groups of different sizes sums fragment by fragment between the trainers that hold
-// each one (diloco/mixed.h), with the same codec and error feedback.
-Status Diloco::Impl::CrossAllReduce(std::span<float> values, comm::ReduceOp op) {
-  LK_CHECK(!mixed_ || op == comm::ReduceOp::kSum) << "a mixed quorum only sums";
+Status Diloco::Impl::CrossPiece(std::span<float> values, std::span<const comm::ReduceRun> runs,
+                                comm::ReduceOp op, std::span<float> decoded) {
+  if (mixed_) return mesh_comm_->AllReduceRuns(values, runs, codec_, decoded);
   if (codec_ == nullptr) {
-    if (mixed_) return mesh_comm_->AllReduceRuns(values, mixed_->runs, nullptr);
     return slot_comm_->AllReduce(values.data(), values.size(), comm::DType::kFloat32, op);
   }
-  feedback_.Apply(state_.step, values);
-  std::vector<float> sent(values.begin(), values.end());
-  std::vector<float> decoded(values.size());
-  Status st = mixed_ ? mesh_comm_->AllReduceRuns(values, mixed_->runs, codec_, decoded)
-                     : slot_comm_->AllReduceEncoded(values, *codec_, op, decoded);
-  if (st.ok()) feedback_.Stage(state_.step, sent, decoded);
+  return slot_comm_->AllReduceEncoded(values, *codec_, op, decoded);
+}
+
+// With a codec, this trainer sends x = values + residual and keeps what the encoding of x
+// dropped (x - decoded) for the next step; ErrorFeedback (compress.h) holds it back until the
+// step is committed, so that a retry of the same step meets the same residual. The residual is
+// applied once to the whole shard and staged once when every piece arrived, so the pieces of an
+// exchange in fragments see the same feedback as one exchange would.
+// A quorum of groups of different sizes sums fragment by fragment between the trainers that hold
+// each one (diloco/mixed.h), with the same codec and error feedback.
+Status Diloco::Impl::CrossAllReduce(std::span<float> values, comm::ReduceOp op, Pacer* pacer) {
+  LK_CHECK(!mixed_ || op == comm::ReduceOp::kSum) << "a mixed quorum only sums";
+  std::vector<float> sent, decoded;
+  if (codec_ != nullptr) {
+    feedback_.Apply(state_.step, values);
+    sent.assign(values.begin(), values.end());
+    decoded.resize(values.size());
+  }
+  const uint32_t pieces = pacer ? o_.outer_fragments : 1;
+  const auto t0 = internal::Clock::now();
+  Status st;
+  if (mixed_) {
+    // Every member takes part in every piece, holding runs in it or not (see AllReduceRuns).
+    std::vector<std::vector<comm::ReduceRun>> split =
+        pieces == 1 ? std::vector<std::vector<comm::ReduceRun>>{mixed_->runs}
+                    : SplitRuns(mixed_->runs, mixed_->run_full_begin, layout_.total, pieces);
+    for (uint32_t k = 0; k < pieces && st.ok(); ++k) {
+      if (pacer) pacer->WaitTurn(k);
+      st = CrossPiece(values, split[k], op, decoded);
+    }
+  } else {
+    // The members of a slot hold shards of one length, so they cut the same pieces; an empty
+    // piece is empty for all of them.
+    const size_t align = codec_ ? codec_->block_elems() : 1;
+    std::vector<Range> ranges = FragmentRanges(values.size(), pieces, align);
+    for (uint32_t k = 0; k < pieces && st.ok(); ++k) {
+      const Range r = ranges[k];
+      if (r.begin == r.end) continue;
+      if (pacer) pacer->WaitTurn(k);
+      st = CrossPiece(values.subspan(r.begin, r.end - r.begin), {}, op,
+                      decoded.empty() ? std::span<float>()
+                                      : std::span<float>(decoded).subspan(r.begin, r.end - r.begin));
+    }
+  }
+  if (st.ok() && codec_ != nullptr) feedback_.Stage(state_.step, sent, decoded);
+  if (st.ok() && pacer) {
+    LK_LOG_INFO("exchange_fragments pieces={} spacing_ms={} step={} ms={:.1f}", pieces,
+                pacer->spacing().count(), state_.step + 1, internal::MsSince(t0));
+  }
   return st;
 }
 

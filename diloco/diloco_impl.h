@@ -16,6 +16,7 @@
 #include "diloco/compress.h"
 #include "diloco/core.h"
 #include "diloco/diloco.h"
+#include "diloco/fragments.h"
 #include "diloco/mixed.h"
 #include "diloco/outer.h"
 #include "diloco/prefixed_store.h"
@@ -138,7 +139,7 @@ class Diloco::Impl {
   // The cross-group half of an attempt (any thread; only the cross communicator, the codec and
   // the error feedback): the members' token weights and the weighted sum of `sum` in place.
   Result<OuterWeights> Exchange(const client::PollResult& pr, uint64_t tokens,
-                                std::vector<float>& sum);
+                                std::vector<float>& sum, Pacer* pacer = nullptr);
   // The rest, on the trainer's thread: the group's agreement that every trainer's exchange
   // succeeded, the outer update, the in-group all-gather into `params`, publishing, the commit
   // and the saves. false when a trainer's exchange failed.
@@ -157,6 +158,7 @@ class Diloco::Impl {
     Clock::time_point t0;
     double ms = 0;
     uint64_t bytes = 0;
+    std::unique_ptr<Pacer> pacer;  // with outer_fragments > 1
     std::thread thread;
   };
   Result<SyncResult> SyncOverlapped(std::span<float> params, uint64_t tokens);
@@ -172,7 +174,12 @@ class Diloco::Impl {
   void AbandonInFlight();
   // The cross-group reduction of `values` in place (diloco_compress.cc): the float32 ring for
   // kNone, else the encoded allreduce with this trainer's error feedback.
-  Status CrossAllReduce(std::span<float> values, comm::ReduceOp op);
+  // With `pacer`, in outer_fragments pieces, each started at its turn (see fragments.h).
+  Status CrossAllReduce(std::span<float> values, comm::ReduceOp op, Pacer* pacer = nullptr);
+  // One collective over `values` (or, in a mixed quorum, over `runs` of it); `decoded` gets
+  // what this trainer's own encoding decodes to when there is a codec.
+  Status CrossPiece(std::span<float> values, std::span<const comm::ReduceRun> runs,
+                    comm::ReduceOp op, std::span<float> decoded);
   // Drops the error-feedback residual: the state came from elsewhere (diloco_compress.cc).
   void ResetResidual();
   // The members' token counts of this attempt (one small sum-allreduce) and the weights.
@@ -242,6 +249,10 @@ class Diloco::Impl {
   // and feedback_, which nothing else touches until it is joined), and the weights the last
   // call gave the caller, from which the inner progress of the next call is measured.
   std::unique_ptr<InFlight> in_flight_;
+  // With overlap: when the last Sync returned, and how long the inner steps between the two
+  // Syncs before this one took (what the fragments of the next exchange are spread over).
+  std::optional<Clock::time_point> sync_returned_;
+  Clock::duration inner_phase_{};
   std::vector<float> base_;
   std::vector<float> global_full_;  // the whole global weights of the last LoadGlobal
   // Overlap's scratch of one shard each, kept so that no outer step pays for fresh pages.

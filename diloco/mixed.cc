@@ -95,6 +95,7 @@ MixedPlan PlanMixed(const std::vector<TensorSpec>& specs, std::span<const uint32
             piece->shard_offset + static_cast<size_t>(a - piece->row_begin) * row_numel +
             (at - begin);
         plan.runs.push_back(comm::ReduceRun{shard_at, n, holders, owner});
+        plan.run_full_begin.push_back(at);
       }
     }
   }

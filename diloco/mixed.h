@@ -37,6 +37,9 @@ struct MixedPlan {
   // This trainer's runs over its shard (its ShardLayout order), in the quorum's common order
   // (tensor by tensor, row by row).
   std::vector<comm::ReduceRun> runs;
+  // Per run of `runs`: where its first element lies in the whole model's flat buffer (the
+  // place every member sees the same, which the exchange in fragments groups runs by).
+  std::vector<size_t> run_full_begin;
   // Every run of the quorum, for tests and the simulation: which (replica_rank, group_rank)
   // holds elements [full_begin, full_end) of the flat buffer, and who owns it.
   struct Fragment {

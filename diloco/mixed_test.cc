@@ -13,6 +13,7 @@
 #include <map>
 
 #include "diloco/compress.h"
+#include "diloco/fragments.h"
 #include "replica_agent/comm/rendezvous_store.h"
 #include "replica_agent/comm/runs.h"
 #include "replica_agent/comm/test_support.h"
@@ -134,8 +135,12 @@ struct Trainer {
   std::vector<float> data, sent;
 };
 
-// Runs one allreduce of runs over the groups `sizes`; returns every trainer after it.
-std::vector<Trainer> Exchange(const std::vector<uint32_t>& sizes, const comm::ChunkCodec* codec) {
+// Runs one allreduce of runs over the groups `sizes` (in `pieces` fragments, one allreduce of
+// runs each, as DiLoCo's exchange in fragments does, then one plain allreduce on the same
+// communicator, which pairs up only when every member numbered its collectives alike); returns
+// every trainer after it.
+std::vector<Trainer> Exchange(const std::vector<uint32_t>& sizes, const comm::ChunkCodec* codec,
+                              uint32_t pieces = 1) {
   const auto specs = Specs();
   const size_t total = Total(specs);
   comm::FileRendezvousStore store(comm::testing::TempDir("mixed"));
@@ -161,9 +166,16 @@ std::vector<Trainer> Exchange(const std::vector<uint32_t>& sizes, const comm::Ch
   }
   std::vector<std::future<Status>> fs;
   for (auto& t : ts) {
-    fs.push_back(std::async(std::launch::async, [&t, codec] {
+    fs.push_back(std::async(std::launch::async, [&t, codec, pieces, total] {
       LK_RETURN_IF_ERROR(t.comm->Reconfigure(1, t.plan.mesh_rank, t.plan.mesh_world));
-      return t.comm->AllReduceRuns(t.data, t.plan.runs, codec, t.sent);
+      if (pieces == 1) return t.comm->AllReduceRuns(t.data, t.plan.runs, codec, t.sent);
+      for (const auto& runs : SplitRuns(t.plan.runs, t.plan.run_full_begin, total, pieces)) {
+        LK_RETURN_IF_ERROR(t.comm->AllReduceRuns(t.data, runs, codec, t.sent));
+      }
+      float one = 1.0f;
+      LK_RETURN_IF_ERROR(t.comm->AllReduce(&one, 1, comm::DType::kFloat32, comm::ReduceOp::kSum));
+      if (one != static_cast<float>(t.plan.mesh_world)) return Status(Code::kInternal, "barrier");
+      return Status::Ok();
     }));
   }
   for (auto& f : fs) REQUIRE(f.get().ok());
@@ -271,6 +283,86 @@ TEST_CASE("a member that planned other runs is refused by name, not read as garb
                           st.message().find("planned different runs") != std::string::npos);
   }
   CHECK(refused);
+}
+
+
+TEST_CASE("fragment ranges tile the shard in order, on block boundaries, the same for equal n") {
+  for (size_t n : {0, 1, 7, 64, 1000, 4097}) {
+    for (uint32_t pieces : {1u, 2u, 3u, 8u}) {
+      for (size_t align : {1, 64}) {
+        CAPTURE(n);
+        CAPTURE(pieces);
+        CAPTURE(align);
+        std::vector<Range> r = FragmentRanges(n, pieces, align);
+        REQUIRE(r.size() == pieces);
+        CHECK(r.front().begin == 0);
+        CHECK(r.back().end == n);
+        for (uint32_t k = 0; k < pieces; ++k) {
+          CHECK(r[k].begin <= r[k].end);
+          if (k > 0) CHECK(r[k].begin == r[k - 1].end);
+          if (k + 1 < pieces) CHECK(r[k].end % align == 0);
+        }
+      }
+    }
+  }
+  // Even cuts: 1000 in 4 is 250 each; aligned to 64 the cuts move down to 192, 448, 704.
+  std::vector<Range> even = FragmentRanges(1000, 4, 1);
+  CHECK(even[1].begin == 250);
+  CHECK(even[3].begin == 750);
+  std::vector<Range> aligned = FragmentRanges(1000, 4, 64);
+  CHECK(aligned[1].begin == 192);
+  CHECK(aligned[2].begin == 448);
+  CHECK(aligned[3].begin == 704);
+}
+
+TEST_CASE("runs split by their place in the whole model: each run once, pieces in model order") {
+  const auto specs = Specs();
+  const size_t total = Total(specs);
+  for (uint32_t pieces : {1u, 3u, 7u}) {
+    for (const std::vector<uint32_t>& sizes : {std::vector<uint32_t>{1, 2, 3}, {2, 2}}) {
+      std::map<size_t, uint32_t> piece_of;  // full_begin -> piece, across every trainer
+      for (uint32_t q = 0; q < sizes.size(); ++q) {
+        for (uint32_t r = 0; r < sizes[q]; ++r) {
+          MixedPlan plan = PlanMixed(specs, sizes, q, r);
+          REQUIRE(plan.run_full_begin.size() == plan.runs.size());
+          auto split = SplitRuns(plan.runs, plan.run_full_begin, total, pieces);
+          REQUIRE(split.size() == pieces);
+          size_t count = 0, at = 0;
+          for (uint32_t k = 0; k < pieces; ++k) {
+            for (const comm::ReduceRun& run : split[k]) {
+              // The runs keep their order, and a run shared by several members lands in the
+              // same piece in each of them.
+              CHECK(run.offset == plan.runs[at].offset);
+              const size_t place = plan.run_full_begin[at];
+              auto [it, fresh] = piece_of.emplace(place, k);
+              CHECK(it->second == k);
+              CHECK(place * pieces / total == k);
+              ++at;
+              ++count;
+            }
+          }
+          CHECK(count == plan.runs.size());
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("in fragments the allreduce of runs gives the same bits as in one, float32 and int8") {
+  const auto specs = Specs();
+  const size_t total = Total(specs);
+  BlockCodec codec(OuterCompress::kInt8);
+  for (const comm::ChunkCodec* c : {static_cast<const comm::ChunkCodec*>(nullptr),
+                                    static_cast<const comm::ChunkCodec*>(&codec)}) {
+    CAPTURE(c != nullptr);
+    auto one = Gathered(Exchange({1, 2, 3}, c), total);
+    // Seven pieces: a trainer of the group of 3 holds runs in only some of them.
+    auto pieces = Gathered(Exchange({1, 2, 3}, c, 7), total);
+    for (const auto& [q, full] : one) {
+      CAPTURE(q);
+      CHECK(std::memcmp(full.data(), pieces[q].data(), total * sizeof(float)) == 0);
+    }
+  }
 }
 
 }  // namespace

@@ -73,6 +73,9 @@ int main(int argc, char** argv) {
   flags.Add("outer-overlap", &o.overlap,
             "overlapped outer steps: the exchange of a step runs during the next step's inner "
             "steps and lands one step late; the same in every group");
+  flags.Add("outer-fragments", &o.outer_fragments,
+            "with --outer-overlap: the exchange goes on the link in this many fragments spread "
+            "over the next inner steps (1: one burst); the same in every group");
   flags.Add("log-level", &log_level, "debug, info, warn or error");
   Status st = flags.Parse(argc, argv);
   if (flags.help_requested()) {

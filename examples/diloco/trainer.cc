@@ -102,6 +102,7 @@ Status Trainer::Init() {
   d.op_timeout = o_.op_timeout;
   d.outer_compress = o_.outer_compress;
   d.overlap = o_.overlap;
+  d.outer_fragments = o_.outer_fragments;
   InnerStateHooks hooks;
   hooks.save = [this](std::span<float> out) {
     model_->ExportOptimizer(out);

@@ -43,6 +43,7 @@ struct TrainerOptions {
   OuterOptions outer;
   OuterCompress outer_compress = OuterCompress::kNone;  // the cross-group exchange's encoding
   bool overlap = false;  // overlapped outer steps (DilocoOptions::overlap)
+  uint32_t outer_fragments = 1;  // DilocoOptions::outer_fragments
   Millis init_timeout{30'000};  // communicator rendezvous + connect
   Millis op_timeout{120'000};   // one collective; the outer one waits for the slowest group
   Status Validate() const;

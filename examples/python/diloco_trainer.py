@@ -76,6 +76,9 @@ FLAGS = [
     ("outer-compress", str, "none", "encoding of the cross-group pseudo-gradients: none "
                                     "(float32), bf16, int8 or int4 (blockwise scales, error "
                                     "feedback); the same in every group"),
+    ("outer-fragments", int, 1, "with --outer-overlap: the exchange goes on the link in this "
+                                "many fragments spread over the next inner steps (1: one "
+                                "burst); the same in every group"),
 ]
 
 
@@ -120,6 +123,10 @@ def parse_flags(argv):
         problems.append("model sizes must be positive (seq_len at least 2)")
     elif a.model_width % a.heads:
         problems.append(f"--model-width {a.model_width} is not a multiple of --heads {a.heads}")
+    if not 1 <= a.outer_fragments <= 64:
+        problems.append(f"--outer-fragments {a.outer_fragments} is not in [1, 64]")
+    elif a.outer_fragments > 1 and not a.outer_overlap:
+        problems.append(f"--outer-fragments {a.outer_fragments} needs --outer-overlap")
     if a.outer_compress not in ("none", "bf16", "int8", "int4"):
         problems.append(f"bad --outer-compress {a.outer_compress} (none, bf16, int8 or int4)")
     if a.log_level not in ("debug", "info", "warn", "error"):
@@ -259,7 +266,8 @@ def train(args, log):
         outer_momentum=args.outer_momentum, nesterov=True, ckpt_dir=args.ckpt_dir or None,
         ckpt_every=args.ckpt_every, live_dir=args.live_dir, timeout=op_timeout,
         init_timeout=init_timeout, outer_compress=args.outer_compress,
-        sync_every_s=args.outer_step_s or None, overlap=args.outer_overlap)
+        sync_every_s=args.outer_step_s or None, overlap=args.outer_overlap,
+        outer_fragments=args.outer_fragments)
     tokens_per_step = args.batch * args.seq_len
     with diloco:
         # Entering joined the job: the model holds the job's global weights (replica_rank 0's

@@ -150,6 +150,9 @@ class DiLoCo:
             top of the new global weights. ``in_flight`` says whether one is on the wire,
             ``flush()`` lands it, and the context's exit lands it when the loop did not.
             Every group of a job uses the same setting.
+        outer_fragments: with ``overlap``, the exchange goes on the link in this many fragments
+            spread over the inner steps that run meanwhile (a steady trickle instead of one
+            burst per outer step); 1: one burst. At most 64; the same in every group.
     """
 
     def __init__(self, manager, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer,
@@ -159,7 +162,7 @@ class DiLoCo:
                  timeout: datetime.timedelta = datetime.timedelta(seconds=120),
                  init_timeout: datetime.timedelta = datetime.timedelta(seconds=30),
                  outer_compress: str = "none", sync_every_s: Optional[float] = None,
-                 overlap: bool = False):
+                 overlap: bool = False, outer_fragments: int = 1):
         if sync_every < 1:
             raise Error("invalid_argument", f"sync_every must be at least 1, not {sync_every}")
         if sync_every_s is not None and not 0 < sync_every_s <= 86400:
@@ -176,7 +179,8 @@ class DiLoCo:
                              live_dir=live_dir if live_dir is not None
                              else os.environ.get("LK_LIVE_DIR", ""),
                              timeout_ms=_ms(timeout), init_timeout_ms=_ms(init_timeout),
-                             outer_compress=outer_compress, overlap=bool(overlap))
+                             outer_compress=outer_compress, overlap=bool(overlap),
+                             outer_fragments=int(outer_fragments))
         self._group_pg = group_pg
         self._native: Optional[_native.Diloco] = None
         self._inner_steps = 0
@@ -237,7 +241,7 @@ class DiLoCo:
             m._session, m.group_rank, m.group_size, self._specs, self._inner.specs(), save_inner,
             o["outer_lr"], o["outer_momentum"], o["nesterov"], o["ckpt_dir"], o["ckpt_every"],
             o["ckpt_keep"], o["live_dir"], m._bind_host, o["init_timeout_ms"], o["timeout_ms"], 0,
-            o["outer_compress"], o["overlap"])
+            o["outer_compress"], o["overlap"], o["outer_fragments"])
         self._call("join")
         if not self.should_stop and m.group_size > 1 and self._group_pg is None:
             self._group_pg = m.group_process_group()

@@ -342,7 +342,8 @@ class Diloco {
          float outer_lr, float outer_momentum, bool nesterov, const std::string& ckpt_dir,
          uint32_t ckpt_every, uint32_t ckpt_keep, const std::string& live_dir,
          const std::string& bind_host, uint32_t init_timeout_ms, uint32_t op_timeout_ms,
-         uint32_t stuck_timeout_ms, const std::string& outer_compress, bool overlap)
+         uint32_t stuck_timeout_ms, const std::string& outer_compress, bool overlap,
+         uint32_t outer_fragments)
       : params_(std::move(params)), inner_(std::move(inner_state)),
         inner_save_(std::move(inner_save)) {
     std::vector<lk_tensor_spec> p = CSpecs(params_), i = CSpecs(inner_);
@@ -372,6 +373,7 @@ class Diloco {
     ext.struct_size = sizeof(ext);
     ext.outer_compress = outer_compress.c_str();
     ext.overlap = overlap ? 1 : 0;
+    ext.outer_fragments = outer_fragments;
     d_ = lk_diloco_create_ext(session.raw(), &o, &ext);
     if (d_ == nullptr) RaiseLast();
   }
@@ -533,7 +535,7 @@ PYBIND11_MODULE(_native, m) {
                     std::function<void(uintptr_t, size_t)>, float, float, bool,
                     const std::string&, uint32_t, uint32_t, const std::string&,
                     const std::string&, uint32_t, uint32_t, uint32_t, const std::string&,
-                    bool>(),
+                    bool, uint32_t>(),
            py::keep_alive<1, 2>())  // the session outlives the DiLoCo object
       .def("join", &Diloco::Join)
       .def("sync", &Diloco::Sync, py::arg("params"), py::arg("count"), py::arg("tokens") = 0)

@@ -282,3 +282,34 @@ def test_overlapped_outer_steps_agree_across_groups_and_a_lone_group_matches_blo
     blocking, overlapped = alone("blocking", []), alone("overlapped", ["--overlap"])
     assert [s for s, _ in blocking] == [1, 2, 3, 4]
     assert overlapped == blocking
+
+
+def test_overlap_in_fragments_agrees_across_groups_and_needs_overlap(cluster_factory):
+    # Two overlapped groups whose exchanges go in 3 fragments each (with int8 on the wire): one
+    # global hash per step, every step committed by both.
+    c = cluster_factory(("--min-replicas", "2", "--join-timeout-ms", "300",
+                         "--heartbeat-timeout-ms", "3000"))
+    ts = []
+    for g in ("g0", "g1"):
+        c.agent(g)
+        ts.append(c.trainer(g, ["diloco", "--steps", "4", "--sync-every", "3", "--data-seed", g,
+                                "--overlap", "--outer-fragments", "3", "--outer-compress",
+                                "int8", "--sleep-ms", "5"]))
+    for t in ts:
+        assert t.wait(120) == 0, t.log()
+        assert "exchange_fragments pieces=3 " in t.log(), t.log()
+    by_step = defaultdict(set)
+    for t in ts:
+        commits = outer_commits(t)
+        assert [e["step"] for e in commits] == [1, 2, 3, 4], t.log()
+        for e in commits:
+            by_step[e["step"]].add(e["global_hash"])
+    for step, hashes in by_step.items():
+        assert len(hashes) == 1 and "" not in hashes, f"step {step}: {hashes}"
+
+    # Fragments are spread over the inner steps of an overlapped exchange: without overlap the
+    # option is refused by name when the DiLoCo object is made.
+    c.agent("g2")
+    t = c.trainer("g2", ["diloco", "--steps", "1", "--outer-fragments", "3"])
+    assert t.wait(60) != 0
+    assert "outer_fragments 3 needs overlap" in t.log(), t.log()

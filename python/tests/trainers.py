@@ -142,7 +142,8 @@ def mode_diloco(args, m):
     with lightkeeper.DiLoCo(m, model, opt, sync_every=args.sync_every,
                             ckpt_dir=args.ckpt_dir or None, ckpt_every=args.ckpt_every,
                             outer_compress=args.outer_compress,
-                            sync_every_s=args.sync_every_s, overlap=args.overlap) as d:
+                            sync_every_s=args.sync_every_s, overlap=args.overlap,
+                            outer_fragments=args.outer_fragments) as d:
         ran = 0  # inner steps since the last outer step
         r = d.last_result
         inner = hashlib.sha256(d.inner_state_vector().numpy().tobytes()).hexdigest()[:16]
@@ -204,6 +205,7 @@ def main():
     p.add_argument("--sync-every-s", type=float, default=None)
     p.add_argument("--tokens", type=int, default=0)
     p.add_argument("--overlap", action="store_true")
+    p.add_argument("--outer-fragments", type=int, default=1)
     args = p.parse_args()
     import datetime
     m = lightkeeper.Manager(args.group_rank, args.group_size,

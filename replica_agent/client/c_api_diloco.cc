@@ -214,6 +214,10 @@ lk_diloco* lk_diloco_create_ext(lk_session* s, const lk_diloco_options* options,
     if (has(offsetof(lk_diloco_ext_options, overlap), sizeof(ext->overlap))) {
       d.overlap = ext->overlap != 0;
     }
+    if (has(offsetof(lk_diloco_ext_options, outer_fragments), sizeof(ext->outer_fragments)) &&
+        ext->outer_fragments > 0) {
+      d.outer_fragments = ext->outer_fragments;
+    }
   }
   lk::diloco::InnerStateHooks hooks;
   if (o.inner_save != nullptr) {

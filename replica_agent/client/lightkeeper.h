@@ -254,6 +254,10 @@ typedef struct lk_diloco_ext_options {
    * exchange and returns; the next sync (or lk_diloco_flush) lands it. Every group of a job
    * uses the same setting. */
   int overlap;
+  /* With overlap: the exchange goes on the link in this many fragments spread over the inner
+   * steps that run meanwhile (DilocoOptions::outer_fragments); 0 or 1: one burst. At most 64.
+   * Every group of a job uses the same setting. */
+  uint32_t outer_fragments;
 } lk_diloco_ext_options;
 
 /* lk_diloco_create with the options of `ext` too; ext NULL: all unset. */

@@ -29,7 +29,13 @@ Status GlooCommManager::AllReduceRuns(std::span<float> data, std::span<const Red
     LK_RETURN_IF_ERROR(ValidateRuns(runs, data.size(), rank_, world_));
     start = StartLocked(runs.empty() ? 0 : data.size(), "allreduce of runs");
   }
-  if (runs.empty()) return Status::Ok();
+  if (runs.empty()) {
+    // Every call takes one sequence number whether or not this member holds runs, so that the
+    // slots of the next collectives still pair up with members that held some this time (a
+    // member may hold none of the runs of one fragment of the exchange).
+    ++op_seq_;
+    return Status::Ok();
+  }
   Status st;
   try {
     st = ExchangeRuns(start.world > 1 ? start.ctx.get() : nullptr, data, runs, codec, sent,

@@ -35,6 +35,7 @@ struct LogLine {
   std::optional<double> eval_loss;  // with --eval-batches
   std::string hash;
   bool healed = false;
+  std::string global_hash;  // the whole model's hash, the same in every layout
 };
 
 // A fresh random seed, or LK_CHAOS_SEED's; printed (and attached to the test's messages) so that
@@ -61,8 +62,9 @@ inline std::vector<LogLine> ReadLog(const std::string& path) {
     auto num = [&](const char* k) { return static_cast<uint32_t>(o.at(k).to_number<int64_t>()); };
     LogLine l{num("step"), num("quorum_id"), num("replica_world_size"), num("group_rank"),
               o.at("loss").to_number<double>(), std::nullopt,
-              std::string(o.at("param_hash").as_string()), o.at("healed").as_bool()};
+              std::string(o.at("param_hash").as_string()), o.at("healed").as_bool(), ""};
     if (const auto* e = o.if_contains("eval_loss")) l.eval_loss = e->to_number<double>();
+    if (const auto* g = o.if_contains("global_hash")) l.global_hash = g->as_string();
     out.push_back(std::move(l));
   }
   return out;

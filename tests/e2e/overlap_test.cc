@@ -5,12 +5,16 @@
 //  - a kill of the slow group in the middle of its inner steps: it comes back healed from the
 //    fast group's live state, no committed step is lost and the weights agree at every commit
 //    (the kill of an exchange in flight on a slow link is bench/netns/overlap_kill_test.py);
-//  - a job of a C++ and a Python group, both overlapped, agree at every commit.
+//  - a job of a C++ and a Python group, both overlapped, agree at every commit;
+//  - the exchange in fragments (--outer-fragments) with int8: three groups of two agree at every
+//    commit through a kill in the middle of an outer step, and groups of 1, 2 and 3 trainers
+//    (fragments of a mixed quorum) hold one global hash per step.
 // The chaos run with overlap (kills, a lighthouse restart, a leave, a join) is in chaos_test.cc.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
 #include <csignal>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -121,6 +125,84 @@ TEST_CASE("overlap: a C++ group and a Python group agree at every commit") {
     INFO("log " << t.path);
     CHECK(Slurp(t.path).find("\"overlap\":true") != std::string::npos);
   }
+}
+
+// The trainers' stderr says each exchange went in pieces (exchange_fragments), with the spacing
+// the pacer gave them: at least one exchange was spread (spacing above 0) in every group.
+void CheckFragmentsSpread(const Run& run, uint32_t pieces) {
+  for (const auto& life : run.lives) {
+    if (life->killed) continue;
+    for (const auto& t : life->trainers) {
+      INFO("trainer stderr " << t->log_path());
+      const std::string log = t->Log();
+      CHECK(log.find(fmt::format("exchange_fragments pieces={} ", pieces)) != std::string::npos);
+      bool spread = false;
+      for (size_t at = log.find(" spacing_ms="); at != std::string::npos;
+           at = log.find(" spacing_ms=", at + 1)) {
+        const char digit = log[at + std::strlen(" spacing_ms=")];
+        spread = spread || (digit >= '1' && digit <= '9');
+      }
+      CHECK(spread);
+    }
+  }
+}
+
+TEST_CASE("overlap in fragments: three groups of two with int8 agree through a kill mid-step") {
+  RunOptions o;
+  o.job = "fragments";
+  o.steps = 16;
+  o.group_size = 2;
+  o.trainer_flags = {"--outer-overlap", "--outer-fragments", "4", "--outer-compress", "int8",
+                     "--inner-step-min-ms", "15"};
+  Run run("overlap-fragments", o);
+  StatusWatch watch(run.lh.address, o.job);
+  Life* g0 = run.StartGroup("g0");
+  run.StartGroup("g1", TrainerKind::kPython);
+  run.StartGroup("g2");
+  REQUIRE(WaitCommitted(watch, 4, 120s));
+  std::this_thread::sleep_for(100ms);  // inside the next inner phase, fragments on the wire
+  // A C++ group comes back within a second, while the job still runs (a Python one takes
+  // seconds to import torch and could find the job finished).
+  MESSAGE("kill -9 trainer 1 of g0 at committed step " << watch.committed());
+  g0->trainers[1]->Signal(SIGKILL);
+  run.Reap(g0, 30s);
+  Life* back = run.StartGroup("g0");
+  REQUIRE_MESSAGE(run.WaitFirstCommit(back, 120s), "g0 did not come back");
+  run.WaitSurvivors(240s);
+  watch.Stop();
+  for (const std::string& v : watch.violations()) FAIL_CHECK(v);
+  CHECK(watch.committed() == o.steps);
+  CheckLogs(run.AllLogs(), o.steps, o.group_size);
+  CheckFragmentsSpread(run, 4);
+}
+
+TEST_CASE("overlap in fragments: groups of 1, 2 and 3 trainers hold one global hash per step") {
+  RunOptions o;
+  o.job = "fragments-mixed";
+  o.steps = 8;
+  o.group_size = 1;
+  o.group_sizes = {{"g1", 2}, {"g2", 3}};
+  o.trainer_flags = {"--outer-overlap", "--outer-fragments", "3", "--inner-step-min-ms", "15"};
+  o.lighthouse_flags = {"--min-replicas", "3", "--join-timeout-ms", "2000"};
+  Run run("overlap-fragments-mixed", o);
+  run.StartGroup("g0");
+  run.StartGroup("g1");
+  run.StartGroup("g2");
+  run.WaitSurvivors(240s);
+  std::map<uint32_t, std::set<std::string>> hashes;
+  for (const TrainerLog& t : run.AllLogs()) {
+    INFO("log " << t.path);
+    std::vector<LogLine> log = ReadLog(t.path);
+    REQUIRE_FALSE(log.empty());
+    CHECK(log.back().step == o.steps);
+    for (const LogLine& l : log) hashes[l.step].insert(l.global_hash);
+  }
+  for (uint32_t step = 1; step <= o.steps; ++step) {
+    INFO("step " << step);
+    CHECK(hashes[step].size() == 1);
+    CHECK(hashes[step].begin()->size() == 16);
+  }
+  CheckFragmentsSpread(run, 3);
 }
 
 }  // namespace
