@@ -67,6 +67,14 @@ def report(r, args):
         row("spread of the groups' inner steps per outer step (ms; the blocking allreduce waits "
             "it out)", f"{d['inner_skew_ms']:.0f}", "the allreduce", f"{d['allreduce_ms']:.0f}",
             f"{d['inner_skew_ms'] / d['allreduce_ms']:.2f}")
+        lr = d.get("link_50ms")
+        if lr:
+            row("busiest 50 ms of site 0's sending, steady steps (MB/s)",
+                f"{lr['peak_Bps'] / 1e6:.1f}", f"the shaping ({r['rate']})",
+                f"{rate_Bps / 1e6:.1f}", f"{lr['peak_Bps'] / rate_Bps:.2f}")
+            row("median 50 ms of site 0's sending (MB/s)", f"{lr['median_Bps'] / 1e6:.1f}",
+                "its mean over the same samples", f"{lr['mean_Bps'] / 1e6:.1f}",
+                f"{lr['median_Bps'] / max(1.0, lr['mean_Bps']):.2f}")
         wire_ms = d["cross_bytes"] / rate_Bps * 1000
         row("cross-group allreduce (ms)", f"{d['allreduce_ms']:.0f}",
             "its `cross_bytes` at the shaped rate", f"{wire_ms:.0f}",

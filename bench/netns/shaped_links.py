@@ -278,6 +278,10 @@ def run_job(args, links, out, name, setting_flags, alone, procs, busy_bytes_per_
         procs.start(links.exec(0, ["iperf3", "-c", site_ip(1), "-p", "5202", "--bidir",
                                    "-b", str(int(busy_bytes_per_s * 8)), "-t", "3600"]),
                     os.path.join(d, "iperf3-client.log"))
+    sampler_path = os.path.join(d, "link-site0-50ms.txt")
+    if not alone:
+        procs.start(links.exec(0, ["/usr/bin/python3", "-c", LINK_SAMPLER, sampler_path]),
+                    os.path.join(d, "link-sampler.log"))
     t0 = time.time()
     for g in range(args.groups):
         for r in range(args.group_size):
@@ -295,6 +299,7 @@ def run_job(args, links, out, name, setting_flags, alone, procs, busy_bytes_per_
         if rc != 0:
             failed.append((t.log_path, rc))
     wall_s = time.time() - t0
+    mono_end, wall_end = time.monotonic(), time.time()
     after, raw = links.counters()
     procs.stop_all()
     if failed:
@@ -306,7 +311,46 @@ def run_job(args, links, out, name, setting_flags, alone, procs, busy_bytes_per_
                 rows[(g, r)] = [json.loads(x) for x in f if x.strip()]
     cross = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     return {"rows": rows, "link_bytes": cross, "wall_s": wall_s, "reach": reach,
-            "drops": raw["drops"], "dir": d}
+            "drops": raw["drops"], "dir": d, "sampler": None if alone else sampler_path,
+            "mono_end": mono_end, "wall_end": wall_end}
+
+
+# Samples the bytes site 0 sends (every device but lo, /proc/net/dev of the namespace it runs
+# in) every 50 ms until killed: "monotonic_s tx_bytes" per line, flushed each time.
+LINK_SAMPLER = r"""
+import sys, time
+out = open(sys.argv[1], "w")
+def tx():
+    total = 0
+    for line in open("/proc/net/dev").readlines()[2:]:
+        name, rest = line.split(":", 1)
+        if name.strip() != "lo":
+            total += int(rest.split()[8])
+    return total
+t = time.monotonic()
+while True:
+    out.write(f"{time.monotonic():.4f} {tx()}\n")
+    out.flush()
+    t += 0.05
+    time.sleep(max(0.0, t - time.monotonic()))
+"""
+
+
+def link_rates(path, t_first, t_last):
+    """The bytes per second site 0 sent in each 50 ms sample between two moments (monotonic
+    seconds): its median and the busiest sample's."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 2:
+                rows.append((float(parts[0]), int(parts[1])))
+    rates = [(b1 - b0) / (t1 - t0) for (t0, b0), (t1, b1) in zip(rows, rows[1:])
+             if t0 >= t_first and t1 <= t_last and t1 > t0]
+    if not rates:
+        return None
+    return {"samples": len(rates), "median_Bps": statistics.median(rates), "peak_Bps": max(rates),
+            "mean_Bps": sum(rates) / len(rates)}
 
 
 AGENT_STATUS_PROBE = """
@@ -362,6 +406,16 @@ def summarize(job, groups):
         for x in rows:
             by_step.setdefault((r, x["step"]), set()).add(x["param_hash"])
     s["hashes_agree"] = all(len(h) == 1 for h in by_step.values())
+    # The link's rate in 50 ms samples over the steady steps (from the end of the first step to
+    # the end of the last one with inner steps): one burst per outer step, or a trickle. The
+    # logs' `t_ms` is wall-clock milliseconds; the sampler's time is monotonic, so the window
+    # is taken relative to the end of the run on both clocks.
+    if job.get("sampler"):
+        firsts = [rows[0]["t_ms"] / 1000.0 for rows in job["rows"].values() if rows]
+        lasts = [x["t_ms"] / 1000.0 for rows in job["rows"].values() for x in rows
+                 if x["inner_ms"] > 0]
+        shift = job["mono_end"] - job["wall_end"]
+        s["link_50ms"] = link_rates(job["sampler"], max(firsts) + shift, max(lasts) + shift)
     return s
 
 
