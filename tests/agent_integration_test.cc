@@ -13,6 +13,7 @@
 #include "common/http/client.h"
 #include "common/http/codec.h"
 #include "common/proto/lightkeeper.pb.h"
+#include "replica_agent/client/lightkeeper.h"
 #include "replica_agent/client/session.h"
 #include "tests/support/process.h"
 
@@ -515,6 +516,49 @@ TEST_CASE("an agent run with --poll-board=false answers every poll over the sock
     CHECK_FALSE(p->from_board);
     REQUIRE((*session)->Commit(step + 1, true).ok());
   }
+}
+
+// A quorum of a group of one and a group of two, polled through the C API: the group sizes come
+// back by replica_rank, and a buffer too small for them is refused with the size it needs.
+TEST_CASE("the C API's poll group sizes: by replica_rank, and too small a buffer is too large") {
+  Cluster c("agent-c-sizes", {"--heartbeat-timeout-ms", "3000", "--min-replicas", "2",
+                              "--join-timeout-ms", "5000"});
+  auto& a = c.Start("a", 0, 0);
+  auto& b = c.Start("b", 0, 0);
+  std::vector<lk_session*> sessions = {lk_session_open(a.socket.c_str(), 0, 1),
+                                       lk_session_open(b.socket.c_str(), 0, 2),
+                                       lk_session_open(b.socket.c_str(), 1, 2)};
+  for (lk_session* s : sessions) {
+    REQUIRE_MESSAGE(s != nullptr, lk_last_error());
+    REQUIRE(lk_session_set_mixed_group_sizes(s, 1) == 0);
+  }
+  std::vector<lk_poll_result> polls(sessions.size());
+  std::vector<int> rcs(sessions.size(), -1);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    threads.emplace_back([&, i] { rcs[i] = lk_session_poll(sessions[i], 0, &polls[i]); });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < sessions.size(); ++i) REQUIRE(rcs[i] == 0);
+  REQUIRE(polls[0].replica_world_size == 2);
+  for (lk_session* s : sessions) {
+    size_t count = 99;
+    uint32_t out[2] = {77, 77};
+    CHECK(lk_session_poll_group_sizes(s, nullptr, 0, &count) == -1);
+    CHECK(lk_last_error_code() == LK_ERR_TOO_LARGE);
+    CHECK(count == 2);
+    CHECK(lk_session_poll_group_sizes(s, out, 1, &count) == -1);
+    CHECK(lk_last_error_code() == LK_ERR_TOO_LARGE);
+    CHECK(std::string(lk_last_error()).find("room for 1 group sizes, 2 to give") !=
+          std::string::npos);
+    CHECK(out[0] == 77);  // untouched
+    REQUIRE(lk_session_poll_group_sizes(s, out, 2, &count) == 0);
+    CHECK(count == 2);
+    const uint32_t a_rank = polls[0].replica_rank;
+    CHECK(out[a_rank] == 1);
+    CHECK(out[1 - a_rank] == 2);
+  }
+  for (lk_session* s : sessions) lk_session_close(s);
 }
 
 TEST_CASE("a trainer in C: polls, the KV, peer wait, commits, checkpoint registration and goodbye "
