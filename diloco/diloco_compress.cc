@@ -33,11 +33,12 @@ Status Diloco::Impl::CrossAllReduce(std::span<float> values, comm::ReduceOp op, 
   const uint32_t pieces = pacer ? o_.outer_fragments : 1;
   const auto t0 = internal::Clock::now();
   Status st;
-  if (mixed_) {
+  if (mixed_ && pieces == 1) {
+    st = CrossPiece(values, mixed_->runs, op, decoded);
+  } else if (mixed_) {
     // Every member takes part in every piece, holding runs in it or not (see AllReduceRuns).
     std::vector<std::vector<comm::ReduceRun>> split =
-        pieces == 1 ? std::vector<std::vector<comm::ReduceRun>>{mixed_->runs}
-                    : SplitRuns(mixed_->runs, mixed_->run_full_begin, layout_.total, pieces);
+        SplitRuns(mixed_->runs, mixed_->run_full_begin, layout_.total, pieces);
     for (uint32_t k = 0; k < pieces && st.ok(); ++k) {
       if (pacer) pacer->WaitTurn(k);
       st = CrossPiece(values, split[k], op, decoded);

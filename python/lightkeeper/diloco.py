@@ -165,6 +165,9 @@ class DiLoCo:
                  overlap: bool = False, outer_fragments: int = 1):
         if sync_every < 1:
             raise Error("invalid_argument", f"sync_every must be at least 1, not {sync_every}")
+        if not 1 <= int(outer_fragments) <= 64:
+            raise Error("invalid_argument",
+                        f"outer_fragments must be in [1, 64], not {outer_fragments}")
         if sync_every_s is not None and not 0 < sync_every_s <= 86400:
             raise Error("invalid_argument",
                         f"sync_every_s must be in (0, 86400] or None, not {sync_every_s}")

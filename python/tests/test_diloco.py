@@ -194,7 +194,7 @@ def test_a_late_group_heals_from_live_peers_with_a_fresh_inner_optimizer(cluster
     assert all(mine[s] == theirs[s] for s in common)
 
 
-def test_sync_every_s_must_be_positive():
+def test_sync_every_s_and_outer_fragments_out_of_range_are_refused():
     import lightkeeper
     for bad in (0, -1.0, 1e9):
         try:
@@ -203,6 +203,13 @@ def test_sync_every_s_must_be_positive():
             assert e.code == "invalid_argument"
         else:
             raise AssertionError(f"sync_every_s={bad} was taken")
+    for bad in (0, -1, 65):
+        try:
+            lightkeeper.DiLoCo(None, None, None, sync_every=4, outer_fragments=bad)
+        except lightkeeper.Error as e:
+            assert e.code == "invalid_argument" and "outer_fragments" in str(e)
+        else:
+            raise AssertionError(f"outer_fragments={bad} was taken")
 
 
 def test_time_budgets_and_tokens_weigh_the_outer_average(cluster_factory):
