@@ -301,8 +301,18 @@ Result<OuterWeights> Diloco::Impl::AgreeWeights(const client::PollResult& pr,
   // On the mesh every trainer of a group takes part, and group_rank 0 speaks for the group.
   const uint64_t mine = mixed_ && o_.group_rank != 0 ? 0 : tokens;
   std::vector<float> counts = EncodeMemberTokens(mine, pr.replica_rank, pr.replica_world_size);
+  // Then every participant's shape of the exchange (see ExchangeShape), checked before it.
+  const size_t token_floats = counts.size();
+  const uint32_t index = mixed_ ? mixed_->mesh_rank : pr.replica_rank;
+  const uint32_t participants = mixed_ ? mixed_->mesh_world : pr.replica_world_size;
+  const ExchangeShape shape{o_.outer_compress, o_.outer_fragments};
+  counts.resize(token_floats + kShapeFloats * participants, 0.0f);
+  EncodeShape(shape, index, std::span<float>(counts).subspan(token_floats));
   LK_RETURN_IF_ERROR(CrossComm().AllReduce(counts.data(), counts.size(), comm::DType::kFloat32,
                                            comm::ReduceOp::kSum));
+  LK_RETURN_IF_ERROR(
+      CheckShapes(DecodeShapes(std::span<const float>(counts).subspan(token_floats)), shape));
+  counts.resize(token_floats);
   return DecideWeights(DecodeMemberTokens(counts), pr.replica_rank);
 }
 

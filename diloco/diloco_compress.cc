@@ -30,7 +30,10 @@ Status Diloco::Impl::CrossAllReduce(std::span<float> values, comm::ReduceOp op, 
     sent.assign(values.begin(), values.end());
     decoded.resize(values.size());
   }
-  const uint32_t pieces = pacer ? o_.outer_fragments : 1;
+  // The pieces follow the options alone, paced or not: a retry of an aborted overlapped step
+  // runs blocking (no pacer) in the survivors while a member that just joined starts the same
+  // step overlapped, and both must cut the same pieces. Unpaced, the pieces go back to back.
+  const uint32_t pieces = o_.outer_fragments;
   const auto t0 = internal::Clock::now();
   Status st;
   if (mixed_ && pieces == 1) {
@@ -58,9 +61,9 @@ Status Diloco::Impl::CrossAllReduce(std::span<float> values, comm::ReduceOp op, 
     }
   }
   if (st.ok() && codec_ != nullptr) feedback_.Stage(state_.step, sent, decoded);
-  if (st.ok() && pacer) {
+  if (st.ok() && pieces > 1) {
     LK_LOG_INFO("exchange_fragments pieces={} spacing_ms={} step={} ms={:.1f}", pieces,
-                pacer->spacing().count(), state_.step + 1, internal::MsSince(t0));
+                pacer ? pacer->spacing().count() : 0, state_.step + 1, internal::MsSince(t0));
   }
   return st;
 }

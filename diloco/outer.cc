@@ -120,6 +120,47 @@ std::vector<uint64_t> DecodeMemberTokens(std::span<const float> summed) {
   return out;
 }
 
+void EncodeShape(const ExchangeShape& self, uint32_t index, std::span<float> out) {
+  LK_CHECK((index + 1) * kShapeFloats <= out.size()) << "participant " << index << " of "
+                                                      << out.size() / kShapeFloats;
+  // codec + 1: a participant that wrote nothing (0) cannot pass for `none`.
+  out[index * kShapeFloats] = static_cast<float>(static_cast<uint32_t>(self.codec) + 1);
+  out[index * kShapeFloats + 1] = static_cast<float>(self.pieces);
+}
+
+std::vector<ExchangeShape> DecodeShapes(std::span<const float> summed) {
+  std::vector<ExchangeShape> out(summed.size() / kShapeFloats);
+  for (size_t i = 0; i < out.size(); ++i) {
+    // Anything but a written codec (a sum of two, a missing entry) decodes out of range, so it
+    // differs from every real shape.
+    const float c = summed[i * kShapeFloats];
+    out[i].codec = static_cast<OuterCompress>(c >= 1 && c <= 4 ? static_cast<uint32_t>(c) - 1
+                                                               : UINT32_MAX >> 1);
+    const float p = summed[i * kShapeFloats + 1];
+    out[i].pieces = p >= 0 && p < 65536 ? static_cast<uint32_t>(p) : 0;
+  }
+  return out;
+}
+
+namespace {
+std::string DescribeShape(const ExchangeShape& s) {
+  const uint32_t c = static_cast<uint32_t>(s.codec);
+  return fmt::format("{} piece{} of {}", s.pieces, s.pieces == 1 ? "" : "s",
+                     c <= 3 ? std::string(OuterCompressName(s.codec)) : "an unknown codec");
+}
+}  // namespace
+
+Status CheckShapes(std::span<const ExchangeShape> shapes, const ExchangeShape& self) {
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    if (shapes[i] == self) continue;
+    return Error(Code::kConflict,
+                 "the cross-group exchange differs: participant {} sends {}, this one {} (every "
+                 "group of a job needs the same --outer-compress and --outer-fragments)",
+                 i, DescribeShape(shapes[i]), DescribeShape(self));
+  }
+  return Status::Ok();
+}
+
 OuterWeights DecideWeights(std::span<const uint64_t> tokens, uint32_t rank) {
   LK_CHECK(rank < tokens.size()) << "replica_rank " << rank << " of " << tokens.size();
   OuterWeights w;

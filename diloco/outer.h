@@ -82,6 +82,25 @@ uint64_t DecodeCount(std::span<const float> limbs);        // saturates at UINT6
 std::vector<float> EncodeMemberTokens(uint64_t tokens, uint32_t rank, uint32_t world);
 std::vector<uint64_t> DecodeMemberTokens(std::span<const float> summed);
 
+// How a participant of the cross-group exchange encodes and cuts its side of it. Participants
+// that differ post receives that the others' messages do not fit (and Gloo ends the process on a
+// message longer than its receive), so they compare shapes before a byte of payload moves: in
+// the same sum-allreduce as the token counts, each writing its own at its index among the
+// exchange's participants (replica_rank, or the mesh rank in a quorum of groups of different
+// sizes). Small integers: exact as floats.
+struct ExchangeShape {
+  OuterCompress codec = OuterCompress::kNone;
+  uint32_t pieces = 1;  // DilocoOptions::outer_fragments
+  bool operator==(const ExchangeShape&) const = default;
+};
+inline constexpr size_t kShapeFloats = 2;
+// Writes `self` at `index` into `out` (kShapeFloats per participant), leaving the rest alone.
+void EncodeShape(const ExchangeShape& self, uint32_t index, std::span<float> out);
+std::vector<ExchangeShape> DecodeShapes(std::span<const float> summed);
+// kConflict naming the first participant whose shape is not `self`'s (both described), so every
+// participant refuses the same exchange with the same reason; Ok when all agree.
+Status CheckShapes(std::span<const ExchangeShape> shapes, const ExchangeShape& self);
+
 // The token weights of the cross-group average: avg = sum_i(t_i * delta_i) / sum_i(t_i). Each
 // member scales its pseudo-gradient by `self`, the members sum-allreduce (the same bytes in
 // every member), and each divides by `total`, the same float everywhere, so every member ends

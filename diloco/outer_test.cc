@@ -204,4 +204,36 @@ TEST_CASE("diloco token counts survive a float sum of up to 4096 of them exactly
   CHECK(DecodeMemberTokens(a) == std::vector<uint64_t>{300, 0, 5'000'000'000});
 }
 
+TEST_CASE("exchange shapes survive the sum; any difference, or a participant missing, is a conflict") {
+  const ExchangeShape int8_4{OuterCompress::kInt8, 4}, int8_1{OuterCompress::kInt8, 1},
+      none_4{OuterCompress::kNone, 4};
+  auto summed = [](std::vector<std::pair<uint32_t, ExchangeShape>> written, uint32_t n) {
+    std::vector<float> sum(kShapeFloats * n, 0.0f);
+    for (const auto& [i, shape] : written) {
+      std::vector<float> one(kShapeFloats * n, 0.0f);
+      EncodeShape(shape, i, one);
+      for (size_t k = 0; k < sum.size(); ++k) sum[k] += one[k];
+    }
+    return DecodeShapes(sum);
+  };
+  std::vector<ExchangeShape> same = summed({{0, int8_4}, {1, int8_4}, {2, int8_4}}, 3);
+  REQUIRE(same.size() == 3);
+  CHECK(same[2] == int8_4);
+  CHECK(CheckShapes(same, int8_4).ok());
+  CHECK(CheckShapes(summed({{0, none_4}, {1, none_4}}, 2), none_4).ok());
+
+  Status pieces = CheckShapes(summed({{0, int8_4}, {1, int8_1}, {2, int8_4}}, 3), int8_4);
+  CHECK(pieces.code() == Code::kConflict);
+  CHECK(pieces.message().find("participant 1 sends 1 piece of int8, this one 4 pieces of int8") !=
+        std::string::npos);
+  Status codec = CheckShapes(summed({{0, none_4}, {1, int8_4}}, 2), int8_4);
+  CHECK(codec.code() == Code::kConflict);
+  CHECK(codec.message().find("participant 0 sends 4 pieces of none") != std::string::npos);
+  // A participant that wrote nothing is no `none` of one piece.
+  Status missing = CheckShapes(summed({{0, none_4}}, 2), none_4);
+  CHECK(missing.code() == Code::kConflict);
+  CHECK(missing.message().find("participant 1 sends 0 pieces of an unknown codec") !=
+        std::string::npos);
+}
+
 }  // namespace lk::diloco

@@ -148,12 +148,22 @@ struct Run {
   }
 
   // Waits until one of `life`'s trainers logged a commit (it joined the quorum and committed).
+  // A trainer that exits first (e.g. it came back after the job finished and only restored the
+  // final step) ends the wait at once, with its stderr named.
   bool WaitFirstCommit(Life* life, std::chrono::seconds bound) {
     auto deadline = Clock::now() + bound;
     while (Clock::now() < deadline) {
       if (!ReadLog(life->logs[0]).empty()) return true;
+      if (!life->trainers[0]->Running()) {
+        if (!ReadLog(life->logs[0]).empty()) return true;
+        MESSAGE("trainer 0 of " << life->group << " exited before its first commit; stderr in "
+                                << life->trainers[0]->log_path());
+        return false;
+      }
       std::this_thread::sleep_for(100ms);
     }
+    MESSAGE("no commit from " << life->group << " in " << bound.count() << " s; stderr in "
+                              << life->trainers[0]->log_path());
     return false;
   }
 

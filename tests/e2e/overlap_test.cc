@@ -154,6 +154,10 @@ TEST_CASE("overlap in fragments: three groups of two with int8 agree through a k
   o.group_size = 2;
   o.trainer_flags = {"--outer-overlap", "--outer-fragments", "4", "--outer-compress", "int8",
                      "--inner-step-min-ms", "15"};
+  // All three groups make a quorum, so g1 and g2 wait for g0 to come back rather than run to the
+  // end without it: the new g0 always heals from live peers in the middle of the run.
+  o.lighthouse_flags = {"--min-replicas", "3", "--join-timeout-ms", "2000",
+                        "--heartbeat-timeout-ms", "2000"};
   Run run("overlap-fragments", o);
   StatusWatch watch(run.lh.address, o.job);
   Life* g0 = run.StartGroup("g0");
@@ -161,8 +165,8 @@ TEST_CASE("overlap in fragments: three groups of two with int8 agree through a k
   run.StartGroup("g2");
   REQUIRE(WaitCommitted(watch, 4, 120s));
   std::this_thread::sleep_for(100ms);  // inside the next inner phase, fragments on the wire
-  // A C++ group comes back within a second, while the job still runs (a Python one takes
-  // seconds to import torch and could find the job finished).
+  // The C++ group is the one killed: it comes back within a second (a Python one takes seconds
+  // to import torch).
   MESSAGE("kill -9 trainer 1 of g0 at committed step " << watch.committed());
   g0->trainers[1]->Signal(SIGKILL);
   run.Reap(g0, 30s);
@@ -174,6 +178,10 @@ TEST_CASE("overlap in fragments: three groups of two with int8 agree through a k
   CHECK(watch.committed() == o.steps);
   CheckLogs(run.AllLogs(), o.steps, o.group_size);
   CheckFragmentsSpread(run, 4);
+  for (const auto& t : back->trainers) {
+    INFO("g0's new life: " << t->log_path());
+    CHECK(t->Log().find("heal_fetched from=peers") != std::string::npos);
+  }
 }
 
 TEST_CASE("overlap in fragments: groups of 1, 2 and 3 trainers hold one global hash per step") {
@@ -203,6 +211,55 @@ TEST_CASE("overlap in fragments: groups of 1, 2 and 3 trainers hold one global h
     CHECK(hashes[step].begin()->size() == 16);
   }
   CheckFragmentsSpread(run, 3);
+}
+
+// Groups whose exchanges would not pair up (another --outer-fragments, another --outer-compress)
+// compare their shapes in the token allreduce that starts every exchange: each attempt is
+// refused with a conflict that names both shapes, and no trainer ends inside Gloo (a message
+// longer than the receive posted for it ends the process there).
+TEST_CASE("overlap: groups that cut or encode the exchange differently are refused, never aborted") {
+  RunOptions o;
+  o.job = "shapes";
+  o.steps = 6;
+  o.group_size = 1;
+  o.trainer_flags = {"--outer-overlap", "--inner-step-min-ms", "5"};
+  o.group_flags["g0"] = {"--outer-fragments", "4", "--outer-compress", "int8"};
+  o.group_flags["g1"] = {"--outer-fragments", "1", "--outer-compress", "int8"};
+  o.group_flags["g2"] = {"--outer-fragments", "4"};
+  o.lighthouse_flags = {"--min-replicas", "3", "--join-timeout-ms", "2000"};
+  Run run("overlap-shapes", o);
+  Life* g0 = run.StartGroup("g0");
+  Life* g1 = run.StartGroup("g1");
+  Life* g2 = run.StartGroup("g2");
+  const std::string reason = "the cross-group exchange differs";
+  auto refused = [&](Life* life) { return life->trainers[0]->Log().find(reason) != std::string::npos; };
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < deadline && !(refused(g0) && refused(g1) && refused(g2))) {
+    std::this_thread::sleep_for(100ms);
+  }
+  std::this_thread::sleep_for(1s);  // a few more attempts, each refused the same way
+  for (Life* life : {g0, g1, g2}) {
+    INFO("trainer stderr " << life->trainers[0]->log_path());
+    const std::string log = life->trainers[0]->Log();
+    CHECK(log.find(reason) != std::string::npos);
+    CHECK(log.find("terminate called") == std::string::npos);
+    CHECK(log.find("outer_committed") == std::string::npos);
+    CHECK(life->trainers[0]->Running());
+  }
+  // Participant 0 is g0 (4 pieces of int8); g1 is told so, against its own 1 piece.
+  CHECK(g1->trainers[0]->Log().find("participant 0 sends 4 pieces of int8, this one 1 piece of "
+                                    "int8") != std::string::npos);
+  CHECK(g2->trainers[0]->Log().find("this one 4 pieces of none") != std::string::npos);
+  const std::string g1_log = g1->trainers[0]->Log();
+  size_t attempts = 0;
+  for (size_t at = g1_log.find(reason); at != std::string::npos; at = g1_log.find(reason, at + 1)) {
+    ++attempts;
+  }
+  MESSAGE("g1's attempts refused: " << attempts);
+  for (Life* life : {g0, g1, g2}) {
+    life->agent->Signal(SIGKILL);
+    run.Reap(life, 30s);
+  }
 }
 
 }  // namespace
