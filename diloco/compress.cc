@@ -177,23 +177,27 @@ void Decode(OuterCompress codec, std::span<const uint8_t> in, std::span<float> o
 void AddResidual(std::span<const float> residual, std::span<float> values) {
   LK_CHECK(residual.size() == values.size())
       << "residual " << residual.size() << " values " << values.size();
-  for (size_t i = 0; i < values.size(); ++i) values[i] += residual[i];
+  comm::AddFeedback(values.data(), residual.data(), values.size());
 }
 
 void KeepResidual(std::span<const float> sent, std::span<const float> decoded,
                   std::span<float> residual) {
   LK_CHECK(sent.size() == decoded.size() && sent.size() == residual.size())
       << "residual sizes " << sent.size() << " " << decoded.size() << " " << residual.size();
-  for (size_t i = 0; i < sent.size(); ++i) {
-    residual[i] = std::isfinite(decoded[i]) ? sent[i] - decoded[i] : 0.0f;
-  }
+  comm::KeepFeedback(sent.data(), decoded.data(), residual.data(), sent.size());
 }
 
 void ErrorFeedback::Apply(uint32_t committed_step, std::span<float> values) {
-  if (has_staged_ && staged_step_ == committed_step) residual_ = std::move(staged_);
+  if (has_staged_ && staged_step_ == committed_step) {
+    residual_ = std::move(staged_);
+    result_ = std::move(result_staged_);
+  }
   has_staged_ = false;
   staged_.clear();
+  result_staged_.clear();
   if (residual_.size() != values.size()) residual_.assign(values.size(), 0.0f);
+  if (result_.size() != values.size()) result_.assign(values.size(), 0.0f);
+  result_work_ = result_;
   AddResidual(residual_, values);
 }
 
@@ -201,13 +205,17 @@ void ErrorFeedback::Stage(uint32_t committed_step, std::span<const float> sent,
                           std::span<const float> decoded) {
   staged_.resize(sent.size());
   KeepResidual(sent, decoded, staged_);
+  result_staged_ = result_work_;
   has_staged_ = true;
   staged_step_ = committed_step + 1;
 }
 
 void ErrorFeedback::Reset(size_t count) {
   residual_.assign(count, 0.0f);
+  result_.assign(count, 0.0f);
+  result_work_.clear();
   staged_.clear();
+  result_staged_.clear();
   has_staged_ = false;
 }
 

@@ -61,28 +61,41 @@ void Decode(OuterCompress codec, std::span<const uint8_t> in, std::span<float> o
 // decoded + residual == x bit for bit, and over steps t = 1..T
 //   sum_t decoded_t + residual_T == sum_t delta_t + sum_t e_t,  |e_t| <= ulp(x_t) / 2,
 // where e_t is the rounding of the addition delta_t + residual_{t-1}: nothing is lost but that.
+// The average the members decode is itself encoded once, by the owner of each chunk, and that
+// rounding is kept the same way (two-way error feedback): the owner encodes y = sum + r, every
+// member decodes the same bytes, and the owner keeps r = y - decoded for its next result of
+// those elements, so the global weights receive over the steps what the sums held instead of
+// taking a fresh rounding every step. With int4 that second rounding, left alone, was the
+// larger part of the loss against float32 (BENCHMARKS.md, "Compressed outer steps").
 void AddResidual(std::span<const float> residual, std::span<float> values);
 // residual = sent - decoded where decoded is finite; 0 where it is not (a NaN block).
 void KeepResidual(std::span<const float> sent, std::span<const float> decoded,
                   std::span<float> residual);
 
-// One trainer's error feedback across the attempts of its outer steps. The residual an exchange
-// leaves is staged, not used at once: the attempt may still be thrown away (another trainer of
-// the group failed, the commit did not happen) and retried with the same pseudo-gradient, which
-// must then meet the same residual again. A staged residual takes effect at the next exchange if
-// the step it was computed for has been committed by then, and is dropped otherwise.
+// One trainer's error feedback across the attempts of its outer steps: the residual of what it
+// sends, and the result residual of the chunks it owns (the communicator's result_feedback).
+// What an exchange leaves is staged, not used at once: the attempt may still be thrown away
+// (another trainer of the group failed, the commit did not happen) and retried with the same
+// pseudo-gradient, which must then meet the same residuals again. Staged residuals take effect
+// at the next exchange if the step they were computed for has been committed by then, and are
+// dropped otherwise.
 class ErrorFeedback {
  public:
-  // Before the exchange that would commit step committed_step + 1: values += residual.
+  // Before the exchange that would commit step committed_step + 1: values += residual, and
+  // result() is set to the result residual as of the last committed step.
   void Apply(uint32_t committed_step, std::span<float> values);
-  // After that exchange succeeded: stages KeepResidual(sent, decoded) for committed_step + 1.
+  // The result residual the exchange updates in place (as many elements as values, after Apply).
+  std::span<float> result() { return result_work_; }
+  // After that exchange succeeded: stages KeepResidual(sent, decoded) and result() for
+  // committed_step + 1.
   void Stage(uint32_t committed_step, std::span<const float> sent, std::span<const float> decoded);
   // Zeros of `count` elements, nothing staged: the state came from elsewhere.
   void Reset(size_t count);
   std::span<const float> residual() const { return residual_; }
+  std::span<const float> result_residual() const { return result_; }
 
  private:
-  std::vector<float> residual_, staged_;
+  std::vector<float> residual_, staged_, result_, result_staged_, result_work_;
   bool has_staged_ = false;
   uint32_t staged_step_ = 0;
 };

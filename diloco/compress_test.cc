@@ -295,6 +295,36 @@ TEST_CASE("ErrorFeedback: a staged residual counts once its step commits, a retr
   CHECK(v == std::vector<float>{1.0f, 1.0f});
 }
 
+TEST_CASE("ErrorFeedback: the result residual is staged with the other, and dropped with it") {
+  ErrorFeedback fb;
+  fb.Reset(2);
+  std::vector<float> v = {1.0f, 2.0f};
+  fb.Apply(4, v);
+  REQUIRE(fb.result().size() == 2);
+  CHECK(fb.result()[0] == 0.0f);
+  // The exchange updates the result residual in place; the attempt is then thrown away.
+  fb.result()[0] = 0.5f;
+  fb.Stage(4, v, v);
+  v = {1.0f, 2.0f};
+  fb.Apply(4, v);  // a retry of the same step: the result residual of before the attempt
+  CHECK(fb.result()[0] == 0.0f);
+  CHECK(fb.result_residual()[0] == 0.0f);
+  fb.result()[1] = -0.25f;  // an attempt that fails half way does not reach the committed one
+  v = {1.0f, 2.0f};
+  fb.Apply(4, v);
+  CHECK(fb.result()[1] == 0.0f);
+  fb.result()[1] = 0.75f;
+  fb.Stage(4, v, v);
+  // Step 5 committed: its result residual is the one the next exchange starts from.
+  fb.Apply(5, v);
+  CHECK(fb.result()[1] == 0.75f);
+  CHECK(fb.result_residual()[1] == 0.75f);
+  // A heal drops it.
+  fb.Reset(2);
+  fb.Apply(5, v);
+  CHECK(fb.result()[1] == 0.0f);
+}
+
 TEST_CASE("BlockCodec adapts a codec to the communicator's interface") {
   BlockCodec codec(OuterCompress::kInt8);
   CHECK(codec.name() == "int8");

@@ -177,10 +177,12 @@ class Diloco::Impl {
   // With `pacer`, in outer_fragments pieces, each started at its turn (see fragments.h).
   Status CrossAllReduce(std::span<float> values, comm::ReduceOp op, Pacer* pacer = nullptr);
   // One collective over `values` (or, in a mixed quorum, over `runs` of it); `decoded` gets
-  // what this trainer's own encoding decodes to when there is a codec.
+  // what this trainer's own encoding decodes to when there is a codec, and `result_residual` is
+  // the owner's error feedback on the result (the communicator's result_feedback).
   Status CrossPiece(std::span<float> values, std::span<const comm::ReduceRun> runs,
-                    comm::ReduceOp op, std::span<float> decoded);
-  // Drops the error-feedback residual: the state came from elsewhere (diloco_compress.cc).
+                    comm::ReduceOp op, std::span<float> decoded,
+                    std::span<float> result_residual);
+  // Drops the error-feedback residuals: the state came from elsewhere (diloco_compress.cc).
   void ResetResidual();
   // The members' token counts of this attempt (one small sum-allreduce) and the weights.
   Result<OuterWeights> AgreeWeights(const client::PollResult& pr, uint64_t tokens);

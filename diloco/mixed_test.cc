@@ -133,20 +133,43 @@ struct Trainer {
   ShardLayout layout;
   std::unique_ptr<comm::CommManager> comm;
   std::vector<float> data, sent;
+  std::vector<float> feedback;  // the owner's result feedback, kept across steps when used
+};
+
+struct ExchangeOptions {
+  uint32_t pieces = 1;
+  uint32_t steps = 1;            // exchanges of the same inputs, one after the other
+  bool result_feedback = false;  // pass Trainer::feedback as the result_feedback
+  std::vector<float> (*model)(size_t q, size_t total) = GroupModel;
 };
 
 // Runs one allreduce of runs over the groups `sizes` (in `pieces` fragments, one allreduce of
 // runs each, as DiLoCo's exchange in fragments does, then one plain allreduce on the same
-// communicator, which pairs up only when every member numbered its collectives alike); returns
-// every trainer after it.
+// communicator, which pairs up only when every member numbered its collectives alike), `steps`
+// times, each from the group's model again; returns every trainer after the last, and in
+// `each_step` (when not null) every group's whole model after each step.
 std::vector<Trainer> Exchange(const std::vector<uint32_t>& sizes, const comm::ChunkCodec* codec,
-                              uint32_t pieces = 1) {
+                              ExchangeOptions opt = {},
+                              std::vector<std::map<uint32_t, std::vector<float>>>* each_step =
+                                  nullptr);
+
+std::vector<Trainer> Exchange(const std::vector<uint32_t>& sizes, const comm::ChunkCodec* codec,
+                              uint32_t pieces) {
+  ExchangeOptions opt;
+  opt.pieces = pieces;
+  return Exchange(sizes, codec, opt);
+}
+
+std::map<uint32_t, std::vector<float>> Gathered(const std::vector<Trainer>& ts, size_t total);
+
+std::vector<Trainer> Exchange(const std::vector<uint32_t>& sizes, const comm::ChunkCodec* codec,
+                              ExchangeOptions opt,
+                              std::vector<std::map<uint32_t, std::vector<float>>>* each_step) {
   const auto specs = Specs();
   const size_t total = Total(specs);
   comm::FileRendezvousStore store(comm::testing::TempDir("mixed"));
   std::vector<Trainer> ts;
   for (uint32_t q = 0; q < sizes.size(); ++q) {
-    const auto model = GroupModel(q, total);
     for (uint32_t r = 0; r < sizes[q]; ++r) {
       Trainer t;
       t.q = q, t.r = r;
@@ -154,7 +177,7 @@ std::vector<Trainer> Exchange(const std::vector<uint32_t>& sizes, const comm::Ch
       t.layout = MakeShardLayout(specs, sizes[q], r);
       t.data.resize(t.layout.shard_numel);
       t.sent.resize(t.layout.shard_numel);
-      t.layout.Take(model, t.data);
+      t.feedback.assign(opt.result_feedback ? t.layout.shard_numel : 0, 0.0f);
       comm::CommOptions o;
       o.full_mesh = true;
       o.op_timeout = Millis(30'000);
@@ -164,21 +187,33 @@ std::vector<Trainer> Exchange(const std::vector<uint32_t>& sizes, const comm::Ch
       ts.push_back(std::move(t));
     }
   }
-  std::vector<std::future<Status>> fs;
-  for (auto& t : ts) {
-    fs.push_back(std::async(std::launch::async, [&t, codec, pieces, total] {
-      LK_RETURN_IF_ERROR(t.comm->Reconfigure(1, t.plan.mesh_rank, t.plan.mesh_world));
-      if (pieces == 1) return t.comm->AllReduceRuns(t.data, t.plan.runs, codec, t.sent);
-      for (const auto& runs : SplitRuns(t.plan.runs, t.plan.run_full_begin, total, pieces)) {
-        LK_RETURN_IF_ERROR(t.comm->AllReduceRuns(t.data, runs, codec, t.sent));
-      }
-      float one = 1.0f;
-      LK_RETURN_IF_ERROR(t.comm->AllReduce(&one, 1, comm::DType::kFloat32, comm::ReduceOp::kSum));
-      if (one != static_cast<float>(t.plan.mesh_world)) return Status(Code::kInternal, "barrier");
-      return Status::Ok();
-    }));
+  for (uint32_t step = 0; step < opt.steps; ++step) {
+    std::vector<std::future<Status>> fs;
+    for (auto& t : ts) {
+      t.layout.Take(opt.model(t.q, total), t.data);
+      fs.push_back(std::async(std::launch::async, [&t, codec, opt, total, step] {
+        if (step == 0) {
+          LK_RETURN_IF_ERROR(t.comm->Reconfigure(1, t.plan.mesh_rank, t.plan.mesh_world));
+        }
+        if (opt.pieces == 1) {
+          return t.comm->AllReduceRuns(t.data, t.plan.runs, codec, t.sent, t.feedback);
+        }
+        for (const auto& runs :
+             SplitRuns(t.plan.runs, t.plan.run_full_begin, total, opt.pieces)) {
+          LK_RETURN_IF_ERROR(t.comm->AllReduceRuns(t.data, runs, codec, t.sent, t.feedback));
+        }
+        float one = 1.0f;
+        LK_RETURN_IF_ERROR(
+            t.comm->AllReduce(&one, 1, comm::DType::kFloat32, comm::ReduceOp::kSum));
+        if (one != static_cast<float>(t.plan.mesh_world)) {
+          return Status(Code::kInternal, "barrier");
+        }
+        return Status::Ok();
+      }));
+    }
+    for (auto& f : fs) REQUIRE(f.get().ok());
+    if (each_step != nullptr) each_step->push_back(Gathered(ts, total));
   }
-  for (auto& f : fs) REQUIRE(f.get().ok());
   return ts;
 }
 
@@ -363,6 +398,77 @@ TEST_CASE("in fragments the allreduce of runs gives the same bits as in one, flo
       CHECK(std::memcmp(full.data(), pieces[q].data(), total * sizeof(float)) == 0);
     }
   }
+}
+
+// Values int4 encodes exactly in any block: -1, 0 and 1 (a block's absmax is 1 or 0). Their sum
+// over three groups, -3..3, is not exact (2 of a block of absmax 3 is 4.67 codes).
+std::vector<float> TernaryModel(size_t q, size_t total) {
+  std::vector<float> v(total);
+  for (size_t i = 0; i < total; ++i) {
+    v[i] = static_cast<float>(static_cast<int>((i * (i + q) / 3 + q * i / 5 + q) % 3) - 1);
+  }
+  return v;
+}
+
+TEST_CASE("result feedback: the owners' rounding of the sum reaches the next steps, not lost") {
+  const auto specs = Specs();
+  const size_t total = Total(specs);
+  BlockCodec codec(OuterCompress::kInt4);
+  const std::vector<uint32_t> sizes{1, 2, 3};
+  std::vector<float> exact(total, 0.0f);
+  for (uint32_t q = 0; q < sizes.size(); ++q) {
+    auto m = TernaryModel(q, total);
+    for (size_t i = 0; i < total; ++i) exact[i] += m[i];
+  }
+  constexpr uint32_t kSteps = 6;
+  // The sum of each step's decoded results against kSteps x the exact sum, with and without it.
+  auto drift = [&](bool feedback, std::vector<Trainer>* out) {
+    ExchangeOptions opt;
+    opt.steps = kSteps;
+    opt.result_feedback = feedback;
+    opt.model = TernaryModel;
+    std::vector<std::map<uint32_t, std::vector<float>>> steps;
+    *out = Exchange(sizes, &codec, opt, &steps);
+    REQUIRE(steps.size() == kSteps);
+    std::vector<double> acc(total, 0.0);
+    for (const auto& groups : steps) {
+      // Every group holds the same bits at every step.
+      const auto& first = groups.begin()->second;
+      for (const auto& [q, full] : groups) {
+        CAPTURE(q);
+        REQUIRE(std::memcmp(full.data(), first.data(), total * sizeof(float)) == 0);
+      }
+      for (size_t i = 0; i < total; ++i) acc[i] += first[i];
+    }
+    return acc;
+  };
+  std::vector<Trainer> with_ts, without_ts;
+  const std::vector<double> with = drift(true, &with_ts), without = drift(false, &without_ts);
+  // The owners' residuals, placed in the whole model: each element has exactly one owner.
+  std::vector<float> residual(total, 0.0f);
+  for (const auto& t : with_ts) {
+    for (const comm::ReduceRun& run : t.plan.runs) {
+      if (run.owner != t.plan.mesh_rank) continue;
+      std::vector<float> mine(t.layout.shard_numel, 0.0f);
+      std::copy_n(t.feedback.begin() + run.offset, run.count, mine.begin() + run.offset);
+      std::vector<float> full(total, 0.0f);
+      t.layout.Place(mine, full);
+      for (size_t i = 0; i < total; ++i) residual[i] += full[i];
+    }
+    CHECK(t.feedback.size() == t.layout.shard_numel);
+  }
+  // The contributions are exact, so sum_t result_t + residual == kSteps x exact, up to the
+  // float32 additions of the residual (values here are small multiples of 1/7 of 3); without
+  // feedback each step's rounding adds up.
+  double worst_with = 0, worst_without = 0;
+  for (size_t i = 0; i < total; ++i) {
+    const double want = static_cast<double>(kSteps) * exact[i];
+    worst_with = std::max(worst_with, std::abs(with[i] + residual[i] - want));
+    worst_without = std::max(worst_without, std::abs(without[i] - want));
+  }
+  CHECK(worst_with < 1e-5);
+  CHECK(worst_without > 0.5);  // 6 steps of 1/7 (a third of a code of 3/7)
+  for (const auto& t : without_ts) CHECK(t.feedback.empty());
 }
 
 }  // namespace

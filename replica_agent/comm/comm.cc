@@ -41,13 +41,13 @@ Status CommOptions::Validate() const {
 }
 
 Status CommManager::AllReduceEncoded(std::span<float>, const ChunkCodec&, ReduceOp,
-                                     std::span<float>) {
+                                     std::span<float>, std::span<float>) {
   return Error(Code::kUnavailable, "the {} backend has no encoded allreduce",
                BackendName(backend()));
 }
 
 Status CommManager::AllReduceRuns(std::span<float>, std::span<const ReduceRun>,
-                                  const ChunkCodec*, std::span<float>) {
+                                  const ChunkCodec*, std::span<float>, std::span<float>) {
   return Error(Code::kUnavailable, "the {} backend has no allreduce of runs",
                BackendName(backend()));
 }

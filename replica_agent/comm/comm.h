@@ -125,10 +125,18 @@ class CommManager {
   // member then decodes all chunks of the result from the same bytes, so `data` holds the same
   // bits everywhere. Each member sends about 2 (W-1)/W x EncodedBytes(count) bytes. `sent`, when
   // not empty (count elements), gets what this member's own encoding decodes to: the caller's
-  // error feedback. The encoding of a member that used another codec fails the collective with
-  // kConflict. Failures, abort and op_timeout as AllReduce. Backends without it: kUnavailable.
+  // error feedback. `result_feedback`, when not empty (count elements), is the owner's error
+  // feedback on the result (two-way error feedback): before encoding the result of the chunk it
+  // owns, a member adds that chunk's elements of result_feedback to it, and afterwards stores
+  // there what the encoding dropped (the value it encoded minus what its bytes decode to, 0 where
+  // that is not finite); elements of chunks it does not own are left as they are. A caller that
+  // keeps it from step to step delivers the rounding of one step's result in the next ones
+  // instead of losing it. The encoding of a member that used another codec fails the collective
+  // with kConflict. Failures, abort and op_timeout as AllReduce. Backends without it:
+  // kUnavailable.
   virtual Status AllReduceEncoded(std::span<float> data, const ChunkCodec& codec, ReduceOp op,
-                                  std::span<float> sent = {});
+                                  std::span<float> sent = {},
+                                  std::span<float> result_feedback = {});
 
   // In-place sum of runs of elements that only some members hold, for members whose buffers
   // are laid out differently (DiLoCo groups of different sizes: each element of the model lives
@@ -142,10 +150,13 @@ class CommManager {
   // and result travels encoded, run by run, and `sent` (data.size() elements, when not empty)
   // gets what this member's own encoding decodes to (its error feedback); the owner decodes,
   // sums and encodes the result once, and every holder, the owner too, decodes those bytes.
+  // `result_feedback` (data.size() elements, when not empty, with a codec) is the owner's error
+  // feedback on the result as in AllReduceEncoded, for the runs this member owns.
   // Failures, abort and op_timeout as AllReduce; needs CommOptions::full_mesh beyond three
   // members. Backends without it: kUnavailable.
   virtual Status AllReduceRuns(std::span<float> data, std::span<const ReduceRun> runs,
-                               const ChunkCodec* codec, std::span<float> sent = {});
+                               const ChunkCodec* codec, std::span<float> sent = {},
+                               std::span<float> result_feedback = {});
 
   // Aborts the current communicator (or the one being initialised): a collective in flight
   // returns kAborted at once, later ones too, until Reconfigure with a newer quorum_id.

@@ -178,6 +178,72 @@ TEST_CASE("encoded allreduce: 1 to 5 members hold identical bits, the reference'
   }
 }
 
+// Steps of the encoded allreduce of the same inputs with result_feedback: each owner encodes
+// its chunk's sum plus its residual, every member decodes the same bytes, and the owner keeps
+// what its encoding dropped; a member's residual outside its own chunk is never touched.
+TEST_CASE("encoded allreduce with result_feedback: the owner's rounding is kept for the next") {
+  constexpr size_t kWorld = 3, kCount = 5000, kSteps = 3;
+  Members m(kWorld);
+  m.Reconfigure(1);
+  for (OuterCompress oc : {OuterCompress::kInt4, OuterCompress::kInt8, OuterCompress::kBf16}) {
+    BlockCodec codec(oc);
+    CAPTURE(codec.name());
+    // Each member's residual starts with a pattern of its own, so that "left as they are"
+    // outside its chunk is seen, and its own chunk's start is carried into the first result.
+    std::vector<std::vector<float>> fb(kWorld), want_fb(kWorld);
+    for (size_t r = 0; r < kWorld; ++r) {
+      fb[r].resize(kCount);
+      for (size_t i = 0; i < kCount; ++i) fb[r][i] = 0.01f * static_cast<float>((i + r) % 5);
+      want_fb[r] = fb[r];
+    }
+    for (size_t step = 0; step < kSteps; ++step) {
+      CAPTURE(step);
+      // The reference: per owner c, y = decode-sum of the contributions + c's residual, encoded
+      // once; the members hold decode(y) and c keeps y - decode(y).
+      std::vector<float> want(kCount);
+      for (size_t c = 0; c < kWorld; ++c) {
+        Chunk ch = EncodedChunk(kCount, codec.block_elems(), kWorld, c);
+        std::vector<std::vector<uint8_t>> enc(kWorld);
+        std::vector<const uint8_t*> ptrs;
+        for (size_t r = 0; r < kWorld; ++r) {
+          auto in = Input(r, kCount);
+          enc[r].resize(codec.EncodedBytes(ch.size));
+          codec.Encode(in.data() + ch.begin, ch.size, enc[r].data());
+          ptrs.push_back(enc[r].data());
+        }
+        std::vector<float> y(ch.size), scratch(ch.size);
+        ReduceEncoded(codec, ptrs, ch.size, ReduceOp::kSum, y.data(), scratch.data());
+        for (size_t i = 0; i < ch.size; ++i) y[i] += want_fb[c][ch.begin + i];
+        auto back = RoundTrip(codec, y.data(), ch.size);
+        for (size_t i = 0; i < ch.size; ++i) {
+          want[ch.begin + i] = back[i];
+          want_fb[c][ch.begin + i] = y[i] - back[i];
+        }
+      }
+      std::vector<std::future<Outcome>> fs;
+      for (size_t r = 0; r < kWorld; ++r) {
+        fs.push_back(std::async(std::launch::async, [&, r] {
+          Outcome o{Status::Ok(), Input(r, kCount), {}};
+          o.status = m.comms[r]->AllReduceEncoded(o.data, codec, ReduceOp::kSum, {}, fb[r]);
+          return o;
+        }));
+      }
+      for (size_t r = 0; r < kWorld; ++r) {
+        Outcome o = fs[r].get();
+        REQUIRE(o.status.ok());
+        CHECK(std::memcmp(o.data.data(), want.data(), kCount * sizeof(float)) == 0);
+        CHECK(std::memcmp(fb[r].data(), want_fb[r].data(), kCount * sizeof(float)) == 0);
+      }
+    }
+  }
+  // A residual of another length is refused before anything is sent.
+  std::vector<float> v(10, 1.0f), short_fb(9, 0.0f);
+  BlockCodec int8(OuterCompress::kInt8);
+  Status st = m.comms[0]->AllReduceEncoded(v, int8, ReduceOp::kSum, {}, short_fb);
+  CHECK(st.code() == Code::kInvalidArgument);
+  CHECK(st.message().find("result_feedback") != std::string::npos);
+}
+
 TEST_CASE("encoded allreduce of four members needs full_mesh, and says so") {
   Members m(4, Millis(20'000), /*full_mesh=*/false);
   m.Reconfigure(1);

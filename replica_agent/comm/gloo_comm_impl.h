@@ -78,9 +78,10 @@ class GlooCommManager final : public CommManager {
   Status Reconfigure(uint32_t quorum_id, uint32_t replica_rank, uint32_t world_size) override;
   Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op) override;
   Status AllReduceEncoded(std::span<float> data, const ChunkCodec& codec, ReduceOp op,
-                          std::span<float> sent) override;
+                          std::span<float> sent, std::span<float> result_feedback) override;
   Status AllReduceRuns(std::span<float> data, std::span<const ReduceRun> runs,
-                       const ChunkCodec* codec, std::span<float> sent) override;
+                       const ChunkCodec* codec, std::span<float> sent,
+                       std::span<float> result_feedback) override;
 
   void Abort(const std::string& reason) override {
     std::lock_guard lock(mu_);
@@ -120,10 +121,12 @@ class GlooCommManager final : public CommManager {
               size_t rank, size_t world);
   // The encoded allreduce's two all-to-all phases (ctx is null for a member alone).
   Status Exchange(GlooContext* ctx, std::span<float> data, const ChunkCodec& codec, ReduceOp op,
-                  std::span<float> sent, size_t rank, size_t world);
+                  std::span<float> sent, std::span<float> result_feedback, size_t rank,
+                  size_t world);
   // The allreduce of runs' two phases (ctx is null for a member alone).
   Status ExchangeRuns(GlooContext* ctx, std::span<float> data, std::span<const ReduceRun> runs,
-                      const ChunkCodec* codec, std::span<float> sent, size_t rank, size_t world);
+                      const ChunkCodec* codec, std::span<float> sent,
+                      std::span<float> result_feedback, size_t rank, size_t world);
   // The start of a collective, under mu_: UsableLocked refuses without a communicator (or with
   // the failure a failed one keeps); StartLocked takes the communicator and arms the op deadline
   // when the collective moves bytes (more than one member, a non-empty buffer). EndOp ends an

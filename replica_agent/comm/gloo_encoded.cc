@@ -9,9 +9,14 @@
 namespace lk::comm::gloo_backend {
 
 Status GlooCommManager::AllReduceEncoded(std::span<float> data, const ChunkCodec& codec,
-                                         ReduceOp op, std::span<float> sent) {
+                                         ReduceOp op, std::span<float> sent,
+                                         std::span<float> result_feedback) {
   if (!sent.empty() && sent.size() != data.size()) {
     return InvalidArgument("sent has {} elements, data {}", sent.size(), data.size());
+  }
+  if (!result_feedback.empty() && result_feedback.size() != data.size()) {
+    return InvalidArgument("result_feedback has {} elements, data {}", result_feedback.size(),
+                           data.size());
   }
   ScopedSigpipeBlock no_sigpipe;  // Gloo writes on this thread
   OpStart start;
@@ -28,8 +33,8 @@ Status GlooCommManager::AllReduceEncoded(std::span<float> data, const ChunkCodec
   const size_t world = start.world;
   Status st;
   try {
-    st = Exchange(world > 1 ? start.ctx.get() : nullptr, data, codec, op, sent, start.rank,
-                  world);
+    st = Exchange(world > 1 ? start.ctx.get() : nullptr, data, codec, op, sent, result_feedback,
+                  start.rank, world);
   } catch (const std::exception& e) {
     st = Error(Code::kAborted, "peer failure: {}", e.what());
   }
@@ -41,11 +46,13 @@ Status GlooCommManager::AllReduceEncoded(std::span<float> data, const ChunkCodec
 // decodes the world's contributions in replica_rank order and sums them in float32. Phase 2
 // (allgather): each owner encodes its chunk of the result once and sends the same bytes to
 // everyone. Every member, the owner too, decodes the result from those bytes, so all hold the
-// same bits. All receives are posted before the first send, each large enough for any codec
+// same bits. With result_feedback, the owner encodes its result plus the feedback's elements of
+// its chunk, and keeps what that encoding dropped once it decoded the bytes. All receives are posted before the first send, each large enough for any codec
 // (MaxEncodedBytes), and checked by header before a byte of them is decoded. Each phase has its
 // own slot and every pair carries one message per slot, so completions need no ordering.
 Status GlooCommManager::Exchange(GlooContext* ctx, std::span<float> data, const ChunkCodec& codec,
-                                 ReduceOp op, std::span<float> sent, size_t rank, size_t world) {
+                                 ReduceOp op, std::span<float> sent,
+                                 std::span<float> result_feedback, size_t rank, size_t world) {
   const size_t count = data.size();
   const size_t block = std::max<size_t>(1, codec.block_elems());
   const size_t hdr = kEncodedHeaderBytes;
@@ -104,6 +111,9 @@ Status GlooCommManager::Exchange(GlooContext* ctx, std::span<float> data, const 
   ReduceEncoded(codec, contributions, mine.size, op, enc_sum_.data(), enc_scratch_.data());
   uint8_t* own = &enc_result_[result_at[rank]];
   WriteEncodedHeader(codec, count, own);
+  if (!result_feedback.empty()) {
+    AddFeedback(enc_sum_.data(), result_feedback.data() + mine.begin, mine.size);
+  }
   codec.Encode(enc_sum_.data(), mine.size, own + hdr);
   for (size_t p = 0; p < world; ++p) {
     if (p == rank) continue;
@@ -121,6 +131,10 @@ Status GlooCommManager::Exchange(GlooContext* ctx, std::span<float> data, const 
   }
   for (size_t c = 0; c < world; ++c) {
     codec.Decode(&enc_result_[result_at[c] + hdr], chunks[c].size, data.data() + chunks[c].begin);
+  }
+  if (!result_feedback.empty()) {
+    KeepFeedback(enc_sum_.data(), data.data() + mine.begin, result_feedback.data() + mine.begin,
+                 mine.size);
   }
   return Status::Ok();
 }

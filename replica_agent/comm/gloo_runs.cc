@@ -13,9 +13,14 @@
 namespace lk::comm::gloo_backend {
 
 Status GlooCommManager::AllReduceRuns(std::span<float> data, std::span<const ReduceRun> runs,
-                                      const ChunkCodec* codec, std::span<float> sent) {
+                                      const ChunkCodec* codec, std::span<float> sent,
+                                      std::span<float> result_feedback) {
   if (!sent.empty() && sent.size() != data.size()) {
     return InvalidArgument("sent has {} elements, data {}", sent.size(), data.size());
+  }
+  if (!result_feedback.empty() && result_feedback.size() != data.size()) {
+    return InvalidArgument("result_feedback has {} elements, data {}", result_feedback.size(),
+                           data.size());
   }
   ScopedSigpipeBlock no_sigpipe;  // Gloo writes on this thread
   OpStart start;
@@ -39,7 +44,7 @@ Status GlooCommManager::AllReduceRuns(std::span<float> data, std::span<const Red
   Status st;
   try {
     st = ExchangeRuns(start.world > 1 ? start.ctx.get() : nullptr, data, runs, codec, sent,
-                      start.rank, start.world);
+                      result_feedback, start.rank, start.world);
   } catch (const std::exception& e) {
     st = Error(Code::kAborted, "peer failure: {}", e.what());
   }
@@ -51,12 +56,14 @@ Status GlooCommManager::AllReduceRuns(std::span<float> data, std::span<const Red
 // message per pair; the owner decodes them with its own copy in holders order and sums them in
 // float32. Phase 2: the owner sends the result (encoded once per run) to the run's other
 // holders, one message per pair. Every holder, the owner too, takes the result from the same
-// bytes, so all hold the same bits. All receives are posted before the first send, large
-// enough for any codec, and checked by header before a byte of them is read. Each phase has its
-// own slot and every pair carries at most one message per slot.
+// bytes, so all hold the same bits; with result_feedback the owner encodes each result it owns
+// plus that feedback and keeps what the encoding dropped. All receives are posted before the
+// first send, large enough for any codec, and checked by header before a byte of them is read.
+// Each phase has its own slot and every pair carries at most one message per slot.
 Status GlooCommManager::ExchangeRuns(GlooContext* ctx, std::span<float> data,
                                      std::span<const ReduceRun> runs, const ChunkCodec* codec,
-                                     std::span<float> sent, size_t rank, size_t world) {
+                                     std::span<float> sent, std::span<float> result_feedback,
+                                     size_t rank, size_t world) {
   const uint32_t codec_id = codec ? codec->id() : 0;
   const std::string_view codec_name = codec ? codec->name() : std::string_view("float32");
   auto bytes = [&](size_t n) { return codec ? codec->EncodedBytes(n) : n * sizeof(float); };
@@ -212,6 +219,9 @@ Status GlooCommManager::ExchangeRuns(GlooContext* ctx, std::span<float> data,
       }
     }
     // Encoded once; every other holder gets these bytes, and this member decodes them too.
+    // The float32 path drops nothing, so only a codec's result takes the owner's feedback.
+    const bool feedback = codec != nullptr && !result_feedback.empty();
+    if (feedback) AddFeedback(sum, result_feedback.data() + r.offset, r.count);
     runs_result_.resize(bytes(r.count));
     encode(sum, r.count, runs_result_.data());
     for (uint32_t h : r.holders) {
@@ -220,6 +230,9 @@ Status GlooCommManager::ExchangeRuns(GlooContext* ctx, std::span<float> data,
       out_fill[h] += runs_result_.size();
     }
     decode(runs_result_.data(), r.count, data.data() + r.offset);
+    if (feedback) {
+      KeepFeedback(sum, data.data() + r.offset, result_feedback.data() + r.offset, r.count);
+    }
   }
   for (size_t p = 0; p < world; ++p) {
     if (plan.owned_with[p].empty()) continue;

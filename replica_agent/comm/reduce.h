@@ -4,6 +4,7 @@
 #pragma once
 
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -74,6 +75,20 @@ inline size_t RingSendChunk(size_t rank, size_t world, size_t step) {
 inline size_t RingRecvChunk(size_t rank, size_t world, size_t step) {
   return RingStepReduces(world, step) ? ReduceScatterRecvChunk(rank, world, step)
                                       : AllGatherRecvChunk(rank, world, step - (world - 1));
+}
+
+// Error feedback on n values, as the trainer keeps it for what it sends (diloco/compress.h) and
+// the owner of a chunk for the result it encodes (result_feedback): AddFeedback makes
+// values += residual (float32 additions) before the encoding; KeepFeedback stores
+// residual = encoded - decoded where decoded is finite, 0 where it is not (a NaN block), so a
+// diverged step's NaN reaches that step's average but is not carried into every later one.
+inline void AddFeedback(float* values, const float* residual, size_t n) {
+  for (size_t i = 0; i < n; ++i) values[i] += residual[i];
+}
+inline void KeepFeedback(const float* encoded, const float* decoded, float* residual, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    residual[i] = std::isfinite(decoded[i]) ? encoded[i] - decoded[i] : 0.0f;
+  }
 }
 
 }  // namespace lk::comm
