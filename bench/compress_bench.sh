@@ -25,6 +25,8 @@
 # Build first: ninja -C BUILD_DIR diloco_trainer replica_agent lighthouse
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
 build=$(cd "${1:-$root/build}" && pwd)
 steps=${2:-30}
 inner=${3:-16}
@@ -44,12 +46,12 @@ pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; }
 trap cleanup EXIT
 
-start_lighthouse() {  # $1: name, $2: min replicas; sets lh_addr
-  "$build/bin/lighthouse" --bind 127.0.0.1:0 --data-dir "$dir/lh-$1" --min-replicas "$2" \
-    --join-timeout-ms 60000 > "$dir/lighthouse-$1.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 1 100); do grep -q 'listening address=' "$dir/lighthouse-$1.log" && break; sleep 0.1; done
-  lh_addr=$(sed -n 's/.*listening address=\([0-9.:]*\).*/\1/p' "$dir/lighthouse-$1.log" | head -1)
+# $1: name, $2: min replicas; sets lh_addr.
+start_lighthouse() {
+  mkdir -p "$dir/$1"
+  lk_bench_lighthouse "$build" "$dir/$1" "$2" 60000
+  pids+=("$LK_BENCH_LH_PID")
+  lh_addr=$LK_BENCH_LH_ADDR
 }
 
 # One job: $1 name, $2 groups, $3 trainers per group, then extra trainer flags.
@@ -72,16 +74,8 @@ run_job() {
       trainers+=($!)
     done
   done
-  for p in "${trainers[@]}"; do
-    if ! wait "$p"; then echo "compress_bench: a trainer of $job failed, see $dir" >&2; exit 1; fi
-  done
-  for _ in $(seq 1 100); do
-    alive=0
-    for p in "${agents[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-    [ "$alive" = 0 ] && break
-    sleep 0.1
-  done
-  kill "${agents[@]}" 2>/dev/null || true
+  lk_bench_wait_trainers "compress_bench: $job" "$dir" "${trainers[@]}"
+  lk_bench_agents_leave "${agents[@]}"
 }
 
 started=$(date +%s)

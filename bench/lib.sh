@@ -23,17 +23,24 @@ lk_bench_wait_trainers() {
   done
 }
 
-# lk_bench_stop LH_PID AGENT_PID...: gives the agents up to 10 s to leave after their trainers
-# finished, then stops whatever still runs, the lighthouse last.
-lk_bench_stop() {
-  local lh=$1
-  shift
+# lk_bench_agents_leave AGENT_PID...: gives the agents up to 10 s to leave after their trainers
+# finished, then stops whatever still runs (for scripts that run several jobs on one lighthouse).
+lk_bench_agents_leave() {
   for _ in $(seq 1 100); do
     local alive=0
     for p in "$@"; do kill -0 "$p" 2>/dev/null && alive=1; done
     [ "$alive" = 0 ] && break
     sleep 0.1
   done
-  kill "$@" "$lh" 2>/dev/null || true
+  kill "$@" 2>/dev/null || true
+}
+
+# lk_bench_stop LH_PID AGENT_PID...: lk_bench_agents_leave, then stops the lighthouse and waits
+# for every child of the script.
+lk_bench_stop() {
+  local lh=$1
+  shift
+  lk_bench_agents_leave "$@"
+  kill "$lh" 2>/dev/null || true
   wait 2>/dev/null || true
 }
