@@ -142,23 +142,28 @@ Result<bool> Diloco::Impl::GroupAgree(bool ok) {
   return v > static_cast<float>(o_.group_size) - 0.5f;
 }
 
-Result<Diloco::Impl::Turn> Diloco::Impl::PollOnce(SyncStats* stats) {
+Result<Diloco::Impl::Turn> Diloco::Impl::PollOnce(SyncStats* stats, Millis timeout) {
   auto t0 = Clock::now();
-  auto pr = session_->Poll(state_.step);
+  auto pr = session_->Poll(state_.step, timeout);
   stats->poll_ms += MsSince(t0);
   if (!pr.ok()) return pr.status().WithContext(fmt::format("poll at step {}", state_.step));
+  return Decide(std::move(*pr));
+}
+
+Diloco::Impl::Turn Diloco::Impl::Decide(client::PollResult pr) {
   LocalView local;
   local.ready_quorum_id = ready_quorum_id_;
   local.bad_quorum_id = bad_quorum_id_;
   local.bad_for = Since(bad_since_);
   local.drain_noticed = sink_->drain.load();
-  if (local.drain_noticed && !pr->drain && !drain_wait_since_) drain_wait_since_ = Clock::now();
+  if (local.drain_noticed && !pr.drain && !drain_wait_since_) drain_wait_since_ = Clock::now();
   local.drain_wait_for = drain_wait_since_ ? Since(*drain_wait_since_) : Millis(0);
   local.has_state = has_state_;
   local.can_save = !o_.ckpt_dir.empty();
   local.stuck_timeout = stuck_timeout_;
-  PollView view{pr->quorum_id, pr->drain, pr->checkpoint_now};
-  return Turn{std::move(*pr), DecidePoll(view, local)};
+  PollView view{pr.quorum_id, pr.drain, pr.checkpoint_now};
+  PollDecision d = DecidePoll(view, local);
+  return Turn{std::move(pr), std::move(d)};
 }
 
 Result<bool> Diloco::Impl::Wait(const Turn& turn) {
@@ -345,6 +350,9 @@ Result<std::optional<SyncResult>> Diloco::Impl::NextQuorum(std::span<float> para
     Turn turn;
     if (joined_unstepped_ && !sink_->drain.load()) {
       turn = Turn{std::move(*joined_unstepped_), {PollAction::kStep, "joined in the last call"}};
+    } else if (carried_poll_) {
+      turn = Decide(std::move(*carried_poll_));
+      carried_poll_.reset();
     } else {
       LK_ASSIGN_OR_RETURN(turn, PollOnce(stats));
     }
@@ -386,7 +394,10 @@ Result<SyncResult> Diloco::Impl::RunPending(std::span<float> params, SyncStats s
     LK_ASSIGN_OR_RETURN(std::optional<SyncResult> early, NextQuorum(params, &stats, &pr));
     if (early) return std::move(*early);
     LK_ASSIGN_OR_RETURN(bool done, OuterAttempt(pr, params, &stats));
-    if (done) return CommittedResult(pr, stats);
+    if (done) {
+      last_step_pr_ = pr;
+      return CommittedResult(pr, stats);
+    }
     // A drain aborts the allreduce on purpose: the next poll answers it, no failure to report.
     MarkBad(pr.quorum_id, !sink_->drain.load());
   }
@@ -515,7 +526,8 @@ Result<SyncResult> Diloco::Impl::SyncOverlapped(std::span<float> params, uint64_
   for (size_t i = 0; i < n; ++i) stand_in_[i] = delta[i] - (start_[i] - state_.global[i]) / c;
   pending_delta_ = std::move(delta);
   pending_tokens_ = group_tokens;
-  LK_ASSIGN_OR_RETURN(SyncResult next, StartNext(params, stats));
+  const bool in_thread = landed.has_value() && !joined_unstepped_ && !sink_->drain.load();
+  LK_ASSIGN_OR_RETURN(SyncResult next, StartNext(params, stats, in_thread));
   if (next.kind == SyncKind::kStarted) {
     auto t0 = Clock::now();
     TcpSent b0 = SnapshotTcpSent();
@@ -534,7 +546,12 @@ Result<SyncResult> Diloco::Impl::SyncOverlapped(std::span<float> params, uint64_
   return *landed;
 }
 
-Result<SyncResult> Diloco::Impl::StartNext(std::span<float> params, SyncStats stats) {
+Result<SyncResult> Diloco::Impl::StartNext(std::span<float> params, SyncStats stats,
+                                           bool in_thread) {
+  if (in_thread) {
+    StartInFlight(last_step_pr_, true);
+    return MakeResult(SyncKind::kStarted, last_step_pr_, stats);
+  }
   client::PollResult pr;
   LK_ASSIGN_OR_RETURN(std::optional<SyncResult> early, NextQuorum(params, &stats, &pr));
   if (early) {
@@ -545,9 +562,11 @@ Result<SyncResult> Diloco::Impl::StartNext(std::span<float> params, SyncStats st
   return MakeResult(SyncKind::kStarted, pr, stats);
 }
 
-void Diloco::Impl::StartInFlight(const client::PollResult& pr) {
+void Diloco::Impl::StartInFlight(const client::PollResult& pr, bool poll_first) {
   auto f = std::make_unique<InFlight>();
   f->pr = pr;
+  f->poll_first = poll_first;
+  f->session_free.store(!poll_first);
   f->delta = std::move(*pending_delta_);
   pending_delta_.reset();
   f->tokens = pending_tokens_;
@@ -563,6 +582,14 @@ void Diloco::Impl::StartInFlight(const client::PollResult& pr) {
   f->thread = std::thread([this, raw] {
     // Other traffic of this process (the in-group gradient averages of the inner steps) runs
     // meanwhile, so the bytes counted here are an upper bound of the exchange's.
+    if (raw->poll_first) {
+      const bool go = PollInFlight(raw);
+      raw->session_free.store(true);
+      if (!go) {
+        raw->ms = MsSince(raw->t0);
+        return;
+      }
+    }
     TcpSent b0 = SnapshotTcpSent();
     raw->weights = Exchange(raw->pr, raw->tokens, raw->sum, raw->pacer.get());
     raw->bytes = TcpSentBetween(b0, SnapshotTcpSent());
@@ -571,22 +598,60 @@ void Diloco::Impl::StartInFlight(const client::PollResult& pr) {
   in_flight_ = std::move(f);
 }
 
+bool Diloco::Impl::PollInFlight(InFlight* raw) {
+  // In slices, so that a closing Diloco (AbandonInFlight) need not wait for the other groups.
+  constexpr Millis kSlice{2000};
+  while (!raw->abandon.load()) {
+    SyncStats ignored;
+    Result<Turn> t = PollOnce(&ignored, kSlice);
+    if (!t.ok()) {
+      if (t.status().code() == Code::kDeadlineExceeded) continue;
+      raw->deferred = t.status().ToString();
+      return false;
+    }
+    if (t->decision.action != PollAction::kStep) {
+      raw->deferred = t->decision.reason;
+      raw->carried = std::move(t->poll);
+      return false;
+    }
+    raw->pr = std::move(t->poll);
+    return true;
+  }
+  raw->deferred = "the DiLoCo object is closing";
+  return false;
+}
+
 Result<SyncResult> Diloco::Impl::LandInFlight(std::span<float> params, SyncStats stats) {
   auto wait_t0 = Clock::now();
   // Blocked on the other groups from here: not this group's stall. Fragments still waiting
-  // for their turn go now.
-  (void)session_->SetPeerWait(true);
+  // for their turn go now. While the thread still polls for the quorum, the wait is left
+  // unmarked, as a poll of the blocking path is.
+  const bool mark = in_flight_->session_free.load();
+  if (mark) (void)session_->SetPeerWait(true);
   if (in_flight_->pacer) in_flight_->pacer->Hurry();
   in_flight_->thread.join();
-  (void)session_->SetPeerWait(false);
+  if (mark) (void)session_->SetPeerWait(false);
   stats.wait_ms += MsSince(wait_t0);
   std::unique_ptr<InFlight> f = std::move(in_flight_);
   stats.allreduce_ms += f->ms;
   stats.cross_bytes += f->bytes;
   pending_delta_ = std::move(f->delta);
   pending_tokens_ = f->tokens;
+  if (f->deferred) {
+    // The exchange never started: nothing failed, so the quorum is not reported. The group's
+    // trainers still agree on the outcome, as in Land (another may have run its exchange),
+    // and the pending pseudo-gradient goes through the poll loop here.
+    LK_LOG_INFO("outer_exchange_deferred step={} reason={}", state_.step + 1, Q(*f->deferred));
+    carried_poll_ = std::move(f->carried);
+    LK_ASSIGN_OR_RETURN(bool all_ok, GroupAgree(false));
+    (void)all_ok;
+    return RunPending(params, stats);
+  }
   LK_ASSIGN_OR_RETURN(bool done, Land(f->pr, f->weights, f->sum, params, &stats, f->t0));
-  if (done) return CommittedResult(f->pr, stats);
+  if (done) {
+    last_step_pr_ = f->pr;
+    return CommittedResult(f->pr, stats);
+  }
   MarkBad(f->pr.quorum_id, !sink_->drain.load());
   return RunPending(params, stats);
 }
@@ -611,6 +676,7 @@ Result<SyncResult> Diloco::Impl::Flush(std::span<float> params) {
 
 void Diloco::Impl::AbandonInFlight() {
   if (!in_flight_) return;
+  in_flight_->abandon.store(true);
   CrossComm().Abort("the DiLoCo object is closing");
   if (in_flight_->pacer) in_flight_->pacer->Hurry();
   in_flight_->thread.join();

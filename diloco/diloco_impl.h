@@ -103,7 +103,9 @@ class Diloco::Impl {
     client::PollResult poll;
     PollDecision decision;
   };
-  Result<Turn> PollOnce(SyncStats* stats);
+  Result<Turn> PollOnce(SyncStats* stats, Millis timeout = Millis(3'600'000));
+  // The core's decision on a poll answer, in this trainer's current view.
+  Turn Decide(client::PollResult pr);
   // Acts on the waiting decisions (sleeps, failures); true when the caller polls again.
   Result<bool> Wait(const Turn& turn);
   Result<SyncResult> Drain(const Turn& turn, SyncStats stats);
@@ -159,17 +161,34 @@ class Diloco::Impl {
     double ms = 0;
     uint64_t bytes = 0;
     std::unique_ptr<Pacer> pacer;  // with outer_fragments > 1
+    // Poll for the step's quorum on the thread first (the main thread goes on with the inner
+    // steps meanwhile). When the answer is anything but a step on the joined quorum, the
+    // exchange does not start: `deferred` says why, and `carried` holds the answer for the
+    // main thread to act on when it lands this (a second poll at the same step would tell the
+    // agent that the step failed).
+    bool poll_first = false;
+    std::atomic<bool> abandon{false};
+    // False while the thread may use session_ (its poll): the session is not thread-safe.
+    std::atomic<bool> session_free{true};
+    std::optional<std::string> deferred;
+    std::optional<client::PollResult> carried;
     std::thread thread;
   };
   Result<SyncResult> SyncOverlapped(std::span<float> params, uint64_t tokens);
   // Starts the exchange of the pending pseudo-gradient on quorum `pr`.
-  void StartInFlight(const client::PollResult& pr);
+  // With poll_first, `pr` only stands in until the thread's poll answers (see InFlight).
+  void StartInFlight(const client::PollResult& pr, bool poll_first = false);
+  // The in-flight thread's poll for its quorum: true when the exchange may run on raw->pr.
+  bool PollInFlight(InFlight* raw);
   // Waits for the exchange in flight and commits it, or retries it (RunPending) when it was cut
   // short; params get the new global weights.
   Result<SyncResult> LandInFlight(std::span<float> params, SyncStats stats);
   // Polls until the pending pseudo-gradient's exchange is started (kStarted) or the group got
   // state from elsewhere (kReceived) or drains (kDrained).
-  Result<SyncResult> StartNext(std::span<float> params, SyncStats stats);
+  // `in_thread`: the group just committed on its joined quorum, so the poll for the next step
+  // can wait on the exchange's thread instead of this one (where the answer is a plain step,
+  // which it is unless membership changed, the faster groups do not idle for the slower).
+  Result<SyncResult> StartNext(std::span<float> params, SyncStats stats, bool in_thread = false);
   // Aborts the exchange in flight and joins its thread (the Diloco is going away).
   void AbandonInFlight();
   // The cross-group reduction of `values` in place (diloco_compress.cc): the float32 ring for
@@ -237,6 +256,11 @@ class Diloco::Impl {
   // its new step, before any commit) would ask for a new round while the other members wait
   // for it in this quorum's allreduce.
   std::optional<client::PollResult> joined_unstepped_;
+  // A poll answer the in-flight thread received and did not act on (InFlight::carried): the
+  // next NextQuorum decides on it instead of polling again.
+  std::optional<client::PollResult> carried_poll_;
+  // The poll answer of the quorum the last commit ran on.
+  client::PollResult last_step_pr_;
   uint32_t ready_quorum_id_ = 0;
   uint32_t bad_quorum_id_ = 0;
   uint32_t reported_quorum_id_ = 0;  // the last quorum ReportFailed told the agent about

@@ -5,6 +5,8 @@
 //  - a kill of the slow group in the middle of its inner steps: it comes back healed from the
 //    fast group's live state, no committed step is lost and the weights agree at every commit
 //    (the kill of an exchange in flight on a slow link is bench/netns/overlap_kill_test.py);
+//    the fast group's exchange thread is then usually waiting in its poll for the next quorum,
+//    which the kill answers with another one: the exchange is deferred to the poll loop;
 //  - a job of a C++ and a Python group, both overlapped, agree at every commit;
 //  - the exchange in fragments (--outer-fragments) with int8: three groups of two agree at every
 //    commit through a kill in the middle of an outer step, and groups of 1, 2 and 3 trainers
@@ -105,6 +107,9 @@ TEST_CASE("overlap: a kill of the slower group mid-step heals and loses nothing"
   const std::string fast = Slurp(g0->trainers[0]->log_path());
   MESSAGE("g0's exchange in flight was aborted by the kill: "
           << std::string(fast.find("overlapped=true") != std::string::npos ? "yes" : "no"));
+  MESSAGE("g0's thread was polling for the next quorum when g1 died (outer_exchange_deferred): "
+          << std::string(fast.find("outer_exchange_deferred") != std::string::npos ? "yes"
+                                                                                 : "no"));
   const std::string healed = Slurp(back->trainers[0]->log_path());
   INFO("g1's new life: " << back->trainers[0]->log_path());
   CHECK(healed.find("heal_fetched from=peers") != std::string::npos);
