@@ -7,6 +7,8 @@
 //    (the kill of an exchange in flight on a slow link is bench/netns/overlap_kill_test.py);
 //    the fast group's exchange thread is then usually waiting in its poll for the next quorum,
 //    which the kill answers with another one: the exchange is deferred to the poll loop;
+//  - a group that joins mid-run: the others' threads see the new quorum in their poll and defer
+//    that step to the poll loop, with nothing aborted and nothing lost;
 //  - a job of a C++ and a Python group, both overlapped, agree at every commit;
 //  - the exchange in fragments (--outer-fragments) with int8: three groups of two agree at every
 //    commit through a kill in the middle of an outer step, and groups of 1, 2 and 3 trainers
@@ -113,6 +115,43 @@ TEST_CASE("overlap: a kill of the slower group mid-step heals and loses nothing"
   const std::string healed = Slurp(back->trainers[0]->log_path());
   INFO("g1's new life: " << back->trainers[0]->log_path());
   CHECK(healed.find("heal_fetched from=peers") != std::string::npos);
+}
+
+TEST_CASE("overlap: a group that joins mid-run defers the others' exchange, never loses a step") {
+  // After a commit the exchange thread polls for the next quorum before it sends. The first
+  // quorum with the newcomer is a new quorum_id, which the thread must not act on: both old
+  // groups defer that step to their poll loop, rebuild the communicator there and exchange it
+  // with the newcomer, which healed from them.
+  RunOptions o;
+  o.job = "deferred";
+  o.steps = 16;
+  o.group_size = 1;
+  // 8 x 50 ms per outer step: after step 4 the old groups need about 5 s to finish, time
+  // enough for g2's agent and trainer to start on a loaded machine.
+  o.trainer_flags = {"--outer-overlap", "--inner-step-min-ms", "50"};
+  o.lighthouse_flags = {"--min-replicas", "2", "--join-timeout-ms", "2000"};
+  Run run("overlap-deferred", o);
+  StatusWatch watch(run.lh.address, o.job);
+  Life* g0 = run.StartGroup("g0");
+  Life* g1 = run.StartGroup("g1");
+  REQUIRE(WaitCommitted(watch, 4, 90s));
+  MESSAGE("g2 joins at committed step " << watch.committed());
+  Life* g2 = run.StartGroup("g2");
+  REQUIRE_MESSAGE(run.WaitFirstCommit(g2, 90s), "g2 did not join");
+  run.WaitSurvivors(180s);
+  watch.Stop();
+  for (const std::string& v : watch.violations()) FAIL_CHECK(v);
+  CHECK(watch.committed() == o.steps);
+  CheckLogs(run.AllLogs(), o.steps, o.group_size);
+  for (Life* old : {g0, g1}) {
+    const std::string log = Slurp(old->trainers[0]->log_path());
+    INFO(old->group << "'s log: " << old->trainers[0]->log_path());
+    CHECK(log.find("outer_exchange_deferred") != std::string::npos);
+    CHECK(log.find("overlapped=true") == std::string::npos);  // nothing was aborted
+  }
+  const std::string joined = Slurp(g2->trainers[0]->log_path());
+  INFO("g2's log: " << g2->trainers[0]->log_path());
+  CHECK(joined.find("heal_fetched from=peers") != std::string::npos);
 }
 
 TEST_CASE("overlap: a C++ group and a Python group agree at every commit") {
