@@ -5,6 +5,7 @@
 
 #include "common/clock.h"
 #include "common/flags.h"
+#include "common/float_env.h"
 #include "common/log.h"
 #include "common/status.h"
 
@@ -92,6 +93,28 @@ TEST_CASE("ReadTokenFile trims whitespace and rejects empty or missing files") {
   CHECK(ReadTokenFile(path).status().code() == Code::kInvalidArgument);
   std::remove(path.c_str());
   CHECK(ReadTokenFile(path).status().code() == Code::kNotFound);
+}
+
+TEST_CASE("FixedFloatEnv flushes denormals inside and gives the caller its mode back" *
+          doctest::skip(!FixedFloatEnv::Active())) {
+  const uint64_t before = FloatControlWord();
+  volatile float tiny = 1.0e-38f;  // normal; half of it is not
+  for (uint64_t caller : {WithFlushDenormals(before, false), WithRoundTowardZero(before)}) {
+    SetFloatControlWord(caller);
+    volatile float outside = tiny * 0.5f;
+    float inside;
+    {
+      FixedFloatEnv env;
+      inside = tiny * 0.5f;
+      volatile float third = 1.0f;
+      third = third / 3.0f;  // round to nearest: 0x3eaaaaab; toward zero: 0x3eaaaaaa
+      CHECK(third == 0x1.555556p-2f);
+    }
+    CHECK(FloatMode(FloatControlWord()) == FloatMode(caller));
+    SetFloatControlWord(before);
+    CHECK(outside != 0.0f);
+    CHECK(inside == 0.0f);
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/float_env.h"
 #include "common/log.h"
 #include "diloco/diloco_impl.h"
 #include "diloco/net_bytes.h"
@@ -580,6 +581,7 @@ void Diloco::Impl::StartInFlight(const client::PollResult& pr, bool poll_first) 
   }
   InFlight* raw = f.get();
   f->thread = std::thread([this, raw] {
+    FixedFloatEnv env;  // as the calls of the training thread (Diloco::Sync)
     // Other traffic of this process (the in-group gradient averages of the inner steps) runs
     // meanwhile, so the bytes counted here are an upper bound of the exchange's.
     if (raw->poll_first) {
@@ -738,19 +740,37 @@ Result<std::unique_ptr<Diloco>> Diloco::Create(client::Session* session, DilocoO
 
 Diloco::Diloco(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Diloco::~Diloco() = default;
-Result<SyncResult> Diloco::Join(std::span<float> params) { return impl_->Join(params); }
-Result<SyncResult> Diloco::Sync(std::span<float> params) { return impl_->Sync(params, 0); }
+// The calls that compute on the shared state do so in a fixed floating-point mode, whatever the
+// caller's thread has set (common/float_env.h): every member must end with the same bits.
+Result<SyncResult> Diloco::Join(std::span<float> params) {
+  FixedFloatEnv env;
+  return impl_->Join(params);
+}
+Result<SyncResult> Diloco::Sync(std::span<float> params) {
+  FixedFloatEnv env;
+  return impl_->Sync(params, 0);
+}
 Result<SyncResult> Diloco::Sync(std::span<float> params, uint64_t tokens) {
+  FixedFloatEnv env;
   return impl_->Sync(params, tokens);
 }
-Result<SyncResult> Diloco::Flush(std::span<float> params) { return impl_->Flush(params); }
+Result<SyncResult> Diloco::Flush(std::span<float> params) {
+  FixedFloatEnv env;
+  return impl_->Flush(params);
+}
 bool Diloco::in_flight() const { return impl_->in_flight(); }
 std::span<const float> Diloco::global_weights() const { return impl_->global_weights(); }
 bool Diloco::drain_requested() const { return impl_->drain_requested(); }
 void Diloco::RequestDrain() { impl_->RequestDrain(); }
 void Diloco::HandleNotice(const client::Notice& notice) { impl_->HandleNotice(notice); }
-Status Diloco::GroupAllReduceSum(std::span<float> values) { return impl_->GroupSum(values); }
-Status Diloco::Finish() { return impl_->Finish(); }
+Status Diloco::GroupAllReduceSum(std::span<float> values) {
+  FixedFloatEnv env;
+  return impl_->GroupSum(values);
+}
+Status Diloco::Finish() {
+  FixedFloatEnv env;
+  return impl_->Finish();
+}
 std::span<const float> Diloco::restored_inner_state() const { return impl_->restored_inner(); }
 uint32_t Diloco::step() const { return impl_->step(); }
 size_t Diloco::numel() const { return impl_->numel(); }

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "common/check.h"
+#include "common/float_env.h"
 
 namespace lk::diloco {
 
@@ -31,6 +32,7 @@ void OuterNesterovStep(std::span<float> global, std::span<float> momentum,
                        std::span<const float> delta, const OuterOptions& options) {
   LK_CHECK(global.size() == momentum.size() && global.size() == delta.size())
       << "outer step sizes " << global.size() << " " << momentum.size() << " " << delta.size();
+  FixedFloatEnv env;  // every member computes the same bits whatever its caller's mode
   const float mu = options.momentum, lr = options.lr;
   for (size_t i = 0; i < global.size(); ++i) {
     float m = mu * momentum[i] + delta[i];
@@ -193,6 +195,7 @@ void ScaleInPlace(std::span<float> values, float weight) {
 
 void DivideInPlace(std::span<float> values, float total) {
   LK_CHECK(total > 0) << "weights sum to " << total;
+  FixedFloatEnv env;
   for (float& v : values) v = v / total + 0.0f;
 }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "common/float_env.h"
 #include "diloco/outer.h"
 
 namespace lk::diloco {
@@ -97,6 +98,80 @@ TEST_CASE("diloco outer step leaves no negative zero, so sum-with-zeros copies k
   CanonicalizeZeros(z);
   CHECK(!std::signbit(z[0]));
   CHECK(z[1] == 1.0f);
+}
+
+namespace {
+
+// The outer step's inputs where every product and sum lands in or near the denormal range (a
+// momentum that decayed for hundreds of steps, a pseudo-gradient as small), so the caller's
+// floating-point mode decides the bits unless the step fixes it.
+struct TinyOuterState {
+  std::vector<float> global, momentum, delta;
+  TinyOuterState() {
+    for (int i = 0; i < 64; ++i) {
+      global.push_back(std::ldexp(1.0f + i / 64.0f, -120));
+      momentum.push_back(std::ldexp(1.0f + i / 32.0f, -127 - i % 8));
+      delta.push_back(std::ldexp(1.0f - i / 128.0f, -128 - i % 5));
+    }
+  }
+};
+
+// The callers' modes: the default, torch.set_flush_denormal(True), and round toward zero.
+std::vector<uint64_t> CallerModes() {
+  const uint64_t base = FloatControlWord();
+  return {WithFlushDenormals(base, false), WithFlushDenormals(base, true),
+          WithRoundTowardZero(WithFlushDenormals(base, false))};
+}
+
+}  // namespace
+
+TEST_CASE("diloco outer step computes the same bits whatever the caller's floating-point mode" *
+          doctest::skip(!FixedFloatEnv::Active())) {
+  const uint64_t before = FloatControlWord();
+  std::vector<std::vector<float>> globals, momenta, naive;
+  for (uint64_t mode : CallerModes()) {
+    TinyOuterState st;
+    SetFloatControlWord(mode);
+    OuterNesterovStep(st.global, st.momentum, st.delta, OuterOptions{0.7f, 0.9f});
+    // The same update without the step's own mode, in the caller's: the inputs do tell the
+    // modes apart, so the equality below is the step's doing.
+    TinyOuterState raw;
+    std::vector<float> g = raw.global;
+    for (size_t i = 0; i < g.size(); ++i) {
+      volatile float m = 0.9f * raw.momentum[i] + raw.delta[i];
+      g[i] = g[i] - 0.7f * (raw.delta[i] + 0.9f * m);
+    }
+    CHECK(FloatMode(FloatControlWord()) == FloatMode(mode));  // the caller's mode is back
+    SetFloatControlWord(before);
+    globals.push_back(st.global);
+    momenta.push_back(st.momentum);
+    naive.push_back(g);
+  }
+  CHECK(naive[0] != naive[1]);
+  for (size_t k = 1; k < globals.size(); ++k) {
+    INFO("caller mode " << k);
+    CHECK(std::memcmp(globals[k].data(), globals[0].data(), globals[0].size() * 4) == 0);
+    CHECK(std::memcmp(momenta[k].data(), momenta[0].data(), momenta[0].size() * 4) == 0);
+  }
+  // Denormal momenta are read as zero: nothing of them survives.
+  for (float m : momenta[0]) CHECK((m == 0.0f || std::fabs(m) >= 1.17549435e-38f));
+}
+
+TEST_CASE("diloco division by the weights' sum is the same in every caller mode" *
+          doctest::skip(!FixedFloatEnv::Active())) {
+  const uint64_t before = FloatControlWord();
+  std::vector<std::vector<float>> out;
+  for (uint64_t mode : CallerModes()) {
+    TinyOuterState st;
+    SetFloatControlWord(mode);
+    DivideInPlace(st.delta, 3.0f);
+    SetFloatControlWord(before);
+    out.push_back(st.delta);
+  }
+  for (size_t k = 1; k < out.size(); ++k) {
+    INFO("caller mode " << k);
+    CHECK(std::memcmp(out[k].data(), out[0].data(), out[0].size() * 4) == 0);
+  }
 }
 
 TEST_CASE("diloco state hash is XXH3 hex of the bytes: equal for equal bits, different otherwise") {

@@ -76,6 +76,12 @@ int main(int argc, char** argv) {
   flags.Add("outer-fragments", &o.outer_fragments,
             "with --outer-overlap: the exchange goes on the link in this many fragments spread "
             "over the next inner steps (1: one burst); the same in every group");
+  bool keep_denormals = false;
+  flags.Add("keep-denormals", &keep_denormals,
+            "compute the inner steps with IEEE denormals; the default flushes them to zero, "
+            "because on CPUs the optimizer state of rarely used parameters decays into that "
+            "range and every operation on it is slow (bench/denormals_bench.sh); the outer step "
+            "always flushes");
   flags.Add("log-level", &log_level, "debug, info, warn or error");
   Status st = flags.Parse(argc, argv);
   if (flags.help_requested()) {
@@ -104,6 +110,7 @@ int main(int argc, char** argv) {
   // One intra-op thread: several trainers share a node's cores, and one thread keeps every
   // kernel's reduction order, so runs replay exactly.
   torch::set_num_threads(1);
+  at::globalContext().setFlushDenormal(!keep_denormals);  // this thread runs the inner steps
   LK_LOG_INFO("trainer_config {}", flags.Effective());
   return diloco::RunTrainer(o);
 }

@@ -97,6 +97,14 @@ def parse_flags(argv):
             except ValueError:
                 p.error(f"bad {env}={value!r}")
         p.add_argument("--" + name, type=kind, default=default, help=f"{text} (env {env})")
+    keep_env = os.environ.get("LK_KEEP_DENORMALS", "")
+    p.add_argument("--keep-denormals", action="store_true",
+                   default=keep_env.lower() in ("1", "true", "yes"),
+                   help="compute the inner steps with IEEE denormals; the default flushes them "
+                        "to zero (torch.set_flush_denormal), as the C++ trainer does: on CPUs "
+                        "the optimizer state of rarely used parameters decays into that range "
+                        "and every operation on it is slow; the outer step always flushes "
+                        "(env LK_KEEP_DENORMALS)")
     overlap_env = os.environ.get("LK_OUTER_OVERLAP", "")
     p.add_argument("--outer-overlap", action="store_true",
                    default=overlap_env.lower() in ("1", "true", "yes"),
@@ -402,6 +410,7 @@ def main(argv):
     # One intra-op thread: several trainers share a node's cores, and one thread keeps every
     # kernel's reduction order, so runs replay exactly (and match the C++ trainer's).
     torch.set_num_threads(1)
+    torch.set_flush_denormal(not args.keep_denormals)  # this thread runs the inner steps
     log("info", "trainer_config", **vars(args))
     try:
         return train(args, log)
