@@ -188,6 +188,31 @@ void Diloco::Impl::MarkBad(uint32_t quorum_id, bool report) {
   bad_since_ = Clock::now();
   // Tells the lighthouse this quorum failed us, so the next round has a new quorum_id.
   if (report) ReportFailed(quorum_id);
+  if (conflict_seen_) BackOffAfterConflict();
+}
+
+namespace {
+constexpr Millis kConflictBackoffMin{100};
+constexpr Millis kConflictBackoffMax{10000};
+}  // namespace
+
+// Without it a misconfigured job forms and fails a quorum about twenty times a second, each a
+// new quorum id, a communicator rebuild and a warning in every trainer, for as long as nobody
+// looks. Backing off lets the lighthouse and the logs rest, and lets groups that agree form a
+// quorum without the one that backs off when --min-replicas allows. A drain ends the wait.
+void Diloco::Impl::BackOffAfterConflict() {
+  conflict_seen_ = false;
+  const uint32_t doublings = std::min<uint32_t>(conflict_streak_, 16);
+  ++conflict_streak_;
+  const Millis wait =
+      std::min(kConflictBackoffMax, kConflictBackoffMin * (int64_t{1} << doublings));
+  LK_LOG_WARN("conflict_backoff ms={} attempts={}", wait.count(), conflict_streak_);
+  const auto until = Clock::now() + wait;
+  while (!sink_->drain.load()) {
+    const auto now = Clock::now();
+    if (now >= until) break;
+    std::this_thread::sleep_for(std::min<Clock::duration>(Millis(50), until - now));
+  }
 }
 
 void Diloco::Impl::ReportFailed(uint32_t quorum_id) {
@@ -279,6 +304,7 @@ Result<SyncResult> Diloco::Impl::Join(std::span<float> params) {
       LK_LOG_WARN("quorum_join_failed quorum_id={} error={}", turn.poll.quorum_id,
                   Q(st.ToString()));
       if (group_failed_) return st;
+      NoteFailure(st);
       MarkBad(turn.poll.quorum_id, true);
       continue;
     }
@@ -371,6 +397,7 @@ Result<std::optional<SyncResult>> Diloco::Impl::NextQuorum(std::span<float> para
       if (!st.ok()) {
         LK_LOG_WARN("quorum_join_failed quorum_id={} error={}", pr.quorum_id, Q(st.ToString()));
         if (group_failed_) return st;
+        NoteFailure(st);
         MarkBad(pr.quorum_id, true);
         continue;
       }
@@ -405,6 +432,7 @@ Result<SyncResult> Diloco::Impl::RunPending(std::span<float> params, SyncStats s
 }
 
 SyncResult Diloco::Impl::CommittedResult(const client::PollResult& pr, const SyncStats& stats) {
+  conflict_streak_ = 0;
   SyncResult r = MakeResult(SyncKind::kCommitted, pr, stats);
   r.healed = healed_since_commit_;
   r.saved = saved_at_last_commit_;
@@ -443,7 +471,21 @@ Result<bool> Diloco::Impl::OuterAttempt(const client::PollResult& pr, std::span<
 Result<bool> Diloco::Impl::Land(const client::PollResult& pr, const Result<OuterWeights>& w,
                                 std::vector<float>& sum, std::span<float> params,
                                 SyncStats* stats, Clock::time_point t0) {
-  LK_ASSIGN_OR_RETURN(bool all_ok, GroupAgree(w.ok()));
+  Result<bool> agreed = GroupAgree(w.ok());
+  if (!agreed.ok()) {
+    // A drain reaches the group's trainers through their own polls and notices, not at one
+    // instant: a trainer whose poll already said drain leaves while another is still in this
+    // step's exchange, and the group's agreement then finds it gone. The step is not
+    // committed, nothing is lost, and the next poll answers the drain here too (with the
+    // save it may ask for), so this is the drain, not a failure.
+    if (!sink_->drain.load()) return agreed.status();
+    LK_LOG_WARN("outer_step_aborted step={} quorum_id={} overlapped={} error={}",
+                state_.step + 1, pr.quorum_id, o_.overlap,
+                Q("draining: " + agreed.status().ToString()));
+    return false;
+  }
+  const bool all_ok = *agreed;
+  if (!w.ok()) NoteFailure(w.status());
   if (!all_ok) {
     LK_LOG_WARN("outer_step_aborted step={} quorum_id={} overlapped={} error={}", state_.step + 1,
                 pr.quorum_id, o_.overlap,

@@ -214,6 +214,8 @@ class Diloco::Impl {
   // group's root already (an earlier life of the group), which is no failure.
   Result<bool> SaveDurable(uint32_t attempt);
   void MarkBad(uint32_t quorum_id, bool report);
+  void NoteFailure(const Status& st) { conflict_seen_ |= st.code() == Code::kConflict; }
+  void BackOffAfterConflict();
   // Tells the lighthouse (through the agent) that quorum_id failed this trainer, once per quorum.
   void ReportFailed(uint32_t quorum_id);
   SyncResult MakeResult(SyncKind kind, const client::PollResult& pr, const SyncStats& stats) const;
@@ -265,6 +267,13 @@ class Diloco::Impl {
   uint32_t bad_quorum_id_ = 0;
   uint32_t reported_quorum_id_ = 0;  // the last quorum ReportFailed told the agent about
   Clock::time_point bad_since_;
+  // A conflict (the groups' configurations disagree: another --outer-compress, another
+  // --outer-fragments, a size that cannot mix) repeats on every new quorum until a group is
+  // restarted with other flags; conflict_seen_ marks the attempt that just failed with one, and
+  // MarkBad then backs off before the next poll, doubling from kConflictBackoffMin up to
+  // kConflictBackoffMax over consecutive conflicts (conflict_streak_; a commit resets it).
+  bool conflict_seen_ = false;
+  uint32_t conflict_streak_ = 0;
   std::optional<Clock::time_point> drain_wait_since_;
   bool saved_at_last_commit_ = false;
   // The encoded exchange (see CrossAllReduce) and this trainer's error feedback.

@@ -17,6 +17,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <fstream>
@@ -272,6 +273,7 @@ TEST_CASE("overlap: groups that cut or encode the exchange differently are refus
   o.group_flags["g2"] = {"--outer-fragments", "4"};
   o.lighthouse_flags = {"--min-replicas", "3", "--join-timeout-ms", "2000"};
   Run run("overlap-shapes", o);
+  const auto started = std::chrono::steady_clock::now();
   Life* g0 = run.StartGroup("g0");
   Life* g1 = run.StartGroup("g1");
   Life* g2 = run.StartGroup("g2");
@@ -281,7 +283,7 @@ TEST_CASE("overlap: groups that cut or encode the exchange differently are refus
   while (std::chrono::steady_clock::now() < deadline && !(refused(g0) && refused(g1) && refused(g2))) {
     std::this_thread::sleep_for(100ms);
   }
-  std::this_thread::sleep_for(1s);  // a few more attempts, each refused the same way
+  std::this_thread::sleep_for(3s);  // a few more attempts, each refused the same way
   for (Life* life : {g0, g1, g2}) {
     INFO("trainer stderr " << life->trainers[0]->log_path());
     const std::string log = life->trainers[0]->Log();
@@ -299,7 +301,16 @@ TEST_CASE("overlap: groups that cut or encode the exchange differently are refus
   for (size_t at = g1_log.find(reason); at != std::string::npos; at = g1_log.find(reason, at + 1)) {
     ++attempts;
   }
-  MESSAGE("g1's attempts refused: " << attempts);
+  // Each conflict doubles the wait before the next attempt (0.1 s, 0.2 s, ...): in t seconds at
+  // most about log2(t / 0.1 + 1) + 1 attempts, whatever the load (which only spaces them more).
+  const double elapsed_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const double most = 2 + std::log2(elapsed_s / 0.1 + 1);
+  MESSAGE("g1's attempts refused: " << attempts << " in " << elapsed_s << " s (at most " << most
+                                    << " with the backoff)");
+  CHECK(attempts >= 2);
+  CHECK(static_cast<double>(attempts) <= most);
+  CHECK(g1_log.find("conflict_backoff ms=") != std::string::npos);
   for (Life* life : {g0, g1, g2}) {
     life->agent->Signal(SIGKILL);
     run.Reap(life, 30s);
