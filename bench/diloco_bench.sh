@@ -24,6 +24,8 @@
 # Build first: ninja -C BUILD_DIR -j1 chaos_test diloco_trainer replica_agent lighthouse
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
 build=$(cd "${1:-$root/build-diloco}" && pwd)
 out=$(mktemp /tmp/lk-diloco-bench-XXXXXX.log)
 # The chaos test removes its logs when it passes unless told to keep them; they are the data.
@@ -34,11 +36,8 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 # The plain failure-free run: the four groups of the test, the same trainer flags and seed, no
 # membership change at all.
 plain_dir=$(mktemp -d /tmp/lk-diloco-bench-plain-XXXXXX)
-"$build/bin/lighthouse" --bind 127.0.0.1:0 --data-dir "$plain_dir/lh" --min-replicas 2 \
-  --join-timeout-ms 2000 > "$plain_dir/lighthouse.log" 2>&1 &
-lh_pid=$!
-for _ in $(seq 1 100); do grep -q 'listening address=' "$plain_dir/lighthouse.log" && break; sleep 0.1; done
-lh_addr=$(sed -n 's/.*listening address=\([0-9.:]*\).*/\1/p' "$plain_dir/lighthouse.log" | head -1)
+lk_bench_lighthouse "$build" "$plain_dir" 2 2000
+lh_addr=$LK_BENCH_LH_ADDR
 agent_pids=() trainer_pids=()
 for g in g0 g1 g2 g3; do
   "$build/bin/replica_agent" --lighthouse "http://$lh_addr" --job chaos --group-id $g \
@@ -56,18 +55,8 @@ for g in g0 g1 g2 g3; do
     trainer_pids+=($!)
   done
 done
-for p in "${trainer_pids[@]}"; do
-  if ! wait "$p"; then echo "diloco_bench: a trainer of the plain run failed, see $plain_dir" >&2; exit 1; fi
-done
-# The agents leave once their trainers said goodbye; a bounded wait, then they are stopped.
-for _ in $(seq 1 200); do
-  alive=0
-  for p in "${agent_pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-  [ "$alive" = 0 ] && break
-  sleep 0.1
-done
-kill "${agent_pids[@]}" "$lh_pid" 2>/dev/null || true
-wait 2>/dev/null || true
+lk_bench_wait_trainers "diloco_bench (the plain run)" "$plain_dir" "${trainer_pids[@]}"
+lk_bench_stop "$LK_BENCH_LH_PID" "${agent_pids[@]}"
 plain_eval=$(grep -h '"step":36,' "$plain_dir"/trainer-g0-0.0.jsonl | sed 's/.*"eval_loss":\([0-9.]*\).*/\1/')
 
 # Only the float32 chaos test case (the binary also holds the int8 one).

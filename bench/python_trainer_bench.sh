@@ -19,6 +19,8 @@
 # Build first: ninja -C BUILD_DIR lighthouse replica_agent diloco_trainer lightkeeper_python
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
 build=$(cd "${1:-$root/build}" && pwd)
 rounds=${2:-2}
 steps=${3:-12}
@@ -30,13 +32,11 @@ cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
 run_job() {  # run_job KIND DIR: one job of two groups of one trainer; logs DIR/trainer-gN.jsonl
-  local kind=$1 dir=$2 g lh_pid addr agent_pids=() trainer_pids=()
+  local kind=$1 dir=$2 g addr agent_pids=() trainer_pids=()
   mkdir -p "$dir"
-  "$build/bin/lighthouse" --bind 127.0.0.1:0 --data-dir "$dir/lh" --min-replicas 2 \
-    --join-timeout-ms 2000 >"$dir/lighthouse.log" 2>&1 &
-  lh_pid=$!; pids+=("$lh_pid")
-  for _ in $(seq 1 100); do grep -q 'listening address=' "$dir/lighthouse.log" && break; sleep 0.1; done
-  addr=$(sed -n 's/.*listening address=\([0-9.:]*\).*/\1/p' "$dir/lighthouse.log" | head -1)
+  lk_bench_lighthouse "$build" "$dir" 2 2000
+  pids+=("$LK_BENCH_LH_PID")
+  addr=$LK_BENCH_LH_ADDR
   for g in g0 g1; do
     "$build/bin/replica_agent" --lighthouse "http://$addr" --job bench --group-id $g \
       --socket "$dir/$g.sock" --heartbeat-interval-ms 100 >"$dir/agent-$g.log" 2>&1 &
@@ -51,17 +51,8 @@ run_job() {  # run_job KIND DIR: one job of two groups of one trainer; logs DIR/
       --log "$dir/trainer-$g.jsonl" 2>"$dir/trainer-$g.stderr" &
     trainer_pids+=($!); pids+=($!)
   done
-  for p in "${trainer_pids[@]}"; do
-    if ! wait "$p"; then echo "python_trainer_bench: a $kind trainer failed, see $dir" >&2; exit 1; fi
-  done
-  for _ in $(seq 1 100); do
-    local alive=0
-    for p in "${agent_pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-    [ "$alive" = 0 ] && break
-    sleep 0.1
-  done
-  kill "${agent_pids[@]}" "$lh_pid" 2>/dev/null || true
-  wait "${agent_pids[@]}" "$lh_pid" 2>/dev/null || true
+  lk_bench_wait_trainers "python_trainer_bench ($kind)" "$dir" "${trainer_pids[@]}"
+  lk_bench_stop "$LK_BENCH_LH_PID" "${agent_pids[@]}"
 }
 
 for r in $(seq 1 "$rounds"); do
