@@ -316,6 +316,9 @@ Result<SyncResult> Diloco::Impl::Join(std::span<float> params) {
     r.healed = healed_;
     r.heal_source = heal_source_;
     r.inner = received_ ? inner_action_ : InnerAction::kKeep;
+    // The inner phase before the first Sync starts here: with fragments, that Sync's exchange
+    // is paced by it like every later one, instead of going out in one burst.
+    if (o_.overlap) sync_returned_ = Clock::now();
     return r;
   }
 }

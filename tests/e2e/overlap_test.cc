@@ -188,6 +188,12 @@ void CheckFragmentsSpread(const Run& run, uint32_t pieces) {
         spread = spread || (digit >= '1' && digit <= '9');
       }
       CHECK(spread);
+      // The first exchange of a life is paced too: its inner phase is timed from Join.
+      const size_t first = log.find(" spacing_ms=");
+      if (first != std::string::npos) {
+        const char digit = log[first + std::strlen(" spacing_ms=")];
+        CHECK_MESSAGE((digit >= '1' && digit <= '9'), "the first exchange went out in one burst");
+      }
     }
   }
 }
