@@ -143,9 +143,10 @@ Result<bool> Diloco::Impl::GroupAgree(bool ok) {
   return v > static_cast<float>(o_.group_size) - 0.5f;
 }
 
-Result<Diloco::Impl::Turn> Diloco::Impl::PollOnce(SyncStats* stats, Millis timeout) {
+Result<Diloco::Impl::Turn> Diloco::Impl::PollOnce(SyncStats* stats,
+                                                  std::optional<Millis> timeout) {
   auto t0 = Clock::now();
-  auto pr = session_->Poll(state_.step, timeout);
+  auto pr = timeout ? session_->Poll(state_.step, *timeout) : session_->Poll(state_.step);
   stats->poll_ms += MsSince(t0);
   if (!pr.ok()) return pr.status().WithContext(fmt::format("poll at step {}", state_.step));
   return Decide(std::move(*pr));
@@ -475,25 +476,19 @@ Result<bool> Diloco::Impl::Land(const client::PollResult& pr, const Result<Outer
                                 std::vector<float>& sum, std::span<float> params,
                                 SyncStats* stats, Clock::time_point t0) {
   Result<bool> agreed = GroupAgree(w.ok());
-  if (!agreed.ok()) {
-    // A drain reaches the group's trainers through their own polls and notices, not at one
-    // instant: a trainer whose poll already said drain leaves while another is still in this
-    // step's exchange, and the group's agreement then finds it gone. The step is not
-    // committed, nothing is lost, and the next poll answers the drain here too (with the
-    // save it may ask for), so this is the drain, not a failure.
-    if (!sink_->drain.load()) return agreed.status();
-    LK_LOG_WARN("outer_step_aborted step={} quorum_id={} overlapped={} error={}",
-                state_.step + 1, pr.quorum_id, o_.overlap,
-                Q("draining: " + agreed.status().ToString()));
-    return false;
-  }
-  const bool all_ok = *agreed;
-  if (!w.ok()) NoteFailure(w.status());
-  if (!all_ok) {
+  // A drain reaches the group's trainers through their own polls and notices, not at one
+  // instant: a trainer whose poll already said drain leaves while another is still in this
+  // step's exchange, and the group's agreement then finds it gone. The step is not committed,
+  // nothing is lost, and the next poll answers the drain here too (with the save it may ask
+  // for), so this is the drain, not a failure.
+  if (!agreed.ok() && !sink_->drain.load()) return agreed.status();
+  if (agreed.ok() && !w.ok()) NoteFailure(w.status());
+  if (!agreed.ok() || !*agreed) {
+    const std::string error = !agreed.ok() ? "draining: " + agreed.status().ToString()
+                              : w.ok()     ? std::string("another trainer of the group failed")
+                                           : w.status().ToString();
     LK_LOG_WARN("outer_step_aborted step={} quorum_id={} overlapped={} error={}", state_.step + 1,
-                pr.quorum_id, o_.overlap,
-                Q(w.ok() ? std::string("another trainer of the group failed")
-                         : w.status().ToString()));
+                pr.quorum_id, o_.overlap, Q(error));
     return false;
   }
   auto gather_t0 = Clock::now();

@@ -103,7 +103,8 @@ class Diloco::Impl {
     client::PollResult poll;
     PollDecision decision;
   };
-  Result<Turn> PollOnce(SyncStats* stats, Millis timeout = Millis(3'600'000));
+  // timeout: how long the agent may hold the poll; none: the session's default.
+  Result<Turn> PollOnce(SyncStats* stats, std::optional<Millis> timeout = std::nullopt);
   // The core's decision on a poll answer, in this trainer's current view.
   Turn Decide(client::PollResult pr);
   // Acts on the waiting decisions (sleeps, failures); true when the caller polls again.

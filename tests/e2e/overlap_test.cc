@@ -181,18 +181,20 @@ void CheckFragmentsSpread(const Run& run, uint32_t pieces) {
       INFO("trainer stderr " << t->log_path());
       const std::string log = t->Log();
       CHECK(log.find(fmt::format("exchange_fragments pieces={} ", pieces)) != std::string::npos);
+      const std::string key = " spacing_ms=";
+      auto paced = [&](size_t at) {  // the spacing at `at` is not 0
+        const char digit = log[at + key.size()];
+        return digit >= '1' && digit <= '9';
+      };
       bool spread = false;
-      for (size_t at = log.find(" spacing_ms="); at != std::string::npos;
-           at = log.find(" spacing_ms=", at + 1)) {
-        const char digit = log[at + std::strlen(" spacing_ms=")];
-        spread = spread || (digit >= '1' && digit <= '9');
+      for (size_t at = log.find(key); at != std::string::npos; at = log.find(key, at + 1)) {
+        spread = spread || paced(at);
       }
       CHECK(spread);
       // The first exchange of a life is paced too: its inner phase is timed from Join.
-      const size_t first = log.find(" spacing_ms=");
+      const size_t first = log.find(key);
       if (first != std::string::npos) {
-        const char digit = log[first + std::strlen(" spacing_ms=")];
-        CHECK_MESSAGE((digit >= '1' && digit <= '9'), "the first exchange went out in one burst");
+        CHECK_MESSAGE(paced(first), "the first exchange went out in one burst");
       }
     }
   }
