@@ -221,6 +221,17 @@ void Agent::Impl::HeartbeatLoop() {
         Drain("drained");
         return;
       }
+      if (resp.round_pending()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (continued_step && !ask_needed && !draining) {
+          // See QuorumLoop: the trainers went on from this step without a round, and a round
+          // is open now. Their step cannot finish before it does if a member waits in it.
+          LK_LOG_INFO("ask_behind step={} quorum_id={} reason=round_pending", *continued_step,
+                      quorum ? quorum->quorum_id() : 0);
+          AskLocked(*continued_step, /*ahead_of_trainers=*/true);
+          ask_behind = true;
+        }
+      }
     } else if (st.code() == Code::kConflict) {
       // A newer incarnation of this group exists: this life is over.
       Fail("replaced: " + st.message());
@@ -274,8 +285,24 @@ void Agent::Impl::QuorumLoop() {
                                 return kv.second.mixed_group_sizes;
                               }));
     }
+    // An ask behind the trainers goes on a client of its own, which a newer ask cancels: the
+    // lighthouse must not keep a step the trainers have left as this group's ask.
+    std::shared_ptr<http::Client> behind_client;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (ask_behind && ask_step == step) {
+        behind_client = CancellableLighthouseClient();
+        behind_call = behind_client.get();
+      }
+    }
     pb::QuorumResponse resp;
-    Status st = client->Call("POST", "/v1/quorum", q, &resp, options.quorum_timeout + Millis(5000));
+    Status st = (behind_client ? behind_client : client)
+                    ->Call("POST", "/v1/quorum", q, &resp, options.quorum_timeout + Millis(5000));
+    if (behind_client) {
+      std::lock_guard<std::mutex> lock(mu);
+      behind_call = nullptr;
+      if (!ask_needed || ask_step != step) continue;  // superseded (and cancelled)
+    }
     if (st.ok()) {
       failures = 0;
       if (resp.generation() != 0) generation = resp.generation();
@@ -291,6 +318,21 @@ void Agent::Impl::QuorumLoop() {
       // answer is for a step nobody will poll; ask again for the one they are at.
       if (!ask_needed || ask_step != step) continue;
       ask_needed = false;
+      if (ask_behind) {
+        ask_behind = false;
+        ask_ahead = false;
+        // The step the trainers went on from without a round: an answer on their quorum only
+        // tells that the lighthouse caught up (and lets the group that waited in the round
+        // into their step). Another quorum means theirs is over: their step on it is aborted,
+        // and their next poll (of this step again) is answered from `ahead`.
+        if (quorum && resp.quorum_id() == quorum->quorum_id()) continue;
+        if (quorum) lost_quorums.insert(quorum->quorum_id());
+        ahead = std::move(resp);
+        ahead_step = step;
+        AnswerNoticesLocked(false);
+        cv.notify_all();
+        continue;
+      }
       if (ask_ahead) {
         ask_ahead = false;
         ahead = std::move(resp);
@@ -326,11 +368,16 @@ void Agent::Impl::QuorumLoop() {
     // The lighthouse is unreachable: while the membership has not changed (no loss known), the
     // trainers go on with the quorum they have; every group sees the same outage and does the
     // same, and the next boundary asks again. An ask ahead has no trainer waiting on it: it
-    // keeps retrying until they poll, and then takes this path.
+    // keeps retrying until they poll, and then takes this path. The step they went on from is
+    // kept: should another group's ask reach the lighthouse at this boundary (it came back in
+    // between, or only this node lost it), that group waits in a round for this one while
+    // these trainers wait in the step's allreduce for that group; the heartbeat then says
+    // round_pending, and this node asks for the step after all (HeartbeatLoop).
     if (st.code() == Code::kUnavailable && quorum && !draining && !ask_ahead &&
         !lost_quorums.count(quorum->quorum_id())) {
       if (failures == 1) LK_LOG_WARN("lighthouse_unreachable continuing quorum_id={}", quorum->quorum_id());
       ask_needed = false;
+      continued_step = step;
       phase = "training";
       AnswerPollsLocked(false);
       continue;

@@ -188,6 +188,15 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   // The pending ask is ahead of the trainers (sent after the node committed ask_step, before
   // they poll it): its answer goes to `ahead` instead of to waiting polls.
   bool ask_ahead = false;
+  // The pending ask is behind the trainers: they went on with their quorum from ask_step
+  // without a round (QuorumLoop), and a round opened since (HeartbeatLoop). Its answer is no
+  // trainer's; it lets a group that waits in that round into their step, or ends it. Cleared
+  // by any newer ask (AskLocked), which also cancels its call (behind_call).
+  bool ask_behind = false;
+  http::Client* behind_call = nullptr;
+  // The step the trainers went on from without a round, the lighthouse being unreachable; until
+  // the node commits the next step or asks again.
+  std::optional<uint32_t> continued_step;
   // A quorum fetched ahead for the trainers' poll of ahead_step; `quorum` stays the one they
   // were last handed until they poll. Dropped when lost before that.
   std::optional<pb::QuorumResponse> ahead;

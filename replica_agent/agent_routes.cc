@@ -264,8 +264,10 @@ void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) 
   WithdrawBoardLocked();
   ahead.reset();  // lost, or fetched for another step
   if (ask_needed && ask_step == in.step()) {
-    // The ask is on its way: its answer now goes to these polls.
+    // The ask is on its way: its answer now goes to these polls (an ask behind them, too:
+    // they came back to its step, their step on from it having failed).
     ask_ahead = false;
+    ask_behind = false;
     phase = "quorum";
     cv.notify_all();
     return;
@@ -279,6 +281,9 @@ void Agent::Impl::AskLocked(uint32_t step, bool ahead_of_trainers) {
   ask_needed = true;
   ask_step = step;
   ask_ahead = ahead_of_trainers;
+  ask_behind = false;
+  continued_step.reset();
+  if (behind_call) behind_call->Cancel();
   cv.notify_all();
 }
 
@@ -416,6 +421,7 @@ Status Agent::Impl::CommitLocked(Trainer& t, uint32_t step, bool failed,
   }
   if (all) {
     committed_step = step;
+    continued_step.reset();  // the trainers are past the step they went on from
     // Trainers that all report one hash (the DiLoCo library's hash of the whole global weights)
     // give the node that hash, so that nodes of groups of different sizes compare equal;
     // otherwise (a hash per shard) the node's hash covers the list.

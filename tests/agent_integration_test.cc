@@ -16,6 +16,7 @@
 #include "replica_agent/client/lightkeeper.h"
 #include "replica_agent/client/session.h"
 #include "tests/support/process.h"
+#include "tests/support/tcp_relay.h"
 
 namespace lk::test {
 namespace {
@@ -46,6 +47,7 @@ struct Cluster {
   std::map<std::string, Group> groups;
   int starts = 0;
   std::vector<std::string> agent_flags;  // added to every agent's command line
+  std::map<std::string, std::string> lighthouse_url;  // per group, instead of the lighthouse's
 
   Cluster(const std::string& tag, std::vector<std::string> lh_flags) : dir(TempDir(tag)) {
     lh = StartLighthouse(dir + "/data", lh_flags, dir + "/lighthouse.log");
@@ -58,7 +60,8 @@ struct Cluster {
     g.name = name;
     g.socket = fmt::format("{}/{}-{}.sock", dir, name, n);
     std::string agent_log = fmt::format("{}/agent-{}-{}.log", dir, name, n);
-    std::vector<std::string> argv{BinDir() + "/replica_agent", "--lighthouse", lh.url(), "--job",
+    const std::string url = lighthouse_url.count(name) ? lighthouse_url[name] : lh.url();
+    std::vector<std::string> argv{BinDir() + "/replica_agent", "--lighthouse", url, "--job",
                                   "t", "--group-id", name, "--socket", g.socket, "--serve",
                                   "127.0.0.1:0", "--heartbeat-interval-ms", "100",
                                   "--drain-timeout-ms", "5000"};
@@ -272,6 +275,81 @@ TEST_CASE("kill -9 the lighthouse mid-run and restart it: no trainer exits - ids
   c.Start("c", 1, 100000, 20);
   uint32_t q2 = c.WaitForMembers({"a", "b", "c"}, 30s);
   CHECK(q2 > q1);
+  for (auto& [name, g] : c.groups) {
+    CHECK(g.agent->Running());
+    for (auto& t : g.trainers) CHECK(t->Running());
+  }
+}
+
+// The lighthouse comes back at an outer-step boundary that only one group's ask reaches: the
+// other group's agent cannot reach it yet (here its link is cut by a relay), so its trainer goes
+// on into the next step's allreduce, which waits for the first group, while that group waits in
+// the lighthouse's round for the second. When the second agent's heartbeat reaches the
+// lighthouse, it hears of the open round and asks for the step it went on from, which closes the
+// round and lets the first group into the step, long before either side's timeout (the
+// trainers' allreduce gives up after 30 s).
+TEST_CASE("a lighthouse back at a boundary only one group's ask reaches: the other asks after all") {
+  const std::vector<std::string> lh_flags = {"--heartbeat-timeout-ms", "20000",
+                                             "--join-timeout-ms", "300"};
+  Cluster c("agent-lh-split", lh_flags);
+  TcpRelay relay(c.lh.address);
+  c.lighthouse_url["b"] = "http://" + relay.address();
+  c.Start("a", 1, 100000, 20);
+  c.Start("b", 1, 100000, 20);
+  c.WaitForMembers({"a", "b"}, 30s);
+  auto ok_steps = [&](const std::string& g) {
+    size_t n = 0;
+    for (const auto& l : ReadLines(c.groups[g].logs[0])) {
+      n += JsonField(l, "event") == "allreduce" && JsonField(l, "ok") == "true";
+    }
+    return n;
+  };
+  for (auto name : {"a", "b"}) {
+    REQUIRE_FALSE(WaitForLine(c.groups[name].logs[0], 20s, [](const std::string& l) {
+                    return JsonField(l, "event") == "allreduce" && JsonField(l, "ok") == "true" &&
+                           JsonField(l, "world") == "2";
+                  }).empty());
+  }
+  c.lh.process->Signal(SIGKILL);
+  REQUIRE(c.lh.process->Wait(10s).has_value());
+  relay.Cut();
+  // Both go on without the lighthouse.
+  size_t at_kill = ok_steps("a");
+  auto away_deadline = std::chrono::steady_clock::now() + 20s;
+  while (ok_steps("a") <= at_kill + 3 && std::chrono::steady_clock::now() < away_deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  REQUIRE(ok_steps("a") > at_kill + 3);
+  c.lh = StartLighthouse(c.dir + "/data", lh_flags, c.dir + "/lighthouse.log", c.lh.address);
+  // a's next ask reaches the lighthouse and waits there for b (a majority of two is both);
+  // b's fail, and b's trainer goes on into the next step, where it waits for a. Nothing moves.
+  auto stalled = [&] {
+    size_t before = ok_steps("a") + ok_steps("b");
+    std::this_thread::sleep_for(1500ms);
+    return ok_steps("a") + ok_steps("b") == before;
+  };
+  bool split = false;
+  for (int i = 0; i < 10 && !split; ++i) split = stalled();
+  REQUIRE(split);
+  REQUIRE_FALSE(c.groups["b"].agent->WaitForLog("lighthouse_unreachable continuing", 1s).empty());
+  relay.Mend();
+  size_t at_mend_a = ok_steps("a"), at_mend_b = ok_steps("b");
+  // Bounded well below the allreduce's 30 s timeout, which is what ended the wait before.
+  auto deadline = std::chrono::steady_clock::now() + 15s;
+  while ((ok_steps("a") < at_mend_a + 3 || ok_steps("b") < at_mend_b + 3) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  CHECK(ok_steps("a") >= at_mend_a + 3);
+  CHECK(ok_steps("b") >= at_mend_b + 3);
+  CHECK_FALSE(c.groups["b"].agent->WaitForLog("ask_behind", 1s).empty());
+  // No allreduce gave up on its timeout.
+  for (auto name : {"a", "b"}) {
+    for (const auto& l : ReadLines(c.groups[name].logs[0])) {
+      INFO(name << ": " << l);
+      CHECK(l.find("deadline") == std::string::npos);
+    }
+  }
   for (auto& [name, g] : c.groups) {
     CHECK(g.agent->Running());
     for (auto& t : g.trainers) CHECK(t->Running());
