@@ -137,10 +137,20 @@ Status Diloco::Impl::GroupSum(std::span<float> v) {
   return st.WithContext("intra-group allreduce");
 }
 
-Result<bool> Diloco::Impl::GroupAgree(bool ok) {
-  float v = ok ? 1.0f : 0.0f;
-  LK_RETURN_IF_ERROR(GroupSum(std::span<float>(&v, 1)));
-  return v > static_cast<float>(o_.group_size) - 0.5f;
+Result<bool> Diloco::Impl::GroupAgree(bool ok, bool* drain) {
+  float v[2] = {ok ? 1.0f : 0.0f, sink_->drain.load() ? 1.0f : 0.0f};
+  LK_RETURN_IF_ERROR(GroupSum(std::span<float>(v, drain ? 2 : 1)));
+  if (drain) *drain = v[1] > 0.5f;
+  return v[0] > static_cast<float>(o_.group_size) - 0.5f;
+}
+
+bool Diloco::Impl::DrainNoticedWithin(Millis grace) const {
+  const auto until = Clock::now() + grace;
+  while (!sink_->drain.load()) {
+    if (Clock::now() >= until) return false;
+    std::this_thread::sleep_for(Millis(5));
+  }
+  return true;
 }
 
 Result<Diloco::Impl::Turn> Diloco::Impl::PollOnce(SyncStats* stats,
@@ -195,6 +205,8 @@ void Diloco::Impl::MarkBad(uint32_t quorum_id, bool report) {
 namespace {
 constexpr Millis kConflictBackoffMin{100};
 constexpr Millis kConflictBackoffMax{10000};
+// How long a failed in-group agreement waits for the drain notice that may explain it.
+constexpr Millis kDrainGrace{1000};
 }  // namespace
 
 // Without it a misconfigured job forms and fails a quorum about twenty times a second, each a
@@ -475,13 +487,14 @@ Result<bool> Diloco::Impl::OuterAttempt(const client::PollResult& pr, std::span<
 Result<bool> Diloco::Impl::Land(const client::PollResult& pr, const Result<OuterWeights>& w,
                                 std::vector<float>& sum, std::span<float> params,
                                 SyncStats* stats, Clock::time_point t0) {
-  Result<bool> agreed = GroupAgree(w.ok());
+  drain_agreed_ = false;
+  Result<bool> agreed = GroupAgree(w.ok(), &drain_agreed_);
   // A drain reaches the group's trainers through their own polls and notices, not at one
   // instant: a trainer whose poll already said drain leaves while another is still in this
   // step's exchange, and the group's agreement then finds it gone. The step is not committed,
   // nothing is lost, and the next poll answers the drain here too (with the save it may ask
   // for), so this is the drain, not a failure.
-  if (!agreed.ok() && !sink_->drain.load()) return agreed.status();
+  if (!agreed.ok() && !DrainNoticedWithin(kDrainGrace)) return agreed.status();
   if (agreed.ok() && !w.ok()) NoteFailure(w.status());
   if (!agreed.ok() || !*agreed) {
     const std::string error = !agreed.ok() ? "draining: " + agreed.status().ToString()
@@ -567,7 +580,10 @@ Result<SyncResult> Diloco::Impl::SyncOverlapped(std::span<float> params, uint64_
   for (size_t i = 0; i < n; ++i) stand_in_[i] = delta[i] - (start_[i] - state_.global[i]) / c;
   pending_delta_ = std::move(delta);
   pending_tokens_ = group_tokens;
-  const bool in_thread = landed.has_value() && !joined_unstepped_ && !sink_->drain.load();
+  // The same branch in every trainer of the group: one that polled here for a drain it had
+  // just heard of would leave while the others gather the stand-in below with it. A drain that
+  // comes later is answered to the thread's poll instead, and lands with the next call.
+  const bool in_thread = landed.has_value() && !joined_unstepped_ && !drain_agreed_;
   LK_ASSIGN_OR_RETURN(SyncResult next, StartNext(params, stats, in_thread));
   if (next.kind == SyncKind::kStarted) {
     auto t0 = Clock::now();

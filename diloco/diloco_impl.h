@@ -127,7 +127,14 @@ class Diloco::Impl {
   Result<std::optional<MixedPlan>> PlanQuorum(const client::PollResult& pr) const;
   // The communicator of the cross-group collectives of the joined quorum.
   comm::CommManager& CrossComm() { return mixed_ ? *mesh_comm_ : *slot_comm_; }
-  Result<bool> GroupAgree(bool ok);
+  // Whether every trainer of the group is ok; with `drain`, also whether any of them had
+  // noticed a drain by then (one collective either way), so that they all take the same branch.
+  Result<bool> GroupAgree(bool ok, bool* drain = nullptr);
+  // Whether a drain is noticed now or within `grace`. A trainer of the group that left on a
+  // drain makes the others' next in-group collective fail, possibly before their own notice of
+  // the same drain arrived (the agent answers the polls first, then the notices): waiting a
+  // moment tells that drain from a trainer that died.
+  bool DrainNoticedWithin(Millis grace) const;
   // Polls (or takes the quorum joined by the last call) and joins until this trainer stands in
   // a quorum it can step on, whose answer goes to *out; or returns the result the caller hands
   // back instead: a drain, or state received from elsewhere (kReceived).
@@ -277,6 +284,11 @@ class Diloco::Impl {
   uint32_t conflict_streak_ = 0;
   std::optional<Clock::time_point> drain_wait_since_;
   bool saved_at_last_commit_ = false;
+  // Whether a trainer of the group had noticed a drain when the group agreed on the last landed
+  // step (Land): with overlap, the branch after it (the next exchange from the thread, or a
+  // poll that would answer the drain) is taken on this, the same in every trainer, rather than
+  // on each trainer's own notice, which arrives at different instants.
+  bool drain_agreed_ = false;
   // The encoded exchange (see CrossAllReduce) and this trainer's error feedback.
   comm::ChunkCodec* codec_ = nullptr;  // points at codec_storage_ unless outer_compress is none
   std::optional<BlockCodec> codec_storage_;
