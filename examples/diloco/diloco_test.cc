@@ -297,10 +297,11 @@ TEST_CASE("diloco a group restored from its durable checkpoint resumes AdamW bit
 }
 
 TEST_CASE("diloco a heal from live peers starts the inner optimizer afresh and says so") {
-  // Enough steps that g0 is still training when g1 has started (a trainer's start takes longer
-  // than ten of these steps): otherwise g1 finds only g0's final checkpoint.
+  // g0 must still be training when g1 has started, or g1 finds only g0's final checkpoint. Its
+  // inner steps are paced (at least 6 s for the 38 steps after g1 is started) rather than
+  // counted on to be slow: with denormals flushed, 40 unpaced steps ended before g1's start.
   Run run("diloco-fresh-inner", 1, 1, 40);
-  run.StartGroup("g0");
+  run.StartGroup("g0", {"--inner-step-min-ms", "20"});
   REQUIRE_FALSE(run.groups["g0"].trainers[0]->WaitForLog("outer_committed step=2", 40s).empty());
   run.StartGroup("g1");
   run.WaitAll(50s);

@@ -38,12 +38,21 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kSteps = 36;      // T
 constexpr uint32_t kGroupSize = 2;   // trainers per group
 
+// The schedule's events are placed by committed step, and each return of a killed group (a new
+// agent and trainers, whose start alone takes seconds on a loaded machine) must finish before
+// the job's last step. Unpaced, the tiny model's outer steps took 0.3-0.6 s, so a return could
+// outlast a dozen steps and the job end before the schedule did. Paced inner steps make an outer
+// step take at least 1 s whatever the machine, and leave the cores to the processes that start;
+// the sleep changes no number the trainers compute.
+constexpr const char* kInnerStepMinMs = "125";
+
 RunOptions Options(std::vector<std::string> trainer_flags) {
   RunOptions o;
   o.steps = kSteps;
   o.group_size = kGroupSize;
   o.seed = 11;  // the trainers' --seed (model init and data)
   o.trainer_flags = std::move(trainer_flags);
+  o.trainer_flags.insert(o.trainer_flags.end(), {"--inner-step-min-ms", kInnerStepMinMs});
   return o;
 }
 
