@@ -144,6 +144,11 @@ Result<bool> Diloco::Impl::GroupAgree(bool ok, bool* drain) {
   return v[0] > static_cast<float>(o_.group_size) - 0.5f;
 }
 
+Result<bool> Diloco::Impl::AgreeLanding(bool ok) {
+  drain_agreed_ = false;
+  return GroupAgree(ok, &drain_agreed_);
+}
+
 bool Diloco::Impl::DrainNoticedWithin(Millis grace) const {
   const auto until = Clock::now() + grace;
   while (!sink_->drain.load()) {
@@ -487,8 +492,7 @@ Result<bool> Diloco::Impl::OuterAttempt(const client::PollResult& pr, std::span<
 Result<bool> Diloco::Impl::Land(const client::PollResult& pr, const Result<OuterWeights>& w,
                                 std::vector<float>& sum, std::span<float> params,
                                 SyncStats* stats, Clock::time_point t0) {
-  drain_agreed_ = false;
-  Result<bool> agreed = GroupAgree(w.ok(), &drain_agreed_);
+  Result<bool> agreed = AgreeLanding(w.ok());
   // A drain reaches the group's trainers through their own polls and notices, not at one
   // instant: a trainer whose poll already said drain leaves while another is still in this
   // step's exchange, and the group's agreement then finds it gone. The step is not committed,
@@ -701,7 +705,7 @@ Result<SyncResult> Diloco::Impl::LandInFlight(std::span<float> params, SyncStats
     // and the pending pseudo-gradient goes through the poll loop here.
     LK_LOG_INFO("outer_exchange_deferred step={} reason={}", state_.step + 1, Q(*f->deferred));
     carried_poll_ = std::move(f->carried);
-    LK_ASSIGN_OR_RETURN(bool all_ok, GroupAgree(false));
+    LK_ASSIGN_OR_RETURN(bool all_ok, AgreeLanding(false));
     (void)all_ok;
     return RunPending(params, stats);
   }

@@ -130,6 +130,12 @@ class Diloco::Impl {
   // Whether every trainer of the group is ok; with `drain`, also whether any of them had
   // noticed a drain by then (one collective either way), so that they all take the same branch.
   Result<bool> GroupAgree(bool ok, bool* drain = nullptr);
+  // The group's agreement on the outcome of an exchange, run (Land) or deferred by the thread's
+  // poll (LandInFlight). One trainer's thread can run the exchange while another's defers it
+  // (their polls are answered at different instants), so both paths must run this same
+  // collective, with the drain flag (drain_agreed_): an allreduce of one float in one trainer
+  // beside two in the other waits until the op timeout.
+  Result<bool> AgreeLanding(bool ok);
   // Whether a drain is noticed now or within `grace`. A trainer of the group that left on a
   // drain makes the others' next in-group collective fail, possibly before their own notice of
   // the same drain arrived (the agent answers the polls first, then the notices): waiting a
