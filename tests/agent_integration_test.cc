@@ -236,26 +236,34 @@ TEST_CASE("SIGTERM an agent: graceful leave - the quorum shrinks at once - exit 
   CHECK_FALSE(c.groups["b"].agent->WaitForLog("left reason=cancelled", 1s).empty());
 }
 
-TEST_CASE("kill -9 the lighthouse mid-run and restart it: no trainer exits - ids go on upward") {
-  Cluster c("agent-lh", {"--heartbeat-timeout-ms", "3000", "--join-timeout-ms", "300"});
-  c.Start("a", 1, 100000, 20);
-  c.Start("b", 1, 100000, 20);
-  uint32_t q1 = c.WaitForMembers({"a", "b"}, 30s);
-  auto ok_steps = [&] {
-    size_t n = 0;
-    for (const auto& l : ReadLines(c.groups["a"].logs[0])) {
-      n += JsonField(l, "event") == "allreduce" && JsonField(l, "ok") == "true";
-    }
-    return n;
-  };
-  // Both groups have run a step together: the quorum's communicator is built (its rendezvous
-  // needs the lighthouse's KV; a quorum still forming when the lighthouse dies waits for it).
-  for (auto name : {"a", "b"}) {
+// The allreduces a trainer's log reports done.
+size_t OkAllreduces(const std::string& log) {
+  size_t n = 0;
+  for (const auto& l : ReadLines(log)) {
+    n += JsonField(l, "event") == "allreduce" && JsonField(l, "ok") == "true";
+  }
+  return n;
+}
+
+// Waits until each of `groups` has run an allreduce with two members.
+void WaitForStepTogether(Cluster& c, std::initializer_list<const char*> groups) {
+  for (auto name : groups) {
     REQUIRE_FALSE(WaitForLine(c.groups[name].logs[0], 20s, [](const std::string& l) {
                     return JsonField(l, "event") == "allreduce" && JsonField(l, "ok") == "true" &&
                            JsonField(l, "world") == "2";
                   }).empty());
   }
+}
+
+TEST_CASE("kill -9 the lighthouse mid-run and restart it: no trainer exits - ids go on upward") {
+  Cluster c("agent-lh", {"--heartbeat-timeout-ms", "3000", "--join-timeout-ms", "300"});
+  c.Start("a", 1, 100000, 20);
+  c.Start("b", 1, 100000, 20);
+  uint32_t q1 = c.WaitForMembers({"a", "b"}, 30s);
+  auto ok_steps = [&] { return OkAllreduces(c.groups["a"].logs[0]); };
+  // Both groups have run a step together: the quorum's communicator is built (its rendezvous
+  // needs the lighthouse's KV; a quorum still forming when the lighthouse dies waits for it).
+  WaitForStepTogether(c, {"a", "b"});
   c.lh.process->Signal(SIGKILL);
   REQUIRE(c.lh.process->Wait(10s).has_value());
   size_t at_kill = ok_steps();
@@ -297,19 +305,8 @@ TEST_CASE("a lighthouse back at a boundary only one group's ask reaches: the oth
   c.Start("a", 1, 100000, 20);
   c.Start("b", 1, 100000, 20);
   c.WaitForMembers({"a", "b"}, 30s);
-  auto ok_steps = [&](const std::string& g) {
-    size_t n = 0;
-    for (const auto& l : ReadLines(c.groups[g].logs[0])) {
-      n += JsonField(l, "event") == "allreduce" && JsonField(l, "ok") == "true";
-    }
-    return n;
-  };
-  for (auto name : {"a", "b"}) {
-    REQUIRE_FALSE(WaitForLine(c.groups[name].logs[0], 20s, [](const std::string& l) {
-                    return JsonField(l, "event") == "allreduce" && JsonField(l, "ok") == "true" &&
-                           JsonField(l, "world") == "2";
-                  }).empty());
-  }
+  auto ok_steps = [&](const std::string& g) { return OkAllreduces(c.groups[g].logs[0]); };
+  WaitForStepTogether(c, {"a", "b"});
   c.lh.process->Signal(SIGKILL);
   REQUIRE(c.lh.process->Wait(10s).has_value());
   relay.Cut();
