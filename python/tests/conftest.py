@@ -30,18 +30,30 @@ def wait_for(pred, timeout_s, what):
 
 
 class Proc:
-    """A child process with its output in a log file."""
+    """A child process with its stderr in a log file and its stdout in a file beside it.
+
+    The two stay apart because a trainer prints one JSON line per event on stdout while the
+    C++ library it loads logs on stderr from other threads: in one shared file a log line can
+    land between an event's text and its newline (it did in CI), and the event no longer parses.
+    """
 
     def __init__(self, argv, log_path, env=None):
         self.log_path = Path(log_path)
+        self.out_path = self.log_path.with_suffix(".out")
         self._log = open(self.log_path, "ab")
+        self._out = open(self.out_path, "ab")
         full_env = dict(os.environ)
         full_env.update(env or {})
-        self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
+        self.popen = subprocess.Popen(argv, stdout=self._out, stderr=self._log,
                                       env=full_env, start_new_session=True)
 
+    def out(self) -> str:
+        """What the process printed on stdout (a trainer's JSON events)."""
+        return self.out_path.read_text(errors="replace")
+
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        """Everything the process printed: its stderr log, then its stdout."""
+        return self.log_path.read_text(errors="replace") + self.out()
 
     def wait_log(self, pattern, timeout_s=20, count=1):
         rx = re.compile(pattern)
@@ -72,6 +84,7 @@ class Proc:
             self.popen.kill()
             self.popen.wait(timeout=10)
         self._log.close()
+        self._out.close()
 
 
 class Cluster:

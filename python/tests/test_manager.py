@@ -12,7 +12,7 @@ import lightkeeper
 
 def events(proc, name=None):
     out = []
-    for line in proc.log().splitlines():
+    for line in proc.out().splitlines():
         if line.startswith("{"):
             e = json.loads(line)
             if name is None or e.get("event") == name:

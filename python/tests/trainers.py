@@ -14,7 +14,10 @@ import lightkeeper
 
 
 def emit(**kv):
-    print(json.dumps(kv), flush=True)
+    # One write per event: print() writes the text and the newline separately, and an
+    # unbuffered stdout (PYTHONUNBUFFERED) would make those two system calls.
+    sys.stdout.write(json.dumps(kv) + "\n")
+    sys.stdout.flush()
 
 
 def quorum_fields(q):
