@@ -185,7 +185,7 @@ Status LighthouseCore::OnLeave(const std::string& job, const std::string& group_
                                      state.finished_step, Q(group_id)));
     fx->persist_jobs.push_back(s.Record(state));
   }
-  s.LoseMember(*g, "left: " + why, fx);
+  s.LoseMember(*g, "left: " + why, now, fx);
   s.ClearAsks(*g,
               Refuse(Code::kConflict, Reason::kGroupLeft, "group {} left: {}", group_id, why),
               now, fx);

@@ -139,6 +139,7 @@ void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint no
     g.status.first_ask.reset();
     RearmProgress(g);
   }
+  RefreshWaits(job, now);
   fx->persist_jobs.push_back(Record(job));
   fx->issued.push_back({job.name, job.quorum_id, changed, static_cast<uint32_t>(groups.size())});
   // No live member holds the committed state and the newest durable checkpoint is older: the

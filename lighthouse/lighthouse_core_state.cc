@@ -217,7 +217,7 @@ void LighthouseCore::Impl::Collect(Group& g, TimePoint now, Effects* fx) {
                                    "generation={} reason={}",
                                    Q(job.name), Q(id), Q(g.status.incarnation), g.generation,
                                    Q(g.reason.empty() ? "unheard" : g.reason)));
-  LoseMember(g, "collected", fx);
+  LoseMember(g, "collected", now, fx);
   // A node of a group that never came back alive may still wait in a round: it is answered.
   ClearAsks(g,
             Refuse(Code::kUnavailable, Reason::kGroupUnhealthy, "group {} collected: {}", id,
@@ -238,7 +238,7 @@ void LighthouseCore::Impl::ReplaceIncarnation(Group& g, const std::string& incar
   fx->events.push_back(fmt::format("incarnation_replaced job={} group={} old={} new={}",
                                    Q(g.job->name), Q(g.status.group_id), Q(old),
                                    Q(incarnation)));
-  LoseMember(g, "incarnation_replaced", fx);
+  LoseMember(g, "incarnation_replaced", now, fx);
   ClearAsks(g,
             Refuse(Code::kConflict, Reason::kIncarnationReplaced,
                    "incarnation {} of group {} replaced by {}", old, g.status.group_id,
@@ -275,7 +275,7 @@ bool LighthouseCore::Impl::Touch(Group& g, uint32_t node_rank, uint32_t step,
     // spent blocked in a collective on someone else is no stall of this group's own.
     if (a.phase == kPhasePeerWait) g.progress_mark = now;
     a.phase = phase;
-    RearmProgress(g);
+    RefreshWaits(*g.job, now);
   }
   AdvanceStep(g, step, now);
   RearmHeartbeat(g, now);
@@ -294,9 +294,11 @@ void LighthouseCore::Impl::AdvanceStep(Group& g, uint32_t step, TimePoint now) {
   g.status.step = step;
   g.progress_mark = now;
   RearmProgress(g);
+  RefreshWaits(*g.job, now);  // the members it passed no longer wait on it
 }
 
-void LighthouseCore::Impl::LoseMember(Group& g, const std::string& reason, Effects* fx) {
+void LighthouseCore::Impl::LoseMember(Group& g, const std::string& reason, TimePoint now,
+                                      Effects* fx) {
   if (!g.in_quorum || g.lost) return;
   Job& job = *g.job;
   g.lost = true;
@@ -309,6 +311,7 @@ void LighthouseCore::Impl::LoseMember(Group& g, const std::string& reason, Effec
                                    Q(job.name), job.quorum_id, Q(g.status.group_id),
                                    Q(g.status.incarnation), Q(reason)));
   RearmProgress(g);
+  RefreshWaits(job, now);
 }
 
 void LighthouseCore::Impl::ClearAsks(Group& g, const Status& why, TimePoint now, Effects* fx) {
@@ -387,7 +390,7 @@ void LighthouseCore::Impl::Expire(Group& g, TimePoint now, Effects* fx) {
   fx->events.push_back(fmt::format("group_unhealthy job={} group={} incarnation={} reason={}",
                                    Q(g.job->name), Q(g.status.group_id),
                                    Q(g.status.incarnation), Q(g.reason)));
-  LoseMember(g, "heartbeat_timeout", fx);
+  LoseMember(g, "heartbeat_timeout", now, fx);
   ClearAsks(g,
             Refuse(Code::kUnavailable, Reason::kGroupUnhealthy, "group {} unhealthy: {}",
                    g.status.group_id, g.reason),
@@ -405,7 +408,7 @@ void LighthouseCore::Impl::Evict(Group& g, TimePoint now, Effects* fx) {
       "group_evicted job={} group={} incarnation={} step={} stalled_ms={} reason=progress_stalled",
       Q(g.job->name), Q(g.status.group_id), Q(g.status.incarnation), g.status.step,
       ToMillis(now - g.progress_mark)));
-  LoseMember(g, "progress_stalled", fx);
+  LoseMember(g, "progress_stalled", now, fx);
   ClearAsks(g,
             Refuse(Code::kAborted, Reason::kGroupEvicted, "group {} evicted: progress_stalled",
                    g.status.group_id),
@@ -428,7 +431,7 @@ void LighthouseCore::Impl::RearmHeartbeat(Group& g, TimePoint now) {
   SetDeadline(g.heartbeat_deadline, at, DeadlineKind::kHeartbeat, &g);
 }
 
-bool WaitingOnPeers(const GroupStatus& g) {
+bool internal::WaitingOnPeers(const GroupStatus& g) {
   if (g.agents.empty()) return false;
   for (const auto& a : g.agents) {
     if (a.phase != kPhasePeerWait) return false;
@@ -436,14 +439,55 @@ bool WaitingOnPeers(const GroupStatus& g) {
   return true;
 }
 
+std::vector<bool> internal::ExcusedWaits(const std::vector<const internal::Group*>& members) {
+  // Another member at a member's step or behind exists unless the member alone holds the
+  // lowest step: so only the lowest step matters, and how many members hold it.
+  uint32_t lowest = UINT32_MAX;
+  size_t at_lowest = 0;
+  for (const internal::Group* g : members) {
+    if (g->status.step < lowest) {
+      lowest = g->status.step;
+      at_lowest = 0;
+    }
+    if (g->status.step == lowest) ++at_lowest;
+  }
+  std::vector<bool> out;
+  out.reserve(members.size());
+  for (const internal::Group* g : members) {
+    bool has_peer = g->status.step > lowest || at_lowest >= 2;
+    out.push_back(has_peer && WaitingOnPeers(g->status));
+  }
+  return out;
+}
+
 void LighthouseCore::Impl::RearmProgress(Group& g) {
   std::optional<TimePoint> at;
   if (options.progress_timeout.count() > 0 && g.in_quorum && !g.lost &&
-      g.status.mode == GroupMode::kActive && !IsParticipant(g.status) &&
-      !WaitingOnPeers(g.status)) {
+      g.status.mode == GroupMode::kActive && !IsParticipant(g.status) && !g.wait_excused) {
     at = g.progress_mark + options.progress_timeout;
   }
   SetDeadline(g.progress_deadline, at, DeadlineKind::kProgress, &g);
+}
+
+void LighthouseCore::Impl::RefreshWaits(Job& job, TimePoint now) {
+  std::vector<Group*> members;
+  for (auto& [id, g] : job.groups) {
+    if (g.in_quorum && !g.lost) {
+      members.push_back(&g);
+    } else if (g.wait_excused) {
+      g.wait_excused = false;  // out of the quorum: rule 8 does not watch it
+      RearmProgress(g);
+    }
+  }
+  std::vector<bool> excused =
+      ExcusedWaits(std::vector<const Group*>(members.begin(), members.end()));
+  for (size_t i = 0; i < members.size(); ++i) {
+    Group& g = *members[i];
+    if (g.wait_excused == excused[i]) continue;
+    if (g.wait_excused) g.progress_mark = now;
+    g.wait_excused = excused[i];
+    RearmProgress(g);
+  }
 }
 
 void LighthouseCore::Impl::DropDeadlines(Group& g) {

@@ -33,6 +33,8 @@ struct Group {
   bool lost = false;       // ... and has been lost from it (notice given)
   bool committed = false;  // reported a commit (ok or not) in the current quorum
   TimePoint progress_mark{};  // when its step last advanced (or it joined the quorum)
+  // Its wait on peers excuses it from rule 8 (RefreshWaits keeps this; RearmProgress reads it).
+  bool wait_excused = false;
   uint32_t hash_step = 0;     // step of the last state_hash it reported
   std::string state_hash;
   std::optional<TimePoint> heartbeat_deadline, progress_deadline;
@@ -66,6 +68,13 @@ using Deadline = std::tuple<TimePoint, DeadlineKind, void*>;
 
 // Every agent of the group reports kPhasePeerWait.
 bool WaitingOnPeers(const GroupStatus& g);
+
+// Whether each member of the job's current quorum that waits on peers has a peer to wait on:
+// another member at its step or behind it. A member whose every peer is past its step is not
+// blocked by them (they already finished the collective it claims to be in): its trainer hung
+// inside the collective, or its report is stale. Indexed like `members`; false where the member
+// does not wait on peers.
+std::vector<bool> ExcusedWaits(const std::vector<const Group*>& members);
 
 }  // namespace lk::lighthouse::internal
 
@@ -112,7 +121,7 @@ struct LighthouseCore::Impl {
   void AdvanceStep(Group& g, uint32_t step, TimePoint now);
 
   // Loss of a member of the current quorum: notice, watch wakeup, next quorum gets a new id.
-  void LoseMember(Group& g, const std::string& reason, Effects* fx);
+  void LoseMember(Group& g, const std::string& reason, TimePoint now, Effects* fx);
   // Forgets the group's asks; waiting agents get `why`. A member that stops waiting in a round
   // starts its progress clock (rule 8) afresh at `now`: time spent waiting is no stall.
   void ClearAsks(Group& g, const Status& why, TimePoint now, Effects* fx);
@@ -145,6 +154,10 @@ struct LighthouseCore::Impl {
   // Arms the group's expiry; none when it is already expired at `now` (processed before).
   void RearmHeartbeat(Group& g, TimePoint now);
   void RearmProgress(Group& g);
+  // Recomputes which members' waits on peers excuse them (ExcusedWaits) after a member's phase,
+  // step or membership changed. A member whose excuse ends starts its progress clock at `now`,
+  // as one that leaves the wait does: the time it was excused was no stall of its own.
+  void RefreshWaits(Job& job, TimePoint now);
   void DropDeadlines(Group& g);  // heartbeat and progress (collection stays armed)
   void AddGroupOrder(Job& job, const Group& g);
 };

@@ -248,6 +248,92 @@ TEST_CASE("rule 8: a member blocked in the collective on a hung peer is not evic
   CHECK(!h.HasEvent("group_evicted job=j group=a"));
 }
 
+TEST_CASE("rule 8: a member hung inside the collective its peers finished is evicted - they are not") {
+  CoreOptions o;
+  o.progress_timeout = Millis(1'000);
+  Harness h(o);
+  h.Form({"a", "b", "c"});
+  // What each group's agent says in its heartbeats: its step, waiting on peers.
+  std::map<std::string, uint32_t> waits{{"a", 0}, {"b", 0}, {"c", 0}};
+  std::vector<std::string> events;
+  // Time passes in heartbeat intervals; every group that still waits keeps saying so.
+  auto pass = [&](Millis total) {
+    for (Millis left = total; left.count() > 0;) {
+      Millis d = std::min(left, Millis(100));
+      h.clock.Advance(d);
+      left -= d;
+      for (const auto& [g, step] : waits) {
+        h.fx = {};
+        REQUIRE(h.core.OnHeartbeat(
+                    HeartbeatInput{h.job, g, "i1", 0, 1, step, kPhasePeerWait, "addr-" + g},
+                    h.clock.Now(), &h.fx).ok());
+        events.insert(events.end(), h.fx.events.begin(), h.fx.events.end());
+      }
+      h.Tick();
+      events.insert(events.end(), h.fx.events.begin(), h.fx.events.end());
+    }
+  };
+  auto evicted = [&](const std::string& g) {
+    return std::any_of(events.begin(), events.end(), [&](const std::string& e) {
+      return e.rfind("group_evicted job=j group=" + g + " ", 0) == 0;
+    });
+  };
+  // All three in step 0's collective for longer than the timeout: each has peers to wait on.
+  pass(Millis(3'000));
+  CHECK(!evicted("a"));
+  CHECK(!evicted("b"));
+  CHECK(!evicted("c"));
+  // a finishes step 0 and waits in step 1's: b and c still wait on each other at step 0.
+  waits["a"] = 1;
+  pass(Millis(3'000));
+  CHECK(!evicted("b"));
+  CHECK(!evicted("c"));
+  // c finishes too (its next heartbeat says so). b, whose trainer stopped inside step 0's
+  // collective, still says it waits, but every peer is past that step: its clock runs from
+  // here, a full timeout.
+  waits["c"] = 1;
+  pass(Millis(100));
+  pass(Millis(900));
+  CHECK(!evicted("b"));
+  pass(Millis(100));
+  CHECK(std::count(events.begin(), events.end(),
+                   "group_evicted job=j group=b incarnation=i1 step=0 stalled_ms=1000 "
+                   "reason=progress_stalled") == 1);
+  // a and c wait at step 1 on each other (b is lost now): neither is evicted.
+  pass(Millis(5'000));
+  CHECK(!evicted("a"));
+  CHECK(!evicted("c"));
+}
+
+TEST_CASE("rule 8: a member left waiting when its last peer leaves gets a full timeout") {
+  CoreOptions o;
+  o.progress_timeout = Millis(1'000);
+  Harness h(o);
+  h.Form({"a", "b"});
+  auto wait_on_peers = [&](const std::string& g) {
+    h.fx = {};
+    REQUIRE(h.core.OnHeartbeat(
+                HeartbeatInput{h.job, g, "i1", 0, 1, 0, kPhasePeerWait, "addr-" + g},
+                h.clock.Now(), &h.fx).ok());
+  };
+  for (int i = 0; i < 20; ++i) {
+    h.clock.Advance(Millis(100));
+    wait_on_peers("a");
+    wait_on_peers("b");
+  }
+  h.Tick();
+  CHECK(!h.HasEvent("group_evicted"));
+  // b leaves: a has nobody left to wait on, but it waited on b until now, not stalled.
+  h.fx = {};
+  REQUIRE(h.core.OnLeave(h.job, "b", "i1", "finished", h.clock.Now(), &h.fx).ok());
+  h.clock.Advance(Millis(900));
+  wait_on_peers("a");
+  CHECK(!h.HasEvent("group_evicted"));
+  h.clock.Advance(Millis(100));
+  h.Tick();
+  CHECK(h.HasEvent("group_evicted job=j group=a incarnation=i1 step=0 stalled_ms=1000 "));
+}
+
 TEST_CASE("rule 8: a member waiting in a round is not evicted") {
   CoreOptions o;
   o.progress_timeout = Millis(1'000);

@@ -48,6 +48,7 @@ struct Cluster {
   int starts = 0;
   std::vector<std::string> agent_flags;  // added to every agent's command line
   std::map<std::string, std::string> lighthouse_url;  // per group, instead of the lighthouse's
+  std::map<std::string, std::vector<std::string>> trainer_flags;  // per group, added to each
 
   Cluster(const std::string& tag, std::vector<std::string> lh_flags) : dir(TempDir(tag)) {
     lh = StartLighthouse(dir + "/data", lh_flags, dir + "/lighthouse.log");
@@ -71,12 +72,15 @@ struct Cluster {
     for (uint32_t r = 0; r < trainers; ++r) {
       std::string log = fmt::format("{}/trainer-{}-{}-{}.jsonl", dir, name, n, r);
       g.logs.push_back(log);
+      std::vector<std::string> targv{BinDir() + "/test_trainer", "--group-rank",
+                                     std::to_string(r), "--group-size",
+                                     std::to_string(trainers), "--steps", std::to_string(steps),
+                                     "--step-sleep-ms", std::to_string(sleep_ms), "--log", log};
+      const auto& extra = trainer_flags[name];
+      targv.insert(targv.end(), extra.begin(), extra.end());
       g.trainers.push_back(std::make_unique<Process>(
-          std::vector<std::string>{BinDir() + "/test_trainer", "--group-rank", std::to_string(r),
-                                   "--group-size", std::to_string(trainers), "--steps",
-                                   std::to_string(steps), "--step-sleep-ms",
-                                   std::to_string(sleep_ms), "--log", log},
-          log + ".stderr", std::map<std::string, std::string>{{"LK_AGENT_SOCKET", g.socket}}));
+          targv, log + ".stderr",
+          std::map<std::string, std::string>{{"LK_AGENT_SOCKET", g.socket}}));
     }
     return g;
   }
@@ -353,36 +357,74 @@ TEST_CASE("a lighthouse back at a boundary only one group's ask reaches: the oth
   }
 }
 
+// Whether the lighthouse's /status shows `group` evicted. Its agent sees the notice naming
+// itself and leaves with reason "evicted", so either state may be the one seen.
+bool Evicted(Cluster& c, const std::string& group) {
+  const pb::JobStatus j = c.Status();
+  for (const auto& g : j.groups()) {
+    if (g.group_id() == group &&
+        (g.state() == "evicted" || (g.state() == "left" && g.reason() == "evicted"))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// After `hung` stopped: it is evicted and `alive` goes on alone, its agent never failing.
+void CheckEvictedAndGoneOn(Cluster& c, const std::string& hung, const std::string& alive) {
+  c.WaitForMembers({alive}, 15s);
+  CHECK(Evicted(c, hung));
+  CHECK_FALSE(c.lh.process->WaitForLog("group_evicted job=t group=" + hung, 1s).empty());
+  // `alive` waited on `hung` in the allreduce all that time (its trainer said so: peer_wait, on
+  // the poll board), which is not a stall of its own: it stays and goes on alone.
+  CHECK_FALSE(WaitForLine(c.groups[alive].logs[0], 20s, [](const std::string& l) {
+                return JsonField(l, "event") == "allreduce" && JsonField(l, "world") == "1" &&
+                       JsonField(l, "ok") == "true";
+              }).empty());
+  CHECK(c.groups[alive].agent->Running());
+  CHECK(c.groups[alive].agent->WaitForLog("group_failed", 100ms).empty());
+}
+
 TEST_CASE("a hung trainer whose agent still heartbeats is evicted after progress_timeout_ms") {
   Cluster c("agent-hung", {"--heartbeat-timeout-ms", "60000", "--join-timeout-ms", "300",
                            "--progress-timeout-ms", "4000"});
   c.Start("a", 1, 100000, 20);
-  c.Start("b", 1, 100000, 20);
+  // b's inner steps are long, so that the stop below lands in them (its allreduce, where a
+  // already waits for it, takes a moment of each step).
+  c.Start("b", 1, 100000, 400);
   c.WaitForMembers({"a", "b"}, 30s);
   for (auto name : {"a", "b"}) {
     REQUIRE_FALSE(WaitForLine(c.groups[name].logs[0], 20s, [](const std::string& l) {
                     return JsonField(l, "event") == "allreduce" && StepAtLeast(l, 3);
                   }).empty());
   }
-  c.groups["b"].trainers[0]->Signal(SIGSTOP);  // hung: alive, but no progress
-  c.WaitForMembers({"a"}, 15s);
-  auto j = c.Status();
-  bool evicted = false;
-  // Evicted by the lighthouse; its agent then sees the notice naming itself and leaves with
-  // reason "evicted", so either state may be the one seen here.
-  for (const auto& g : j.groups()) {
-    evicted |= g.group_id() == "b" &&
-               (g.state() == "evicted" || (g.state() == "left" && g.reason() == "evicted"));
+  c.groups["b"].trainers[0]->Signal(SIGSTOP);  // hung in its inner steps: alive, no progress
+  CheckEvictedAndGoneOn(c, "b", "a");
+  c.groups["b"].trainers[0]->Signal(SIGCONT);
+}
+
+TEST_CASE("a trainer hung inside an allreduce its peers finished is evicted - they go on") {
+  // b's trainer stops once its first allreduce with a from step 3 on has returned, before it
+  // says the wait is over: to the lighthouse b waits on peers, yet a is past that step and
+  // waits on b. Both wait on peers; only b's wait has nobody behind it, so only b's progress
+  // clock runs.
+  Cluster c("agent-hung-ar", {"--heartbeat-timeout-ms", "60000", "--join-timeout-ms", "300",
+                              "--progress-timeout-ms", "4000"});
+  c.trainer_flags["b"] = {"--hang-in-allreduce-step", "3"};
+  c.Start("a", 1, 100000, 20);
+  c.Start("b", 1, 100000, 20);
+  c.WaitForMembers({"a", "b"}, 30s);
+  REQUIRE_FALSE(WaitForLine(c.groups["b"].logs[0], 30s, [](const std::string& l) {
+                  return JsonField(l, "event") == "hanging";
+                }).empty());
+  CheckEvictedAndGoneOn(c, "b", "a");
+  // Evicted by its progress clock: a's allreduce was aborted by the notice, none of a's
+  // failed on the 30 s transport timeout.
+  for (const auto& l : ReadLines(c.groups["a"].logs[0])) {
+    INFO(l);
+    bool timed_out = JsonField(l, "ok") == "false" && JsonField(l, "aborted") == "false";
+    CHECK_FALSE(timed_out);
   }
-  CHECK(evicted);
-  // a waited on b in the allreduce all that time (its trainer said so: peer_wait, on the poll
-  // board), which is not a stall of its own: a stays and goes on alone.
-  CHECK_FALSE(WaitForLine(c.groups["a"].logs[0], 20s, [](const std::string& l) {
-                return JsonField(l, "event") == "allreduce" && JsonField(l, "world") == "1" &&
-                       JsonField(l, "ok") == "true";
-              }).empty());
-  CHECK(c.groups["a"].agent->Running());
-  CHECK(c.groups["a"].agent->WaitForLog("group_failed", 100ms).empty());
   c.groups["b"].trainers[0]->Signal(SIGCONT);
 }
 

@@ -3,6 +3,7 @@
 // on a failure notice, commit), but its "training" is an allreduce whose result it can check:
 // every member contributes replica_rank + 1, so each element must sum to W(W+1)/2.
 // One JSON line per outer step attempt goes to --log.
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,6 +20,8 @@
 int main(int argc, char** argv) {
   using namespace lk;
   uint32_t group_rank = 0, group_size = 1, steps = 10, elements = 4096, step_sleep_ms = 50;
+  uint32_t hang_in_allreduce_step = 0;
+  bool hung = false;
   std::string log_path = "trainer.log";
   Flags flags("test_trainer", "allreduce-checking trainer for integration tests");
   flags.Add("group-rank", &group_rank, "rank in the group", "T_GROUP_RANK");
@@ -27,6 +30,11 @@ int main(int argc, char** argv) {
   flags.Add("elements", &elements, "float32 elements per allreduce", "T_ELEMENTS");
   flags.Add("step-sleep-ms", &step_sleep_ms, "pause per outer step (the inner steps)", "T_SLEEP");
   flags.Add("log", &log_path, "JSON lines output", "T_LOG");
+  flags.Add("hang-in-allreduce-step", &hang_in_allreduce_step,
+            "once the first allreduce with a peer at this step or later (>= 1; 0: never) "
+            "returns, stop (SIGSTOP) before saying the wait on peers is over: hung inside a "
+            "collective its peers finished",
+            "T_HANG_IN_ALLREDUCE_STEP");
   if (Status st = flags.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "%s\n", st.message().c_str());
     return 2;
@@ -96,6 +104,13 @@ int main(int argc, char** argv) {
     auto t0 = std::chrono::steady_clock::now();
     (void)(*session)->SetPeerWait(true);
     Status st = (*cm)->AllReduce(buf.data(), buf.size(), comm::DType::kFloat32, comm::ReduceOp::kSum);
+    // At or after the step: a trainer that joins late heals past the steps before its own.
+    if (hang_in_allreduce_step != 0 && step >= hang_in_allreduce_step && st.ok() &&
+        p->replica_world_size > 1 && !hung) {
+      hung = true;
+      emit(fmt::format(R"({{"event":"hanging","step":{}}})", step));
+      raise(SIGSTOP);
+    }
     (void)(*session)->SetPeerWait(false);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     uint32_t w = p->replica_world_size;
