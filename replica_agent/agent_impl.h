@@ -37,6 +37,9 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
     std::unique_ptr<boost::asio::posix::stream_descriptor> pidfd;
     std::optional<uint32_t> polled_step;
     http::Responder poll_respond;
+    // The answer last sent to its poll of step `first`, kept until its next poll: a poll that
+    // says it resumes one that timed out gets it again (TrainerPollRequest.resumed).
+    std::optional<std::pair<uint32_t, pb::TrainerPollResponse>> sent;
     http::Format poll_format = http::Format::kJson;
     uint32_t seen_quorum_id = 0;
     uint32_t heal_answered_quorum_id = 0;

@@ -190,7 +190,9 @@ void Agent::Impl::AnswerPollsLocked(bool fresh_answer) {
     auto respond = std::move(t.poll_respond);
     t.poll_respond = nullptr;
     if (fresh_answer && quorum && quorum->heal()) had_state = true;
-    respond(http::Reply(PollAnswerLocked(t, fresh_answer), t.poll_format));
+    pb::TrainerPollResponse answer = PollAnswerLocked(t, fresh_answer);
+    if (t.polled_step) t.sent.emplace(*t.polled_step, answer);
+    respond(http::Reply(answer, t.poll_format));
   }
 }
 
@@ -221,6 +223,20 @@ void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) 
   if (t.poll_respond) {
     t.poll_respond(http::ErrorReply(Status(Code::kConflict, "superseded by a newer poll"), t.poll_format));
   }
+  // A poll that timed out on the trainer's side while its answer was on the way: the answer
+  // went nowhere, and without it this poll would wait for a new round that the group's other
+  // trainers, who did get it, never join. It gets the same answer, unless that quorum was lost
+  // since (then a new round is what it needs) or the group drains (answered below).
+  std::optional<std::pair<uint32_t, pb::TrainerPollResponse>> sent = std::move(t.sent);
+  t.sent.reset();
+  if (in.resumed() && sent && sent->first == in.step() && !draining && !sent->second.drain() &&
+      !lost_quorums.count(sent->second.quorum_id())) {
+    LK_LOG_INFO("poll_answer_resent group_rank={} step={} quorum_id={}", in.group_rank(),
+                in.step(), sent->second.quorum_id());
+    t.polled_step = in.step();
+    t.sent = std::move(sent);
+    return respond(http::Reply(t.sent->second, f));
+  }
   SyncBoardLocked();
   if (board && t.slot && !draining) {
     // The node's answer for this step is on the board (up, or taken by another local trainer)
@@ -234,7 +250,8 @@ void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) 
       board->SetConsumed(*t.slot, handed->gen);
       t.polled_step = in.step();
       if (t.poll_respond) t.poll_respond = nullptr;  // superseded above
-      return respond(http::Reply(PollAnswerLocked(t, false), f));
+      t.sent.emplace(in.step(), PollAnswerLocked(t, false));
+      return respond(http::Reply(t.sent->second, f));
     }
   }
   t.polled_step = in.step();

@@ -619,6 +619,70 @@ TEST_CASE("unchanged polls come from the poll board - a socket poller on the nod
   CHECK(g.agent->Running());
 }
 
+TEST_CASE("a poll that timed out just before its answer came gets that answer when it polls again") {
+  // One round that cannot form until a second group comes: the first group's trainer 0 gives
+  // up on it, the round then forms and the agent answers both of the group's trainers, trainer
+  // 0's answer going to a connection nobody reads. Its next poll of the step must get that
+  // quorum (its group peer is already in it), not wait for a round nobody else joins.
+  Cluster c("agent-resumed", {"--heartbeat-timeout-ms", "3000", "--min-replicas", "2"});
+  auto& a = c.Start("a", 0, 0);
+  auto s0 = client::Session::Connect(a.socket, 0, 2);
+  REQUIRE(s0.ok());
+  auto raw = http::Client::Create("unix:" + a.socket);
+  REQUIRE(raw.ok());
+  std::optional<Result<http::Response>> peer;
+  std::thread t([&] {
+    peer = (*raw)->Do("POST", "/v1/trainer/poll", R"({"group_rank":1,"group_size":2,"step":0})",
+                      http::kJsonType, Millis(20'000));
+  });
+  auto timed_out = (*s0)->Poll(0, Millis(800));
+  CHECK(timed_out.status().code() == Code::kDeadlineExceeded);
+
+  // The second group, of the same size: both its trainers poll, and the round forms.
+  auto& b = c.Start("b", 0, 0);
+  auto b0 = client::Session::Connect(b.socket, 0, 2);
+  auto b1 = client::Session::Connect(b.socket, 1, 2);
+  REQUIRE(b0.ok());
+  REQUIRE(b1.ok());
+  auto poll_b = [&] {
+    std::optional<Result<client::PollResult>> other;
+    std::thread tb([&] { other = (*b1)->Poll(0, Millis(10'000)); });
+    auto p = (*b0)->Poll(0, Millis(10'000));
+    tb.join();
+    REQUIRE(p.ok());
+    REQUIRE(other->ok());
+    CHECK((*other)->quorum_id == p->quorum_id);
+    return p->quorum_id;
+  };
+  const uint32_t qid = poll_b();
+  t.join();
+  REQUIRE(peer->ok());
+  REQUIRE((*peer)->status == 200);
+  CHECK(JsonField((*peer)->body, "quorum_id") == std::to_string(qid));
+
+  auto again = (*s0)->Poll(0, Millis(5'000));
+  REQUIRE(again.ok());
+  CHECK(again->quorum_id == qid);
+  CHECK_FALSE(a.agent->WaitForLog("poll_answer_resent group_rank=0 step=0", 5s).empty());
+
+  // The resend is for that one poll: polling the step again after it was answered is a retry
+  // after a failed step and goes to a new round, here with both groups' trainers.
+  REQUIRE((*b0)->Commit(1, false).ok());
+  std::optional<Result<client::PollResult>> retry;
+  std::thread t2([&] { retry = (*s0)->Poll(0, Millis(10'000)); });
+  std::thread t3([&] {
+    peer = (*raw)->Do("POST", "/v1/trainer/poll", R"({"group_rank":1,"group_size":2,"step":0})",
+                      http::kJsonType, Millis(10'000));
+  });
+  const uint32_t qid2 = poll_b();
+  t2.join();
+  t3.join();
+  REQUIRE(retry->ok());
+  CHECK((*retry)->quorum_id == qid2);
+  CHECK(qid2 != qid);
+  CHECK(a.agent->Running());
+}
+
 TEST_CASE("an agent run with --poll-board=false answers every poll over the socket") {
   Cluster c("agent-noboard", {"--heartbeat-timeout-ms", "3000"});
   c.agent_flags = {"--poll-board=false"};

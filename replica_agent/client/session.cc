@@ -102,8 +102,12 @@ Result<PollResult> Session::Poll(uint32_t step, Millis timeout) {
   req.set_group_size(group_size_);
   req.set_step(step);
   req.set_mixed_group_sizes(mixed_group_sizes_);
+  req.set_resumed(timed_out_step_ == step);
   pb::TrainerPollResponse resp;
-  LK_RETURN_IF_ERROR(client_->Call("POST", "/v1/trainer/poll", req, &resp, timeout));
+  Status called = client_->Call("POST", "/v1/trainer/poll", req, &resp, timeout);
+  timed_out_step_.reset();
+  if (called.code() == Code::kDeadlineExceeded) timed_out_step_ = step;
+  LK_RETURN_IF_ERROR(called);
   if (!incarnation_.empty() && !resp.incarnation().empty() && resp.incarnation() != incarnation_) {
     // A new agent on the same socket: this process's state, pid watch and board slot belong
     // to the group life that ended. Going on would commit into a board nobody reads.

@@ -137,6 +137,8 @@ class Session {
   std::unique_ptr<http::Client> client_;
   std::unique_ptr<board::View> board_;  // null: every poll goes over the socket
   bool polled_ = false;                  // a poll was answered: commits may use the board
+  // The step whose last poll ended at its timeout: the next poll of it says it resumes that one.
+  std::optional<uint32_t> timed_out_step_;
   std::string incarnation_;              // the agent's group life at hello
   std::optional<uint32_t> committed_;    // the last step this trainer committed
   std::shared_ptr<NoticeState> notice_;
