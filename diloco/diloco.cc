@@ -152,8 +152,9 @@ Result<bool> Diloco::Impl::AgreeLanding(bool ok) {
 bool Diloco::Impl::DrainNoticedWithin(Millis grace) const {
   const auto until = Clock::now() + grace;
   while (!sink_->drain.load()) {
-    if (Clock::now() >= until) return false;
-    std::this_thread::sleep_for(Millis(5));
+    const auto now = Clock::now();
+    if (now >= until) return false;
+    std::this_thread::sleep_for(std::min<Clock::duration>(Millis(5), until - now));
   }
   return true;
 }
@@ -225,12 +226,7 @@ void Diloco::Impl::BackOffAfterConflict() {
   const Millis wait =
       std::min(kConflictBackoffMax, kConflictBackoffMin * (int64_t{1} << doublings));
   LK_LOG_WARN("conflict_backoff ms={} attempts={}", wait.count(), conflict_streak_);
-  const auto until = Clock::now() + wait;
-  while (!sink_->drain.load()) {
-    const auto now = Clock::now();
-    if (now >= until) break;
-    std::this_thread::sleep_for(std::min<Clock::duration>(Millis(50), until - now));
-  }
+  (void)DrainNoticedWithin(wait);
 }
 
 void Diloco::Impl::ReportFailed(uint32_t quorum_id) {
@@ -663,11 +659,23 @@ void Diloco::Impl::StartInFlight(const client::PollResult& pr, bool poll_first) 
 bool Diloco::Impl::PollInFlight(InFlight* raw) {
   // In slices, so that a closing Diloco (AbandonInFlight) need not wait for the other groups.
   constexpr Millis kSlice{2000};
+  // A long wait says so now and then: without it a thread waiting on a quorum that never
+  // forms and one whose answer was lost look alike in the logs.
+  constexpr Millis kNoteEvery{10000};
+  const auto t0 = Clock::now();
+  auto next_note = t0 + kNoteEvery;
   while (!raw->abandon.load()) {
     SyncStats ignored;
     Result<Turn> t = PollOnce(&ignored, kSlice);
     if (!t.ok()) {
-      if (t.status().code() == Code::kDeadlineExceeded) continue;
+      if (t.status().code() == Code::kDeadlineExceeded) {
+        if (Clock::now() >= next_note) {
+          next_note += kNoteEvery;
+          LK_LOG_INFO("outer_poll_waiting step={} quorum_id={} waited_ms={:.0f}",
+                      state_.step + 1, raw->pr.quorum_id, MsSince(t0));
+        }
+        continue;
+      }
       raw->deferred = t.status().ToString();
       return false;
     }

@@ -139,7 +139,8 @@ class Diloco::Impl {
   // Whether a drain is noticed now or within `grace`. A trainer of the group that left on a
   // drain makes the others' next in-group collective fail, possibly before their own notice of
   // the same drain arrived (the agent answers the polls first, then the notices): waiting a
-  // moment tells that drain from a trainer that died.
+  // moment tells that drain from a trainer that died. The conflict backoff sleeps with it too:
+  // a drain ends either wait.
   bool DrainNoticedWithin(Millis grace) const;
   // Polls (or takes the quorum joined by the last call) and joins until this trainer stands in
   // a quorum it can step on, whose answer goes to *out; or returns the result the caller hands
