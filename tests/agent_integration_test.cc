@@ -624,7 +624,9 @@ TEST_CASE("a poll that timed out just before its answer came gets that answer wh
   // up on it, the round then forms and the agent answers both of the group's trainers, trainer
   // 0's answer going to a connection nobody reads. Its next poll of the step must get that
   // quorum (its group peer is already in it), not wait for a round nobody else joins.
-  Cluster c("agent-resumed", {"--heartbeat-timeout-ms", "3000", "--min-replicas", "2"});
+  // At debug the lighthouse logs every commit, failed ones too (waited for below).
+  Cluster c("agent-resumed",
+            {"--heartbeat-timeout-ms", "3000", "--min-replicas", "2", "--log-level", "debug"});
   auto& a = c.Start("a", 0, 0);
   auto s0 = client::Session::Connect(a.socket, 0, 2);
   REQUIRE(s0.ok());
@@ -668,6 +670,9 @@ TEST_CASE("a poll that timed out just before its answer came gets that answer wh
   // The resend is for that one poll: polling the step again after it was answered is a retry
   // after a failed step and goes to a new round, here with both groups' trainers.
   REQUIRE((*b0)->Commit(1, false).ok());
+  // The agent passes the report on by itself: the new round must come after the lighthouse has
+  // it, or it hands the same quorum back.
+  REQUIRE_FALSE(c.lh.process->WaitForLog("ok=false", 10s).empty());
   std::optional<Result<client::PollResult>> retry;
   std::thread t2([&] { retry = (*s0)->Poll(0, Millis(10'000)); });
   std::thread t3([&] {
