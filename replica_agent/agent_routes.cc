@@ -225,11 +225,13 @@ void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) 
   }
   // A poll that timed out on the trainer's side while its answer was on the way: the answer
   // went nowhere, and without it this poll would wait for a new round that the group's other
-  // trainers, who did get it, never join. It gets the same answer, unless that quorum was lost
-  // since (then a new round is what it needs) or the group drains (answered below).
+  // trainers, who did get it, never join. It gets the same answer while that quorum is still
+  // the node's and has lost nobody; otherwise a new round is what it needs, and a drain is
+  // answered below.
   std::optional<std::pair<uint32_t, pb::TrainerPollResponse>> sent = std::move(t.sent);
   t.sent.reset();
   if (in.resumed() && sent && sent->first == in.step() && !draining && !sent->second.drain() &&
+      quorum && quorum->quorum_id() == sent->second.quorum_id() &&
       !lost_quorums.count(sent->second.quorum_id())) {
     LK_LOG_INFO("poll_answer_resent group_rank={} step={} quorum_id={}", in.group_rank(),
                 in.step(), sent->second.quorum_id());
