@@ -248,6 +248,9 @@ void Agent::Impl::HeartbeatLoop() {
 void Agent::Impl::QuorumLoop() {
   auto client = LighthouseClient();
   int failures = 0;
+  // Whether this run of failures has said it goes on with the quorum it has: its first failure
+  // may have been an ask ahead, which does not go on, so the count alone cannot tell.
+  bool told_continuing = false;
   while (!stopping) {
     uint32_t step;
     bool fresh;
@@ -305,6 +308,7 @@ void Agent::Impl::QuorumLoop() {
     }
     if (st.ok()) {
       failures = 0;
+      told_continuing = false;
       if (resp.generation() != 0) generation = resp.generation();
       std::lock_guard<std::mutex> lock(mu);
       SyncBoardLocked();
@@ -375,7 +379,10 @@ void Agent::Impl::QuorumLoop() {
     // round_pending, and this node asks for the step after all (HeartbeatLoop).
     if (st.code() == Code::kUnavailable && quorum && !draining && !ask_ahead &&
         !lost_quorums.count(quorum->quorum_id())) {
-      if (failures == 1) LK_LOG_WARN("lighthouse_unreachable continuing quorum_id={}", quorum->quorum_id());
+      if (!told_continuing) {
+        told_continuing = true;
+        LK_LOG_WARN("lighthouse_unreachable continuing quorum_id={}", quorum->quorum_id());
+      }
       ask_needed = false;
       continued_step = step;
       phase = "training";
