@@ -270,14 +270,17 @@ bool LighthouseCore::Impl::Touch(Group& g, uint32_t node_rank, uint32_t step,
   a.seen = true;
   a.step = step;
   if (!address.empty() && a.address != address) a.address = address;
+  bool waits_changed = false;
   if (!phase.empty() && a.phase != phase) {
     // Leaving a wait on peers restarts the progress clock, like leaving a quorum round: time
     // spent blocked in a collective on someone else is no stall of this group's own.
     if (a.phase == kPhasePeerWait) g.progress_mark = now;
     a.phase = phase;
-    RefreshWaits(*g.job, now);
+    waits_changed = true;
   }
-  AdvanceStep(g, step, now);
+  // A member that moved past others may have ended their excuse (rule 8).
+  if (AdvanceStep(g, step, now)) waits_changed = true;
+  if (waits_changed) RefreshWaits(*g.job, now);
   RearmHeartbeat(g, now);
   if (g.alive || !IsAlive(g.status, options.heartbeat_timeout, now)) return false;
   g.alive = true;
@@ -289,12 +292,12 @@ bool LighthouseCore::Impl::Touch(Group& g, uint32_t node_rank, uint32_t step,
   return true;
 }
 
-void LighthouseCore::Impl::AdvanceStep(Group& g, uint32_t step, TimePoint now) {
-  if (step <= g.status.step) return;
+bool LighthouseCore::Impl::AdvanceStep(Group& g, uint32_t step, TimePoint now) {
+  if (step <= g.status.step) return false;
   g.status.step = step;
   g.progress_mark = now;
   RearmProgress(g);
-  RefreshWaits(*g.job, now);  // the members it passed no longer wait on it
+  return true;
 }
 
 void LighthouseCore::Impl::LoseMember(Group& g, const std::string& reason, TimePoint now,
@@ -439,27 +442,6 @@ bool internal::WaitingOnPeers(const GroupStatus& g) {
   return true;
 }
 
-std::vector<bool> internal::ExcusedWaits(const std::vector<const internal::Group*>& members) {
-  // Another member at a member's step or behind exists unless the member alone holds the
-  // lowest step: so only the lowest step matters, and how many members hold it.
-  uint32_t lowest = UINT32_MAX;
-  size_t at_lowest = 0;
-  for (const internal::Group* g : members) {
-    if (g->status.step < lowest) {
-      lowest = g->status.step;
-      at_lowest = 0;
-    }
-    if (g->status.step == lowest) ++at_lowest;
-  }
-  std::vector<bool> out;
-  out.reserve(members.size());
-  for (const internal::Group* g : members) {
-    bool has_peer = g->status.step > lowest || at_lowest >= 2;
-    out.push_back(has_peer && WaitingOnPeers(g->status));
-  }
-  return out;
-}
-
 void LighthouseCore::Impl::RearmProgress(Group& g) {
   std::optional<TimePoint> at;
   if (options.progress_timeout.count() > 0 && g.in_quorum && !g.lost &&
@@ -470,22 +452,26 @@ void LighthouseCore::Impl::RearmProgress(Group& g) {
 }
 
 void LighthouseCore::Impl::RefreshWaits(Job& job, TimePoint now) {
-  std::vector<Group*> members;
-  for (auto& [id, g] : job.groups) {
-    if (g.in_quorum && !g.lost) {
-      members.push_back(&g);
-    } else if (g.wait_excused) {
-      g.wait_excused = false;  // out of the quorum: rule 8 does not watch it
-      RearmProgress(g);
+  if (options.progress_timeout.count() == 0) return;  // rule 8 is off: nothing reads excuses
+  // A member has another at its step or behind unless it alone holds the lowest step of the
+  // quorum: only the lowest step matters, and how many members hold it.
+  uint32_t lowest = UINT32_MAX;
+  size_t at_lowest = 0;
+  for (const auto& [id, g] : job.groups) {
+    if (!g.in_quorum || g.lost) continue;
+    if (g.status.step < lowest) {
+      lowest = g.status.step;
+      at_lowest = 0;
     }
+    if (g.status.step == lowest) ++at_lowest;
   }
-  std::vector<bool> excused =
-      ExcusedWaits(std::vector<const Group*>(members.begin(), members.end()));
-  for (size_t i = 0; i < members.size(); ++i) {
-    Group& g = *members[i];
-    if (g.wait_excused == excused[i]) continue;
-    if (g.wait_excused) g.progress_mark = now;
-    g.wait_excused = excused[i];
+  for (auto& [id, g] : job.groups) {
+    const bool member = g.in_quorum && !g.lost;
+    const bool excused = member && (g.status.step > lowest || at_lowest >= 2) &&
+                         internal::WaitingOnPeers(g.status);
+    if (g.wait_excused == excused) continue;
+    if (member && g.wait_excused) g.progress_mark = now;
+    g.wait_excused = excused;
     RearmProgress(g);
   }
 }

@@ -69,13 +69,6 @@ using Deadline = std::tuple<TimePoint, DeadlineKind, void*>;
 // Every agent of the group reports kPhasePeerWait.
 bool WaitingOnPeers(const GroupStatus& g);
 
-// Whether each member of the job's current quorum that waits on peers has a peer to wait on:
-// another member at its step or behind it. A member whose every peer is past its step is not
-// blocked by them (they already finished the collective it claims to be in): its trainer hung
-// inside the collective, or its report is stale. Indexed like `members`; false where the member
-// does not wait on peers.
-std::vector<bool> ExcusedWaits(const std::vector<const Group*>& members);
-
 }  // namespace lk::lighthouse::internal
 
 namespace lk::lighthouse {
@@ -118,7 +111,9 @@ struct LighthouseCore::Impl {
   // Records contact from one agent; returns true when the group came alive.
   bool Touch(Group& g, uint32_t node_rank, uint32_t step, const std::string& address,
              const std::string& phase, TimePoint now, Effects* fx);
-  void AdvanceStep(Group& g, uint32_t step, TimePoint now);
+  // Moves the group's step forward (never back) and restarts its progress clock; returns
+  // whether it moved. Callers refresh the job's waits (RefreshWaits) once after their changes.
+  bool AdvanceStep(Group& g, uint32_t step, TimePoint now);
 
   // Loss of a member of the current quorum: notice, watch wakeup, next quorum gets a new id.
   void LoseMember(Group& g, const std::string& reason, TimePoint now, Effects* fx);
@@ -154,9 +149,12 @@ struct LighthouseCore::Impl {
   // Arms the group's expiry; none when it is already expired at `now` (processed before).
   void RearmHeartbeat(Group& g, TimePoint now);
   void RearmProgress(Group& g);
-  // Recomputes which members' waits on peers excuse them (ExcusedWaits) after a member's phase,
-  // step or membership changed. A member whose excuse ends starts its progress clock at `now`,
-  // as one that leaves the wait does: the time it was excused was no stall of its own.
+  // Recomputes which members' waits on peers excuse them from rule 8 after a member's phase,
+  // step or membership changed. A wait excuses a member only while another member is at its
+  // step or behind it: one whose every peer is past its step is not blocked by them (they
+  // finished the collective it claims to be in), so its trainer hung inside the collective or
+  // its report is stale. A member whose excuse ends starts its progress clock at `now`, as one
+  // that leaves the wait does: the time it was excused was no stall of its own.
   void RefreshWaits(Job& job, TimePoint now);
   void DropDeadlines(Group& g);  // heartbeat and progress (collection stays armed)
   void AddGroupOrder(Job& job, const Group& g);
