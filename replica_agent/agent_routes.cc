@@ -228,17 +228,15 @@ void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) 
   // trainers, who did get it, never join. It gets the same answer while that quorum is still
   // the node's and has lost nobody; otherwise a new round is what it needs, and a drain is
   // answered below.
-  std::optional<std::pair<uint32_t, pb::TrainerPollResponse>> sent = std::move(t.sent);
-  t.sent.reset();
-  if (in.resumed() && sent && sent->first == in.step() && !draining && !sent->second.drain() &&
-      quorum && quorum->quorum_id() == sent->second.quorum_id() &&
-      !lost_quorums.count(sent->second.quorum_id())) {
+  if (in.resumed() && t.sent && t.sent->first == in.step() && !draining &&
+      !t.sent->second.drain() && quorum && quorum->quorum_id() == t.sent->second.quorum_id() &&
+      !lost_quorums.count(t.sent->second.quorum_id())) {
     LK_LOG_INFO("poll_answer_resent group_rank={} step={} quorum_id={}", in.group_rank(),
-                in.step(), sent->second.quorum_id());
+                in.step(), t.sent->second.quorum_id());
     t.polled_step = in.step();
-    t.sent = std::move(sent);
     return respond(http::Reply(t.sent->second, f));
   }
+  t.sent.reset();  // kept until this poll only
   SyncBoardLocked();
   if (board && t.slot && !draining) {
     // The node's answer for this step is on the board (up, or taken by another local trainer)
