@@ -127,6 +127,7 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx, b
   // A new ask is judged afresh: the quorum's size may have changed since a refusal.
   if (in.group_size != 0) g.status.group_size = in.group_size;
   a.ask_mixed_group_sizes = in.mixed_group_sizes;
+  a.said_shape = true;
   if (g.status.size_refused) {
     g.status.size_refused = false;
     g.reason.clear();

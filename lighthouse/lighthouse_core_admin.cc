@@ -276,7 +276,10 @@ void LighthouseCore::Impl::LoadMember(Group& g, const MemberData& m, TimePoint n
   // A loaded member keeps its size and whether it mixes until it asks again: without them the
   // first group to ask after a restart would set a one-size rule for a quorum of several.
   if (m.group_size != 0) g.status.group_size = m.group_size;
-  for (AgentStatus& a : g.status.agents) a.ask_mixed_group_sizes = m.mixed_group_sizes;
+  for (AgentStatus& a : g.status.agents) {
+    a.ask_mixed_group_sizes = m.mixed_group_sizes;
+    a.said_shape = true;
+  }
   g.alive = true;
   g.in_quorum = true;
   g.progress_mark = now;

@@ -324,5 +324,43 @@ TEST_CASE("mixed sizes: every agent of a group must mix - a first quorum with on
   CHECK(Sizes(two.Answer("a")) == "a:1,b:2");
 }
 
+TEST_CASE("mixed sizes: a member back from collection has said nothing - it neither mixes nor refuses, and refusals wait for it") {
+  CoreOptions o;
+  o.heartbeat_timeout = std::chrono::milliseconds(1000);
+  o.group_grace = std::chrono::milliseconds(2000);
+  Harness h(o);
+  for (const char* g : {"a", "b"}) REQUIRE(h.Beat(g).ok());
+  REQUIRE(JoinMixed(h, "a", 0, 2).ok());
+  REQUIRE(JoinMixed(h, "b", 0, 1).ok());
+  REQUIRE(h.fx.answers.size() == 2);
+  // b goes silent past its grace period and is collected while a keeps beating.
+  bool collected = false;
+  for (int i = 0; i < 10 && !collected; ++i) {
+    h.clock.Advance(std::chrono::milliseconds(500));
+    REQUIRE(h.Beat("a").ok());
+    collected = h.HasEvent("group_collected job=j group=b");
+    h.Tick();
+    collected = collected || h.HasEvent("group_collected job=j group=b");
+  }
+  REQUIRE(collected);
+  // The same life of b comes back (still a member of quorum 1) but has not asked yet.
+  REQUIRE(h.Beat("b").ok());
+  REQUIRE(h.Beat("c").ok());
+  REQUIRE(JoinMixed(h, "c", 0, 1).ok());  // a mixing group of another size than a's
+  CHECK(h.Rejection("c") == nullptr);
+  CHECK_FALSE(h.HasEvent("group_refused"));
+  // A group that cannot mix, among mixing groups of other sizes, would be refused; while b may
+  // still say it cannot mix (a one-size rule of its own), that is not final: d waits.
+  REQUIRE(h.Beat("d").ok());
+  REQUIRE(JoinSized(h, "d", 0, 3).ok());
+  CHECK(h.Rejection("d") == nullptr);
+  CHECK_FALSE(h.HasEvent("group_refused"));
+  // Once b says it mixes, the rule is known and d is refused.
+  REQUIRE(JoinMixed(h, "b", 0, 1).ok());
+  REQUIRE(h.Rejection("d") != nullptr);
+  CHECK(h.Rejection("d")->reason() == Reason::kGroupSizeMismatch);
+  CHECK(h.Rejection("c") == nullptr);
+}
+
 }  // namespace
 }  // namespace lk::lighthouse

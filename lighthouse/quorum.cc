@@ -50,6 +50,12 @@ bool AskShrinkOnly(const GroupStatus& group) {
   return false;
 }
 
+bool SaidShape(const GroupStatus& group) {
+  return !group.agents.empty() &&
+         std::all_of(group.agents.begin(), group.agents.end(),
+                     [](const AgentStatus& a) { return a.said_shape; });
+}
+
 bool MixesGroupSizes(const GroupStatus& group) {
   return std::all_of(group.agents.begin(), group.agents.end(),
                      [](const AgentStatus& a) { return a.ask_mixed_group_sizes; });
@@ -118,8 +124,12 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
   std::vector<const GroupStatus*> candidates;
   std::vector<bool> candidate_is_prev;
   bool any_shrink = false;
-  uint32_t prev_size = 0;  // the trainers per group of a live previous member, asking or not
-  bool prev_live = false, prev_all_mixed = true;  // over the live previous members
+  // Over the live previous members that said their shape (asking now or not): the trainers per
+  // group of the first, and whether all of them mix. A live previous member that never said it
+  // (collected and back, its agents not asked yet) neither mixes nor refuses to: it is counted
+  // apart, and while it is there no refusal is final.
+  uint32_t prev_size = 0;
+  bool prev_said = false, prev_all_mixed = true, prev_unsaid = false;
   std::vector<const GroupStatus*> healthy_groups;
   size_t pi = 0;
   for (const GroupStatus* g : m.groups) {
@@ -130,8 +140,12 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
     ++healthy;
     healthy_groups.push_back(g);
     if (is_prev) ++prev_healthy;
-    if (is_prev && prev_size == 0) prev_size = g->group_size;
-    if (is_prev) prev_live = true, prev_all_mixed = prev_all_mixed && MixesGroupSizes(*g);
+    if (is_prev && SaidShape(*g)) {
+      if (prev_size == 0) prev_size = g->group_size;
+      prev_said = true;
+      prev_all_mixed = prev_all_mixed && MixesGroupSizes(*g);
+    }
+    if (is_prev && !SaidShape(*g)) prev_unsaid = true;
     if (g->first_ask) {
       if (!clock_all || *g->first_ask < *clock_all) clock_all = g->first_ask;
       if (is_prev && (!clock_prev || *g->first_ask < *clock_prev)) clock_prev = g->first_ask;
@@ -144,10 +158,11 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
   }
 
   // A quorum mixes group sizes when every group that decides its shape can: the live previous
-  // members, else (a first quorum, or one whose members are all gone) every candidate.
+  // members that said theirs, else (a first quorum, or one whose members are all gone or silent)
+  // every candidate.
   QuorumDecision d;
   d.mixed_sizes =
-      prev_live ? prev_all_mixed
+      prev_said ? prev_all_mixed
                 : !candidates.empty() &&
                       std::all_of(candidates.begin(), candidates.end(),
                                   [](const GroupStatus* g) { return MixesGroupSizes(*g); });
@@ -196,10 +211,13 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
   }
 
   // The others are refused when a quorum of this size issues, or at once while a running
-  // quorum's size is known. Before that they wait, kept out of this decision only: the size of
+  // quorum's shape is known. Before that they wait, kept out of this decision only: the size of
   // a first quorum may still turn as more groups ask (refusing on a tie would let two sizes
-  // refuse each other forever).
-  const bool settled = d.mixed_sizes ? prev_live : prev_size != 0;
+  // refuse each other forever). A mixed rule is known only once every live previous member has
+  // said it mixes: a silent one may still say it does not, and a one-size rule it would bring
+  // could keep a group the mixed rule refuses. A one-size rule that a previous member said is
+  // final whatever the silent ones say.
+  const bool settled = d.mixed_sizes ? prev_said && !prev_unsaid : prev_size != 0;
   if (d.mixed_sizes && sizes.size() == 1) d.group_size = *sizes.begin();
   auto wait = [&d, settled](std::string reason,
                             std::optional<TimePoint> wake_at = std::nullopt) {

@@ -38,6 +38,9 @@ struct AgentStatus {
   // Its last ask (kept across rounds, and from the quorum record after a restart) said its
   // node's trainers average across group sizes.
   bool ask_mixed_group_sizes = false;
+  // ask_mixed_group_sizes holds what this agent said (an ask of this incarnation, or the quorum
+  // record); false until then, when its default means nothing.
+  bool said_shape = false;
   std::string address;  // its shard server
   std::string phase;    // free text from heartbeats ("train", "heal", ...)
 };
@@ -71,6 +74,11 @@ bool IsParticipant(const GroupStatus& group);
 uint32_t AskStep(const GroupStatus& group);
 bool AskHasState(const GroupStatus& group);
 bool AskShrinkOnly(const GroupStatus& group);
+// Every agent of the group said its shape (its trainers per group and whether they mix) in an
+// ask of this incarnation, or the quorum record kept it across a lighthouse restart. A group that
+// has not (new, or collected and back before all its agents asked) takes no part in the size
+// rule: it neither mixes nor refuses to.
+bool SaidShape(const GroupStatus& group);
 // Every agent's last ask said its trainers average across group sizes (mixed_group_sizes).
 bool MixesGroupSizes(const GroupStatus& group);
 
