@@ -49,7 +49,10 @@ int Agent::Run() { return impl_->Run(); }
 void Agent::Drain(const std::string& reason, bool checkpoint, std::function<void()> after_leave) {
   impl_->Drain(reason, checkpoint, std::move(after_leave));
 }
-void Agent::SignalArrived() { impl_->signalled = true; }
+void Agent::SignalArrived() {
+  impl_->signalled = true;
+  impl_->cv.notify_all();  // a final-report wait shortens to the quick bound (SendLeave)
+}
 const std::string& Agent::incarnation() const { return impl_->options.incarnation; }
 
 std::shared_ptr<http::Client> Agent::Impl::CancellableLighthouseClient() {
@@ -162,7 +165,7 @@ Status Agent::Impl::Start() {
   Spawn([self] { self->HeartbeatLoop(); });
   Spawn([self] { self->QuorumLoop(); });
   Spawn([self] { self->WatchLoop(); });
-  Spawn([self] { self->CommitLoop(); });
+  Spawn([self] { self->OutboxLoop(); });
   if (board) Spawn([self] { self->BoardLoop(); });
   return Status::Ok();
 }
@@ -181,6 +184,13 @@ int Agent::Impl::Run() {
   CancelLighthouseClients();
   if (workers) workers->Stop();
   JoinThreads();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!outbox.empty()) {
+      LK_LOG_WARN("outbox_undelivered pending={} delivered={} dropped={} {}", outbox.size(),
+                  outbox_delivered, outbox.dropped(), outbox.Summary());
+    }
+  }
   return exit_code.load() < 0 ? 0 : exit_code.load();
 }
 
@@ -260,7 +270,8 @@ void Agent::Impl::QuorumLoop() {
       // An ask ahead waits until the node's commit reached the lighthouse, so that a new
       // quorum never overtakes the commit of the step before it.
       cv.wait(lock, [&] {
-        return stopping.load() || (ask_needed && !draining && (!ask_ahead || commits.empty()));
+        return stopping.load() ||
+               (ask_needed && !draining && (!ask_ahead || !outbox.Holds(ReportKind::kCommit)));
       });
       if (stopping) return;
       step = ask_step;
@@ -473,60 +484,152 @@ void Agent::Impl::BoardLoop() {
   }
 }
 
-void Agent::Impl::CommitLoop() {
+namespace {
+
+// Answers that are worth a retry: the lighthouse is away, overloaded or restarting. Any other
+// answer is its judgement of the report (taken, or refused with a reason) and final.
+bool Retryable(const Status& st) {
+  switch (st.code()) {
+    case Code::kUnavailable:
+    case Code::kDeadlineExceeded:
+    case Code::kResourceExhausted:
+    case Code::kInternal:
+      return true;
+    default:
+      return false;
+  }
+}
+
+const char* PathOf(ReportKind kind) {
+  switch (kind) {
+    case ReportKind::kCommit: return "/v1/commit";
+    case ReportKind::kCheckpoint: return "/v1/checkpoints";
+    case ReportKind::kLeave: return "/v1/leave";
+  }
+  return "/";
+}
+
+// Other leaves than a finished group's wait at most this long for the lighthouse: a signal's
+// leave has the scheduler's kill behind it, and a failed group's next life replaces this one
+// anyway.
+constexpr Millis kQuickLeaveWait{5'000};
+
+}  // namespace
+
+Status Agent::Impl::Deliver(http::Client& client, const Report& r) {
+  auto resp = client.Do("POST", PathOf(r.kind), r.body, http::kProtoType, Millis(5000));
+  Status st = resp.ok() ? http::StatusFromResponse(*resp) : resp.status();
+  if (!st.ok() || r.kind != ReportKind::kCommit) return st;
+  pb::CommitResponse c;
+  if (http::Decode(resp->body, http::BodyFormat(resp->content_type), &c).ok() && c.diverged()) {
+    LK_LOG_WARN("state_diverged step={}", r.step);
+  }
+  return st;
+}
+
+void Agent::Impl::QueueReportLocked(Report r) {
+  if (auto dropped = outbox.Push(std::move(r))) {
+    LK_LOG_WARN("outbox_dropped kind={} step={} quorum_id={} outbox_max={} dropped={}",
+                ReportKindName(dropped->kind), dropped->step, dropped->quorum_id, outbox.max(),
+                outbox.dropped());
+  }
+  cv.notify_all();
+}
+
+void Agent::Impl::OutboxLoop() {
   auto client = LighthouseClient();
   int failures = 0;
   while (!stopping) {
-    pb::CommitRequest c;
+    Report r;
     {
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return stopping.load() || !commits.empty(); });
+      cv.wait(lock, [&] { return stopping.load() || !outbox.empty(); });
       if (stopping) return;
-      c = commits.front();
+      r = outbox.front();
     }
-    pb::CommitResponse resp;
-    Status st = client->Call("POST", "/v1/commit", c, &resp, Millis(5000));
+    Status st = Deliver(*client, r);
     std::unique_lock<std::mutex> lock(mu);
-    if (st.ok() || st.code() == Code::kConflict || st.code() == Code::kInvalidArgument) {
-      // A commit for a superseded quorum is moot: the next quorum carries the steps.
-      if (!st.ok()) LK_LOG_WARN("commit_refused step={} error={}", c.step(), Q(st.ToString()));
-      if (resp.diverged()) LK_LOG_WARN("state_diverged step={}", c.step());
-      commits.pop_front();
-      failures = 0;
-      if (st.reason() == Reason::kJobFinished) {
-        // The job finished and this group is in a catch-up quorum that could not bring it to
-        // the final step: no quorum will ever take its steps, so it leaves instead of waiting.
-        lock.unlock();
-        Drain("job_finished", false);
-        return;
+    if (Retryable(st)) {
+      // The lighthouse is away: the report stays first in line; trainers go on meanwhile.
+      if (failures++ == 0) {
+        LK_LOG_WARN("outbox_delivery_failed kind={} step={} pending={} error={}",
+                    ReportKindName(r.kind), r.step, outbox.size(), Q(st.ToString()));
       }
-      cv.notify_all();  // an ask ahead waits for the commits to be out
+      cv.wait_for(lock, Backoff(failures), [&] { return stopping.load(); });
       continue;
     }
-    // The lighthouse is away: keep the commit and retry; trainers go on meanwhile.
-    if (failures++ == 0) LK_LOG_WARN("commit_failed step={} error={}", c.step(), Q(st.ToString()));
-    cv.wait_for(lock, Backoff(failures), [&] { return stopping.load(); });
+    if (failures > 0) {
+      LK_LOG_INFO("outbox_delivering after_failures={} pending={}", failures, outbox.size());
+      failures = 0;
+    }
+    outbox.Done(r.seq);
+    ++outbox_delivered;
+    switch (r.kind) {
+      case ReportKind::kCommit:
+        // A commit for a superseded quorum is moot: the next quorum carries the steps.
+        if (!st.ok()) {
+          LK_LOG_WARN("commit_refused step={} quorum_id={} error={}", r.step, r.quorum_id,
+                      Q(st.ToString()));
+        }
+        break;
+      case ReportKind::kCheckpoint:
+        if (st.ok()) {
+          LK_LOG_INFO("checkpoint_registered step={} late=true", r.step);
+        } else {
+          LK_LOG_WARN("checkpoint_refused step={} error={}", r.step, Q(st.ToString()));
+        }
+        break;
+      case ReportKind::kLeave:
+        LK_LOG_INFO("left reason={} result={}", drain_reason, Q(st.ToString()));
+        break;
+    }
+    cv.notify_all();  // an ask ahead waits for the commits, a leave for itself
+    if (r.kind == ReportKind::kCommit && st.reason() == Reason::kJobFinished) {
+      // The job finished and this group is in a catch-up quorum that could not bring it to
+      // the final step: no quorum will ever take its steps, so it leaves instead of waiting.
+      lock.unlock();
+      Drain("job_finished", false);
+    }
   }
 }
 
 void Agent::Impl::SendLeave(const std::string& reason) {
-  auto client = LighthouseClient();
   pb::LeaveRequest leave;
   leave.set_job(options.job);
   leave.set_group_id(options.group_id);
   leave.set_incarnation(options.incarnation);
   leave.set_reason(reason);
   leave.set_generation(generation.load());
-  // A few quick tries: a leave that does not arrive is covered by the heartbeat timeout.
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    Status st = client->Call("POST", "/v1/leave", leave, nullptr, Millis(2000));
-    if (st.ok() || st.code() == Code::kConflict || st.code() == Code::kNotFound) {
-      LK_LOG_INFO("left reason={} result={}", reason, Q(st.ToString()));
-      return;
-    }
-    LK_LOG_WARN("leave_failed attempt={} error={}", attempt, Q(st.ToString()));
-    std::this_thread::sleep_for(Backoff(attempt));
+  const Millis bound = reason == "finished"
+                           ? options.final_report_timeout
+                           : std::min(options.final_report_timeout, kQuickLeaveWait);
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mu);
+  Report r;
+  r.kind = ReportKind::kLeave;
+  r.step = committed_step;
+  r.body = leave.SerializeAsString();
+  QueueReportLocked(std::move(r));
+  const uint64_t seq = outbox.pushed();
+  auto left = [&] { return !outbox.Contains(seq); };
+  if (left()) return;
+  // The lighthouse is away or has reports to take first: a finished group stays until its
+  // final commit and its leave are in (or the bound passes); a signal shortens the wait.
+  LK_LOG_INFO("final_reports_waiting reason={} pending={} bound_ms={} {}", reason, outbox.size(),
+              bound.count(), outbox.Summary());
+  while (!left() && !stopping) {
+    auto deadline = start + (signalled ? std::min(bound, kQuickLeaveWait) : bound);
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    cv.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + Millis(200)));
   }
+  if (left()) {
+    LK_LOG_INFO("final_reports_delivered reason={} waited_ms={}", reason,
+                ToMillis(std::chrono::steady_clock::now() - start));
+    return;
+  }
+  LK_LOG_WARN("final_reports_undelivered reason={} waited_ms={} bound_ms={} signalled={} {}",
+              reason, ToMillis(std::chrono::steady_clock::now() - start), bound.count(),
+              signalled.load(), outbox.Summary());
 }
 
 void Agent::Impl::Drain(const std::string& reason, bool checkpoint,
