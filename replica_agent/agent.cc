@@ -551,6 +551,10 @@ void Agent::Impl::OutboxLoop() {
     std::unique_lock<std::mutex> lock(mu);
     if (Retryable(st)) {
       // The lighthouse is away: the report stays first in line; trainers go on meanwhile.
+      if (!outbox_failing) {
+        outbox_failing = true;
+        cv.notify_all();  // a checkpoint registration waiting on the outbox queues instead
+      }
       if (failures++ == 0) {
         LK_LOG_WARN("outbox_delivery_failed kind={} step={} pending={} error={}",
                     ReportKindName(r.kind), r.step, outbox.size(), Q(st.ToString()));
@@ -562,6 +566,7 @@ void Agent::Impl::OutboxLoop() {
       LK_LOG_INFO("outbox_delivering after_failures={} pending={}", failures, outbox.size());
       failures = 0;
     }
+    outbox_failing = false;
     outbox.Done(r.seq);
     ++outbox_delivered;
     switch (r.kind) {

@@ -222,6 +222,7 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   // Every report the lighthouse must hear of, in the node's order (OutboxLoop delivers it).
   Outbox outbox;
   uint64_t outbox_delivered = 0;  // reports the lighthouse took (and refused) in this life
+  bool outbox_failing = false;    // the last delivery found the lighthouse away
   std::map<uint64_t, NoticeWaiter> notice_waiters;
   uint64_t next_id = 1;
   // Every thread the agent starts; joined in Run after the io_context stopped.

@@ -134,40 +134,44 @@ void Agent::Impl::HandleCheckpoint(const http::Request& req, http::Responder res
   if (!st.ok()) return respond(http::ErrorReply(st, f));
   in.set_job(options.job);
   in.set_group_id(options.group_id);
-  // Kept for later when the lighthouse is away (the checkpoint is durable already; the
-  // registration reaches the lighthouse after the commits before it). The trainer's call then
-  // succeeds: the agent owns the delivery.
-  auto queue = [self = shared_from_this(), in, f](const http::Responder& reply,
-                                                    const std::string& why) {
-    {
-      std::lock_guard<std::mutex> lock(self->mu);
-      Report r;
-      r.kind = ReportKind::kCheckpoint;
-      r.step = in.step();
-      r.body = in.SerializeAsString();
-      self->QueueReportLocked(std::move(r));
-    }
-    LK_LOG_INFO("checkpoint_registration_queued step={} location={} why={}", in.step(),
-                Q(in.location()), Q(why));
-    reply(http::Reply(in, f));
-  };
-  std::string waiting;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    waiting = outbox.Summary();
-  }
-  // Reports wait already (the lighthouse is away, or the node's commit of this step is on its
-  // way): the registration goes after them, in order.
-  if (!waiting.empty()) return queue(respond, waiting);
   // The lighthouse call may wait on a retry; it runs off the io thread.
   auto shared = std::make_shared<http::Responder>(respond);
   OffThread(
-      [self = shared_from_this(), in, f, shared, queue] {
-        auto client = self->LighthouseClient();
+      [self = shared_from_this(), in, f, shared] {
+        // Reports the node made before (the commit of this step, usually) reach the lighthouse
+        // first, so that it judges the registration against them.
+        bool away;
+        {
+          std::unique_lock<std::mutex> lock(self->mu);
+          self->cv.wait_for(lock, Millis(10'000), [&] {
+            return self->stopping.load() || self->outbox.empty() || self->outbox_failing;
+          });
+          away = !self->outbox.empty();
+        }
+        Status st;
         pb::CheckpointInfo out;
-        Status st = client->Call("POST", "/v1/checkpoints", in, &out, Millis(10'000));
-        if (st.code() == Code::kUnavailable || st.code() == Code::kDeadlineExceeded) {
-          return queue(*shared, st.ToString());
+        if (!away) {
+          auto client = self->LighthouseClient();
+          st = client->Call("POST", "/v1/checkpoints", in, &out, Millis(10'000));
+          away = st.code() == Code::kUnavailable || st.code() == Code::kDeadlineExceeded;
+        }
+        if (away) {
+          // The lighthouse is away: the checkpoint is durable already, and the agent owns the
+          // registration from here (the outbox delivers it after the reports before it). The
+          // trainer's call succeeds.
+          std::string waiting;
+          {
+            std::lock_guard<std::mutex> lock(self->mu);
+            Report r;
+            r.kind = ReportKind::kCheckpoint;
+            r.step = in.step();
+            r.body = in.SerializeAsString();
+            self->QueueReportLocked(std::move(r));
+            waiting = self->outbox.Summary();
+          }
+          LK_LOG_INFO("checkpoint_registration_queued step={} location={} {}", in.step(),
+                      Q(in.location()), waiting);
+          return (*shared)(http::Reply(in, f));
         }
         if (!st.ok()) return (*shared)(http::ErrorReply(st, f));
         LK_LOG_INFO("checkpoint_registered step={} location={}", in.step(), Q(in.location()));
