@@ -617,6 +617,10 @@ void Agent::Impl::SendLeave(const std::string& reason) {
   QueueReportLocked(std::move(r));
   const uint64_t seq = outbox.pushed();
   auto left = [&] { return !outbox.Contains(seq); };
+  // With the lighthouse there, the leave is in within a round trip or a few; the wait is worth
+  // a line only once the lighthouse is found away.
+  cv.wait_until(lock, start + std::min(bound, Millis(1000)),
+                [&] { return left() || outbox_failing || stopping.load(); });
   if (left()) return;
   // The lighthouse is away or has reports to take first: a finished group stays until its
   // final commit and its leave are in (or the bound passes); a signal shortens the wait.
