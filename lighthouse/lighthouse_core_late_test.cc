@@ -90,8 +90,9 @@ struct Restarted {
   uint32_t Committed() { return h->core.CommittedStep("j"); }
 };
 
-TEST_CASE("late: after a restart, the commits members kept are taken in order - the record "
-          "catches up - their leaves end each group") {
+TEST_CASE(
+    "late: after a restart, the commits members kept are taken in order - the record "
+    "catches up - their leaves end each group") {
   Restarted r;
   Harness& h = *r.h;
   CHECK(r.Committed() == 2);
@@ -144,8 +145,9 @@ TEST_CASE("late: after a restart, the commits members kept are taken in order - 
   }
 }
 
-TEST_CASE("late: reports inconsistent with the record are refused with a reason and change "
-          "nothing") {
+TEST_CASE(
+    "late: reports inconsistent with the record are refused with a reason and change "
+    "nothing") {
   Restarted r;
   Harness& h = *r.h;
   REQUIRE(h.Commit("a", r.q, 3).ok());  // a is at step 3 now, b at 2
@@ -216,8 +218,9 @@ TEST_CASE("late: reports inconsistent with the record are refused with a reason 
   CHECK(r.Committed() == 4);
 }
 
-TEST_CASE("late: a failure report of the current quorum is taken after a restart - the next "
-          "quorum gets a new id") {
+TEST_CASE(
+    "late: a failure report of the current quorum is taken after a restart - the next "
+    "quorum gets a new id") {
   Restarted r;
   Harness& h = *r.h;
   REQUIRE(h.Commit("a", r.q, 0, /*ok=*/false).ok());
@@ -230,8 +233,9 @@ TEST_CASE("late: a failure report of the current quorum is taken after a restart
   CHECK(h.Answer("a")->quorum_id > r.q);
 }
 
-TEST_CASE("late: with the lighthouse up, a group that went on without it (a partition) has its "
-          "kept commits taken in order; a heartbeat's step counts as reached") {
+TEST_CASE(
+    "late: with the lighthouse up, a group that went on without it (a partition) has its "
+    "kept commits taken in order; a heartbeat's step counts as reached") {
   Harness h;
   h.Form({"a", "b"});
   const uint32_t q = h.Answer("a")->quorum_id;

@@ -79,7 +79,7 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   void Refused(const Status& why);
   void Finish(int code);
 
-  // ---- lighthouse threads (agent.cc) ----
+  // ---- lighthouse threads (agent.cc; the outbox and the leave: agent_outbox.cc) ----
   void HeartbeatLoop();
   void QuorumLoop();
   void WatchLoop();

@@ -9,9 +9,12 @@ namespace lk::agent {
 
 std::string_view ReportKindName(ReportKind kind) {
   switch (kind) {
-    case ReportKind::kCommit: return "commit";
-    case ReportKind::kCheckpoint: return "checkpoint";
-    case ReportKind::kLeave: return "leave";
+    case ReportKind::kCommit:
+      return "commit";
+    case ReportKind::kCheckpoint:
+      return "checkpoint";
+    case ReportKind::kLeave:
+      return "leave";
   }
   return "unknown";
 }

@@ -42,11 +42,10 @@ struct Run {
     Group& g = groups[name];
     const std::string socket = fmt::format("{}/{}.sock", dir, name);
     g.agent = std::make_unique<Process>(
-        std::vector<std::string>{BinDir() + "/replica_agent", "--lighthouse", lh.url(), "--job",
-                                 "t", "--group-id", name, "--socket", socket,
-                                 "--heartbeat-interval-ms", "100", "--drain-timeout-ms", "5000",
-                                 "--backoff-max-ms", "500", "--final-report-timeout-ms",
-                                 final_timeout_ms},
+        std::vector<std::string>{
+            BinDir() + "/replica_agent", "--lighthouse", lh.url(), "--job", "t", "--group-id", name,
+            "--socket", socket, "--heartbeat-interval-ms", "100", "--drain-timeout-ms", "5000",
+            "--backoff-max-ms", "500", "--final-report-timeout-ms", final_timeout_ms},
         fmt::format("{}/agent-{}.log", dir, name));
     REQUIRE_FALSE(g.agent->WaitForLog("agent_listening", 10s).empty());
     g.trainer_log = fmt::format("{}/trainer-{}.jsonl", dir, name);
@@ -91,8 +90,9 @@ struct Run {
   }
 };
 
-TEST_CASE("a lighthouse outage that outlasts the run: once it is back, status shows the last "
-          "committed step and both groups left finished") {
+TEST_CASE(
+    "a lighthouse outage that outlasts the run: once it is back, status shows the last "
+    "committed step and both groups left finished") {
   constexpr uint32_t kSteps = 60;
   Run run("agent-outage");
   run.Start("a", kSteps, "120000");
@@ -149,8 +149,9 @@ TEST_CASE("a lighthouse outage that outlasts the run: once it is back, status sh
   }
 }
 
-TEST_CASE("a lighthouse that never comes back: the finished agent exits after "
-          "--final-report-timeout-ms and logs what it could not deliver") {
+TEST_CASE(
+    "a lighthouse that never comes back: the finished agent exits after "
+    "--final-report-timeout-ms and logs what it could not deliver") {
   Run run("agent-outage-bound");
   run.Start("a", 40, "1500");
   run.Start("b", 40, "1500");
