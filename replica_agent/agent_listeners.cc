@@ -206,12 +206,12 @@ void Agent::Impl::HandleStatus(const http::Request& req, http::Responder respond
       "{{\"job\":\"{}\",\"group_id\":\"{}\",\"incarnation\":\"{}\",\"node_rank\":{},"
       "\"quorum_id\":{},\"committed_step\":{},\"trainers\":{},\"phase\":\"{}\",\"draining\":{},"
       "\"ahead_quorum_id\":{},\"ahead_step\":{},\"board\":{},\"board_ready_step\":{},"
-      "\"board_taken_step\":{}}}",
+      "\"board_taken_step\":{},\"outbox_pending\":{},\"outbox_dropped\":{}}}",
       options.job, options.group_id, options.incarnation, options.node_rank,
       quorum ? quorum->quorum_id() : 0, committed_step, trainers.size(), ReportedPhaseLocked(),
       draining ? "true" : "false", ahead ? ahead->quorum_id() : 0, ahead ? ahead_step : 0,
       board ? "true" : "false", ready ? static_cast<int64_t>(ready->step) : -1,
-      handed ? static_cast<int64_t>(handed->step) : -1);
+      handed ? static_cast<int64_t>(handed->step) : -1, outbox.size(), outbox.dropped());
   respond(http::TextReply(200, http::kJsonType, body));
 }
 
