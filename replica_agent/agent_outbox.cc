@@ -72,6 +72,8 @@ void Agent::Impl::OutboxLoop() {
     }
     Status st = Deliver(*client, r);
     std::unique_lock<std::mutex> lock(mu);
+    // Cancelled by the agent's exit: the report stays undelivered (and is logged as such).
+    if (stopping) return;
     if (Retryable(st)) {
       // The lighthouse is away: the report stays first in line; trainers go on meanwhile.
       if (!outbox_failing) {
