@@ -219,6 +219,26 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "late: once a newer quorum was issued after the restart, the old quorum's kept commits are "
+    "refused - its leaves are still taken") {
+  Restarted r;
+  Harness& h = *r.h;
+  // c, outside the old quorum, asks while a and b (finished, silent) are unhealthy: a quorum of
+  // c alone is issued with a new id.
+  REQUIRE(h.Beat("c", 0, "c1").ok());
+  REQUIRE(h.Join("c", 0, "c1").ok());
+  REQUIRE(h.Answer("c") != nullptr);
+  const uint32_t newer = h.Answer("c")->quorum_id;
+  CHECK(newer > r.q);
+  auto late = h.Commit("a", r.q, 3);
+  CHECK(late.status().code() == Code::kConflict);
+  CHECK(ReasonName(late.status().reason()) == ReasonName(Reason::kWrongQuorum));
+  CHECK(r.Committed() == 2);
+  REQUIRE(r.Leave("a", "i1", "finished").ok());
+  CHECK(h.Group("a")->state == "left");
+}
+
+TEST_CASE(
     "late: a failure report of the current quorum is taken after a restart - the next "
     "quorum gets a new id") {
   Restarted r;
