@@ -80,9 +80,22 @@ void Agent::Impl::OutboxLoop() {
         outbox_failing = true;
         cv.notify_all();  // a checkpoint registration waiting on the outbox queues instead
       }
+      // Once per outage, under the event names the agent has always used for these calls.
       if (failures++ == 0) {
-        LK_LOG_WARN("outbox_delivery_failed kind={} step={} pending={} error={}",
-                    ReportKindName(r.kind), r.step, outbox.size(), Q(st.ToString()));
+        switch (r.kind) {
+          case ReportKind::kCommit:
+            LK_LOG_WARN("commit_failed step={} error={} pending={}", r.step, Q(st.ToString()),
+                        outbox.size());
+            break;
+          case ReportKind::kCheckpoint:
+            LK_LOG_WARN("checkpoint_registration_failed step={} error={} pending={}", r.step,
+                        Q(st.ToString()), outbox.size());
+            break;
+          case ReportKind::kLeave:
+            LK_LOG_WARN("leave_failed attempt=0 error={} pending={}", Q(st.ToString()),
+                        outbox.size());
+            break;
+        }
       }
       cv.wait_for(lock, Backoff(failures), [&] { return stopping.load(); });
       continue;
