@@ -231,11 +231,20 @@ Result<bool> LighthouseCore::OnCommit(const CommitInput& in, TimePoint now, Effe
                   "the final step and commits nothing (restart every group to train further)",
                   job.quorum_id, job.finished_step);
   }
-  if (in.ok && in.step != expected) {
+  // A step past max_step + 1 on the same quorum is one its members went on to without the
+  // lighthouse (the agents keep their quorum while it is away, and deliver the commits they
+  // kept when it is back). Each such commit is taken only one step past what is known to have
+  // been reached: the group's step (its commits and heartbeats) or the job's committed step (a
+  // restart loads the members at the quorum's start, and the steps after it were committed in
+  // lockstep). A member can only have completed a step after the one before it; a jump says
+  // nothing the lighthouse could trust.
+  const uint64_t reached = std::max(g->status.step, job.committed_step);
+  const bool continued = in.ok && in.step > expected && in.step <= reached + 1;
+  if (in.ok && in.step != expected && !continued) {
     return Refuse(Code::kConflict, Reason::kWrongStep,
                   "commit of step {} in quorum {}, which started at step {}: only step {} can "
-                  "be committed",
-                  in.step, job.quorum_id, job.plan.max_step, expected);
+                  "be committed, or (going on without the lighthouse) the step after {}",
+                  in.step, job.quorum_id, job.plan.max_step, expected, reached);
   }
   s.ApplyTimeouts(now, fx);
   // A timeout due at `now` may have issued a newer quorum: the commit then only moves steps.
@@ -260,9 +269,9 @@ Result<bool> LighthouseCore::OnCommit(const CommitInput& in, TimePoint now, Effe
   }
   fx->events.push_back(fmt::format(
       "commit job={} quorum_id={} group={} incarnation={} node={} step={} ok={} committed_step={} "
-      "tokens={}",
+      "tokens={} continued={}",
       Q(in.job), job.quorum_id, Q(in.group_id), Q(in.incarnation), in.node_rank, in.step, in.ok,
-      job.committed_step, in.tokens));
+      job.committed_step, in.tokens, continued));
   if (current && in.ok && !in.state_hash.empty()) {
     g->hash_step = in.step;
     g->state_hash = in.state_hash;

@@ -298,7 +298,10 @@ class LighthouseCore {
                  Effects* fx, uint32_t generation = 0);
 
   // Accepted only from the current incarnation of a member of the current quorum, naming that
-  // quorum, and (when ok) for the step after the quorum's start, max_step + 1. Errors:
+  // quorum, and (when ok) for the step after the quorum's start, max_step + 1, or a later step
+  // the members went on to on that quorum without the lighthouse (a late report, delivered
+  // when it is back, also after a restart): at most one past the step the group or the job is
+  // known to have reached, so that such steps are taken in order, one at a time. Errors:
   // kNotFound (UNKNOWN_JOB, UNKNOWN_GROUP), kConflict (STALE_INCARNATION,
   // UNKNOWN_INCARNATION, GROUP_LEFT, WRONG_QUORUM, NOT_A_MEMBER, WRONG_STEP, JOB_FINISHED: a
   // successful commit in a catch-up quorum, which only lets groups behind a finished job

@@ -49,7 +49,10 @@ int Agent::Run() { return impl_->Run(); }
 void Agent::Drain(const std::string& reason, bool checkpoint, std::function<void()> after_leave) {
   impl_->Drain(reason, checkpoint, std::move(after_leave));
 }
-void Agent::SignalArrived() { impl_->signalled = true; }
+void Agent::SignalArrived() {
+  impl_->signalled = true;
+  impl_->cv.notify_all();  // a final-report wait shortens to the quick bound (SendLeave)
+}
 const std::string& Agent::incarnation() const { return impl_->options.incarnation; }
 
 std::shared_ptr<http::Client> Agent::Impl::CancellableLighthouseClient() {
@@ -162,7 +165,7 @@ Status Agent::Impl::Start() {
   Spawn([self] { self->HeartbeatLoop(); });
   Spawn([self] { self->QuorumLoop(); });
   Spawn([self] { self->WatchLoop(); });
-  Spawn([self] { self->CommitLoop(); });
+  Spawn([self] { self->OutboxLoop(); });
   if (board) Spawn([self] { self->BoardLoop(); });
   return Status::Ok();
 }
@@ -181,6 +184,13 @@ int Agent::Impl::Run() {
   CancelLighthouseClients();
   if (workers) workers->Stop();
   JoinThreads();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!outbox.empty()) {
+      LK_LOG_WARN("outbox_undelivered pending={} delivered={} dropped={} {}", outbox.size(),
+                  outbox_delivered, outbox.dropped(), outbox.Summary());
+    }
+  }
   return exit_code.load() < 0 ? 0 : exit_code.load();
 }
 
@@ -260,7 +270,8 @@ void Agent::Impl::QuorumLoop() {
       // An ask ahead waits until the node's commit reached the lighthouse, so that a new
       // quorum never overtakes the commit of the step before it.
       cv.wait(lock, [&] {
-        return stopping.load() || (ask_needed && !draining && (!ask_ahead || commits.empty()));
+        return stopping.load() ||
+               (ask_needed && !draining && (!ask_ahead || !outbox.Holds(ReportKind::kCommit)));
       });
       if (stopping) return;
       step = ask_step;
@@ -470,62 +481,6 @@ void Agent::Impl::BoardLoop() {
       SyncBoardLocked();
     }
     board->WaitDoorbell(seen, Millis(500));
-  }
-}
-
-void Agent::Impl::CommitLoop() {
-  auto client = LighthouseClient();
-  int failures = 0;
-  while (!stopping) {
-    pb::CommitRequest c;
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return stopping.load() || !commits.empty(); });
-      if (stopping) return;
-      c = commits.front();
-    }
-    pb::CommitResponse resp;
-    Status st = client->Call("POST", "/v1/commit", c, &resp, Millis(5000));
-    std::unique_lock<std::mutex> lock(mu);
-    if (st.ok() || st.code() == Code::kConflict || st.code() == Code::kInvalidArgument) {
-      // A commit for a superseded quorum is moot: the next quorum carries the steps.
-      if (!st.ok()) LK_LOG_WARN("commit_refused step={} error={}", c.step(), Q(st.ToString()));
-      if (resp.diverged()) LK_LOG_WARN("state_diverged step={}", c.step());
-      commits.pop_front();
-      failures = 0;
-      if (st.reason() == Reason::kJobFinished) {
-        // The job finished and this group is in a catch-up quorum that could not bring it to
-        // the final step: no quorum will ever take its steps, so it leaves instead of waiting.
-        lock.unlock();
-        Drain("job_finished", false);
-        return;
-      }
-      cv.notify_all();  // an ask ahead waits for the commits to be out
-      continue;
-    }
-    // The lighthouse is away: keep the commit and retry; trainers go on meanwhile.
-    if (failures++ == 0) LK_LOG_WARN("commit_failed step={} error={}", c.step(), Q(st.ToString()));
-    cv.wait_for(lock, Backoff(failures), [&] { return stopping.load(); });
-  }
-}
-
-void Agent::Impl::SendLeave(const std::string& reason) {
-  auto client = LighthouseClient();
-  pb::LeaveRequest leave;
-  leave.set_job(options.job);
-  leave.set_group_id(options.group_id);
-  leave.set_incarnation(options.incarnation);
-  leave.set_reason(reason);
-  leave.set_generation(generation.load());
-  // A few quick tries: a leave that does not arrive is covered by the heartbeat timeout.
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    Status st = client->Call("POST", "/v1/leave", leave, nullptr, Millis(2000));
-    if (st.ok() || st.code() == Code::kConflict || st.code() == Code::kNotFound) {
-      LK_LOG_INFO("left reason={} result={}", reason, Q(st.ToString()));
-      return;
-    }
-    LK_LOG_WARN("leave_failed attempt={} error={}", attempt, Q(st.ToString()));
-    std::this_thread::sleep_for(Backoff(attempt));
   }
 }
 

@@ -5,8 +5,10 @@
 // Its two listeners carry different routes: the trainer API only on the Unix socket (mode 0600,
 // peers of the agent's own uid, identified by SO_PEERCRED), health, status and token-protected
 // shard reads only on --serve.
+// Reports the lighthouse must not miss (commits, failure reports, checkpoint registrations, the
+// leave) go through one bounded outbox (outbox.h) and reach it in order, also after an outage.
 // Thread-safety: all state is behind one mutex; lighthouse calls run on their own threads
-// (heartbeat, quorum, watch, commit, a bounded pool for the trainers' KV and checkpoint calls)
+// (heartbeat, quorum, watch, outbox, a bounded pool for the trainers' KV and checkpoint calls)
 // so that a slow or absent lighthouse never blocks trainers; all are joined before Run returns.
 #pragma once
 
@@ -54,6 +56,15 @@ struct AgentOptions {
   // lighthouse (a KV GET waits for its key); a request beyond the queue gets 503.
   uint32_t workers = 16;
   uint32_t worker_queue_max = 256;
+  // Reports for the lighthouse (commits, failure reports, checkpoint registrations, the leave)
+  // kept while it is away, delivered in order when it answers again. Past the bound the oldest
+  // report that is not the leave is dropped (logged): a larger bound rides out longer outages
+  // for a few hundred bytes a report.
+  uint32_t outbox_max = 65'536;
+  // How long an agent whose trainers all finished stays to deliver its final commit and its
+  // leave while the lighthouse is away; then it logs what it could not deliver and exits.
+  // Other leaves (a signal, a failure) wait at most the shorter of this and a few seconds.
+  Millis final_report_timeout{300'000};
 };
 
 class Agent {

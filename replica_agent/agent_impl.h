@@ -24,6 +24,7 @@
 #include "checkpoint/shard_server.h"
 #include "replica_agent/agent.h"
 #include "replica_agent/client/poll_board.h"
+#include "replica_agent/outbox.h"
 #include "replica_agent/worker_pool.h"
 
 namespace lk::agent {
@@ -63,7 +64,7 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
     std::unique_ptr<boost::asio::steady_timer> timer;
   };
 
-  explicit Impl(AgentOptions o) : options(std::move(o)) {}
+  explicit Impl(AgentOptions o) : options(std::move(o)), outbox(options.outbox_max) {}
 
   // ---- life cycle (agent.cc) ----
   Status Start();
@@ -78,11 +79,19 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   void Refused(const Status& why);
   void Finish(int code);
 
-  // ---- lighthouse threads (agent.cc) ----
+  // ---- lighthouse threads (agent.cc; the outbox and the leave: agent_outbox.cc) ----
   void HeartbeatLoop();
   void QuorumLoop();
   void WatchLoop();
-  void CommitLoop();
+  // Delivers the outbox's reports in order, retrying with backoff while the lighthouse is away;
+  // a report it refuses is logged and dropped (the lighthouse judged it).
+  void OutboxLoop();
+  // One delivery attempt of `r`; the lighthouse's answer or why none came.
+  Status Deliver(http::Client& client, const Report& r);
+  // With mu held: puts `r` in the outbox and logs a report dropped past its bound.
+  void QueueReportLocked(Report r);
+  // Puts the leave in the outbox and waits until it was delivered or refused, up to the bound
+  // (final_report_timeout for a finished group, shorter otherwise); logs what stays undelivered.
   void SendLeave(const std::string& reason);
   Millis Backoff(int attempt);
   std::shared_ptr<http::Client> LighthouseClient() { return CancellableLighthouseClient(); }
@@ -210,7 +219,10 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   std::string drain_reason;
   uint32_t committed_step = 0;       // the group's step as this node knows it
   std::string phase = "starting";
-  std::deque<pb::CommitRequest> commits;
+  // Every report the lighthouse must hear of, in the node's order (OutboxLoop delivers it).
+  Outbox outbox;
+  uint64_t outbox_delivered = 0;  // reports the lighthouse took (and refused) in this life
+  bool outbox_failing = false;    // the last delivery found the lighthouse away
   std::map<uint64_t, NoticeWaiter> notice_waiters;
   uint64_t next_id = 1;
   // Every thread the agent starts; joined in Run after the io_context stopped.

@@ -138,9 +138,41 @@ void Agent::Impl::HandleCheckpoint(const http::Request& req, http::Responder res
   auto shared = std::make_shared<http::Responder>(respond);
   OffThread(
       [self = shared_from_this(), in, f, shared] {
-        auto client = self->LighthouseClient();
+        // Reports the node made before (the commit of this step, usually) reach the lighthouse
+        // first, so that it judges the registration against them.
+        bool away;
+        {
+          std::unique_lock<std::mutex> lock(self->mu);
+          self->cv.wait_for(lock, Millis(10'000), [&] {
+            return self->stopping.load() || self->outbox.empty() || self->outbox_failing;
+          });
+          away = !self->outbox.empty();
+        }
+        Status st;
         pb::CheckpointInfo out;
-        Status st = client->Call("POST", "/v1/checkpoints", in, &out, Millis(10'000));
+        if (!away) {
+          auto client = self->LighthouseClient();
+          st = client->Call("POST", "/v1/checkpoints", in, &out, Millis(10'000));
+          away = st.code() == Code::kUnavailable || st.code() == Code::kDeadlineExceeded;
+        }
+        if (away) {
+          // The lighthouse is away: the checkpoint is durable already, and the agent owns the
+          // registration from here (the outbox delivers it after the reports before it). The
+          // trainer's call succeeds.
+          std::string waiting;
+          {
+            std::lock_guard<std::mutex> lock(self->mu);
+            Report r;
+            r.kind = ReportKind::kCheckpoint;
+            r.step = in.step();
+            r.body = in.SerializeAsString();
+            self->QueueReportLocked(std::move(r));
+            waiting = self->outbox.Summary();
+          }
+          LK_LOG_INFO("checkpoint_registration_queued step={} location={} {}", in.step(),
+                      Q(in.location()), waiting);
+          return (*shared)(http::Reply(in, f));
+        }
         if (!st.ok()) return (*shared)(http::ErrorReply(st, f));
         LK_LOG_INFO("checkpoint_registered step={} location={}", in.step(), Q(in.location()));
         (*shared)(http::Reply(out, f));
@@ -174,12 +206,12 @@ void Agent::Impl::HandleStatus(const http::Request& req, http::Responder respond
       "{{\"job\":\"{}\",\"group_id\":\"{}\",\"incarnation\":\"{}\",\"node_rank\":{},"
       "\"quorum_id\":{},\"committed_step\":{},\"trainers\":{},\"phase\":\"{}\",\"draining\":{},"
       "\"ahead_quorum_id\":{},\"ahead_step\":{},\"board\":{},\"board_ready_step\":{},"
-      "\"board_taken_step\":{}}}",
+      "\"board_taken_step\":{},\"outbox_pending\":{},\"outbox_dropped\":{}}}",
       options.job, options.group_id, options.incarnation, options.node_rank,
       quorum ? quorum->quorum_id() : 0, committed_step, trainers.size(), ReportedPhaseLocked(),
       draining ? "true" : "false", ahead ? ahead->quorum_id() : 0, ahead ? ahead_step : 0,
       board ? "true" : "false", ready ? static_cast<int64_t>(ready->step) : -1,
-      handed ? static_cast<int64_t>(handed->step) : -1);
+      handed ? static_cast<int64_t>(handed->step) : -1, outbox.size(), outbox.dropped());
   respond(http::TextReply(200, http::kJsonType, body));
 }
 

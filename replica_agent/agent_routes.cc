@@ -467,8 +467,13 @@ void Agent::Impl::QueueCommitLocked(uint32_t step, bool failed, std::string stat
   c.set_failed(failed);
   c.set_state_hash(std::move(state_hash));
   c.set_tokens(tokens);
-  commits.push_back(std::move(c));
-  cv.notify_all();
+  Report r;
+  r.kind = ReportKind::kCommit;
+  r.step = step;
+  r.quorum_id = c.quorum_id();
+  r.failed = failed;
+  r.body = c.SerializeAsString();
+  QueueReportLocked(std::move(r));
 }
 
 void Agent::Impl::AnswerNoticesLocked(bool force) {

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   uint32_t quorum_timeout_ms = static_cast<uint32_t>(o.quorum_timeout.count());
   uint32_t drain_timeout_ms = static_cast<uint32_t>(o.drain_timeout.count());
   uint32_t backoff_max_ms = static_cast<uint32_t>(o.backoff_max.count());
+  uint32_t final_report_timeout_ms = static_cast<uint32_t>(o.final_report_timeout.count());
   std::string log_level = "info";
   uint32_t signal_before_s = 120;
   bool requeue = true;
@@ -68,6 +69,12 @@ int main(int argc, char** argv) {
             "threads for the trainers' KV and checkpoint calls to the lighthouse");
   flags.Add("worker-queue-max", &o.worker_queue_max,
             "such calls queued beyond the busy workers; more get 503");
+  flags.Add("outbox-max", &o.outbox_max,
+            "reports for the lighthouse (commits, checkpoint registrations, the leave) kept while "
+            "it is away, delivered in order when it is back; past this the oldest is dropped");
+  flags.Add("final-report-timeout-ms", &final_report_timeout_ms,
+            "after the trainers finished, how long the agent stays to deliver its final commit "
+            "and leave to a lighthouse that is away (then it logs what is undelivered and exits)");
   flags.Add("log-level", &log_level, "debug, info, warn or error");
   Status st = flags.Parse(argc, argv);
   if (flags.help_requested()) {
@@ -108,6 +115,7 @@ int main(int argc, char** argv) {
   o.quorum_timeout = Millis(quorum_timeout_ms);
   o.drain_timeout = Millis(drain_timeout_ms);
   o.backoff_max = Millis(backoff_max_ms);
+  o.final_report_timeout = Millis(final_report_timeout_ms);
   LK_LOG_INFO("agent_start {} incarnation={}", flags.Effective(), o.incarnation);
   // Signals are taken on a thread of their own with sigwait, so a handler never runs inside
   // the agent's locks.
