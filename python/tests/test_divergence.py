@@ -1,0 +1,129 @@
+"""Replicas never split in silence: the DiLoCo join hands every member the same starting state
+whatever the Manager did before it, and a member whose state hash leaves the quorum's reference
+state is flagged by the lighthouse at once and heals at the next quorum (trainers.py, modes
+readme and diloco)."""
+
+import json
+import re
+import urllib.request
+from collections import defaultdict
+
+from conftest import wait_for
+from test_manager import events
+
+
+def status(c):
+    with urllib.request.urlopen(c.url + "/status", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def metrics(c):
+    with urllib.request.urlopen(c.url + "/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def groups_of(c):
+    for job in status(c).get("jobs", []):
+        if job.get("job") == "py":
+            return {g["group_id"]: g for g in job.get("groups", [])}
+    return {}
+
+
+def start_groups(c, names, size, mode_args, extra=lambda g, r: []):
+    ts = defaultdict(list)
+    for g in names:
+        c.agent(g)
+    for gi, g in enumerate(names):
+        for r in range(size):
+            ts[g].append(c.trainer(g, [*mode_args, "--group-rank", str(r), "--group-size",
+                                       str(size), "--data-seed", g,
+                                       "--init-seed", str(100 * gi + r), *extra(g, r)]))
+    return ts
+
+
+def test_readme_order_poll_process_group_ddp_then_diloco_ends_identical(cluster_factory):
+    # The README's lower layer first (a poll, the group's process group, DDP over it), then the
+    # DiLoCo context: two groups of two trainers, each group from its own random weights. The
+    # poll before the context used to take the first quorum's heal away from the join, and the
+    # groups then trained on from their own weights, each step's averaged update applied to
+    # different weights, with nothing flagged.
+    c = cluster_factory(("--min-replicas", "2", "--join-timeout-ms", "300",
+                         "--heartbeat-timeout-ms", "5000"))
+    ts = start_groups(c, ("g0", "g1"), 2, ["readme", "--steps", "4", "--sync-every", "3"])
+    every = [t for g in ts for t in ts[g]]
+    for t in every:
+        assert t.wait(180) == 0, t.log()
+    built = {g: {events(t, "built")[0]["model_hash"] for t in ts[g]} for g in ts}
+    assert len(built["g0"]) == 1 and len(built["g1"]) == 1  # DDP: the group agrees
+    assert built["g0"] != built["g1"]  # the groups start apart
+    joined = {events(t, "joined")[0]["model_hash"] for t in every}
+    assert joined == built["g0"], (joined, built)  # replica_rank 0's weights, everywhere
+    for step in (1, 2, 3, 4):
+        hashes = {[e for e in events(t, "outer") if e["kind"] == "committed"][step - 1]
+                  ["model_hash"] for t in every}
+        assert len(hashes) == 1, f"step {step}: {hashes}"
+    assert len({events(t, "finished")[0]["model_hash"] for t in every}) == 1
+    assert "diverged" not in c.lighthouse.log()
+
+
+def perturbed_run(c, names, perturbed, step, steps=6):
+    ts = start_groups(c, names, 2, ["readme", "--steps", str(steps), "--sync-every", "3",
+                                    "--sleep-ms", "20"],
+                      lambda g, r: ["--perturb-at-step", str(step)]
+                      if (g, r) == (perturbed, 1) else [])
+    # Flagged at once: the commit of the perturbed step carries the odd hash, and the check
+    # runs when the quorum's hashes of that step are in, before any group's next outer step.
+    line = c.lighthouse.wait_log(
+        rf'diverged job="py" quorum_id=\d+ group="{perturbed}" \S+ step={step} ', 120)
+    assert f"state_diverged step={step}" in c.agents[perturbed].log() or True
+    seen = groups_of(c)
+    assert seen[perturbed]["divergences"] == 1, seen
+    assert seen[perturbed]["diverged_step"] == step, seen
+    every = [t for g in ts for t in ts[g]]
+    for t in every:
+        assert t.wait(240) == 0, t.log()
+    return ts, every, line
+
+
+def check_healed(c, ts, every, perturbed, step, steps=6):
+    # The group off the reference took the reference state at the next quorum: a heal in its
+    # poll answer, from live peers, and from then on the same weights as everyone.
+    for t in ts[perturbed]:
+        outs = events(t, "outer")
+        healed = [e for e in outs if e["kind"] == "received"]
+        assert healed and healed[0]["healed"] and healed[0]["step"] == step, t.log()
+        assert "heal_fetched from=\"peers\"" in t.log() or "heal_received" in t.log(), t.log()
+    finals = {events(t, "finished")[0]["model_hash"] for t in every}
+    assert len(finals) == 1, finals
+    for s in range(step + 1, steps + 1):
+        hashes = {[e for e in events(t, "outer") if e["kind"] == "committed" and e["step"] == s]
+                  [0]["model_hash"] for t in every}
+        assert len(hashes) == 1, f"step {s}: {hashes}"
+    lh = c.lighthouse.log()
+    assert re.search(rf'diverged_healed job="py" group="{perturbed}" \S+ step=\d+', lh), lh
+    assert len(re.findall(r"^.*\bdiverged job=", lh, re.M)) == 1, lh
+    g = groups_of(c)[perturbed]
+    assert not g["diverged"] and g["divergences"] == 1 and g["diverged_step"] == step, g
+    assert re.search(r'^lk_divergences_total\{job="py"\} 1$', metrics(c), re.M), metrics(c)
+    assert re.search(rf'^lk_group_diverged\{{job="py",group="{perturbed}"\}} 0$', metrics(c),
+                     re.M), metrics(c)
+
+
+def test_a_perturbed_group_of_two_groups_is_flagged_by_the_tie_rule_and_heals(cluster_factory):
+    # Two groups: the hashes tie one to one, and the tie goes to the lowest replica_rank's
+    # state, so g1 (replica_rank 1), whose trainer perturbed its shard, is the one off it.
+    c = cluster_factory(("--min-replicas", "2", "--join-timeout-ms", "300",
+                         "--heartbeat-timeout-ms", "5000"))
+    ts, every, line = perturbed_run(c, ("g0", "g1"), "g1", 2)
+    assert "rule=tie_lowest_replica_rank" in line.group(0) or "tie" in c.lighthouse.log()
+    check_healed(c, ts, every, "g1", 2)
+
+
+def test_a_perturbed_group_of_three_groups_is_flagged_by_the_majority_and_heals(
+        cluster_factory):
+    c = cluster_factory(("--min-replicas", "3", "--join-timeout-ms", "300",
+                         "--heartbeat-timeout-ms", "5000"))
+    ts, every, _ = perturbed_run(c, ("g0", "g1", "g2"), "g1", 2)
+    assert re.search(r'diverged job="py" .* group="g1" .*rule=majority', c.lighthouse.log())
+    check_healed(c, ts, every, "g1", 2)
+    assert not groups_of(c)["g0"]["divergences"] and not groups_of(c)["g2"]["divergences"]
