@@ -8,7 +8,6 @@ import re
 import urllib.request
 from collections import defaultdict
 
-from conftest import wait_for
 from test_manager import events
 
 
@@ -67,46 +66,52 @@ def test_readme_order_poll_process_group_ddp_then_diloco_ends_identical(cluster_
 
 
 def perturbed_run(c, names, perturbed, step, steps=6):
+    """Groups of two trainers in the README's order; trainer 1 of `perturbed` perturbs its
+    shard of the global weights once, after the outer update of `step` (the test hook)."""
     ts = start_groups(c, names, 2, ["readme", "--steps", str(steps), "--sync-every", "3",
                                     "--sleep-ms", "20"],
                       lambda g, r: ["--perturb-at-step", str(step)]
                       if (g, r) == (perturbed, 1) else [])
-    # Flagged at once: the commit of the perturbed step carries the odd hash, and the check
-    # runs when the quorum's hashes of that step are in, before any group's next outer step.
+    # Flagged at once: the commit of the perturbed step itself is found off the reference.
     line = c.lighthouse.wait_log(
-        rf'diverged job="py" quorum_id=\d+ group="{perturbed}" \S+ step={step} ', 120)
-    assert f"state_diverged step={step}" in c.agents[perturbed].log() or True
-    seen = groups_of(c)
-    assert seen[perturbed]["divergences"] == 1, seen
-    assert seen[perturbed]["diverged_step"] == step, seen
+        rf'diverged job="?py"? quorum_id=\d+ group="?{perturbed}"? \S+ step={step} .*', 120)
+    seen = groups_of(c)[perturbed]
+    assert seen.get("divergences") == 1 and seen.get("diverged_step") == step, seen
     every = [t for g in ts for t in ts[g]]
     for t in every:
         assert t.wait(240) == 0, t.log()
-    return ts, every, line
+    return ts, every, line.group(0)
 
 
 def check_healed(c, ts, every, perturbed, step, steps=6):
-    # The group off the reference took the reference state at the next quorum: a heal in its
-    # poll answer, from live peers, and from then on the same weights as everyone.
+    # The group off the reference got a heal in its poll answer at the next quorum and took
+    # the reference state from live peers; from then on every trainer holds the same weights.
+    heal_steps = set()
     for t in ts[perturbed]:
-        outs = events(t, "outer")
-        healed = [e for e in outs if e["kind"] == "received"]
-        assert healed and healed[0]["healed"] and healed[0]["step"] == step, t.log()
-        assert "heal_fetched from=\"peers\"" in t.log() or "heal_received" in t.log(), t.log()
-    finals = {events(t, "finished")[0]["model_hash"] for t in every}
-    assert len(finals) == 1, finals
-    for s in range(step + 1, steps + 1):
+        healed = [e for e in events(t, "outer") if e["kind"] == "received"]
+        assert healed and healed[0]["healed"] and healed[0]["step"] >= step, t.log()
+        heal_steps.add(healed[0]["step"])
+        assert re.search(r"quorum_joined .* healed=true .*diverged from the quorum's at step "
+                         + str(step), t.log()), t.log()
+    assert len(heal_steps) == 1
+    for s in range(heal_steps.pop() + 1, steps + 1):
         hashes = {[e for e in events(t, "outer") if e["kind"] == "committed" and e["step"] == s]
                   [0]["model_hash"] for t in every}
         assert len(hashes) == 1, f"step {s}: {hashes}"
+    assert len({events(t, "finished")[0]["model_hash"] for t in every}) == 1
+    assert re.search(rf"state_diverged step={step} quorum_id=\d+ heal=true",
+                     c.agents[perturbed].log()), c.agents[perturbed].log()
     lh = c.lighthouse.log()
-    assert re.search(rf'diverged_healed job="py" group="{perturbed}" \S+ step=\d+', lh), lh
-    assert len(re.findall(r"^.*\bdiverged job=", lh, re.M)) == 1, lh
+    assert re.search(rf'diverged_healed job="?py"? group="?{perturbed}"? .* diverged_step={step}',
+                     lh), lh
+    assert len(re.findall(r" diverged job=", lh)) == 1, lh
     g = groups_of(c)[perturbed]
-    assert not g["diverged"] and g["divergences"] == 1 and g["diverged_step"] == step, g
-    assert re.search(r'^lk_divergences_total\{job="py"\} 1$', metrics(c), re.M), metrics(c)
-    assert re.search(rf'^lk_group_diverged\{{job="py",group="{perturbed}"\}} 0$', metrics(c),
-                     re.M), metrics(c)
+    assert not g.get("diverged") and g.get("divergences") == 1, g
+    assert g.get("diverged_step") == step, g
+    text = metrics(c)
+    assert re.search(r'^lk_divergences_total\{job="py"\} 1$', text, re.M), text
+    assert re.search(rf'^lk_group_diverged\{{job="py",group="{perturbed}"\}} 0$', text,
+                     re.M), text
 
 
 def test_a_perturbed_group_of_two_groups_is_flagged_by_the_tie_rule_and_heals(cluster_factory):
@@ -115,15 +120,17 @@ def test_a_perturbed_group_of_two_groups_is_flagged_by_the_tie_rule_and_heals(cl
     c = cluster_factory(("--min-replicas", "2", "--join-timeout-ms", "300",
                          "--heartbeat-timeout-ms", "5000"))
     ts, every, line = perturbed_run(c, ("g0", "g1"), "g1", 2)
-    assert "rule=tie_lowest_replica_rank" in line.group(0) or "tie" in c.lighthouse.log()
+    assert "rule=tie_lowest_replica_rank reference_replica_rank=0" in line, line
     check_healed(c, ts, every, "g1", 2)
+    assert not groups_of(c)["g0"].get("divergences")
 
 
 def test_a_perturbed_group_of_three_groups_is_flagged_by_the_majority_and_heals(
         cluster_factory):
     c = cluster_factory(("--min-replicas", "3", "--join-timeout-ms", "300",
                          "--heartbeat-timeout-ms", "5000"))
-    ts, every, _ = perturbed_run(c, ("g0", "g1", "g2"), "g1", 2)
-    assert re.search(r'diverged job="py" .* group="g1" .*rule=majority', c.lighthouse.log())
+    ts, every, line = perturbed_run(c, ("g0", "g1", "g2"), "g1", 2)
+    assert "rule=majority" in line, line
     check_healed(c, ts, every, "g1", 2)
-    assert not groups_of(c)["g0"]["divergences"] and not groups_of(c)["g2"]["divergences"]
+    for g in ("g0", "g2"):
+        assert not groups_of(c)[g].get("divergences")
