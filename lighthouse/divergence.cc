@@ -33,14 +33,16 @@ DivergenceVerdict JudgeStateHashes(const std::vector<std::string>& hashes) {
   const Count* best_count = nullptr;
   size_t holding_best = 0;  // how many hashes share the largest count
   for (const auto& [hash, c] : counts) {
-    if (best_count == nullptr || c.members > best_count->members ||
-        (c.members == best_count->members && c.first_rank < best_count->first_rank)) {
-      holding_best = best_count != nullptr && c.members == best_count->members ? holding_best + 1
-                                                                               : 1;
+    const bool more = best_count == nullptr || c.members > best_count->members;
+    const bool same = !more && c.members == best_count->members;
+    if (more) {
+      holding_best = 1;
+    } else if (same) {
+      ++holding_best;
+    }
+    if (more || (same && c.first_rank < best_count->first_rank)) {
       best = &hash;
       best_count = &c;
-    } else if (c.members == best_count->members) {
-      ++holding_best;
     }
   }
   if (best == nullptr) return v;
