@@ -5,6 +5,7 @@ readme and diloco)."""
 
 import json
 import re
+import signal
 import urllib.request
 from collections import defaultdict
 
@@ -63,6 +64,31 @@ def test_readme_order_poll_process_group_ddp_then_diloco_ends_identical(cluster_
         assert len(hashes) == 1, f"step {step}: {hashes}"
     assert len({events(t, "finished")[0]["model_hash"] for t in every}) == 1
     assert "diverged" not in c.lighthouse.log()
+
+
+def test_a_durable_restore_told_to_a_poll_before_the_context_still_happens(cluster_factory,
+                                                                          tmp_dir):
+    # The whole job restarts from its durable checkpoint: the heal that says so goes to the
+    # first answer of the quorum, which the poll before the context took; the join must
+    # restore all the same, not start over from its own weights at step 0.
+    c = cluster_factory()
+    ckpt = str(tmp_dir / "ckpt-g0")
+    c.agent("g0")
+    first = c.trainer("g0", ["readme", "--steps", "2", "--sync-every", "3", "--ckpt-dir", ckpt,
+                             "--ckpt-every", "2"])
+    assert first.wait(120) == 0, first.log()
+    saved = [e for e in events(first, "outer") if e["kind"] == "committed" and e["step"] == 2]
+    c.agents["g0"].signal(signal.SIGTERM)
+    c.agents["g0"].wait(30)
+    c.agent("g0")
+    second = c.trainer("g0", ["readme", "--steps", "4", "--sync-every", "3", "--ckpt-dir", ckpt,
+                              "--init-seed", "99"])
+    assert second.wait(120) == 0, second.log()
+    assert events(second, "poll")[0]["heal"]  # the poll before the context had the restore
+    joined = events(second, "joined")[0]
+    assert joined["step"] == 2 and joined["model_hash"] == saved[0]["model_hash"], second.log()
+    assert "heal_from_earlier_poll" in second.log()
+    assert [e["step"] for e in events(second, "outer") if e["kind"] == "committed"] == [3, 4]
 
 
 def perturbed_run(c, names, perturbed, step, steps=6):

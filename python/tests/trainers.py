@@ -207,7 +207,8 @@ def mode_readme(args, m):
     gen = torch.Generator().manual_seed(1000 + zlib.crc32(args.data_seed.encode()) % 1000
                                         + m.group_rank)
     target = torch.randn(8, 4, generator=torch.Generator().manual_seed(5))
-    with lightkeeper.DiLoCo(m, model, opt, sync_every=args.sync_every, group_pg=pg) as d:
+    with lightkeeper.DiLoCo(m, model, opt, sync_every=args.sync_every, group_pg=pg,
+                            ckpt_dir=args.ckpt_dir or None, ckpt_every=args.ckpt_every) as d:
         r = d.last_result
         emit(event="joined", kind=r["kind"], step=d.outer_step, model_hash=flat_hash(model))
         while d.outer_step < args.steps and not d.should_stop:
