@@ -3,6 +3,7 @@
 // diloco_join.cc.
 #include "diloco/diloco.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -35,6 +36,15 @@ void internal::Deliver(NoticeSink& sink, const client::Notice& n) {
       c->AbortQuorum(n.quorum_id, "quorum lost: " + n.reason);
     }
   }
+}
+
+uint32_t internal::TestPerturbStep() {
+  const char* v = std::getenv("LK_TEST_PERTURB_STEP");
+  if (v == nullptr || *v == '\0') return 0;
+  char* end = nullptr;
+  const unsigned long n = std::strtoul(v, &end, 10);
+  if (*end != '\0' || n > UINT32_MAX) return 0;
+  return static_cast<uint32_t>(n);
 }
 
 Status DilocoOptions::Validate() const {
@@ -509,6 +519,12 @@ Result<bool> Diloco::Impl::Land(const client::PollResult& pr, const Result<Outer
   DivideInPlace(sum, w->total);
   last_weights_ = *w;
   OuterNesterovStep(state_.global, state_.momentum, sum, o_.outer);
+  if (perturb_step_ != 0 && perturb_step_ == state_.step + 1 && !state_.global.empty()) {
+    perturb_step_ = 0;
+    state_.global[0] += 0.001f;
+    LK_LOG_WARN("test_perturbed step={} group_rank={} (LK_TEST_PERTURB_STEP)", state_.step + 1,
+                o_.group_rank);
+  }
   LK_RETURN_IF_ERROR(LoadGlobal(params));
   stats->group_bytes += TcpSentBetween(gather_b0, SnapshotTcpSent());
   stats->gather_ms += MsSince(gather_t0);

@@ -53,6 +53,12 @@ struct NoticeSink {
 // Aborts the slot collective on a lost quorum or a drain and notes a drain (any thread).
 void Deliver(NoticeSink& sink, const client::Notice& n);
 
+// A test hook (diloco/README.md, "Test hooks"): $LK_TEST_PERTURB_STEP=N makes this trainer
+// change one element of its shard of the global weights once, after the outer update of step N
+// and before its commit, as a silent fault would, so that the lighthouse's divergence check
+// and the heal it leads to run for real. 0 (unset or not a number): off, and free.
+uint32_t TestPerturbStep();
+
 }  // namespace internal
 
 class Diloco::Impl {
@@ -67,7 +73,8 @@ class Diloco::Impl {
         layout_(MakeShardLayout(o_.params, o_.group_size, o_.group_rank)),
         inner_layout_(MakeShardLayout(o_.inner_state, o_.group_size, o_.group_rank)),
         stuck_timeout_(EffectiveStuckTimeout(o_.stuck_timeout, o_.op_timeout)),
-        sink_(std::make_shared<NoticeSink>()) {
+        sink_(std::make_shared<NoticeSink>()),
+        perturb_step_(internal::TestPerturbStep()) {
     ValidateSpecs(o_.inner_state, &inner_total_).ok();
   }
 
@@ -111,7 +118,8 @@ class Diloco::Impl {
   Result<bool> Wait(const Turn& turn);
   Result<SyncResult> Drain(const Turn& turn, SyncStats stats);
   // Joins quorum pr.quorum_id; `params` gets the state when the group received some.
-  Status JoinQuorum(const client::PollResult& pr, std::span<float> params, SyncStats* stats);
+  Status JoinQuorum(const client::PollResult& polled, std::span<float> params, SyncStats* stats);
+  client::PollResult WithHeal(const client::PollResult& polled);
   Status Heal(const client::PollResult& pr);
   Status SyncSlot(const client::PollResult& pr);
   // SyncSlot for a quorum of groups of different sizes: the same plan over whole groups, the
@@ -255,6 +263,12 @@ class Diloco::Impl {
   bool group_failed_ = false;  // an in-group collective failed: the group is going down
   OuterState state_;
   bool has_state_ = false;        // state_ is valid for state_.step
+  // state_ is only the weights Join was called with: no quorum has agreed on them yet, so the
+  // first join's state sync hands this member the donor's whatever the poll said (SyncPlan).
+  bool fresh_ = true;
+  // The last quorum whose heal this object's own poll answers carried (see JoinQuorum).
+  uint32_t heal_seen_quorum_id_ = 0;
+  uint32_t perturb_step_ = 0;  // internal::TestPerturbStep(); 0 once done
   bool received_ = false;         // state came from elsewhere in the current quorum
   bool healed_ = false;           // ... and it was a heal, not the first start's initial weights
   bool inner_from_disk_ = false;  // ... from a durable checkpoint that held the inner state

@@ -37,6 +37,7 @@ Status Diloco::Impl::Heal(const client::PollResult& pr) {
     if (got.ok()) {
       state_ = std::move(*got);
       has_state_ = received_ = healed_ = true;
+      fresh_ = false;
       heal_source_ = from;
       inner_from_disk_ = inner.has_value();
       if (inner) restored_inner_shard_ = std::move(*inner);
@@ -59,7 +60,8 @@ Status Diloco::Impl::Heal(const client::PollResult& pr) {
 // in which only the donor contributes non-zeros: x + 0 == x, so they arrive bit for bit.
 Status Diloco::Impl::SyncSlot(const client::PollResult& pr) {
   const uint32_t rank = pr.replica_rank, world = pr.replica_world_size;
-  std::vector<float> states = EncodeMemberState({has_state_, state_.step}, rank, world);
+  std::vector<float> states =
+      EncodeMemberState({has_state_, state_.step, fresh_}, rank, world);
   LK_RETURN_IF_ERROR(slot_comm_->AllReduce(states.data(), states.size(), comm::DType::kFloat32,
                                            comm::ReduceOp::kSum));
   SyncPlan plan = PlanStateSync(DecodeMemberStates(states));
@@ -89,8 +91,10 @@ void Diloco::Impl::TakeDonorState(std::span<const float> buf, const SyncPlan& pl
   state_.momentum.assign(buf.begin() + n, buf.end());
   state_.step = plan.step;
   has_state_ = true;
+  fresh_ = false;
   received_ = true;
-  healed_ = !pr.initial;
+  // From a fresh donor it is the first start's weights, whatever the answer said.
+  healed_ = !pr.initial && !plan.donor_fresh;
   inner_from_disk_ = false;  // whatever a restore brought is for another step now
   heal_source_ = fmt::format("replica_rank {}", *plan.donor);
   LK_LOG_INFO("heal_received donor_replica_rank={} step={} quorum_id={} group_sizes={}",
@@ -123,7 +127,7 @@ Result<std::optional<MixedPlan>> Diloco::Impl::PlanQuorum(const client::PollResu
 Status Diloco::Impl::SyncMixed(const client::PollResult& pr) {
   const MixedPlan& plan = *mixed_;
   std::vector<float> states =
-      EncodeMemberState({has_state_, state_.step}, plan.mesh_rank, plan.mesh_world);
+      EncodeMemberState({has_state_, state_.step, fresh_}, plan.mesh_rank, plan.mesh_world);
   LK_RETURN_IF_ERROR(mesh_comm_->AllReduce(states.data(), states.size(), comm::DType::kFloat32,
                                            comm::ReduceOp::kSum));
   const std::vector<MemberState> trainers = DecodeMemberStates(states);
@@ -161,11 +165,33 @@ Status Diloco::Impl::LoadGlobal(std::span<float> params) {
   return Status::Ok();
 }
 
-// Joins quorum pr.quorum_id: builds the in-group communicator the first time, rebuilds the
+// The poll answer a join acts on. The agent hands a quorum's heal to the first answer of that
+// quorum only, so when this trainer's session was polled before (the Python Manager's poll for
+// its process group, a C caller's own poll) that answer had it and this one has not: the plan
+// is the session's, not lost. Taken once per quorum, like the agent's own answer.
+client::PollResult Diloco::Impl::WithHeal(const client::PollResult& polled) {
+  client::PollResult pr = polled;
+  const std::optional<client::PollResult>& h = session_->last_heal();
+  if (!pr.heal && h && h->quorum_id == pr.quorum_id && heal_seen_quorum_id_ != pr.quorum_id) {
+    pr.heal = true;
+    pr.initial = h->initial;
+    pr.max_step = h->max_step;
+    pr.heal_sources = h->heal_sources;
+    pr.restore_location = h->restore_location;
+    pr.restore_step = h->restore_step;
+    LK_LOG_INFO("heal_from_earlier_poll quorum_id={} max_step={} initial={} sources={}",
+                pr.quorum_id, pr.max_step, pr.initial, pr.heal_sources.size());
+  }
+  if (pr.heal) heal_seen_quorum_id_ = pr.quorum_id;
+  return pr;
+}
+
+// Joins quorum polled.quorum_id: builds the in-group communicator the first time, rebuilds the
 // slot communicator, heals, syncs state across the slot, and agrees with the group's other
 // trainers that all of that worked (they must go on, or go back to polling, together).
-Status Diloco::Impl::JoinQuorum(const client::PollResult& pr, std::span<float> params,
+Status Diloco::Impl::JoinQuorum(const client::PollResult& polled, std::span<float> params,
                                 SyncStats* stats) {
+  const client::PollResult pr = WithHeal(polled);
   auto t0 = Clock::now();
   TcpSent b0 = SnapshotTcpSent();
   auto account = [&] {
@@ -194,10 +220,11 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& pr, std::span<float> p
   // step it holds. (A group that was healing to the last step when the others finished would
   // otherwise ask as a finished group, and no catch-up quorum would ever take it.)
   OuterState before = state_;
-  const bool had_state = has_state_;
+  const bool had_state = has_state_, was_fresh = fresh_;
   auto roll_back = [&] {
     state_ = std::move(before);
     has_state_ = had_state;
+    fresh_ = was_fresh;
     received_ = healed_ = inner_from_disk_ = false;
     heal_source_.clear();
   };
@@ -229,6 +256,7 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& pr, std::span<float> p
     if (!all_ok.ok()) return all_ok.status();
     return st.ok() ? Status(Code::kAborted, "another trainer of the group failed") : st;
   }
+  fresh_ = false;  // the quorum holds this state now: its own, or the donor's
   // Whether anyone healed, from where, and at which step everyone now is, must agree across
   // the group.
   std::vector<float> v = {received_ ? 1.0f : 0.0f, healed_ ? 1.0f : 0.0f,

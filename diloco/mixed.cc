@@ -110,10 +110,12 @@ std::vector<comm::ReduceRun> ShiftRuns(const std::vector<comm::ReduceRun>& runs,
 
 MemberState GroupState(std::span<const MemberState> trainers) {
   if (trainers.empty()) return {};
+  MemberState group = trainers[0];
   for (const MemberState& t : trainers) {
     if (!t.has_state || t.step != trainers[0].step) return {};
+    group.fresh = group.fresh || t.fresh;  // one trainer's own start weights: the group's too
   }
-  return trainers[0];
+  return group;
 }
 
 }  // namespace lk::diloco

@@ -59,7 +59,8 @@ MixedPlan PlanMixed(const std::vector<TensorSpec>& specs, std::span<const uint32
 // The same runs shifted by `offset` elements (the momentum half of a [global, momentum] buffer).
 std::vector<comm::ReduceRun> ShiftRuns(const std::vector<comm::ReduceRun>& runs, size_t offset);
 
-// The state a group holds when its trainers report `trainers` (one per trainer): a step only when every trainer holds the same one.
+// The state a group holds when its trainers report `trainers` (one per trainer): a step only when
+// every trainer holds the same one; fresh when any trainer's is.
 MemberState GroupState(std::span<const MemberState> trainers);
 
 }  // namespace lk::diloco

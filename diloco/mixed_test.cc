@@ -114,6 +114,8 @@ TEST_CASE("a group's state is a step only when all its trainers hold that step")
   CHECK(GroupState(std::vector<MemberState>{{true, 4}, {true, 4}}).step == 4);
   CHECK_FALSE(GroupState(std::vector<MemberState>{{true, 4}, {false, 0}}).has_state);
   CHECK_FALSE(GroupState(std::vector<MemberState>{{true, 4}, {true, 3}}).has_state);
+  CHECK(GroupState(std::vector<MemberState>{{true, 0}, {true, 0, true}}).fresh);
+  CHECK_FALSE(GroupState(std::vector<MemberState>{{true, 0}, {true, 0}}).fresh);
 }
 
 // Group q's whole model: different in every group, many magnitudes and signs, exact zeros.

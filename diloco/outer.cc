@@ -59,14 +59,21 @@ SyncPlan PlanStateSync(const std::vector<MemberState>& members) {
   plan.receives.assign(members.size(), false);
   for (uint32_t r = 0; r < members.size(); ++r) {
     const MemberState& m = members[r];
-    if (m.has_state && (!plan.donor || m.step > plan.step)) {
+    if (!m.has_state) continue;
+    // Strictly better only: the lowest rank wins a tie.
+    const bool better = !plan.donor || (plan.donor_fresh && !m.fresh) ||
+                        (plan.donor_fresh == m.fresh && m.step > plan.step);
+    if (better) {
       plan.step = m.step;
-      plan.donor = r;  // strictly greater only: the lowest rank wins a tie
+      plan.donor = r;
+      plan.donor_fresh = m.fresh;
     }
   }
   if (!plan.donor) return plan;
   for (uint32_t r = 0; r < members.size(); ++r) {
-    plan.receives[r] = !members[r].has_state || members[r].step < plan.step;
+    const MemberState& m = members[r];
+    plan.receives[r] =
+        r != *plan.donor && (!m.has_state || m.fresh || m.step < plan.step);
   }
   return plan;
 }
@@ -75,7 +82,7 @@ std::vector<float> EncodeMemberState(const MemberState& self, uint32_t rank, uin
   LK_CHECK(rank < world) << "replica_rank " << rank << " of " << world;
   LK_CHECK(self.step < (1u << 24)) << "step " << self.step << " does not fit a float exactly";
   std::vector<float> v(2 * size_t{world}, 0.0f);
-  v[2 * rank] = self.has_state ? 1.0f : 0.0f;
+  v[2 * rank] = !self.has_state ? 0.0f : self.fresh ? 2.0f : 1.0f;
   v[2 * rank + 1] = static_cast<float>(self.step);
   return v;
 }
@@ -84,6 +91,7 @@ std::vector<MemberState> DecodeMemberStates(std::span<const float> summed) {
   std::vector<MemberState> out(summed.size() / 2);
   for (size_t r = 0; r < out.size(); ++r) {
     out[r].has_state = summed[2 * r] > 0.5f;
+    out[r].fresh = summed[2 * r] > 1.5f;
     out[r].step = static_cast<uint32_t>(summed[2 * r + 1]);
   }
   return out;

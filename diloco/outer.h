@@ -53,20 +53,29 @@ std::string StateHash(std::span<const float> values);
 struct MemberState {
   bool has_state = false;  // holds valid outer state for `step`
   uint32_t step = 0;
+  // Its state is only the weights it was started with (a first join that neither healed nor
+  // took anyone's state): no other member holds them, whatever the poll answer said.
+  bool fresh = false;
 };
 
-// The state transfer of a new quorum: every member without state, or behind the newest step any
-// member holds, takes the state of the donor (the lowest replica_rank at that step).
+// The state transfer of a new quorum. The donor holds the newest state the quorum agrees on: a
+// member whose state came from the job (a commit, a heal, a restore, an earlier join) before
+// any fresh one, then the newest step, then the lowest replica_rank. Every other member that
+// does not hold that same state takes the donor's: one behind it, one without state, and every
+// fresh one. So the first quorum's weights come from one member, always, even when every
+// member holds weights of step 0 and the poll answers said nobody heals.
 struct SyncPlan {
   std::optional<uint32_t> donor;  // none: nobody holds state (the caller fails the quorum)
   uint32_t step = 0;              // the step everyone holds afterwards
+  bool donor_fresh = false;       // the donor's are its own start weights (a first start)
   std::vector<bool> receives;     // per replica_rank
   bool any_receives() const;
 };
 SyncPlan PlanStateSync(const std::vector<MemberState>& members);
 
 // The members' reports travel as floats through a sum-allreduce (each member writes only its own
-// two entries): [has_state_0, step_0, has_state_1, step_1, ...]. Steps stay exact below 2^24.
+// two entries): [state_0, step_0, state_1, step_1, ...], state 0 for none, 1 for state, 2 for
+// fresh state. Steps stay exact below 2^24.
 std::vector<float> EncodeMemberState(const MemberState& self, uint32_t rank, uint32_t world);
 std::vector<MemberState> DecodeMemberStates(std::span<const float> summed);
 

@@ -205,18 +205,51 @@ TEST_CASE("diloco sync plan: the lowest rank at the newest step donates to those
   CHECK(!p.any_receives());
 }
 
+TEST_CASE("diloco sync plan: fresh start weights never stay apart, whatever the poll said") {
+  struct Row {
+    const char* name;
+    std::vector<MemberState> in;
+    uint32_t donor;
+    bool donor_fresh;
+    std::vector<bool> receives;
+  };
+  const std::vector<Row> rows = {
+      // Two groups that each started from their own weights, both told "no heal" (the heal
+      // went to an earlier poll): the lowest replica_rank's weights go to the other.
+      {"all fresh at step 0", {{true, 0, true}, {true, 0, true}}, 0, true, {false, true}},
+      {"all fresh, three", {{true, 0, true}, {true, 0, true}, {true, 0, true}}, 0, true,
+       {false, true, true}},
+      // A quorum that already agreed on step 0 (no commit yet) and a fresh joiner that sorts
+      // before it: the agreed state wins over the lower rank.
+      {"agreed step 0 beats a fresh rank 0", {{true, 0, true}, {true, 0}, {true, 0}}, 1, false,
+       {true, false, false}},
+      {"agreed newer step", {{true, 0, true}, {true, 4}, {false, 0}}, 1, false,
+       {true, false, true}},
+      {"fresh and empty", {{false, 0}, {true, 0, true}}, 1, true, {true, false}},
+  };
+  for (const Row& row : rows) {
+    CAPTURE(row.name);
+    SyncPlan p = PlanStateSync(row.in);
+    REQUIRE(p.donor.has_value());
+    CHECK(*p.donor == row.donor);
+    CHECK(p.donor_fresh == row.donor_fresh);
+    CHECK(p.receives == row.receives);
+  }
+}
+
 TEST_CASE("diloco member states survive the sum-allreduce encoding") {
-  std::vector<float> sum(6, 0.0f);
-  std::vector<MemberState> in = {{true, 12}, {false, 0}, {true, 16777215}};
-  for (uint32_t r = 0; r < 3; ++r) {
-    std::vector<float> v = EncodeMemberState(in[r], r, 3);
+  std::vector<float> sum(8, 0.0f);
+  std::vector<MemberState> in = {{true, 12}, {false, 0}, {true, 16777215}, {true, 0, true}};
+  for (uint32_t r = 0; r < 4; ++r) {
+    std::vector<float> v = EncodeMemberState(in[r], r, 4);
     for (size_t i = 0; i < v.size(); ++i) sum[i] += v[i];
   }
   std::vector<MemberState> out = DecodeMemberStates(sum);
-  REQUIRE(out.size() == 3);
-  for (size_t r = 0; r < 3; ++r) {
+  REQUIRE(out.size() == 4);
+  for (size_t r = 0; r < 4; ++r) {
     CHECK(out[r].has_state == in[r].has_state);
     CHECK(out[r].step == in[r].step);
+    CHECK(out[r].fresh == in[r].fresh);
   }
 }
 

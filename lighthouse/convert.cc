@@ -65,6 +65,7 @@ void ToProto(const QuorumAnswer& a, pb::QuorumResponse* out) {
   plan->set_initial(a.initial);
   out->set_reason(a.reason);
   out->set_generation(a.generation);
+  out->set_diverged_step(a.diverged_step);
 }
 
 void ToProto(const FailureNoticeData& n, pb::FailureNotice* out) {
@@ -95,6 +96,8 @@ void ToProto(const JobView& v, pb::JobStatus* out) {
     gs->set_phase(g.phase);
     gs->set_draining(g.draining);
     gs->set_diverged(g.diverged);
+    gs->set_divergences(g.divergences);
+    gs->set_diverged_step(g.diverged_step);
     gs->set_state(g.state);
     gs->set_reason(g.reason);
     gs->set_generation(g.generation);

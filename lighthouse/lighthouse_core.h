@@ -176,6 +176,9 @@ struct QuorumAnswer {
   uint32_t generation = 0;  // the answered member's incarnation generation
   // The members' group sizes are not all equal: the answer then lists them (group_sizes).
   bool group_sizes_differ = false;
+  // This member heals because its committed state was found off the quorum's reference at
+  // this step (rule 7's divergence check); 0: not so.
+  uint32_t diverged_step = 0;
 };
 
 // Identifies one waiting agent (a pending POST /v1/quorum).
@@ -211,6 +214,8 @@ struct Effects {
     uint32_t members;
   };
   std::vector<Issued> issued;
+  // One entry (the job) per group newly found off its quorum's reference state (for metrics).
+  std::vector<std::string> divergences;
 };
 
 struct HeartbeatResult {
@@ -232,6 +237,9 @@ struct GroupView {
   uint32_t tokens_step = 0;
   double share = 0;
   bool healthy = false, participant = false, in_quorum = false, draining = false, diverged = false;
+  // Times its committed state was found off the quorum's reference (this incarnation), and the
+  // step of the last time (0: never). `diverged` stays true until a commit agrees again.
+  uint32_t divergences = 0, diverged_step = 0;
   Millis heartbeat_age{0};  // oldest agent's
 };
 

@@ -314,6 +314,8 @@ std::vector<JobView> LighthouseCore::View(TimePoint now) const {
       gv.in_quorum = g.in_quorum && !g.lost;
       gv.draining = g.status.mode == GroupMode::kDraining;
       gv.diverged = g.status.diverged;
+      gv.divergences = g.divergences;
+      gv.diverged_step = g.diverged_step;
       gv.reason = g.reason;
       gv.group_size = g.status.group_size;
       gv.mixed_group_sizes = MixesGroupSizes(g.status);

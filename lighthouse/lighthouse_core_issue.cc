@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "lighthouse/divergence.h"
 #include "lighthouse/lighthouse_core_state.h"
 
 namespace lk::lighthouse {
@@ -65,6 +66,18 @@ void LighthouseCore::Impl::RefuseSize(Group& g, const QuorumDecision& d, TimePoi
   ClearAsks(g, Refuse(Code::kConflict, Reason::kGroupSizeMismatch, "{}", why), now, fx);
 }
 
+namespace {
+
+// The answer's reason, with why this member heals when its state diverged (the trainer logs it).
+std::string ReasonFor(const internal::Group& g, const std::string& reason) {
+  if (!g.status.diverged) return reason;
+  return fmt::format("{}; this group's state diverged from the quorum's at step {}: it heals "
+                     "from the reference state",
+                     reason, g.diverged_step);
+}
+
+}  // namespace
+
 void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint now, Effects* fx) {
   std::vector<MemberData> members;
   std::vector<bool> diverged;
@@ -122,16 +135,16 @@ void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint no
     g.in_quorum = true;
     g.lost = false;
     g.committed = false;
-    g.status.diverged = false;
     AdvanceStep(g, job.plan.members[rank].step, now);
     g.progress_mark = now;
     for (uint32_t node = 0; node < g.status.agents.size(); ++node) {
       AgentStatus& a = g.status.agents[node];
       if (a.waiting) {
         fx->answers.push_back({AgentKey{job.name, g.status.group_id, g.status.incarnation, node},
-                               AnswerFor(job.plan, job.quorum_id, rank, d.reason,
+                               AnswerFor(job.plan, job.quorum_id, rank, ReasonFor(g, d.reason),
                                          options.answer_members_inline)});
         fx->answers.back().second.generation = g.generation;
+        if (g.status.diverged) fx->answers.back().second.diverged_step = g.diverged_step;
       }
       a.asked = a.waiting = false;
     }
@@ -171,31 +184,45 @@ void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint no
   job.last_decision = d.reason;
 }
 
+// Rule 7's divergence check, at every commit that carries a state hash: the hashes the
+// quorum's current members committed for `step` (diverged/divergence.h decides). A member off
+// the reference is flagged at once and the next quorum gets a new id, so that it joins again
+// and heals from a member on the reference (PlanRecovery: a diverged member is no donor); the
+// flag stays until a later commit of it agrees, which is when it has healed.
 void LighthouseCore::Impl::CheckDivergence(Job& job, uint32_t step, Effects* fx) {
-  std::vector<Group*> reporters;
-  std::map<std::string, size_t> counts;
+  std::vector<std::string> hashes;
+  std::vector<Group*> groups;
   for (const MemberData& m : job.plan.members) {
     auto it = job.groups.find(m.group_id);
-    if (it == job.groups.end()) continue;
-    Group& g = it->second;
-    if (g.status.incarnation != m.incarnation || g.hash_step != step || g.state_hash.empty()) {
-      continue;
+    Group* g = it == job.groups.end() || it->second.status.incarnation != m.incarnation
+                   ? nullptr
+                   : &it->second;
+    groups.push_back(g);
+    hashes.push_back(g != nullptr && g->hash_step == step ? g->state_hash : std::string());
+  }
+  const DivergenceVerdict v = JudgeStateHashes(hashes);
+  if (v.rule == ReferenceRule::kNone) return;  // a tie with hashes still to come: wait
+  for (size_t rank = 0; rank < groups.size(); ++rank) {
+    Group* g = groups[rank];
+    if (g == nullptr || hashes[rank].empty()) continue;
+    if (v.off[rank] && !g->status.diverged) {
+      g->status.diverged = true;
+      ++g->divergences;
+      g->diverged_step = step;
+      job.force_new = true;
+      fx->divergences.push_back(job.name);
+      fx->events.push_back(fmt::format(
+          "diverged job={} quorum_id={} group={} incarnation={} step={} hash={} majority={} "
+          "rule={} reference_replica_rank={} replica_rank={}",
+          Q(job.name), job.quorum_id, Q(g->status.group_id), Q(g->status.incarnation), step,
+          Q(g->state_hash), Q(v.reference), RuleName(v.rule), v.reference_rank, rank));
+    } else if (!v.off[rank] && g->status.diverged && step > g->diverged_step) {
+      g->status.diverged = false;
+      fx->events.push_back(fmt::format(
+          "diverged_healed job={} group={} incarnation={} step={} hash={} diverged_step={}",
+          Q(job.name), Q(g->status.group_id), Q(g->status.incarnation), step, Q(g->state_hash),
+          g->diverged_step));
     }
-    reporters.push_back(&g);
-    ++counts[g.state_hash];
-  }
-  const std::string* majority = nullptr;
-  for (const auto& [hash, count] : counts) {
-    if (count * 2 > reporters.size()) majority = &hash;
-  }
-  if (majority == nullptr) return;  // a tie: nobody can be called diverged yet
-  for (Group* g : reporters) {
-    if (g->state_hash == *majority || g->status.diverged) continue;
-    g->status.diverged = true;
-    fx->events.push_back(fmt::format(
-        "diverged job={} quorum_id={} group={} incarnation={} step={} hash={} majority={}",
-        Q(job.name), job.quorum_id, Q(g->status.group_id), Q(g->status.incarnation), step,
-        Q(g->state_hash), Q(*majority)));
   }
 }
 

@@ -220,14 +220,92 @@ TEST_CASE("divergence: a minority state hash is flagged - heals next - and is no
   CHECK(!h.Commit("b", 1, 1, true, "h1").value());
   CHECK(h.Commit("c", 1, 1, true, "zz").value());
   CHECK(h.HasEvent("diverged job=j quorum_id=1 group=c incarnation=i1 step=1 hash=zz "
-                   "majority=h1"));
+                   "majority=h1 rule=majority reference_replica_rank=0 replica_rank=2"));
+  CHECK(h.fx.divergences == std::vector<std::string>{"j"});
   CHECK(h.Group("c")->diverged);
+  CHECK(h.Group("c")->divergences == 1);
+  CHECK(h.Group("c")->diverged_step == 1);
   for (const char* g : {"a", "b", "c"}) REQUIRE(h.Join(g, 1).ok());
   REQUIRE(h.fx.answers.size() == 3);
+  // A new quorum id, so that the diverged member joins again (its trainers rebuild and heal).
+  CHECK(h.Answer("c")->quorum_id == 2);
   CHECK(h.Answer("c")->heal);
   CHECK(h.Answer("c")->source_ranks == std::vector<uint32_t>{0, 1});
+  CHECK(h.Answer("c")->reason.find("diverged from the quorum's at step 1") != std::string::npos);
   CHECK(!h.Answer("a")->heal);
-  CHECK(!h.Group("c")->diverged);  // healing at this quorum
+  CHECK(h.Group("c")->diverged);  // until it commits the reference state
+  CHECK(!h.Commit("a", 2, 2, true, "h2").value());
+  CHECK(!h.Commit("b", 2, 2, true, "h2").value());
+  CHECK(!h.Commit("c", 2, 2, true, "h2").value());
+  CHECK(h.HasEvent("diverged_healed job=j group=c incarnation=i1 step=2 hash=h2 "
+                   "diverged_step=1"));
+  CHECK(h.fx.divergences.empty());
+  CHECK(!h.Group("c")->diverged);
+  CHECK(h.Group("c")->divergences == 1);
+  for (const char* g : {"a", "b", "c"}) REQUIRE(h.Join(g, 2).ok());
+  CHECK(h.Answer("c")->quorum_id == 2);  // healed: the quorum goes on as it is
+  CHECK(!h.Answer("c")->heal);
+}
+
+TEST_CASE("divergence: two groups tie one to one - the lowest replica_rank is the reference") {
+  Harness h;
+  h.Form({"a", "b"});
+  // The first commit alone decides nothing: one of two is no majority.
+  CHECK(!h.Commit("b", 1, 1, true, "hb").value());
+  CHECK(!h.HasEvent("diverged "));
+  CHECK(h.Commit("a", 1, 1, true, "ha").value() == false);
+  CHECK(h.HasEvent("diverged job=j quorum_id=1 group=b incarnation=i1 step=1 hash=hb "
+                   "majority=ha rule=tie_lowest_replica_rank reference_replica_rank=0 "
+                   "replica_rank=1"));
+  CHECK(h.fx.divergences.size() == 1);
+  CHECK(!h.Group("a")->diverged);
+  CHECK(h.Group("b")->diverged);
+  // Its later commits of the same split count once.
+  for (const char* g : {"a", "b"}) REQUIRE(h.Join(g, 1).ok());
+  CHECK(h.Answer("b")->heal);
+  CHECK(h.Answer("b")->quorum_id == 2);
+  CHECK(h.Answer("b")->source_ranks == std::vector<uint32_t>{0});
+  CHECK(!h.Answer("a")->heal);
+  CHECK(h.Commit("b", 2, 2, true, "hb2").value());
+  CHECK(!h.Commit("a", 2, 2, true, "ha2").value());
+  CHECK(h.fx.divergences.empty());
+  CHECK(h.Group("b")->divergences == 1);
+  CHECK(h.Group("b")->diverged);
+  // Healed: the same hash as the reference at a later step clears the flag.
+  for (const char* g : {"a", "b"}) REQUIRE(h.Join(g, 2).ok());
+  CHECK(!h.Commit("a", 2, 3, true, "h3").value());
+  CHECK(!h.Commit("b", 2, 3, true, "h3").value());
+  CHECK(h.HasEvent("diverged_healed job=j group=b "));
+  CHECK(!h.Group("b")->diverged);
+}
+
+TEST_CASE("divergence: three groups - a majority decides at once - a three-way split ties") {
+  Harness h;
+  h.Form({"a", "b", "c"});
+  CHECK(!h.Commit("a", 1, 1, true, "z").value());
+  CHECK(!h.Commit("b", 1, 1, true, "h").value());
+  CHECK(!h.HasEvent("diverged "));  // one against one, the third still to come
+  CHECK(!h.Commit("c", 1, 1, true, "h").value());
+  CHECK(h.HasEvent("diverged job=j quorum_id=1 group=a incarnation=i1 step=1 hash=z majority=h "
+                   "rule=majority reference_replica_rank=1 replica_rank=0"));
+  CHECK(h.Group("a")->diverged);
+  for (const char* g : {"a", "b", "c"}) REQUIRE(h.Join(g, 1).ok());
+  CHECK(h.Answer("a")->heal);
+  CHECK(h.Answer("a")->source_ranks == std::vector<uint32_t>{1, 2});
+
+  // All three apart: the tie goes to replica_rank 0 (a, still diverged: it stays flagged, and
+  // b and c are flagged off a's state).
+  Harness t;
+  t.Form({"a", "b", "c"});
+  CHECK(!t.Commit("a", 1, 1, true, "x").value());
+  CHECK(!t.Commit("b", 1, 1, true, "y").value());
+  CHECK(t.Commit("c", 1, 1, true, "w").value());
+  CHECK(t.fx.divergences.size() == 2);
+  CHECK(!t.Group("a")->diverged);
+  CHECK(t.Group("b")->diverged);
+  CHECK(t.Group("c")->diverged);
+  CHECK(t.HasEvent("diverged job=j quorum_id=1 group=c incarnation=i1 step=1 hash=w majority=x "
+                   "rule=tie_lowest_replica_rank"));
 }
 
 TEST_CASE("drain: heartbeats answer drain - the group is no candidate - its waiters are told") {

@@ -259,6 +259,7 @@ void LighthouseCore::Impl::ReplaceIncarnation(Group& g, const std::string& incar
   g.alive = g.in_quorum = g.lost = g.committed = false;
   g.hash_step = 0;
   g.state_hash.clear();
+  g.divergences = g.diverged_step = 0;  // the new life's state is not the old one's
   NewGeneration(g, fx);
 }
 

@@ -37,6 +37,10 @@ struct Group {
   bool wait_excused = false;
   uint32_t hash_step = 0;     // step of the last state_hash it reported
   std::string state_hash;
+  // Rule 7's divergence check: its commits were found off the quorum's reference state this
+  // many times (status.diverged says whether it still is), the last at diverged_step.
+  uint32_t divergences = 0;
+  uint32_t diverged_step = 0;
   std::optional<TimePoint> heartbeat_deadline, progress_deadline;
   // When the group is forgotten: set while it has left or its heartbeats stopped.
   std::optional<TimePoint> collect_deadline;

@@ -129,7 +129,8 @@ std::string Metrics::Render(const std::vector<JobView>& jobs, double uptime_s,
                      Esc(g.group_id), g.share);
     }
   }
-  o += "# HELP lk_divergences_total Commits whose state hash differed from the majority.\n"
+  o += "# HELP lk_divergences_total Times a group's committed state hash was found off its "
+       "quorum's reference state (the majority; on a tie, the lowest replica_rank's).\n"
        "# TYPE lk_divergences_total counter\n";
   for (const auto& [job, n] : divergences_) {
     fmt::format_to(out, "lk_divergences_total{{job=\"{}\"}} {}\n", Esc(job), n);

@@ -293,6 +293,7 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
         fx.watch_wakeups.insert(issued.job);
       }
     }
+    for (const auto& job : fx.divergences) metrics.CountDivergence(job);
     for (const auto& job : fx.watch_wakeups) WakeWatchers(job);
     // State changes at info; the per-step routine (every ask, every unchanged re-issue) at
     // debug, so that a healthy run logs a line per membership change, not per group and step.

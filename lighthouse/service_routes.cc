@@ -208,7 +208,6 @@ void Service::Impl::HandleCommit(const Request& req, Responder respond) {
   Effects fx;
   auto r = core.OnCommit(c, Now(), &fx);
   if (!r.ok()) return respond(http::ErrorReply(r.status(), f));
-  if (*r) metrics.CountDivergence(in.job());
   ApplyEffects(fx);
   pb::CommitResponse out;
   out.set_diverged(*r);

@@ -328,6 +328,12 @@ void Agent::Impl::QuorumLoop() {
         LK_LOG_INFO("quorum quorum_id={} replica_rank={} world_size={} heal={} max_step={} ahead={} reason={}",
                     resp.quorum_id(), resp.replica_rank(), resp.replica_world_size(), resp.heal(),
                     resp.max_step(), ask_ahead, Q(resp.reason()));
+        // The commit's own answer says so only when this group's commit was the one that
+        // decided; the quorum that heals it always does.
+        if (resp.diverged_step() != 0) {
+          LK_LOG_WARN("state_diverged step={} quorum_id={} heal={}", resp.diverged_step(),
+                      resp.quorum_id(), resp.heal());
+        }
       }
       // The trainers moved to another step while this ask was out (or a drain began): the
       // answer is for a step nobody will poll; ask again for the one they are at.

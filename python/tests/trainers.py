@@ -4,6 +4,7 @@ printing one JSON line per event to stdout. Usage: trainers.py MODE [--flags]; s
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
 import zlib
@@ -189,9 +190,50 @@ def mode_diloco(args, m):
     return 0
 
 
+def mode_readme(args, m):
+    """The README's lower layer, then DiLoCo on top, in the README's order: a poll, the group's
+    process group, DistributedDataParallel over it, then the DiLoCo context (group_pg=pg). Each
+    group starts from its own random weights (--init-seed; DDP makes the group's trainers
+    agree at construction): the DiLoCo join must hand every group the same starting state."""
+    q = m.poll(0)
+    emit(event="poll", step=0, **quorum_fields(q))
+    pg = m.group_process_group() if m.group_size > 1 else None
+    torch.manual_seed(args.init_seed)
+    model = TinyModel()
+    net = (torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
+           if pg is not None else model)
+    emit(event="built", model_hash=flat_hash(model))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(1000 + zlib.crc32(args.data_seed.encode()) % 1000
+                                        + m.group_rank)
+    target = torch.randn(8, 4, generator=torch.Generator().manual_seed(5))
+    with lightkeeper.DiLoCo(m, model, opt, sync_every=args.sync_every, group_pg=pg,
+                            ckpt_dir=args.ckpt_dir or None, ckpt_every=args.ckpt_every) as d:
+        r = d.last_result
+        emit(event="joined", kind=r["kind"], step=d.outer_step, model_hash=flat_hash(model))
+        while d.outer_step < args.steps and not d.should_stop:
+            x = torch.randn(16, 8, generator=gen)
+            loss = (net(x) - x @ target).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            prev = d.last_result
+            d.step()
+            r = d.last_result
+            if r is not prev:
+                emit(event="outer", kind=r["kind"], step=d.outer_step,
+                     quorum_id=r["quorum_id"], world=r["replica_world_size"],
+                     healed=r["healed"], global_hash=r["global_hash"],
+                     model_hash=flat_hash(model))
+            if args.sleep_ms:
+                time.sleep(args.sleep_ms / 1000)
+    emit(event="finished", step=d.outer_step, model_hash=flat_hash(model))
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["allreduce", "idle", "ddp", "diloco", "sizes"])
+    p.add_argument("mode", choices=["allreduce", "idle", "ddp", "diloco", "sizes", "readme"])
     p.add_argument("--group-rank", type=int, default=0)
     p.add_argument("--group-size", type=int, default=1)
     p.add_argument("--steps", type=int, default=5)
@@ -209,14 +251,22 @@ def main():
     p.add_argument("--tokens", type=int, default=0)
     p.add_argument("--overlap", action="store_true")
     p.add_argument("--outer-fragments", type=int, default=1)
+    p.add_argument("--init-seed", type=int, default=7)
+    # A test hook: the library perturbs this trainer's shard of the global weights once, right
+    # after the outer update of step N and before its commit (LK_TEST_PERTURB_STEP, read by
+    # the C++ library), so that the lighthouse's divergence check and the heal that follows
+    # can be exercised for real. 0: off.
+    p.add_argument("--perturb-at-step", type=int, default=0)
     args = p.parse_args()
+    if args.perturb_at_step:
+        os.environ["LK_TEST_PERTURB_STEP"] = str(args.perturb_at_step)
     import datetime
     m = lightkeeper.Manager(args.group_rank, args.group_size,
                             timeout=datetime.timedelta(seconds=args.timeout_s))
     if args.no_finish:
         m.finish = lambda: None  # exit as if the process died after its last step
     mode = {"allreduce": mode_allreduce, "idle": mode_idle, "ddp": mode_ddp,
-            "diloco": mode_diloco, "sizes": mode_sizes}[args.mode]
+            "diloco": mode_diloco, "sizes": mode_sizes, "readme": mode_readme}[args.mode]
     return mode(args, m)
 
 

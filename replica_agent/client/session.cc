@@ -135,6 +135,7 @@ Result<PollResult> Session::Poll(uint32_t step, Millis timeout) {
   r.group_sizes.assign(resp.group_sizes().begin(), resp.group_sizes().end());
   if (!r.drain) Watch(r.quorum_id);
   polled_ = true;
+  if (r.heal) last_heal_ = r;
   return r;
 }
 

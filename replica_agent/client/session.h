@@ -105,6 +105,13 @@ class Session {
   void SetMixedGroupSizes(bool on) { mixed_group_sizes_ = on; }
   bool mixed_group_sizes() const { return mixed_group_sizes_; }
 
+  // The last poll answer that carried a heal (PollResult::heal), whoever polled. The agent hands
+  // a quorum's heal out once, to the first answer of that quorum: a caller that polled for
+  // another reason first (the Python Manager's poll before its process group, then DiLoCo's
+  // join) would otherwise join with no heal, so the DiLoCo join takes the plan from here when
+  // its own answer of the same quorum came without it.
+  const std::optional<PollResult>& last_heal() const { return last_heal_; }
+
   // Starts watching the quorum of the last Poll; `cb` runs once per lost quorum and on drain.
   void OnNotice(std::function<void(const Notice&)> cb);
 
@@ -141,6 +148,7 @@ class Session {
   std::optional<uint32_t> timed_out_step_;
   std::string incarnation_;              // the agent's group life at hello
   std::optional<uint32_t> committed_;    // the last step this trainer committed
+  std::optional<PollResult> last_heal_;  // see last_heal()
   std::shared_ptr<NoticeState> notice_;
   std::thread notice_thread_;
 };
