@@ -178,12 +178,15 @@ fi
 status
 
 say "kill -9 of trainer g1/1 at committed step $(committed "$RUN"): its agent ends the group, the others go on"
+in_two() { grep -c '"replica_world_size":2,' "$RUN/trainer-g0-0.1.jsonl" || true; }
+IN_TWO=$(in_two)  # the first quorum may have had two groups: one started late
 act "$RUN" kill g1/1
 kill -9 "$TRAINER_g1_1"; { wait "$TRAINER_g1_1"; } 2>/dev/null || true  # at once: no "Killed" notice
 wait_effect "$RUN" "exit of g1's agent" all_gone $(group_pids g1) || true
 reap 10 g1
 echo "  (the agent's 3: a trainer of its group died; it stopped the other trainer)"
-wait_effect "$RUN" "commit without g1" world_of "$RUN/trainer-g0-0.1.jsonl" 2 || true
+went_on() { [ "$(in_two)" -gt "$IN_TWO" ]; }
+wait_effect "$RUN" "commit without g1" went_on || true
 echo "  g0 and g2 committed step $(committed "$RUN") without g1"
 status
 

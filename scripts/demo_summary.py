@@ -244,9 +244,9 @@ def end_stage(run, steps, s):
             short.append(f"{g} reached step {reached}, agent exit {code}")
     committed = run.status.get("committed_step")
     ok = not short and committed == steps
-    s.line(ok, f"every group reached step {steps} ({' '.join(run.groups())}) and its agent exited "
-               f"0; the lighthouse recorded committed step {committed} of {steps}"
-               + (f" ({'; '.join(short)})" if short else ""))
+    head = (f"not every group reached step {steps}: {'; '.join(short)}" if short else
+            f"every group reached step {steps} ({' '.join(run.groups())}) and its agent exited 0")
+    s.line(ok, f"{head}; the lighthouse recorded committed step {committed} of {steps}")
 
 
 def replicas(run, s):
