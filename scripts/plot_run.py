@@ -97,8 +97,9 @@ def main(argv):
 
     fig, (ax_loss, ax_world) = plt.subplots(
         2, 1, sharex=True, figsize=(11, 6.5), gridspec_kw={"height_ratios": [3, 1]})
-    for series, label, style in ((ref, ref_label, dict(color="0.55", lw=1.6, ls="--")),
-                                 (run, "this run", dict(color="#1f77b4", lw=2.0))):
+    # The reference is drawn last, dashed, so that it shows where the two runs are the same.
+    for series, label, style in ((run, "this run", dict(color="#1f77b4", lw=2.0)),
+                                 (ref, ref_label, dict(color="0.35", lw=1.4, ls="--"))):
         if not series:
             continue
         steps = [s for s, _, _, _ in series]
@@ -121,13 +122,11 @@ def main(argv):
     ax_world.set_xlabel("committed outer step")
     ax_world.grid(alpha=0.3)
     ax_world.yaxis.get_major_locator().set_params(integer=True)
-    # The legends sit right of the axes: the curves' labels, then one entry per event.
-    curves = ax_loss.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
-                            title="loss")
-    ax_loss.add_artist(curves)
-    if handles:
-        ax_world.legend(handles=handles, loc="lower left", bbox_to_anchor=(1.01, 0.0),
-                        frameon=False, title="events (this run)", alignment="left")
+    # One legend right of the axes, the curves then one entry per event: no label is drawn
+    # over the plot, so none can cover another however close the events are.
+    curves, names = ax_loss.get_legend_handles_labels()
+    ax_loss.legend(curves + handles, names + [h.get_label() for h in handles], loc="upper left",
+                   bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     fig.savefig(out, dpi=100, bbox_inches="tight")
 
