@@ -69,7 +69,8 @@ JOIN_AT=$((STEPS / 2))
 LH_AT=$((STEPS * 3 / 4))
 SEED=7
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
+STARTED=()  # the groups started in the current run (or reference), for reap
+cleanup() { local p; for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
@@ -96,6 +97,10 @@ committed() {  # committed DIR: the highest outer step any trainer in DIR logged
 }
 reached() { [ "$(committed "$2")" -ge "$1" ]; }                   # reached STEP DIR
 ended() { reached "$STEPS" "$1"; }                                # ended DIR: the run is over
+reached_or_ended() { reached "$1" "$2" || ended "$2"; }
+wait_step() {  # wait_step DIR STEP: until the job committed STEP (or ended), at most a stage
+  wait_until "$STAGE_S" reached_or_ended "$2" "$1" || echo "  ** step $2 not reached within ${STAGE_S} s **"
+}
 gone() {  # gone PID: exited (a zombie counts: it waits for us to reap it)
   local s; s=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1) || true
   [ -z "$s" ] || [ "$s" = Z ]
@@ -142,22 +147,30 @@ start_group() {  # start_group DIR NAME LIFE: an agent and two trainers; logs DI
       --eval-batches 8 --op-timeout-ms 20000 >>"$dir/trainer-$g-$r.$life.err" 2>&1 &
     PIDS+=("$!"); eval "TRAINER_${g}_$r=$!"
   done
+  [[ " ${STARTED[*]} " == *" $g "* ]] || STARTED+=("$g")
 }
 group_pids() { eval echo "\$TRAINER_${1}_0 \$TRAINER_${1}_1 \$AGENT_$1"; }
 all_gone() { local p; for p in "$@"; do gone "$p" || return 1; done; }
+forget() {  # forget PID: reaped, so never signalled again (its number may be reused)
+  local i; for i in "${!PIDS[@]}"; do [ "${PIDS[$i]}" != "$1" ] || unset 'PIDS[i]'; done
+}
 reap() {  # reap SECONDS G...: waits for the groups' processes; kills what outlives SECONDS
   local g p pids=() codes rc
-  for g in "${@:2}"; do read -ra p <<<"$(group_pids "$g")"; pids+=("${p[@]}"); done
+  for g in "${@:2}"; do for p in $(group_pids "$g"); do pids+=("$p"); done; done
   wait_until "$1" all_gone "${pids[@]}" || echo "  ** still running after $1 s: killed **"
   for g in "${@:2}"; do
     codes=""
     for p in $(group_pids "$g"); do
-      kill -9 "$p" 2>/dev/null || true
+      gone "$p" || kill -9 "$p" 2>/dev/null || true
       rc=0; { wait "$p"; } 2>/dev/null || rc=$?
-      codes+=" $rc"
+      codes+=" $rc"; forget "$p"
     done
-    echo "  $g: trainers and agent exited with$codes"
+    [ -z "$codes" ] || echo "  $g: trainers and agent exited with$codes"
+    eval "TRAINER_${g}_0= TRAINER_${g}_1= AGENT_$g="
   done
+}
+stop_lighthouse() {  # stop_lighthouse [SIGNAL]
+  kill "-${1:-TERM}" "$LH_PID" 2>/dev/null || true; wait "$LH_PID" 2>/dev/null || true; forget "$LH_PID"
 }
 status() { "$BIN/lkctl" --lighthouse "http://$ADDR" status || true; }
 has_line() { grep -q -- "$2" "$1" 2>/dev/null; }
@@ -172,7 +185,7 @@ start_lighthouse "$RUN"
 echo "dashboard: http://$ADDR/"
 : >"$RUN/actions.txt"
 for g in g0 g1 g2; do start_group "$RUN" $g 1; done
-if ! wait_until "$STAGE_S" reached "$KILL_AT" "$RUN"; then
+if ! wait_until "$STAGE_S" reached "$KILL_AT" "$RUN" || ended "$RUN"; then
   echo "demo.sh: no commit of step $KILL_AT within ${STAGE_S} s; logs in $RUN" >&2; exit 1
 fi
 status
@@ -182,6 +195,7 @@ in_two() { grep -c '"replica_world_size":2,' "$RUN/trainer-g0-0.1.jsonl" || true
 IN_TWO=$(in_two)  # the first quorum may have had two groups: one started late
 act "$RUN" kill g1/1
 kill -9 "$TRAINER_g1_1"; { wait "$TRAINER_g1_1"; } 2>/dev/null || true  # at once: no "Killed" notice
+forget "$TRAINER_g1_1"; TRAINER_g1_1=
 wait_effect "$RUN" "exit of g1's agent" all_gone $(group_pids g1) || true
 reap 10 g1
 echo "  (the agent's 3: a trainer of its group died; it stopped the other trainer)"
@@ -190,74 +204,91 @@ wait_effect "$RUN" "commit without g1" went_on || true
 echo "  g0 and g2 committed step $(committed "$RUN") without g1"
 status
 
-say "g1 comes back at step $(committed "$RUN") (a new incarnation: fresh agent and trainers) and heals from its peers"
-act "$RUN" relaunch g1
-start_group "$RUN" g1 2
-wait_effect "$RUN" "commit of g1's new incarnation" has_line "$RUN/trainer-g1-0.2.jsonl" '"step"' &&
-  echo "  g1 is back: $(head -c 120 "$RUN/trainer-g1-0.2.jsonl")..."
-status
+if ended "$RUN"; then
+  echo "  ** the run ended before g1 could come back **"
+else
+  say "g1 comes back at step $(committed "$RUN") (a new incarnation: fresh agent and trainers) and heals from its peers"
+  act "$RUN" relaunch g1
+  start_group "$RUN" g1 2
+  wait_effect "$RUN" "commit of g1's new incarnation" has_line "$RUN/trainer-g1-0.2.jsonl" '"step"' &&
+    echo "  g1 is back: $(head -c 120 "$RUN/trainer-g1-0.2.jsonl")..."
+  status
+fi
 
-wait_until "$STAGE_S" reached "$JOIN_AT" "$RUN" || true
-say "a fourth group g3 joins at step $(committed "$RUN") and heals from the others"
-act "$RUN" launch g3
-start_group "$RUN" g3 1
-wait_effect "$RUN" "quorum of four" world_of "$RUN/trainer-g3-0.1.jsonl" 4 &&
-  echo "  g3 trains in a quorum of four from step $(committed "$RUN")"
-status
+wait_step "$RUN" "$JOIN_AT"
+if ended "$RUN"; then
+  echo "  ** the run ended before g3 could join **"
+else
+  say "a fourth group g3 joins at step $(committed "$RUN") and heals from the others"
+  act "$RUN" launch g3
+  start_group "$RUN" g3 1
+  wait_effect "$RUN" "quorum of four" world_of "$RUN/trainer-g3-0.1.jsonl" 4 &&
+    echo "  g3 trains in a quorum of four from step $(committed "$RUN")"
+  status
+fi
 
-wait_until "$STAGE_S" reached "$LH_AT" "$RUN" || true
-say "the lighthouse is killed with -9 at step $(committed "$RUN") and restarted on $ADDR"
-outages() { cat "$RUN"/agent-*.log | grep -c 'heartbeat_failed\|lighthouse_unreachable' || true; }
-OUTAGES=$(outages)
-act "$RUN" kill lighthouse
-kill -9 "$LH_PID"; wait "$LH_PID" 2>/dev/null || true
 # The agents notice the outage (a failed heartbeat) before it ends, so that it is one.
+outages() { cat "$RUN"/agent-*.log | grep -c 'heartbeat_failed\|lighthouse_unreachable' || true; }
 outage_seen() { [ "$(outages)" -gt "$OUTAGES" ]; }
-wait_effect "$RUN" "agent noticing the outage" outage_seen || true
-start_lighthouse "$RUN" "$ADDR"
-act "$RUN" restart lighthouse
 # The restarted lighthouse is back in the job once it issued a quorum (the groups asked it
 # again) and recorded a commit in it.
 since_start() {  # the lines of the lighthouse's last life
   awk '/ lighthouse_start /{buf=""} {buf=buf $0 "\n"} END{printf "%s", buf}' "$RUN/lighthouse.log"
 }
 lh_back() { local l; l=$(since_start); grep -q ' quorum_issued ' <<<"$l" && grep -q ' commit .* ok=true' <<<"$l"; }
-wait_effect "$RUN" "quorum from the restarted lighthouse" lh_back &&
-  echo "  the restarted lighthouse issued a quorum and recorded a commit at step $(committed "$RUN")"
-status
+wait_step "$RUN" "$LH_AT"
+if ended "$RUN"; then
+  echo "  ** the run ended before the lighthouse's restart **"
+else
+  say "the lighthouse is killed with -9 at step $(committed "$RUN") and restarted on $ADDR"
+  OUTAGES=$(outages)
+  act "$RUN" kill lighthouse
+  stop_lighthouse KILL
+  wait_effect "$RUN" "agent noticing the outage" outage_seen || true
+  start_lighthouse "$RUN" "$ADDR"
+  act "$RUN" restart lighthouse
+  wait_effect "$RUN" "quorum from the restarted lighthouse" lh_back &&
+    echo "  the restarted lighthouse issued a quorum and recorded a commit at step $(committed "$RUN")"
+  status
+fi
 
 say "every group trains to step $STEPS"
-reap "$STAGE_S" g0 g1 g2 g3
+reap "$STAGE_S" "${STARTED[@]}"
 curl -s "http://$ADDR/status" >"$RUN/status.json" || true
-kill "$LH_PID" 2>/dev/null || true; wait "$LH_PID" 2>/dev/null || true
+stop_lighthouse
 
 # The reference: the same job and seeds without failures, repeating the run's membership
 # changes at the committed steps where the run made them (g1's return as a drain at the kill's
 # step and a relaunch at the relaunch's; g3's start). A group that comes back is a new process
 # whose inner optimizer starts afresh, which changes the loss (examples/diloco/README.md), so a
 # reference without them would not be the same run. The lighthouse restart changes no member.
-step_of() { awk -v w="$2" '($3 " " $4) == w { print $2; exit }' "$1/actions.txt"; }
+step_of() { awk -v w="$1" '($3 " " $4) == w { print $2; exit }' "$RUN/actions.txt"; }
 say "reference: the same job without failures, with the run's membership changes at the same steps"
 REF=$RUN/ref; mkdir -p "$REF"; : >"$REF/actions.txt"
+STARTED=()
 start_lighthouse "$REF"
 for g in g0 g1 g2; do start_group "$REF" $g 1; done
-wait_until "$STAGE_S" reached "$(step_of "$RUN" "kill g1/1")" "$REF" || true
+wait_step "$REF" "$(step_of "kill g1/1")"
 echo "  g1 drains and leaves at step $(committed "$REF")"
 act "$REF" drain g1
 kill -TERM "$AGENT_g1" || true
 reap "$STAGE_S" g1
-wait_until "$STAGE_S" reached "$(step_of "$RUN" "relaunch g1")" "$REF" || true
-echo "  g1 comes back at step $(committed "$REF")"
-act "$REF" relaunch g1
-start_group "$REF" g1 2
-wait_effect "$REF" "commit of g1's new incarnation" has_line "$REF/trainer-g1-0.2.jsonl" '"step"' || true
-wait_until "$STAGE_S" reached "$(step_of "$RUN" "launch g3")" "$REF" || true
-echo "  g3 joins at step $(committed "$REF")"
-act "$REF" launch g3
-start_group "$REF" g3 1
-reap "$STAGE_S" g0 g1 g2 g3
+if [ -n "$(step_of "relaunch g1")" ]; then
+  wait_step "$REF" "$(step_of "relaunch g1")"
+  echo "  g1 comes back at step $(committed "$REF")"
+  act "$REF" relaunch g1
+  start_group "$REF" g1 2
+  wait_effect "$REF" "commit of g1's new incarnation" has_line "$REF/trainer-g1-0.2.jsonl" '"step"' || true
+fi
+if [ -n "$(step_of "launch g3")" ]; then
+  wait_step "$REF" "$(step_of "launch g3")"
+  echo "  g3 joins at step $(committed "$REF")"
+  act "$REF" launch g3
+  start_group "$REF" g3 1
+fi
+reap "$STAGE_S" "${STARTED[@]}"
 curl -s "http://$ADDR/status" >"$REF/status.json" || true
-kill "$LH_PID" 2>/dev/null || true; wait "$LH_PID" 2>/dev/null || true
+stop_lighthouse
 
 say "summary (from the logs in $RUN)"
 RC=0
