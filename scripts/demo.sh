@@ -62,6 +62,7 @@ else
 fi
 RUN=${LK_DEMO_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/lightkeeper-demo.XXXXXX")}
 mkdir -p "$RUN"
+[ -z "$(ls -A "$RUN")" ] || { echo "demo.sh: LK_DEMO_DIR $RUN is not empty" >&2; exit 2; }
 # Where each stage is meant to start; a stage starts later when the one before it took longer,
 # because each waits for the effect of the one before.
 KILL_AT=$((STEPS / 4))
@@ -72,6 +73,8 @@ PIDS=()
 STARTED=()  # the groups started in the current run (or reference), for reap
 cleanup() { local p; for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
+trap 'exit 130' INT   # so that an interrupted demo stops what it started (the EXIT trap)
+trap 'exit 143' TERM
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 now_ms() { date +%s%3N; }
@@ -242,9 +245,14 @@ if ended "$RUN"; then
 else
   say "the lighthouse is killed with -9 at step $(committed "$RUN") and restarted on $ADDR"
   OUTAGES=$(outages)
+  LH_STEP=$(committed "$RUN")
   act "$RUN" kill lighthouse
   stop_lighthouse KILL
+  # It stays down until the agents noticed and the groups committed a step without it (two
+  # past the step of the kill: the one after it may have reached the lighthouse before it died).
   wait_effect "$RUN" "agent noticing the outage" outage_seen || true
+  wait_effect "$RUN" "step without the lighthouse" reached $((LH_STEP + 2)) "$RUN" &&
+    echo "  the groups committed step $(committed "$RUN") without it"
   start_lighthouse "$RUN" "$ADDR"
   act "$RUN" restart lighthouse
   wait_effect "$RUN" "quorum from the restarted lighthouse" lh_back &&

@@ -215,15 +215,23 @@ def lighthouse_stage(run, steps, s):
     issued = [fields(ln) for ln in last if " quorum_issued " in ln]
     commits = [fields(ln) for ln in last if " commit " in ln and "ok=true" in ln]
     qid_before = int(before[-1]["quorum_id"]) if before else 0
+    # The steps the groups committed without it: after the last one it recorded, before it
+    # started again.
+    recorded = [int(fields(ln).get("committed_step", 0)) for life in run.lh_lives[:-1]
+                for ln in life if " commit " in ln]
+    restart_ms = log_time_ms(run.lh_lives[-1][0]) if len(run.lh_lives) > 1 else 0
+    away = sorted({d["step"] for d in run.all_lines()
+                   if d["step"] > max(recorded, default=0) and d.get("t_ms", 0) < restart_ms})
     text = (f"lighthouse kill -9 at committed step {kill[1]} (quorum_id {qid_before}), restarted "
-            f"{(back[0] - kill[0]) / 1000:.1f} s later at step {back[1]}; ")
+            f"{(back[0] - kill[0]) / 1000:.1f} s later at step {back[1]}, the groups having "
+            f"committed {len(away)} step{'' if len(away) == 1 else 's'} without it; ")
     if not issued or not commits:
         s.line(False, text + ("it issued no quorum" if not issued else "it recorded no commit")
                + " before the run ended")
         return
     q = issued[0]
     m, c, qid = int(q["max_step"]), int(commits[0]["step"]), int(q["quorum_id"])
-    ok = m < steps and c < steps and qid >= qid_before
+    ok = m < steps and c < steps and qid >= qid_before and len(away) > 0
     s.line(ok, text + f"its first quorum: quorum_id {qid} ({'a new one' if q['changed'] == 'true' else 'the same members'}"
                f") for step {m}, and it recorded commits from step {c}"
                + ("" if qid >= qid_before else "; ** the quorum_id went back **")
@@ -254,7 +262,7 @@ def replicas(run, s):
     for d in run.all_lines():
         hashes.setdefault((d["step"], d["group_rank"]), set()).add(d["param_hash"])
     bad = sum(1 for h in hashes.values() if len(h) > 1)
-    s.line(bad == 0 and hashes, f"replicas identical: {len(hashes) - bad} of {len(hashes)} "
+    s.line(bad == 0 and bool(hashes), f"replicas identical: {len(hashes) - bad} of {len(hashes)} "
                                 f"(step, shard) pairs agree across groups")
 
 
