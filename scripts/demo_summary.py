@@ -236,8 +236,8 @@ def lighthouse_stage(run, steps, s):
                f") for step {m}, and it recorded commits from step {c}"
                + ("" if qid >= qid_before else "; ** the quorum_id went back **")
                + ("" if m < steps and c < steps else f"; not mid-run: the run ends at step {steps}"))
-    s.events.append((kill[1], c, f"lighthouse: killed at step {kill[1]}, commits recorded again "
-                                 f"from step {c}"))
+    s.events.append((kill[1], back[1], f"lighthouse: killed at step {kill[1]}, back at step "
+                                       f"{back[1]} ({len(away)} steps without it)"))
 
 
 def end_stage(run, steps, s):
