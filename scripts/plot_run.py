@@ -1,116 +1,32 @@
-#!/usr/bin/env python3
-"""Plots loss against outer step for a Lightkeeper run, with membership changes marked, as a
-PNG, using only the standard library (zlib for the PNG encoding), so the demo needs no plotting
-package. Inputs: the trainers' --log JSON lines (one per committed outer step) and an optional
-events file of "STEP LABEL" lines (a kill, a join) to mark as vertical lines.
+#!/usr/bin/python3
+"""Plots a Lightkeeper run as a PNG: the loss against the outer step (the run, and a reference
+run if given), and below it how many groups were in the quorum at each step, with the run's
+membership changes marked. Uses matplotlib (Debian's python3-matplotlib, scripts/install-deps.sh).
 
-usage: plot_run.py OUT.png EVENTS_FILE_OR_- LOG.jsonl [LOG.jsonl ...] [--reference REF.jsonl]
+Inputs: the trainers' --log JSON lines (one per committed outer step and trainer) and an events
+file of lines "STEP LABEL" (a mark at one step) or "FIRST-LAST LABEL" (a span of steps, such as a
+group's absence). Each event gets its own colour and is named in the legend beside the plot,
+never as text over the curves, so labels cannot overlap however close the events are.
+
+usage: plot_run.py OUT.png EVENTS_FILE_OR_- LOG.jsonl [LOG.jsonl ...] [--reference REF.jsonl ...]
+       [--reference-label TEXT]
 """
 import json
-import struct
 import sys
-import zlib
 
-W, H = 900, 500
-L, R, T, B = 70, 20, 30, 50  # margins
+import matplotlib
 
-# A 5x7 bitmap font (digits, lower-case letters, a few signs): axis labels and legends.
-FONT = {
-    "0": "01110100011001110101110011000101110", "1": "00100011000010000100001000010001110",
-    "2": "01110100010000100010001000100011111", "3": "11111000100010000010000011000101110",
-    "4": "00010001100101010010111110001000010", "5": "11111100001111000001000011000101110",
-    "6": "00110010001000011110100011000101110", "7": "11111000010001000100010000100001000",
-    "8": "01110100011000101110100011000101110", "9": "01110100011000101111000010001001100",
-    ".": "00000000000000000000000000110001100", "-": "00000000000000011111000000000000000",
-    " ": "0" * 35,
-}
-for _ch, _rows in {
-    'a': ['     ', '     ', ' ### ', '    #', ' ####', '#   #', ' ####'],
-    'b': ['#    ', '#    ', '#### ', '#   #', '#   #', '#   #', '#### '],
-    'c': ['     ', '     ', ' ####', '#    ', '#    ', '#    ', ' ####'],
-    'd': ['    #', '    #', ' ####', '#   #', '#   #', '#   #', ' ####'],
-    'e': ['     ', '     ', ' ### ', '#   #', '#####', '#    ', ' ####'],
-    'f': ['  ## ', ' #   ', '#### ', ' #   ', ' #   ', ' #   ', ' #   '],
-    'g': ['     ', ' ####', '#   #', '#   #', ' ####', '    #', ' ### '],
-    'h': ['#    ', '#    ', '#### ', '#   #', '#   #', '#   #', '#   #'],
-    'i': ['  #  ', '     ', ' ##  ', '  #  ', '  #  ', '  #  ', ' ### '],
-    'j': ['   # ', '     ', '  ## ', '   # ', '   # ', '#  # ', ' ##  '],
-    'k': ['#    ', '#    ', '#  # ', '# #  ', '##   ', '# #  ', '#  # '],
-    'l': [' ##  ', '  #  ', '  #  ', '  #  ', '  #  ', '  #  ', ' ### '],
-    'm': ['     ', '     ', '## # ', '# # #', '# # #', '# # #', '#   #'],
-    'n': ['     ', '     ', '#### ', '#   #', '#   #', '#   #', '#   #'],
-    'o': ['     ', '     ', ' ### ', '#   #', '#   #', '#   #', ' ### '],
-    'p': ['     ', '     ', '#### ', '#   #', '#### ', '#    ', '#    '],
-    'q': ['     ', ' ####', '#   #', '#   #', ' ####', '    #', '    #'],
-    'r': ['     ', '     ', '# ## ', '##   ', '#    ', '#    ', '#    '],
-    's': ['     ', '     ', ' ####', '#    ', ' ### ', '    #', '#### '],
-    't': [' #   ', ' #   ', '#### ', ' #   ', ' #   ', ' #  #', '  ## '],
-    'u': ['     ', '     ', '#   #', '#   #', '#   #', '#  ##', ' ## #'],
-    'v': ['     ', '     ', '#   #', '#   #', '#   #', ' # # ', '  #  '],
-    'w': ['     ', '     ', '#   #', '#   #', '# # #', '# # #', ' # # '],
-    'x': ['     ', '     ', '#   #', ' # # ', '  #  ', ' # # ', '#   #'],
-    'y': ['     ', '#   #', '#   #', ' ####', '    #', '#   #', ' ### '],
-    'z': ['     ', '     ', '#####', '   # ', '  #  ', ' #   ', '#####'],
-    '_': ['     ', '     ', '     ', '     ', '     ', '     ', '#####'],
-    '=': ['     ', '     ', '#####', '     ', '#####', '     ', '     '],
-    '/': ['    #', '   # ', '   # ', '  #  ', ' #   ', ' #   ', '#    '],
-    ':': ['     ', ' ##  ', ' ##  ', '     ', ' ##  ', ' ##  ', '     '],
-    '(': ['   # ', '  #  ', ' #   ', ' #   ', ' #   ', '  #  ', '   # '],
-    ')': [' #   ', '  #  ', '   # ', '   # ', '   # ', '  #  ', ' #   '],
-    '%': ['##   ', '##  #', '   # ', '  #  ', ' #   ', '#  ##', '   ##'],
-    '+': ['     ', '  #  ', '  #  ', '#####', '  #  ', '  #  ', '     '],
-}.items():
-    FONT[_ch] = "".join("1" if c == "#" else "0" for c in "".join(_rows))
+matplotlib.use("Agg")  # no display: render to a file
+import matplotlib.pyplot as plt  # noqa: E402
+
+# Event colours: distinct from the run (blue) and the reference (grey).
+EVENT_COLOURS = ["#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
+                 "#bcbd22"]
 
 
-def blank():
-    return [[(255, 255, 255) for _ in range(W)] for _ in range(H)]
-
-
-def put(img, x, y, c):
-    if 0 <= x < W and 0 <= y < H:
-        img[y][x] = c
-
-
-def line(img, x0, y0, x1, y1, c, width=1):
-    dx, dy = abs(x1 - x0), -abs(y1 - y0)
-    sx, sy = (1 if x0 < x1 else -1), (1 if y0 < y1 else -1)
-    err = dx + dy
-    while True:
-        for ox in range(-(width // 2), width // 2 + 1):
-            for oy in range(-(width // 2), width // 2 + 1):
-                put(img, x0 + ox, y0 + oy, c)
-        if x0 == x1 and y0 == y1:
-            return
-        e2 = 2 * err
-        if e2 >= dy:
-            err += dy
-            x0 += sx
-        if e2 <= dx:
-            err += dx
-            y0 += sy
-
-
-def text(img, x, y, s, c=(60, 60, 60)):
-    for i, ch in enumerate(s.lower()):
-        g = FONT.get(ch, FONT[" "])
-        for k, bit in enumerate(g):
-            if bit == "1":
-                put(img, x + i * 6 + k % 5, y + k // 5, c)
-
-
-def png(img, path):
-    raw = b"".join(b"\x00" + bytes(v for px in row for v in px) for row in img)
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    with open(path, "wb") as f:
-        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", W, H, 8, 2, 0, 0, 0))
-                + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
-
-
-def read_losses(paths):
+def read_steps(paths):
+    """Per committed step: the mean training loss, the mean eval_loss (None without one) and the
+    largest replica_world_size any trainer logged for it."""
     by_step = {}
     for p in paths:
         with open(p) as f:
@@ -119,59 +35,100 @@ def read_losses(paths):
                     d = json.loads(ln)
                 except ValueError:
                     continue
-                if "step" in d and "loss" in d:
-                    by_step.setdefault(d["step"], []).append(d["loss"])
-    return sorted((s, sum(v) / len(v)) for s, v in by_step.items())
+                if "step" not in d or "loss" not in d:
+                    continue
+                s = by_step.setdefault(d["step"], {"loss": [], "eval": [], "world": 0})
+                s["loss"].append(d["loss"])
+                if "eval_loss" in d:
+                    s["eval"].append(d["eval_loss"])
+                s["world"] = max(s["world"], d.get("replica_world_size", 0))
+    out = []
+    for step in sorted(by_step):
+        s = by_step[step]
+        ev = sum(s["eval"]) / len(s["eval"]) if s["eval"] else None
+        out.append((step, sum(s["loss"]) / len(s["loss"]), ev, s["world"]))
+    return out
 
 
-def main(argv):
+def read_events(path):
+    """(first, last, label) per line of "STEP LABEL" or "FIRST-LAST LABEL"."""
+    events = []
+    if path == "-":
+        return events
+    with open(path) as f:
+        for ln in f:
+            parts = ln.split(None, 1)
+            if not parts:
+                continue
+            where, label = parts[0], parts[1].strip() if len(parts) > 1 else ""
+            first, _, last = where.partition("-")
+            events.append((float(first), float(last or first), label))
+    return events
+
+
+def parse_args(argv):
     if len(argv) < 4:
         sys.exit(__doc__)
     out, events_path, rest = argv[1], argv[2], argv[3:]
+    ref_label = "reference"
+    if "--reference-label" in rest:
+        i = rest.index("--reference-label")
+        if i + 1 >= len(rest):
+            sys.exit("plot_run.py: --reference-label needs a text")
+        ref_label = rest[i + 1]
+        rest = rest[:i] + rest[i + 2:]
     ref_paths = []
     if "--reference" in rest:
         i = rest.index("--reference")
         ref_paths, rest = rest[i + 1:], rest[:i]
-    run, ref = read_losses(rest), read_losses(ref_paths)
-    events = []
-    if events_path != "-":
-        with open(events_path) as f:
-            for ln in f:
-                parts = ln.split(None, 1)
-                if parts:
-                    events.append((float(parts[0]), parts[1].strip() if len(parts) > 1 else ""))
-    pts = run + ref
-    if not pts:
-        sys.exit("no loss lines in the logs")
-    smax = max(s for s, _ in pts) or 1
-    lmin, lmax = min(v for _, v in pts), max(v for _, v in pts)
-    if lmax == lmin:
-        lmax = lmin + 1
-    X = lambda s: int(L + (W - L - R) * s / smax)
-    Y = lambda v: int(H - B - (H - T - B) * (v - lmin) / (lmax - lmin))
-    img = blank()
-    line(img, L, H - B, W - R, H - B, (0, 0, 0))
-    line(img, L, T, L, H - B, (0, 0, 0))
-    for k in range(5):
-        v = lmin + (lmax - lmin) * k / 4
-        text(img, 5, Y(v) - 3, f"{v:.2f}")
-        s = smax * k / 4
-        text(img, X(s) - 6, H - B + 8, f"{s:.0f}")
-    text(img, W // 2 - 40, H - 18, "outer step")
-    text(img, 5, 10, "loss")
-    for s, label in events:
-        for y in range(T, H - B, 6):
-            line(img, X(s), y, X(s), y + 3, (200, 60, 60))
-        text(img, X(s) + 3, T + 2, label[:18], (200, 60, 60))
-    for series, color in ((ref, (150, 150, 150)), (run, (30, 90, 200))):
-        for (s0, v0), (s1, v1) in zip(series, series[1:]):
-            line(img, X(s0), Y(v0), X(s1), Y(v1), color, 2)
-    # Legend at the lower left: a falling loss curve leaves that corner empty, and the top is
-    # where the event labels go.
-    text(img, L + 10, H - B - 28, "run", (30, 90, 200))
-    if ref:
-        text(img, L + 10, H - B - 16, "failure-free reference", (150, 150, 150))
-    png(img, out)
+    return out, events_path, rest, ref_paths, ref_label
+
+
+def main(argv):
+    out, events_path, run_paths, ref_paths, ref_label = parse_args(argv)
+    run, ref = read_steps(run_paths), read_steps(ref_paths)
+    if not run and not ref:
+        sys.exit("plot_run.py: no loss lines in the logs")
+    events = read_events(events_path)
+    # Eval loss (of the global weights on fixed batches) where every series has it: it is the
+    # figure the summary compares; the training loss depends on which groups ran a step.
+    use_eval = all(e is not None for series in (run, ref) for _, _, e, _ in series)
+    what = "eval loss of the global weights" if use_eval else "training loss (mean of trainers)"
+
+    fig, (ax_loss, ax_world) = plt.subplots(
+        2, 1, sharex=True, figsize=(11, 6.5), gridspec_kw={"height_ratios": [3, 1]})
+    # The reference is drawn last, dashed, so that it shows where the two runs are the same.
+    for series, label, style in ((run, "this run", dict(color="#1f77b4", lw=2.0)),
+                                 (ref, ref_label, dict(color="0.35", lw=1.4, ls="--"))):
+        if not series:
+            continue
+        steps = [s for s, _, _, _ in series]
+        ax_loss.plot(steps, [e if use_eval else v for _, v, e, _ in series], label=label, **style)
+        ax_world.step(steps, [w for _, _, _, w in series], where="mid", label=label, **style)
+    handles = []
+    for i, (first, last, label) in enumerate(events):
+        colour = EVENT_COLOURS[i % len(EVENT_COLOURS)]
+        for ax in (ax_loss, ax_world):
+            if last > first:
+                h = ax.axvspan(first, last, color=colour, alpha=0.15, lw=0)
+            else:
+                h = ax.axvline(first, color=colour, lw=1.4, ls=":")
+        h.set_label(label)
+        handles.append(h)
+    ax_loss.set_ylabel(what)
+    ax_loss.set_title("loss against outer step, with the run's membership changes")
+    ax_loss.grid(alpha=0.3)
+    ax_world.set_ylabel("groups in quorum")
+    ax_world.set_xlabel("committed outer step")
+    ax_world.grid(alpha=0.3)
+    ax_world.yaxis.get_major_locator().set_params(integer=True)
+    # One legend right of the axes, the curves then one entry per event: no label is drawn
+    # over the plot, so none can cover another however close the events are.
+    curves, names = ax_loss.get_legend_handles_labels()
+    ax_loss.legend(curves + handles, names + [h.get_label() for h in handles], loc="upper left",
+                   bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100, bbox_inches="tight")
 
 
 if __name__ == "__main__":
