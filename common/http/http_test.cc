@@ -618,5 +618,16 @@ TEST_CASE("query strings are percent-decoded") {
   CHECK(PercentDecode(PercentEncode("x/y z")) == "x/y z");
 }
 
+TEST_CASE("a decoded path is encoded again segment by segment, its slashes kept") {
+  CHECK(PercentEncodePath("1/a?b") == "1/a%3Fb");
+  CHECK(PercentEncodePath("1/x y/#%") == "1/x%20y/%23%25");
+  CHECK(PercentEncodePath("") == "");
+  CHECK(PercentEncodePath("/") == "/");
+  CHECK(PercentEncodePath("a//b/") == "a//b/");
+  using namespace std::string_literals;
+  const std::string odd = "k\r\n\0/..\x7f"s;
+  CHECK(PercentDecode(PercentEncodePath(odd)) == odd);
+}
+
 }  // namespace
 }  // namespace lk::http
