@@ -512,6 +512,23 @@ TEST_CASE("a rendezvous key with '?', '%', '#' or spaces reaches the lighthouse 
   auto cut = (*lh)->Do("GET", "/v1/kv/t/" + qid + "/a?timeout_ms=0", "", "", Millis(10'000));
   REQUIRE(cut.ok());
   CHECK(cut->status == 404);
+  // The client library encodes the key it is given: every byte of it arrives as it was ('+'
+  // and "%41" included, which a decoder would otherwise turn into ' ' and 'A').
+  auto session = client::Session::Connect(g.socket, 0, 1);
+  REQUIRE(session.ok());
+  const uint32_t q = static_cast<uint32_t>(std::stoul(qid));
+  for (std::string key : {"s?e", "x y+z", "pct%41", "gloo/rank 0#addr"}) {
+    CAPTURE(key);
+    REQUIRE((*session)->KvPut(q, key, "v-" + key).ok());
+    auto back = (*session)->KvGet(q, key, Millis(0));
+    REQUIRE_MESSAGE(back.ok(), back.status().ToString());
+    CHECK(*back == "v-" + key);
+    auto at_lh = (*lh)->Do("GET", "/v1/kv/t/" + qid + "/" + http::PercentEncodePath(key) +
+                                      "?timeout_ms=0", "", "", Millis(10'000));
+    REQUIRE(at_lh.ok());
+    CHECK(at_lh->status == 200);
+    CHECK(at_lh->body == "v-" + key);
+  }
   CHECK(g.agent->Running());
 }
 
