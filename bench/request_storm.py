@@ -67,6 +67,14 @@ class Services:
         self.agent_exits = []  # monotonic times at which a clean agent exit was seen
         self.lh_addr = self.serve_addr = None
         self.socket_path = f"{root}/agent.sock"
+        # Files for the shard server behind --serve: its own step directory and another root's.
+        # Bytes only (no manifest): a file read needs none, and the list then shows no step.
+        self.serve_dir = f"{root}/serve"
+        for sub, name in (("step-000000000001", "shard-0.bin"),
+                          ("g1/step-000000000002", "shard-1.bin")):
+            os.makedirs(f"{self.serve_dir}/{sub}", exist_ok=True)
+            with open(f"{self.serve_dir}/{sub}/{name}", "wb") as f:
+                f.write(os.urandom(256 << 10))
 
     @staticmethod
     def _wait_log(path, pattern, proc, bound_s=20):
@@ -108,6 +116,7 @@ class Services:
              f"http://{self.lh_addr[0]}:{self.lh_addr[1]}", "--job", "agentjob", "--group-id", "a0",
              "--node-rank", "0", "--nodes", "1", "--socket", self.socket_path, "--serve",
              "127.0.0.1:0", "--token-file", f"{self.root}/agent.token",
+             "--serve-dir", self.serve_dir,
              "--heartbeat-interval-ms", "200", "--drain-timeout-ms", "1000"],
             stdout=open(log, "w"), stderr=subprocess.STDOUT)
         m = self._wait_log(log, r"agent_listening .*serve=([0-9.]+):([0-9]+)", self.agent)

@@ -14,9 +14,10 @@ class Base:
     request must be mutated into an invalid or unauthenticated one)."""
 
     def __init__(self, endpoint, method, path, query="", body=b"", ctype="", token=None,
-                 changes=False):
+                 changes=False, headers=()):
         self.endpoint, self.method, self.path, self.query = endpoint, method, path, query
         self.body, self.ctype, self.token, self.changes = body, ctype, token, changes
+        self.headers = list(headers)
 
 
 def lighthouse_bases(svc, agent, qid):
@@ -93,10 +94,13 @@ def socket_bases():
 
 def serve_bases(svc):
     t = svc.tokens["agentjob"]
+    shard = "/v1/shards/files/_/step-000000000001/shard-0.bin"
     return [
         Base("/v1/agent/status", "GET", "/v1/agent/status", token=t),
-        Base("/v1/shards", "GET", "/v1/shards/files/root/step-00000000001/shard-0.bin", token=t),
-        Base("/v1/shards", "GET", "/v1/shards/manifest/root/step-00000000001", token=t),
+        Base("/v1/shards", "GET", shard, token=t, headers=[("Range", "bytes=0-99")]),
+        Base("/v1/shards", "GET", shard, token=t, headers=[("Range", "bytes=-4096")]),
+        Base("/v1/shards", "GET", "/v1/shards/files/g1/step-000000000002/shard-1.bin", token=t),
+        Base("/v1/shards", "GET", "/v1/shards/checkpoints", token=t),
         Base("/healthz", "GET", "/healthz"),
         Base("/v1/trainer/hello", "POST", "/v1/trainer/hello", body=b'{"group_rank":0}',
              ctype="application/json", token=t),
@@ -206,6 +210,9 @@ def mutate(base, rng, token_pool, forbid_valid):
                                      ("Authorization", "Basic Zm9vOmJhcg=="),
                                      ("Authorization", "Bearer"), ("Authorization", "Bearer  "),
                                      ("Range", "bytes=0-1"), ("Range", "bytes=-99999999999999"),
+                                     ("Range", "bytes=5-2"), ("Range", "bytes=0-1,3-4"),
+                                     ("Range", "bytes=18446744073709551615-"),
+                                     ("Range", "bytes=-0"), ("Range", "items=0-1"),
                                      ("Accept", "x" * 2000), ("Content-Type", "text/plain")]))
             kinds.append("header")
         elif op == 7:
@@ -222,7 +229,7 @@ def mutate(base, rng, token_pool, forbid_valid):
             # Keep the token and break the body in a way no decoder accepts (field number 0
             # in protobuf, a NUL in JSON).
             body = b"\x00{" + body
-    headers = [("Host", "storm")]
+    headers = [("Host", "storm")] + base.headers
     if ctype:
         headers.append(("Content-Type", ctype))
     if token:
@@ -241,7 +248,7 @@ def mutate(base, rng, token_pool, forbid_valid):
 def raw_mutation(base, rng, token_pool):
     """Framing-level damage: the request is sent on its own connection, then half-closed."""
     token = rng.choice(token_pool)
-    headers = [("Host", "storm"), ("Content-Type", base.ctype or "application/json")]
+    headers = [("Host", "storm"), ("Content-Type", base.ctype or "application/json")] + base.headers
     if token:
         headers.append(("Authorization", f"Bearer {token}"))
     target = base.path + ("?" + base.query if base.query else "")
