@@ -153,6 +153,10 @@ Result<Manifest> MergeManifests(const std::vector<Manifest>& parts) {
         return InvalidArgument("tensor '{}' has two dtypes or shapes", t.name);
       }
       for (auto s : t.slices) {
+        if (s.file >= p.files.size()) {
+          return InvalidArgument("tensor '{}' names file #{} of a part with {} files", t.name,
+                                 s.file, p.files.size());
+        }
         bool dup = seen_before[s.file];
         s.file = remap[s.file];
         if (dup) {

@@ -1,5 +1,7 @@
 #include "checkpoint/manifest_proto.h"
 
+#include <climits>
+
 #include <google/protobuf/util/json_util.h>
 
 namespace lk::ckpt {
@@ -73,6 +75,10 @@ std::string SerializeManifest(const Manifest& m) {
 
 Result<Manifest> ParseManifest(std::string_view bytes) {
   pb::Manifest p;
+  // Protobuf takes an int size; a larger one would throw inside it.
+  if (bytes.size() > static_cast<size_t>(INT_MAX)) {
+    return Error(Code::kDataLoss, "manifest of {} bytes is too large", bytes.size());
+  }
   if (!p.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
     return Error(Code::kDataLoss, "manifest does not parse ({} bytes)", bytes.size());
   }

@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -631,6 +632,38 @@ TEST_CASE("peers holding the state in different layouts: the first layout that c
   auto half = RecoverFromPeers({b1.url()}, Recovery(1, 0));
   CHECK(half.status().code() == Code::kUnavailable);
   CHECK(half.status().message().find("only ranks 1") != std::string::npos);
+}
+
+TEST_CASE("a manifest over 2 GiB is refused with a reason, never handed to protobuf") {
+  // Protobuf takes an int size: 2^31 bytes and more threw inside it. The pages are reserved,
+  // not touched.
+  const size_t n = (size_t{1} << 31) + 16;
+  void* p = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  REQUIRE(p != MAP_FAILED);
+  auto m = ParseManifest(std::string_view(static_cast<const char*>(p), n));
+  CHECK(m.status().code() == Code::kDataLoss);
+  ::munmap(p, n);
+}
+
+TEST_CASE("merging parts refuses a slice that names a file the part does not list") {
+  // Parts from peers are validated before they are merged, but MergeManifests is public: a
+  // slice's file index is checked where it is used to index.
+  Manifest part;
+  part.ranks = 2;
+  part.chunk_bytes = 64;
+  part.files.push_back(ShardFileInfo{"rank-0.safetensors", 0, 100, 16, 1});
+  TensorInfo t{"w", DType::kU8, {4}, {}};
+  t.slices.push_back(SliceInfo{0, RowRange{0, 4}, 16, 4, {7}});
+  part.tensors.push_back(t);
+  REQUIRE(MergeManifests({part}).ok());
+  for (uint32_t bad : {1u, 1000u, 1u << 31, UINT32_MAX}) {
+    CAPTURE(bad);
+    Manifest broken = part;
+    broken.tensors[0].slices[0].file = bad;
+    auto merged = MergeManifests({part, broken});
+    CHECK(merged.status().code() == Code::kInvalidArgument);
+    CHECK(merged.status().message().find("names file") != std::string::npos);
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 
@@ -47,6 +48,24 @@ TEST_CASE("Q quotes values that would break key=value parsing") {
   CHECK(Q("two words") == "\"two words\"");
   CHECK(Q("a\"b") == "\"a\\\"b\"");
   CHECK(Q("") == "\"\"");
+}
+
+TEST_CASE("Q escapes control bytes from peers, so one event stays one printable line") {
+  // A request path is percent-decoded before it is logged: %00, %0d and %1b arrive as bytes.
+  using namespace std::string_literals;
+  CHECK(Q("a\nb") == "\"a\\nb\"");
+  CHECK(Q("a\rb") == "\"a\\rb\"");
+  CHECK(Q("a\tb") == "\"a\\tb\"");
+  CHECK(Q("/v1/x\0"s) == "\"/v1/x\\x00\"");
+  CHECK(Q("\x1b[2J") == "\"\\x1b[2J\"");
+  CHECK(Q("del\x7f") == "\"del\\x7f\"");
+  for (char c = 0; c >= 0 && c < 0x20; ++c) {
+    std::string q = Q(std::string("x") + c);
+    CAPTURE(static_cast<int>(c));
+    CHECK(std::none_of(q.begin(), q.end(), [](char b) { return b >= 0 && b < 0x20; }));
+  }
+  // Bytes above 0x7f (UTF-8) are left as they are.
+  CHECK(Q("caf\xc3\xa9") == "caf\xc3\xa9");
 }
 
 TEST_CASE("Flags: command line beats environment beats default - errors name the flag") {

@@ -69,19 +69,30 @@ void WriteLogLine(LogLevel level, std::string_view line) {
 }
 
 std::string Q(std::string_view value) {
+  // Control bytes (a percent-decoded path may hold any) are escaped too: a raw CR or NUL would
+  // split one event into two lines, or make grep take the log for a binary file.
+  auto control = [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; };
   bool plain = !value.empty();
   for (char c : value) {
-    if (c == ' ' || c == '"' || c == '=' || c == '\n' || c == '\t' || c == '\\') plain = false;
+    if (c == ' ' || c == '"' || c == '=' || c == '\\' || control(c)) plain = false;
   }
   if (plain) return std::string(value);
   std::string out = "\"";
   for (char c : value) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (c == '\n') {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
       out += "\\n";
-      continue;
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (control(c)) {
+      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+    } else {
+      out += c;
     }
-    out += c;
   }
   out += '"';
   return out;

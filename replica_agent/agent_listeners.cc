@@ -182,8 +182,15 @@ void Agent::Impl::HandleCheckpoint(const http::Request& req, http::Responder res
 
 void Agent::Impl::HandleKv(const http::Request& req, http::Responder respond) {
   // /v1/trainer/kv/QID/KEY -> /v1/kv/JOB/QID/KEY on the lighthouse, off the io thread because
-  // a GET waits for the key.
-  std::string target = "/v1/kv/" + http::PercentEncode(options.job) + "/" + req.path.substr(15);
+  // a GET waits for the key. The path arrived percent-decoded: it is encoded again, or a key
+  // with '?' or '#' would be cut short there and one with a space refused.
+  constexpr std::string_view kPrefix = "/v1/trainer/kv/";
+  if (!req.path.starts_with(kPrefix)) {  // the route checked it; never a substr past the end
+    return respond(http::ErrorReply(Error(Code::kNotFound, "no endpoint {}", req.path),
+                                    http::Format::kJson));
+  }
+  std::string_view rest = std::string_view(req.path).substr(kPrefix.size());
+  std::string target = "/v1/kv/" + http::PercentEncode(options.job) + "/" + http::PercentEncodePath(rest);
   auto q = req.query.find("timeout_ms");
   if (q != req.query.end()) target += "?timeout_ms=" + http::PercentEncode(q->second);
   auto shared = std::make_shared<http::Responder>(respond);

@@ -1,6 +1,7 @@
 #include "slurm/hostlist.h"
 
 #include <cctype>
+#include <charconv>
 #include <cstdint>
 
 namespace lk::slurm {
@@ -39,9 +40,10 @@ Status ExpandGroup(std::string_view item, std::string_view group, size_t hosts_m
     if (lo.size() > 9 || hi.size() > 9) {
       return InvalidArgument("hostlist item '{}': number in '{}' is too large", item, range);
     }
-    // At most 9 digits each (checked above): these cannot overflow.
-    uint64_t lo_v = std::stoull(std::string(lo));
-    uint64_t hi_v = std::stoull(std::string(hi));
+    // At most 9 digits each (checked above): these cannot overflow, and from_chars never throws.
+    uint64_t lo_v = 0, hi_v = 0;
+    std::from_chars(lo.data(), lo.data() + lo.size(), lo_v);
+    std::from_chars(hi.data(), hi.data() + hi.size(), hi_v);
     if (lo_v > hi_v || hi_v > kIndexMax) {
       return InvalidArgument("hostlist item '{}': range '{}' goes backwards", item, range);
     }

@@ -51,10 +51,19 @@ std::string ReadString(const EnvMap& env, const char* name) {
   return v == nullptr ? "" : *v;
 }
 
+// A TimePoint counts nanoseconds in 64 bits (about 292 years either side of 1970). Times are
+// bounded where they are read so that a time, and a time plus the longest duration below, always
+// fit: Slurm's own times are 32-bit (its INFINITE is 2^32 - 1).
+constexpr int64_t kEpochSecondsMax = 4'294'967'295;
+constexpr int64_t kDurationSecondsMax = int64_t{100} * 365 * 24 * 3600;
+
 Result<std::optional<TimePoint>> ParseEpoch(std::string_view name, std::string_view text) {
   // scontrol writes "Unknown" or "None" when there is no such time (a pending job's end).
   if (text == "Unknown" || text == "None" || text == "N/A") return std::optional<TimePoint>();
   LK_ASSIGN_OR_RETURN(int64_t secs, ParseCount(name, text));
+  if (secs > kEpochSecondsMax) {
+    return InvalidArgument("{}='{}' is beyond {} seconds since 1970", name, text, kEpochSecondsMax);
+  }
   return std::optional<TimePoint>(TimePoint(std::chrono::seconds(secs)));
 }
 
@@ -157,8 +166,14 @@ Result<std::optional<std::chrono::seconds>> ParseSlurmDuration(std::string_view 
     m = parts[1];
     s = parts[2];
   }
-  if (days > 365 * 100 || h > 24 * 365 * 100 || m > 60 * 24 * 365 * 100) return bad();
-  return Out(std::chrono::seconds(((days * 24 + h) * 60 + m) * 60 + s));
+  // Each part bounded first, so that the sum cannot overflow; then the sum.
+  if (days > 365 * 100 || h > 24 * 365 * 100 || m > 60 * 24 * 365 * 100 ||
+      s > kDurationSecondsMax) {
+    return bad();
+  }
+  int64_t total = ((days * 24 + h) * 60 + m) * 60 + s;
+  if (total > kDurationSecondsMax) return bad();
+  return Out(std::chrono::seconds(total));
 }
 
 std::optional<TimePoint> JobInfo::LimitEnd() const {

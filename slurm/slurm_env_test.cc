@@ -116,6 +116,9 @@ TEST_CASE("slurm env: durations in sbatch and scontrol syntax") {
       {"UNLIMITED", -1},    {"INFINITE", -1},    {"Partition_Limit", -1},
       {"", -2},             {"abc", -2},         {"1:2:3:4", -2},    {"-5", -2},
       {"1-", -2},           {"10:", -2},         {"1h", -2},
+      // Fields that each parse but whose sum does not fit: refused, not wrapped around.
+      {"1:9223372036854775807", -2},                {"0:0:9223372036854775807", -2},
+      {"9223372036854775807", -2},                  {"1-0:0:9223372036854775807", -2},
   };
   for (const auto& row : rows) {
     CAPTURE(row.text);
@@ -128,6 +131,23 @@ TEST_CASE("slurm env: durations in sbatch and scontrol syntax") {
     if (row.secs == -1) CHECK_FALSE(d->has_value());
     else CHECK(d->value() == seconds(row.secs));
   }
+}
+
+TEST_CASE("slurm env: times beyond what a time point holds are refused, not wrapped") {
+  // A time point counts nanoseconds in 64 bits: seconds since the epoch beyond about 2^33 do
+  // not fit, and StartTime + TimeLimit must not overflow either.
+  for (std::string secs : {"9223372036854775807", "99999999999", "18446744073"}) {
+    CAPTURE(secs);
+    CHECK_FALSE(ParseJobInfo(fmt::format("JobState=RUNNING StartTime={}", secs)).ok());
+    CHECK_FALSE(ParseJobInfo(fmt::format("JobState=RUNNING EndTime={}", secs)).ok());
+    EnvMap env = {{"SLURM_JOB_ID", "7"}, {"SLURM_JOB_END_TIME", secs}};
+    CHECK_FALSE(ParseSlurmEnv(env).ok());
+  }
+  // The largest accepted start plus the largest accepted limit still fits.
+  auto far = ParseJobInfo("JobState=RUNNING StartTime=4294967295 TimeLimit=36500-00:00:00");
+  REQUIRE(far.ok());
+  REQUIRE(far->LimitEnd().has_value());
+  CHECK(far->LimitEnd()->time_since_epoch() > std::chrono::seconds(4294967295));
 }
 
 // `SLURM_TIME_FORMAT=%s scontrol show job -o` from Slurm 22.05 (trimmed), while running and

@@ -471,6 +471,67 @@ TEST_CASE("bad input on the trainer socket: a clear error - nothing changes") {
 namespace lk::test {
 namespace {
 
+// The agent forwards /v1/trainer/kv/QID/KEY to the lighthouse's /v1/kv/JOB/QID/KEY. The path it
+// received was percent-decoded, so a key holding '?', '#', '%' or a space must be encoded again
+// on the way: raw, '?' cut the key short (the rest became a query) and a space made a request
+// line the lighthouse refused.
+TEST_CASE("a rendezvous key with '?', '%', '#' or spaces reaches the lighthouse as that key") {
+  Cluster c("agent-kvkey", {"--heartbeat-timeout-ms", "60000"});
+  auto& g = c.Start("a", 0, 0);
+  auto raw = http::Client::Create("unix:" + g.socket);
+  REQUIRE(raw.ok());
+  auto r = (*raw)->Do("POST", "/v1/trainer/poll", R"({"group_rank":0,"group_size":1,"step":0})",
+                      http::kJsonType, Millis(10'000));
+  REQUIRE(r.ok());
+  REQUIRE(r->status == 200);
+  const std::string qid = JsonField(r->body, "quorum_id");
+  REQUIRE_FALSE(qid.empty());
+  auto lh = http::Client::Create(c.lh.url());
+  REQUIRE(lh.ok());
+  for (std::string key : {"a?b", "x y", "p%q", "n/slot#1", "plain"}) {
+    CAPTURE(key);
+    std::string encoded;
+    for (char ch : key) encoded += ch == '/' ? std::string("/") : http::PercentEncode(std::string(1, ch));
+    auto put = (*raw)->Do("PUT", "/v1/trainer/kv/" + qid + "/" + encoded, "value-" + key,
+                          "application/octet-stream", Millis(10'000));
+    REQUIRE(put.ok());
+    CHECK(put->status == 204);
+    auto got = (*raw)->Do("GET", "/v1/trainer/kv/" + qid + "/" + encoded + "?timeout_ms=0", "", "",
+                          Millis(10'000));
+    REQUIRE(got.ok());
+    CHECK(got->status == 200);
+    CHECK(got->body == "value-" + key);
+    // At the lighthouse, under exactly that key.
+    auto at_lh = (*lh)->Do("GET", "/v1/kv/t/" + qid + "/" + encoded + "?timeout_ms=0", "", "",
+                           Millis(10'000));
+    REQUIRE(at_lh.ok());
+    CHECK(at_lh->status == 200);
+    CHECK(at_lh->body == "value-" + key);
+  }
+  // And nothing under the key's first part, where an unencoded '?' would have put it.
+  auto cut = (*lh)->Do("GET", "/v1/kv/t/" + qid + "/a?timeout_ms=0", "", "", Millis(10'000));
+  REQUIRE(cut.ok());
+  CHECK(cut->status == 404);
+  // The client library encodes the key it is given: every byte of it arrives as it was ('+'
+  // and "%41" included, which a decoder would otherwise turn into ' ' and 'A').
+  auto session = client::Session::Connect(g.socket, 0, 1);
+  REQUIRE(session.ok());
+  const uint32_t q = static_cast<uint32_t>(std::stoul(qid));
+  for (std::string key : {"s?e", "x y+z", "pct%41", "gloo/rank 0#addr"}) {
+    CAPTURE(key);
+    REQUIRE((*session)->KvPut(q, key, "v-" + key).ok());
+    auto back = (*session)->KvGet(q, key, Millis(0));
+    REQUIRE_MESSAGE(back.ok(), back.status().ToString());
+    CHECK(*back == "v-" + key);
+    auto at_lh = (*lh)->Do("GET", "/v1/kv/t/" + qid + "/" + http::PercentEncodePath(key) +
+                                      "?timeout_ms=0", "", "", Millis(10'000));
+    REQUIRE(at_lh.ok());
+    CHECK(at_lh->status == 200);
+    CHECK(at_lh->body == "v-" + key);
+  }
+  CHECK(g.agent->Running());
+}
+
 TEST_CASE("a trainer that finishes says goodbye: the group leaves with reason finished - exit 0") {
   Cluster c("agent-done", {"--heartbeat-timeout-ms", "60000", "--join-timeout-ms", "300"});
   c.Start("a", 2, 5, 10);

@@ -2,6 +2,8 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <climits>
+
 #include "common/proto/lightkeeper.pb.h"
 
 namespace lk::http {
@@ -20,6 +22,12 @@ Status Decode(std::string_view body, Format format, google::protobuf::Message* m
   msg->Clear();
   if (body.empty()) return Status::Ok();
   if (format == Format::kProto) {
+    // Protobuf takes an int size; a larger one would throw (or abort) inside it. Answers are
+    // read up to 8 GiB (shard bodies), so a peer can send one this large.
+    if (body.size() > static_cast<size_t>(INT_MAX)) {
+      return InvalidArgument("body of {} bytes is over the {} a protobuf may have", body.size(),
+                             INT_MAX);
+    }
     if (!msg->ParseFromArray(body.data(), static_cast<int>(body.size()))) {
       return InvalidArgument("body is not a valid {} protobuf", msg->GetDescriptor()->name());
     }

@@ -44,6 +44,17 @@ std::string PercentEncode(std::string_view s) {
   return out;
 }
 
+std::string PercentEncodePath(std::string_view path) {
+  std::string out;
+  while (true) {
+    auto slash = path.find('/');
+    out += PercentEncode(path.substr(0, slash));
+    if (slash == std::string_view::npos) return out;
+    out += '/';
+    path.remove_prefix(slash + 1);
+  }
+}
+
 std::map<std::string, std::string> ParseQuery(std::string_view query) {
   std::map<std::string, std::string> out;
   while (!query.empty()) {

@@ -70,5 +70,8 @@ using Handler = std::function<void(Request&&, Responder)>;
 std::map<std::string, std::string> ParseQuery(std::string_view query);
 std::string PercentDecode(std::string_view s);
 std::string PercentEncode(std::string_view s);
+// PercentEncode of each '/'-separated segment, the slashes kept: a decoded path (a key with '?',
+// '#', '%', spaces or control bytes) made fit to be sent on as a request target.
+std::string PercentEncodePath(std::string_view path);
 
 }  // namespace lk::http

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -128,6 +129,20 @@ TEST_CASE("query integers: digits only, 32 bits, the default when absent - never
     auto r = ParseU32(Q{{"n", bad}}, "n", 7);
     CHECK_MESSAGE(r.status().code() == Code::kInvalidArgument, bad);
   }
+}
+
+TEST_CASE("a protobuf body over 2 GiB is refused with a reason, never handed to protobuf") {
+  // Protobuf takes an int size: 2^31 bytes and more turned negative and it aborted. Answers
+  // are read up to 8 GiB (shard bodies), so an answer this large can reach Decode. The pages
+  // are reserved, not touched: zero bytes, which no parse gets far into.
+  const size_t n = (size_t{1} << 31) + 16;
+  void* p = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  REQUIRE(p != MAP_FAILED);
+  lightkeeper::v1::HeartbeatResponse msg;
+  Status st = Decode(std::string_view(static_cast<const char*>(p), n), Format::kProto, &msg);
+  CHECK(st.code() == Code::kInvalidArgument);
+  CHECK(st.message().find("2147483647") != std::string::npos);
+  ::munmap(p, n);
 }
 
 TEST_CASE("protobuf and JSON bodies round-trip over one keep-alive connection") {
@@ -601,6 +616,17 @@ TEST_CASE("query strings are percent-decoded") {
   CHECK(q["timeout_ms"] == "5");
   CHECK(q.count("flag") == 1);
   CHECK(PercentDecode(PercentEncode("x/y z")) == "x/y z");
+}
+
+TEST_CASE("a decoded path is encoded again segment by segment, its slashes kept") {
+  CHECK(PercentEncodePath("1/a?b") == "1/a%3Fb");
+  CHECK(PercentEncodePath("1/x y/#%") == "1/x%20y/%23%25");
+  CHECK(PercentEncodePath("") == "");
+  CHECK(PercentEncodePath("/") == "/");
+  CHECK(PercentEncodePath("a//b/") == "a//b/");
+  using namespace std::string_literals;
+  const std::string odd = "k\r\n\0/..\x7f"s;
+  CHECK(PercentDecode(PercentEncodePath(odd)) == odd);
 }
 
 }  // namespace

@@ -180,10 +180,15 @@ Status Session::Finish() {
   return client_->Call("POST", "/v1/trainer/goodbye", req, nullptr, Millis(10'000));
 }
 
+// Keys are percent-encoded (their '/' kept): the agent decodes the path, so a raw '?', '#', '%',
+// '+' or space would otherwise cut, change or break the key.
 Status TrainerKvPut(http::Client& agent, uint32_t quorum_id, const std::string& key,
                     const std::string& value) {
   LK_ASSIGN_OR_RETURN(http::Response r,
-                      agent.Do("PUT", fmt::format("/v1/trainer/kv/{}/{}", quorum_id, key), value,
+                      agent.Do("PUT",
+                               fmt::format("/v1/trainer/kv/{}/{}", quorum_id,
+                                           http::PercentEncodePath(key)),
+                               value,
                                "application/octet-stream", Millis(30'000)));
   return http::StatusFromResponse(r);
 }
@@ -192,8 +197,9 @@ Result<std::string> TrainerKvGet(http::Client& agent, uint32_t quorum_id, const 
                                  Millis timeout) {
   LK_ASSIGN_OR_RETURN(
       http::Response r,
-      agent.Do("GET", fmt::format("/v1/trainer/kv/{}/{}?timeout_ms={}", quorum_id, key,
-                                  timeout.count()),
+      agent.Do("GET",
+               fmt::format("/v1/trainer/kv/{}/{}?timeout_ms={}", quorum_id,
+                           http::PercentEncodePath(key), timeout.count()),
                "", "application/octet-stream", timeout + Millis(5000)));
   LK_RETURN_IF_ERROR(http::StatusFromResponse(r));
   return std::move(r.body);
