@@ -240,7 +240,14 @@ Result<bool> LighthouseCore::OnCommit(const CommitInput& in, TimePoint now, Effe
   // nothing the lighthouse could trust.
   const uint64_t reached = std::max(g->status.step, job.committed_step);
   const bool continued = in.ok && in.step > expected && in.step <= reached + 1;
-  if (in.ok && in.step != expected && !continued) {
+  // A step below max_step + 1 that this quorum reached (above its first max_step, up to the
+  // job's committed step) is one this member kept while the lighthouse was away and delivers
+  // after the quorum was handed out again for a later step (its next ask can overtake its kept
+  // commits). It agrees with the record and is taken: it moves the group's progress and counts
+  // its tokens once, never the job's step or a hash.
+  const bool late = in.ok && in.step < expected && in.step > job.quorum_start_step &&
+                    in.step <= job.committed_step;
+  if (in.ok && in.step != expected && !continued && !late) {
     return Refuse(Code::kConflict, Reason::kWrongStep,
                   "commit of step {} in quorum {}, which started at step {}: only step {} can "
                   "be committed, or (going on without the lighthouse) the step after {}",
@@ -269,10 +276,10 @@ Result<bool> LighthouseCore::OnCommit(const CommitInput& in, TimePoint now, Effe
   }
   fx->events.push_back(fmt::format(
       "commit job={} quorum_id={} group={} incarnation={} node={} step={} ok={} committed_step={} "
-      "tokens={} continued={}",
+      "tokens={} continued={} late={}",
       Q(in.job), job.quorum_id, Q(in.group_id), Q(in.incarnation), in.node_rank, in.step, in.ok,
-      job.committed_step, in.tokens, continued));
-  if (current && in.ok && !in.state_hash.empty()) {
+      job.committed_step, in.tokens, continued, late));
+  if (current && in.ok && !late && !in.state_hash.empty()) {
     g->hash_step = in.step;
     g->state_hash = in.state_hash;
     s.CheckDivergence(job, in.step, fx);

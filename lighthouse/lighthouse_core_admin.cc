@@ -218,6 +218,7 @@ Status LighthouseCore::Load(std::vector<JobRecordData> jobs,
       s.LoadMember(g, m, now);
     }
     job.plan = PlanFromIssued(std::move(rec.members), s.NewestCheckpoint(job));
+    job.quorum_start_step = job.plan.max_step;
     job.last_decision = "loaded";
   }
   impl_ = std::move(next);

@@ -123,6 +123,7 @@ void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint no
     RearmProgress(it->second);
   }
   job.plan = PlanRecovery(std::move(members), diverged, NewestCheckpoint(job));
+  if (changed) job.quorum_start_step = job.plan.max_step;
   // A regular quorum means the job trains on (e.g. its groups came back for more steps); a
   // later finish marks it again.
   job.catch_up = d.catch_up;

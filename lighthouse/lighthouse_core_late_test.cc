@@ -146,6 +146,44 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "late: a kept commit delivered after the quorum was handed out again for a later step is "
+    "taken - it moves no step back and counts its tokens once") {
+  Harness h;
+  h.Form({"a", "b"});
+  const uint32_t q = h.Answer("a")->quorum_id;
+  auto commit = [&](const std::string& g, uint32_t step) {
+    h.fx = {};
+    return h.core.OnCommit(CommitInput{"j", g, "i1", 0, q, step, true, "h", 100}, h.clock.Now(),
+                           &h.fx);
+  };
+  // Both went on to step 3 while the lighthouse was away. a delivered what it kept; b's outbox
+  // is slower, and its next ask overtook it.
+  for (uint32_t step : {1u, 2u, 3u}) REQUIRE(commit("a", step).ok());
+  for (const char* g : {"a", "b"}) REQUIRE(h.Join(g, 3).ok());
+  REQUIRE(h.Answer("b") != nullptr);
+  REQUIRE(h.Answer("b")->quorum_id == q);
+  REQUIRE(h.Answer("b")->max_step == 3);
+  for (uint32_t step : {1u, 2u, 3u}) {
+    auto c = commit("b", step);
+    REQUIRE_MESSAGE(c.ok(), "step " << step << ": " << c.status().ToString());
+    CHECK(h.fx.events.back().find("late=true") != std::string::npos);
+    CHECK(h.core.CommittedStep("j") == 3);
+  }
+  REQUIRE(h.Group("b") != nullptr);
+  CHECK(h.Group("b")->tokens_step == 3);
+  CHECK(h.Group("b")->tokens_total == 300);
+  // The same commit again (its answer was lost) counts nothing twice.
+  REQUIRE(commit("b", 3).ok());
+  CHECK(h.Group("b")->tokens_total == 300);
+  // The quorum's regular step is still the only one past it, and nothing below its first step
+  // (step 0 here) or past the committed step is late.
+  REQUIRE(commit("b", 4).ok());
+  CHECK(h.core.CommittedStep("j") == 4);
+  CHECK(commit("b", 7).status().reason() == Reason::kWrongStep);
+  CHECK(commit("b", 0).status().reason() == Reason::kWrongStep);
+}
+
+TEST_CASE(
     "late: reports inconsistent with the record are refused with a reason and change "
     "nothing") {
   Restarted r;

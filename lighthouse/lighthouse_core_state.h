@@ -56,6 +56,10 @@ struct Job {
   uint32_t finished_step = 0;    // JobRecordData::finished_step (persisted)
   bool catch_up = false;         // the current quorum is a catch-up quorum (persisted)
   RecoveryPlan plan;      // the current quorum; plan.members is what gets persisted
+  // The step the current quorum_id was first handed out for (its first max_step); after a
+  // restart, the loaded record's max_step, which is no earlier. Steps above it were reached on
+  // this quorum, so a member's late commit of one of them is consistent with the record.
+  uint32_t quorum_start_step = 0;
   bool force_new = false; // a member was lost or reported a failed commit since the last issue
   bool lost = false;      // the current quorum lost a member
   std::vector<FailureNoticeData> notices;  // for the current quorum_id
