@@ -50,7 +50,7 @@ class Run:
             if not m:
                 continue
             out = []
-            with open(p) as f:
+            with open(p, errors="replace") as f:
                 for ln in f:
                     try:
                         out.append(json.loads(ln))
@@ -60,7 +60,7 @@ class Run:
         self.actions = []  # (t_ms, step, what)
         path = os.path.join(d, "actions.txt")
         if os.path.exists(path):
-            with open(path) as f:
+            with open(path, errors="replace") as f:
                 for ln in f:
                     parts = ln.split(None, 2)
                     if len(parts) == 3:
@@ -68,7 +68,7 @@ class Run:
         self.lh_lives = []  # [[line]] per lighthouse life
         path = os.path.join(d, "lighthouse.log")
         if os.path.exists(path):
-            with open(path) as f:
+            with open(path, errors="replace") as f:
                 for ln in f:
                     if " lighthouse_start " in ln or not self.lh_lives:
                         self.lh_lives.append([])
@@ -107,7 +107,7 @@ class Run:
         path = os.path.join(self.dir, f"agent-{group}.{life}.log")
         code = None
         if os.path.exists(path):
-            with open(path) as f:
+            with open(path, errors="replace") as f:
                 for ln in f:
                     if " agent_exit " in ln:
                         code = int(fields(ln).get("code", -1))

@@ -29,7 +29,7 @@ def read_steps(paths):
     largest replica_world_size any trainer logged for it."""
     by_step = {}
     for p in paths:
-        with open(p) as f:
+        with open(p, errors="replace") as f:
             for ln in f:
                 try:
                     d = json.loads(ln)
@@ -55,7 +55,7 @@ def read_events(path):
     events = []
     if path == "-":
         return events
-    with open(path) as f:
+    with open(path, errors="replace") as f:
         for ln in f:
             parts = ln.split(None, 1)
             if not parts:

@@ -88,11 +88,11 @@ class Logs:
         self.trainer = {}  # (group, life, rank) -> [dict]
         for p in glob.glob(os.path.join(d, "trainer-*.jsonl")):
             g, r, life = re.search(r"trainer-(\w+)-(\d+)\.(\d+)\.jsonl$", p).groups()
-            with open(p) as f:
+            with open(p, errors="replace") as f:
                 self.trainer[(g, int(life), int(r))] = [json.loads(ln) for ln in f if ln.strip()]
         self.lighthouse = []  # one list of lines per life of the lighthouse
         if os.path.exists(os.path.join(d, "lighthouse.log")):
-            with open(os.path.join(d, "lighthouse.log")) as f:
+            with open(os.path.join(d, "lighthouse.log"), errors="replace") as f:
                 for ln in f:
                     if " lighthouse_start " in ln:
                         self.lighthouse.append([])
@@ -100,7 +100,7 @@ class Logs:
                         self.lighthouse[-1].append(ln.rstrip("\n"))
 
     def agent(self, group, life):
-        with open(os.path.join(self.dir, f"agent-{group}.{life}.log")) as f:
+        with open(os.path.join(self.dir, f"agent-{group}.{life}.log"), errors="replace") as f:
             return f.read().splitlines()
 
     def agent_exit(self, group, life):
@@ -146,7 +146,7 @@ def test_demo_exits_0_with_every_stage_ok_and_a_plot(trainer):
     assert "** " not in out, "a stage's wait ended without its effect"
     with open(os.path.join(d, "loss.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    with open(os.path.join(d, "events.txt")) as f:
+    with open(os.path.join(d, "events.txt"), errors="replace") as f:
         assert len(f.read().splitlines()) == 3  # the plot marks the three stages
 
 
@@ -308,7 +308,7 @@ def test_summary_fails_a_stage_that_did_not_happen_mid_run():
         shutil.copytree(d, late, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
             "*.sock", "live-*", "ckpt-*", "lighthouse-data"))
         for p in glob.glob(os.path.join(late, "trainer-*.jsonl")):
-            with open(p) as f:
+            with open(p, errors="replace") as f:
                 kept = [ln for ln in f if '"replica_world_size":4,' not in ln
                         or json.loads(ln)["step"] == STEPS]
             with open(p, "w") as f:
