@@ -249,8 +249,16 @@ void Service::Impl::HandleWatch(const Request& req, Responder respond) {
 
 void Service::Impl::HandleKv(const Request& req, Responder respond) {
   Format f = Format::kJson;
-  // /v1/kv/JOB/QUORUM_ID/KEY, the key may contain '/'.
-  std::string rest = req.path.substr(7);
+  // /v1/kv/JOB/QUORUM_ID/KEY, the key may contain '/'. Route sends the bare "/v1/kv" here too:
+  // it names no key, so it is no endpoint (and must not be cut past its end).
+  static constexpr std::string_view kPrefix = "/v1/kv/";
+  if (!req.path.starts_with(kPrefix)) {
+    return respond(http::ErrorReply(
+        Refuse(Code::kNotFound, Reason::kNoEndpoint,
+               "no endpoint {}; the KV path is /v1/kv/JOB/QUORUM_ID/KEY", req.path),
+        f));
+  }
+  std::string rest = req.path.substr(kPrefix.size());
   auto s1 = rest.find('/');
   auto s2 = s1 == std::string::npos ? std::string::npos : rest.find('/', s1 + 1);
   if (s2 == std::string::npos) {
