@@ -17,7 +17,7 @@ unset SLURM_CONF
 # absolute path: the trap runs after the cd into build/).
 root=$(pwd -P)
 trap 'timeout -k 5 60 bash "$root/scripts/slurm-local.sh" down >/dev/null 2>&1 || true' EXIT
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLK_GLIBCXX_ASSERTIONS=ON
 cmake --build build -j"$(nproc)"
 cd build
 ctest --output-on-failure --timeout 900 -j"${LK_TEST_JOBS:-2}" "$@"
