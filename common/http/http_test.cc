@@ -506,6 +506,27 @@ TEST_CASE("a handler that throws gets 500 INTERNAL and the server goes on") {
   }
 }
 
+// Found by the lighthouse_routes fuzzer: a refusal that quotes the request (a path, a name) with
+// bytes that are not UTF-8 made protobuf's JSON printer fail, and the 4xx went out with an empty
+// body: no reason code for the client to read.
+TEST_CASE("an error reply quoting bytes that are not UTF-8 keeps its body and reason code") {
+  const std::string bad = std::string("no endpoint /x") + "\xff\xc3(\xed\xa0\x80" + '\0' + "y";
+  for (Format f : {Format::kJson, Format::kProto}) {
+    CAPTURE(static_cast<int>(f));
+    Response r = ErrorReply(Refuse(Code::kNotFound, Reason::kNoEndpoint, "{}", bad), f);
+    CHECK(r.status == 404);
+    REQUIRE(!r.body.empty());
+    Status back = StatusFromErrorBody(r.status, r.body, r.content_type);
+    CHECK(back.reason() == Reason::kNoEndpoint);
+    CHECK(back.message().find("no endpoint /x") != std::string::npos);
+    CHECK(back.message().find('y') != std::string::npos);
+  }
+  // Valid UTF-8 passes unchanged.
+  Response ok = ErrorReply(InvalidArgument("caf\xc3\xa9 \xe2\x82\xac"), Format::kJson);
+  CHECK(StatusFromErrorBody(ok.status, ok.body, ok.content_type).message().find(
+            "caf\xc3\xa9 \xe2\x82\xac") != std::string::npos);
+}
+
 TEST_CASE("CallHandler answers a throwing handler once with 500 INTERNAL - without a socket") {
   std::vector<Response> got;
   Responder collect = [&](Response r) { got.push_back(std::move(r)); };
