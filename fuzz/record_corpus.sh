@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 BIN=${1:-build/bin}
 RUN=$(mktemp -d "${TMPDIR:-/tmp}/lk-record-XXXXXX")
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$RUN"; }
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; [ -n "${LK_RECORD_KEEP:-}" ] || rm -rf "$RUN"; }
 trap cleanup EXIT
 wait_log() { for _ in $(seq 1 300); do grep -q -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 
@@ -53,8 +53,9 @@ for g in a b; do
   TR+=("$!")
   PIDS+=("$!")
 done
-# A peer's reads on group a's --serve: health, status, the checkpoint list, a file in ranges.
-SERVE=$(grep -o 'serve=[^ ]*' "$RUN/agent-a.log" | head -1 | cut -d= -f2)
+# A peer's reads on group a's --serve while the group trains: health, status, the checkpoint
+# list, a file in ranges.
+SERVE=$(grep agent_listening "$RUN/agent-a.log" | grep -o ' serve=[^ ]*' | cut -d= -f2)
 SPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 python3 fuzz/record_relay.py "127.0.0.1:$SPORT" "$SERVE" fuzz/corpus/agent_serve_routes \
   agent_serve >"$RUN/relay-serve.log" 2>&1 &

@@ -139,7 +139,12 @@ def main():
     while True:
         c, _ = srv.accept()
         t = socket.socket(tfam, socket.SOCK_STREAM)
-        t.connect(taddr)
+        try:
+            t.connect(taddr)
+        except OSError:
+            c.close()
+            t.close()
+            continue
         threading.Thread(target=pump, args=(c, t, Recorder(out, table)), daemon=True).start()
         threading.Thread(target=pump, args=(t, c, None), daemon=True).start()
 

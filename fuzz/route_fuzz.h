@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/http/codec.h"
 #include "common/http/http.h"
 #include "common/http/server.h"
 
@@ -77,6 +78,15 @@ inline void CheckStatus(const http::Response& r, const std::string& what) {
   LK_CHECK(r.status >= 200 && r.status <= 599) << "status " << r.status << ": " << what;
   LK_CHECK(r.status != 500) << "500 (a handler threw or failed inside): " << what << " -> "
                             << r.body;
+}
+
+// Checks that a refusal (4xx/5xx) carries its reason code in an ErrorResponse body: the code is
+// what clients branch on.
+inline void CheckReasonCode(const http::Response& r, const std::string& what) {
+  if (r.status < 400) return;
+  Status st = http::StatusFromErrorBody(r.status, r.body, r.content_type);
+  LK_CHECK(st.reason() != Reason::kUnspecified)
+      << "refused " << r.status << " without a reason code: " << what << " -> " << r.body;
 }
 
 // Hands `req` to `handler` behind the server's barrier and runs `ioc` (whose work never runs
