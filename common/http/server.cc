@@ -343,22 +343,23 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     SetDeadline(Wait::kNone);
     auto self = this->shared_from_this();
     auto answered = std::make_shared<std::atomic<bool>>(false);
-    Responder respond = [self, answered](Response r) {
+    auto answer = [self, answered](Response r) {
       if (answered->exchange(true)) return;
       // dispatch, not post: a handler that answers on the connection's own executor (most do)
       // writes at once instead of paying for a trip through the executor's queue.
       asio::dispatch(self->stream_.get_executor(),
                      [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
     };
-    // The barrier of CallHandler, inline: `answered` already makes a second answer a no-op.
+    // The barrier of CallHandler, inline: `answered` makes its answer a no-op when the handler
+    // answered before it threw. The method and path are kept for the log line (the request is
+    // the handler's); the barrier's own responder is made only when it is needed.
     std::string method = req.method, path = req.path;
-    Responder barrier = respond;
     try {
-      (*handler_)(std::move(req), std::move(respond));
+      (*handler_)(std::move(req), Responder(answer));
     } catch (const std::exception& e) {
-      barrier(HandlerThrew(method, path, e.what()));
+      answer(HandlerThrew(method, path, e.what()));
     } catch (...) {
-      barrier(HandlerThrew(method, path, "unknown exception"));
+      answer(HandlerThrew(method, path, "unknown exception"));
     }
   }
 
