@@ -1,6 +1,8 @@
-// The agent's drain on its own io_context, without a lighthouse: what a drain holds is freed
-// once it is done.
+// The agent's state in process, without a lighthouse: what a drain holds is freed once it is
+// done; the trainer API's refusals carry reason codes.
 #include <doctest/doctest.h>
+
+#include <unistd.h>
 
 #include <memory>
 
@@ -30,6 +32,30 @@ TEST_CASE("the wait for trainers frees its callback once it has called it") {
   CHECK(called);
   CHECK(!all_exited);
   CHECK(watch.expired());
+}
+
+// Found by the agent_socket_routes fuzzer: the trainer API's conflicts (a commit before any
+// quorum, a step not after the committed one) went out as 409 with no reason code.
+TEST_CASE("the trainer API's conflicts carry reason codes") {
+  auto impl = std::make_shared<Agent::Impl>(AgentOptions{});
+  impl->trainers[0].pid = static_cast<int>(::getpid());
+  auto commit = [&impl](uint32_t step) {
+    http::Request req;
+    req.method = "POST";
+    req.path = "/v1/trainer/commit";
+    req.content_type = http::kJsonType;
+    req.body = fmt::format(R"({{"group_rank":0,"step":{}}})", step);
+    req.credentials = http::PeerCredentials{static_cast<int>(::getpid()),
+                                            static_cast<uint32_t>(::geteuid()),
+                                            static_cast<uint32_t>(::getegid())};
+    http::Response got;
+    impl->TrainerRoute(std::move(req), [&got](http::Response r) { got = std::move(r); });
+    return got;
+  };
+  http::Response r = commit(1);
+  CHECK(r.status == 409);
+  CHECK(http::StatusFromErrorBody(r.status, r.body, r.content_type).reason() ==
+        Reason::kQuorumNotIssued);
 }
 
 }  // namespace
