@@ -21,6 +21,12 @@ std::string Service::address() const {
   return impl_->server ? impl_->server->LocalAddress() : "";
 }
 
+http::Handler Service::handler() const {
+  return [impl = impl_](http::Request&& req, http::Responder respond) {
+    impl->Route(std::move(req), std::move(respond));
+  };
+}
+
 void Service::Shutdown() { impl_->Shutdown(); }
 
 }  // namespace lk::lighthouse

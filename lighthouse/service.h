@@ -49,6 +49,10 @@ class Service {
   // Loads the durable state into the core and starts listening.
   Status Start();
   std::string address() const;
+  // The route table as a handler, for handing a request over without a socket (tests, the route
+  // fuzzer: http::CallHandler, then run the io_context until it is answered). Call it on the
+  // io_context's thread, after Start.
+  http::Handler handler() const;
   // Stops listening, answers every waiter (503 "shutting down"), closes idle connections.
   void Shutdown();
 

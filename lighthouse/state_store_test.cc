@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/proto/lightkeeper.pb.h"
+#include "lighthouse/memory_state_store.h"
 #include "lighthouse/service.h"
 
 namespace lk::lighthouse {
@@ -90,6 +91,65 @@ TEST_CASE("state store: what it wrote loads back - the baseline the corrupt case
   CHECK((*kv)[0].quorum_id == 4);
   CHECK((*kv)[0].key == "nccl/0");
   CHECK((*kv)[0].value == "id-bytes");
+}
+
+// What a store holds, as one string, for comparing two stores.
+std::string Summary(StateStore& store) {
+  std::string out;
+  auto jobs = store.LoadJobs();
+  REQUIRE(jobs.ok());
+  for (const auto& j : *jobs) {
+    out += fmt::format("job {} q{} s{} r{};", j.job, j.quorum_id, j.committed_step,
+                       j.quorum_id_reserved);
+  }
+  auto groups = store.LoadGroups();
+  REQUIRE(groups.ok());
+  for (const auto& g : *groups) {
+    out += fmt::format("group {}/{} {} g{} left={};", g.job, g.group_id, g.incarnation,
+                       g.generation, g.left);
+  }
+  auto ckpts = store.LoadCheckpoints();
+  REQUIRE(ckpts.ok());
+  for (const auto& c : *ckpts) out += fmt::format("ckpt {} {} {};", c.job, c.step, c.location);
+  auto kv = store.LoadKv();
+  REQUIRE(kv.ok());
+  for (const auto& e : *kv) out += fmt::format("kv {} {} {}={};", e.job, e.quorum_id, e.key, e.value);
+  return out;
+}
+
+TEST_CASE("state store: the memory store keeps the RocksDB store's contract") {
+  Scratch s;
+  auto rocks = OpenRocksDbStore(s.dir);
+  REQUIRE(rocks.ok());
+  auto memory = NewMemoryStateStore();
+  std::vector<std::string> seen;
+  for (StateStore* store : {rocks->get(), memory.get()}) {
+    JobRecordData j, k;
+    j.job = "j";
+    j.quorum_id = 4;
+    j.committed_step = 9;
+    k.job = "k";
+    k.quorum_id = 1;
+    GroupRecordData ga{"j", "a", "a1", 1, 1, false, "", {}};
+    GroupRecordData gb{"j", "b", "b1", 2, 1, true, "done", {}};
+    GroupRecordData gk{"k", "a", "k1", 1, 1, false, "", {}};
+    REQUIRE(store->Apply({j, k}, {{"j", 8, "/c8", "d", "a", 1}, {"j", 9, "/c9", "d", "a", 2},
+                                   {"k", 1, "/k1", "d", "a", 3}},
+                         {}, {ga, gb, gk}, {}, true)
+                .ok());
+    for (uint32_t q : {2u, 3u, 4u}) REQUIRE(store->PutKv({"j", q, fmt::format("x/{}", q), "v"}).ok());
+    REQUIRE(store->PutKv({"j", 4, "x/4", "v2"}).ok());  // a put replaces
+    REQUIRE(store->PutKv({"k", 1, "y", "w"}).ok());
+    REQUIRE(store->DeleteKvBelow("j", 4).ok());
+    REQUIRE(store->DeleteCheckpoint("j", 8).ok());
+    j.committed_step = 10;
+    // Forgetting k drops its groups, checkpoints and KV; b's record is dropped in the same batch.
+    REQUIRE(store->Apply({j}, {}, {"k"}, {}, {{"j", "b"}}, false).ok());
+    seen.push_back(Summary(*store));
+  }
+  CHECK(seen[0] == seen[1]);
+  CHECK(seen[1] ==
+        "job j q4 s10 r0;group j/a a1 g1 left=false;ckpt j 9 /c9;kv j 4 x/4=v2;");
 }
 
 TEST_CASE("state store: a corrupt key or value is kDataLoss naming the key - not an exception") {

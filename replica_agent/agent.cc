@@ -44,6 +44,20 @@ std::string MakeIncarnation(uint32_t nodes) {
 
 Agent::Agent(AgentOptions options) : impl_(std::make_shared<Impl>(std::move(options))) {}
 Agent::~Agent() = default;
+
+http::Handler Agent::trainer_handler() const {
+  return [impl = impl_](http::Request&& r, http::Responder w) {
+    impl->TrainerRoute(std::move(r), std::move(w));
+  };
+}
+
+http::Handler Agent::peer_handler() const {
+  return [impl = impl_](http::Request&& r, http::Responder w) {
+    impl->PeerRoute(std::move(r), std::move(w));
+  };
+}
+
+boost::asio::io_context& Agent::io_context() { return impl_->ioc; }
 Status Agent::Start() { return impl_->Start(); }
 int Agent::Run() { return impl_->Run(); }
 void Agent::Drain(const std::string& reason, bool checkpoint, std::function<void()> after_leave) {
@@ -530,8 +544,11 @@ void Agent::Impl::Drain(const std::string& reason, bool checkpoint,
 void Agent::Impl::WaitForTrainersThen(std::function<void(bool)> then) {
   boost::asio::post(ioc, [self = shared_from_this(), then = std::move(then)] {
     auto deadline = std::chrono::steady_clock::now() + self->options.drain_timeout;
+    // The check holds itself only weakly: the timer's handler holds it while it waits, so it is
+    // freed (with `then` and the Impl it captures) once it has called `then`.
     auto check = std::make_shared<std::function<void()>>();
-    *check = [self, deadline, then, check] {
+    std::weak_ptr<std::function<void()>> weak_check = check;
+    *check = [self, deadline, then, weak_check] {
       bool alive = false;
       {
         std::lock_guard<std::mutex> lock(self->mu);
@@ -547,7 +564,9 @@ void Agent::Impl::WaitForTrainersThen(std::function<void(bool)> then) {
         return then(!alive);
       }
       auto poll = std::make_shared<boost::asio::steady_timer>(self->ioc, Millis(20));
-      poll->async_wait([check, poll](const boost::system::error_code&) { (*check)(); });
+      poll->async_wait([check = weak_check.lock(), poll](const boost::system::error_code&) {
+        (*check)();
+      });
     };
     (*check)();
   });

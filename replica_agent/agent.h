@@ -17,7 +17,12 @@
 #include <string>
 
 #include "common/clock.h"
+#include "common/http/http.h"
 #include "common/status.h"
+
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
 
 namespace lk::agent {
 
@@ -85,6 +90,12 @@ class Agent {
   // exits (Slurm signals the trainers at the same moment) is part of the leave, not a crash.
   void SignalArrived();
   const std::string& incarnation() const;
+  // The two listeners' route tables as handlers, for handing a request over without a socket
+  // (the route fuzzers: http::CallHandler, then run io_context() until it is answered). After
+  // Start, on the one thread that runs io_context() (Run, or the caller instead of Run).
+  http::Handler trainer_handler() const;
+  http::Handler peer_handler() const;
+  boost::asio::io_context& io_context();
 
   struct Impl;
 

@@ -108,7 +108,10 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   // The pid of a socket request's process (SO_PEERCRED); 0 when the kernel gave none.
   static int PeerPid(const http::Request& req);
   // Runs `run` on the worker pool, or answers 503 when its queue is full.
-  void OffThread(std::function<void()> run, http::Responder respond, http::Format f);
+  // Runs `run` on a worker thread behind the server's barrier: if it throws, `respond` gets
+  // 500 INTERNAL and the throw is logged as handler_threw with `route`.
+  void OffThread(std::string route, std::function<void()> run, http::Responder respond,
+                 http::Format f);
   // A lighthouse client that Finish can cancel (a thread in a long-poll then returns at once
   // and can be joined).
   std::shared_ptr<http::Client> CancellableLighthouseClient();

@@ -64,7 +64,8 @@ void Agent::Impl::TrainerRoute(http::Request&& req, http::Responder respond) {
     return HandleKv(req, respond);
   }
   LK_LOG_WARN("trainer_request_rejected path={} method={}", Q(p), req.method);
-  respond(http::ErrorReply(Error(Code::kNotFound, "no endpoint {} {}", req.method, p), f));
+  respond(http::ErrorReply(
+      Refuse(Code::kNotFound, Reason::kNoEndpoint, "no endpoint {} {}", req.method, p), f));
 }
 
 Status Agent::Impl::CheckPeerToken(const http::Request& req) const {
@@ -108,10 +109,20 @@ void Agent::Impl::PeerRoute(http::Request&& req, http::Responder respond) {
   shard_server->Handle(std::move(req), std::move(respond));
 }
 
-void Agent::Impl::OffThread(std::function<void()> run, http::Responder respond, http::Format f) {
+void Agent::Impl::OffThread(std::string route, std::function<void()> run,
+                            http::Responder respond, http::Format f) {
   auto shared = std::make_shared<http::Responder>(std::move(respond));
+  auto guarded = [route = std::move(route), run = std::move(run), shared] {
+    try {
+      run();
+    } catch (const std::exception& e) {
+      (*shared)(http::HandlerThrew("worker", route, e.what()));
+    } catch (...) {
+      (*shared)(http::HandlerThrew("worker", route, "unknown exception"));
+    }
+  };
   WorkerPool::Task task{
-      std::move(run), [shared, f] {
+      std::move(guarded), [shared, f] {
         (*shared)(
             http::ErrorReply(Error(Code::kUnavailable, "agent_exiting: the agent is stopping")
                                  .WithReason(Reason::kAgentExiting),
@@ -137,7 +148,7 @@ void Agent::Impl::HandleCheckpoint(const http::Request& req, http::Responder res
   // The lighthouse call may wait on a retry; it runs off the io thread.
   auto shared = std::make_shared<http::Responder>(respond);
   OffThread(
-      [self = shared_from_this(), in, f, shared] {
+      req.path, [self = shared_from_this(), in, f, shared] {
         // Reports the node made before (the commit of this step, usually) reach the lighthouse
         // first, so that it judges the registration against them.
         bool away;
@@ -195,7 +206,7 @@ void Agent::Impl::HandleKv(const http::Request& req, http::Responder respond) {
   if (q != req.query.end()) target += "?timeout_ms=" + http::PercentEncode(q->second);
   auto shared = std::make_shared<http::Responder>(respond);
   OffThread(
-      [self = shared_from_this(), method = req.method, body = req.body, target, shared] {
+      req.path, [self = shared_from_this(), method = req.method, body = req.body, target, shared] {
         auto client = self->LighthouseClient();
         auto r = client->Do(method, target, body, "application/octet-stream", Millis(35'000));
         if (!r.ok()) return (*shared)(http::ErrorReply(r.status(), http::Format::kJson));

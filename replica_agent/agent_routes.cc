@@ -208,20 +208,23 @@ void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) 
   t.mixed_group_sizes = in.mixed_group_sizes();
   if (t.committed_step && in.step() < *t.committed_step) {
     return respond(http::ErrorReply(
-        Error(Code::kConflict, "step {} is below this trainer's committed step {}", in.step(),
-              *t.committed_step),
+        Refuse(Code::kConflict, Reason::kWrongStep,
+               "step {} is below this trainer's committed step {}", in.step(), *t.committed_step),
         f));
   }
   for (auto& [rank, other] : trainers) {
     if (rank != in.group_rank() && other.poll_respond && other.polled_step != in.step()) {
       return respond(http::ErrorReply(
-          Error(Code::kConflict, "group_rank {} polls step {} but group_rank {} polls step {}",
-                in.group_rank(), in.step(), rank, *other.polled_step),
+          Refuse(Code::kConflict, Reason::kStepDisagreement,
+                 "group_rank {} polls step {} but group_rank {} polls step {}",
+                 in.group_rank(), in.step(), rank, *other.polled_step),
           f));
     }
   }
   if (t.poll_respond) {
-    t.poll_respond(http::ErrorReply(Status(Code::kConflict, "superseded by a newer poll"), t.poll_format));
+    t.poll_respond(http::ErrorReply(
+        Status(Code::kConflict, "superseded by a newer poll", Reason::kRequestSuperseded),
+        t.poll_format));
   }
   // A poll that timed out on the trainer's side while its answer was on the way: the answer
   // went nowhere, and without it this poll would wait for a new round that the group's other
@@ -404,7 +407,9 @@ void Agent::Impl::HandleCommit(const http::Request& req, http::Responder respond
 
 Status Agent::Impl::CommitLocked(Trainer& t, uint32_t step, bool failed,
                                  const std::string& state_hash, uint64_t tokens) {
-  if (!quorum) return Status(Code::kConflict, "no quorum yet: poll first");
+  if (!quorum) {
+    return Status(Code::kConflict, "no quorum yet: poll first", Reason::kQuorumNotIssued);
+  }
   if (state_hash.size() > board::kMaxStateHash) {
     return InvalidArgument("state_hash over {} bytes", board::kMaxStateHash);
   }
@@ -418,8 +423,8 @@ Status Agent::Impl::CommitLocked(Trainer& t, uint32_t step, bool failed,
     return Status::Ok();
   }
   if (t.committed_step && step <= *t.committed_step) {
-    return Error(Code::kConflict, "step {} is not after the committed step {}", step,
-                 *t.committed_step);
+    return Refuse(Code::kConflict, Reason::kWrongStep,
+                  "step {} is not after the committed step {}", step, *t.committed_step);
   }
   t.committed_step = step;
   t.state_hash = state_hash;

@@ -9,12 +9,16 @@
 # it is kept as $LK_FUZZ_BUILD/artifacts/TARGET-crash-... (replay: run the target on that file).
 # Exits 77 (CTest's SKIP_RETURN_CODE) where clang-14 or libFuzzer is missing. With
 # LK_FUZZ_RUNS=N each target stops after N executions (or SECONDS_PER_TARGET, whichever is first).
-# Targets: http_head codec range safetensors manifest hostlist (default: all).
+# Targets: the parsers http_head codec range safetensors manifest hostlist, and the route
+# fuzzers lighthouse_routes agent_socket_routes agent_serve_routes, which drive whole requests
+# through a listener's handlers (default: all). A target with a dictionary (fuzz/TARGET.dict:
+# routes, JSON fields, reason codes) gets it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
 [ $# -gt 0 ] && shift
-all=(http_head codec range safetensors manifest hostlist)
+all=(http_head codec range safetensors manifest hostlist lighthouse_routes agent_socket_routes
+  agent_serve_routes)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
 build=${LK_FUZZ_BUILD:-build-fuzz}
@@ -46,6 +50,8 @@ for t in "${targets[@]}"; do
   # input that makes the parser hold more than this is a finding too.
   runs=()
   [ -n "${LK_FUZZ_RUNS:-}" ] && runs=(-runs="$LK_FUZZ_RUNS")
+  [ -f "fuzz/$t.dict" ] && runs+=(-dict="fuzz/$t.dict")
+  mkdir -p "fuzz/corpus/$t"
   "$build/fuzz_$t" -max_total_time="$seconds" "${runs[@]}" -timeout=60 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$build/artifacts/$t-" "$scratch/$t" "fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
   end=$(date +%s.%N)

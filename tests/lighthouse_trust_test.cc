@@ -161,6 +161,52 @@ TEST_CASE("trust: the lighthouse attacks of issue 14 are refused with codes and 
   CHECK(Send(*job, "POST", "/v1/commit", commit("a", "a1", 1)).status == 200);  // still works
 }
 
+// Issue 27: the bare "/v1/kv" reached the KV handler, which cut the path past its end and
+// aborted the process. Every truncated or odd route path is answered with a 4xx and a reason
+// code, with and without token files, and changes nothing.
+TEST_CASE("trust: truncated and odd route paths get a 4xx with a code and the lighthouse stays up") {
+  const std::vector<std::pair<std::string, std::string>> kOdd = {
+      {"GET", "/v1/kv"},          {"PUT", "/v1/kv"},           {"GET", "/v1/kv/"},
+      {"PUT", "/v1/kv/"},         {"GET", "/v1/kv/j"},         {"PUT", "/v1/kv/j"},
+      {"GET", "/v1/kv/j/"},       {"PUT", "/v1/kv/j/"},        {"GET", "/v1/kv/j/0"},
+      {"GET", "/v1/kv/j/0/"},     {"PUT", "/v1/kv/j/0/"},      {"GET", "/v1/kv//0/k"},
+      {"GET", "/v1/kv/j//k"},     {"PUT", "/v1/kv/j/-1/k"},    {"GET", "/v1/kv/j/99999999999/k"},
+      {"POST", "/v1/kv"},         {"DELETE", "/v1/kv/j/0/k"},  {"GET", "/v1/kv?job=j"},
+      {"GET", "/v1"},             {"GET", "/v1/"},             {"POST", "/v1/"},
+      {"GET", "/v1/watch/"},      {"GET", "/v1/watch"},        {"POST", "/v1/heartbeat/"},
+      {"POST", "/v1/admin"},      {"POST", "/v1/admin/"},      {"GET", "/v1/checkpoints/"},
+      {"GET", "/v1/checkpoints"}, {"GET", "/status/"},         {"POST", "/status"},
+      {"GET", "//"},              {"GET", "/%00"},             {"PUT", "/v1/kv/%2F/0/k"}};
+  for (bool secured : {false, true}) {
+    CAPTURE(secured);
+    Secured s;
+    if (secured) {
+      s = StartSecured("lh-odd-secured");
+    } else {
+      s.dir = TempDir("lh-odd-open");
+      s.lh = StartLighthouse(s.dir + "/data", {}, s.dir + "/lh.log");
+    }
+    std::string token = secured ? "root-token" : "";
+    auto admin = Connect(s.lh.url(), token);
+    REQUIRE(Send(*admin, "POST", "/v1/heartbeat", Hb("j", "a", "a1")).status == 200);
+    const std::string before = StatusJson(*admin);
+    for (const std::string& who : {std::string(), std::string("secret-j"), token}) {
+      auto c = Connect(s.lh.url(), who);
+      for (const auto& [method, target] : kOdd) {
+        Answer a = Send(*c, method, target, method == "PUT" ? "value" : "");
+        INFO(method << " " << target << " token=" << who << " -> " << a.status << " " << a.body);
+        CHECK(a.status >= 400);
+        CHECK(a.status < 500);
+        CHECK(!a.code.empty());
+        CHECK(a.code != "UNSPECIFIED");
+        REQUIRE(s.lh.process->Running());
+      }
+    }
+    CHECK(Connect(s.lh.url())->Do("GET", "/healthz")->status == 200);
+    CHECK(StatusJson(*admin) == before);
+  }
+}
+
 TEST_CASE("trust: the read-only role reads /status and /metrics and changes nothing") {
   auto s = StartSecured("lh-ro");
   auto job = Connect(s.lh.url(), "secret-j");

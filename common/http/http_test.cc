@@ -89,6 +89,14 @@ struct TestServer {
         r.body_file = FileBody{owner, fd, 10, n};
         return respond(std::move(r));
       }
+      if (req.path == "/throw") {
+        // A handler that trusts its input: the bare path is cut past its end.
+        return respond(TextReply(200, "text/plain", req.path.substr(7)));
+      }
+      if (req.path == "/answer-then-throw") {
+        respond(TextReply(200, "text/plain", "answered"));
+        throw std::runtime_error("after the answer");
+      }
       if (req.path == "/later") {
         std::thread([respond] {
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -478,6 +486,83 @@ TEST_CASE("garbage instead of HTTP gets 400") {
   REQUIRE(n > 0);
   CHECK(std::string(buf).find("400") != std::string::npos);
   close(fd);
+}
+
+TEST_CASE("a handler that throws gets 500 INTERNAL and the server goes on") {
+  for (bool single : {false, true}) {
+    CAPTURE(single);
+    ServerOptions opts;
+    opts.single_thread = single;
+    TestServer ts(opts);
+    auto c = Client::Create(ts.Url());
+    REQUIRE(c.ok());
+    auto other = Client::Create(ts.Url());
+    REQUIRE(other.ok());
+    pb::HeartbeatRequest hb, back;
+    REQUIRE((*other)->Call("POST", "/echo", hb, &back).ok());  // a second connection, open
+    auto r = (*c)->Do("GET", "/throw");
+    REQUIRE(r.ok());
+    CHECK(r->status == 500);
+    Status st = StatusFromErrorBody(r->status, r->body, r->content_type);
+    CHECK(st.code() == Code::kInternal);
+    CHECK(st.reason() == Reason::kInternal);
+    CHECK(r->body.find("\"code\":\"INTERNAL\"") != std::string::npos);
+    // An answer given before the throw stands, and is the only one.
+    r = (*c)->Do("GET", "/answer-then-throw");
+    REQUIRE(r.ok());
+    CHECK(r->status == 200);
+    CHECK(r->body == "answered");
+    // The same connection and the other one go on.
+    hb.set_step(4);
+    REQUIRE((*c)->Call("POST", "/echo", hb, &back).ok());
+    CHECK(back.step() == 5);
+    REQUIRE((*other)->Call("POST", "/echo", hb, &back).ok());
+    CHECK(back.step() == 5);
+  }
+}
+
+// Found by the lighthouse_routes fuzzer: a refusal that quotes the request (a path, a name) with
+// bytes that are not UTF-8 made protobuf's JSON printer fail, and the 4xx went out with an empty
+// body: no reason code for the client to read.
+TEST_CASE("an error reply quoting bytes that are not UTF-8 keeps its body and reason code") {
+  const std::string bad = std::string("no endpoint /x") + "\xff\xc3(\xed\xa0\x80" + '\0' + "y";
+  for (Format f : {Format::kJson, Format::kProto}) {
+    CAPTURE(static_cast<int>(f));
+    Response r = ErrorReply(Refuse(Code::kNotFound, Reason::kNoEndpoint, "{}", bad), f);
+    CHECK(r.status == 404);
+    REQUIRE(!r.body.empty());
+    Status back = StatusFromErrorBody(r.status, r.body, r.content_type);
+    CHECK(back.reason() == Reason::kNoEndpoint);
+    CHECK(back.message().find("no endpoint /x") != std::string::npos);
+    CHECK(back.message().find('y') != std::string::npos);
+  }
+  // Valid UTF-8 passes unchanged.
+  Response ok = ErrorReply(InvalidArgument("caf\xc3\xa9 \xe2\x82\xac"), Format::kJson);
+  CHECK(StatusFromErrorBody(ok.status, ok.body, ok.content_type).message().find(
+            "caf\xc3\xa9 \xe2\x82\xac") != std::string::npos);
+}
+
+TEST_CASE("CallHandler answers a throwing handler once with 500 INTERNAL - without a socket") {
+  std::vector<Response> got;
+  Responder collect = [&](Response r) { got.push_back(std::move(r)); };
+  Request req;
+  req.method = "GET";
+  req.path = "/x";
+  CallHandler([](Request&& r, Responder) { (void)r.path.substr(7); }, std::move(req), collect);
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].status == 500);
+  CHECK(StatusFromErrorBody(got[0].status, got[0].body, got[0].content_type).reason() ==
+        Reason::kInternal);
+  got.clear();
+  CallHandler(
+      [](Request&&, Responder respond) {
+        respond(TextReply(204, "text/plain", ""));
+        respond(TextReply(200, "text/plain", "twice"));
+        throw 7;
+      },
+      Request{}, collect);
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].status == 204);
 }
 
 TEST_CASE("a handler may answer later from another thread - client deadlines hold") {

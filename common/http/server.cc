@@ -343,14 +343,24 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     SetDeadline(Wait::kNone);
     auto self = this->shared_from_this();
     auto answered = std::make_shared<std::atomic<bool>>(false);
-    Responder respond = [self, answered](Response r) {
+    auto answer = [self, answered](Response r) {
       if (answered->exchange(true)) return;
       // dispatch, not post: a handler that answers on the connection's own executor (most do)
       // writes at once instead of paying for a trip through the executor's queue.
       asio::dispatch(self->stream_.get_executor(),
                      [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
     };
-    (*handler_)(std::move(req), std::move(respond));
+    // The barrier of CallHandler, inline: `answered` makes its answer a no-op when the handler
+    // answered before it threw. The method and path are kept for the log line (the request is
+    // the handler's); the barrier's own responder is made only when it is needed.
+    std::string method = req.method, path = req.path;
+    try {
+      (*handler_)(std::move(req), Responder(answer));
+    } catch (const std::exception& e) {
+      answer(HandlerThrew(method, path, e.what()));
+    } catch (...) {
+      answer(HandlerThrew(method, path, "unknown exception"));
+    }
   }
 
   // An answer to a request that could not be parsed; the connection closes after it.
@@ -646,6 +656,28 @@ Status SplitHostPort(const std::string& address, std::string* host, uint16_t* po
 }
 
 }  // namespace
+
+Response HandlerThrew(std::string_view method, std::string_view path, std::string_view what) {
+  LK_LOG_ERROR("handler_threw method={} path={} what={}", Q(method), Q(path), Q(what));
+  return ErrorReply(Status(Code::kInternal, fmt::format("internal error in {} {}", method, path),
+                           Reason::kInternal),
+                    Format::kJson);
+}
+
+void CallHandler(const Handler& handler, Request&& req, Responder respond) {
+  auto answered = std::make_shared<std::atomic<bool>>(false);
+  Responder once = [answered, respond = std::move(respond)](Response r) {
+    if (!answered->exchange(true)) respond(std::move(r));
+  };
+  std::string method = req.method, path = req.path;
+  try {
+    handler(std::move(req), once);
+  } catch (const std::exception& e) {
+    once(HandlerThrew(method, path, e.what()));
+  } catch (...) {
+    once(HandlerThrew(method, path, "unknown exception"));
+  }
+}
 
 Server::Server(asio::io_context& ioc, ServerOptions options, Handler handler)
     : impl_(std::make_shared<Impl>(ioc, std::move(options), std::move(handler))) {}

@@ -42,6 +42,16 @@ struct ServerOptions {
   std::string tls_key_file;
 };
 
+// The barrier every handler runs behind: a handler that throws (input it failed to check) is
+// answered 500 with reason INTERNAL, unless it had answered already, and logged once as
+// `handler_threw method=... path=... what=...`; the process and every other connection go on.
+// LK_CHECK still aborts: a broken invariant is a programmer error, not input. The server calls
+// its handlers through it; so may anything that hands a request to a handler without a socket
+// (tests, the route fuzzers). `respond` is called at most once.
+void CallHandler(const Handler& handler, Request&& req, Responder respond);
+// The 500 INTERNAL answer of a handler that threw, logged as handler_threw.
+Response HandlerThrew(std::string_view method, std::string_view path, std::string_view what);
+
 class Server {
  public:
   Server(boost::asio::io_context& ioc, ServerOptions options, Handler handler);
