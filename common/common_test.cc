@@ -68,6 +68,18 @@ TEST_CASE("Q escapes control bytes from peers, so one event stays one printable 
   CHECK(Q("caf\xc3\xa9") == "caf\xc3\xa9");
 }
 
+TEST_CASE("Q escapes bytes outside valid UTF-8 - a logged protobuf body stays readable text") {
+  // The lighthouse logs a refused request's reply body; for an agent that is protobuf.
+  CHECK(Q("\x12\x8e\x01" "commit") == "\"\\x12\\x8e\\x01commit\"");
+  CHECK(Q("a\xff") == "\"a\\xff\"");
+  CHECK(Q("\xc3(") == "\"\\xc3(\"");            // a lead byte without its continuation
+  CHECK(Q("\xed\xa0\x80") == "\"\\xed\\xa0\\x80\"");  // a surrogate
+  CHECK(Q("\xe2\x82\xac \xf0\x9f\x98\x80") == "\"\xe2\x82\xac \xf0\x9f\x98\x80\"");
+  CHECK(Utf8SequenceBytes("") == 0);
+  CHECK(Utf8SequenceBytes("\xc3\xa9x") == 2);
+  CHECK(Utf8SequenceBytes("\xc0\x80") == 0);  // overlong
+}
+
 TEST_CASE("Flags: command line beats environment beats default - errors name the flag") {
   std::string bind = "0.0.0.0:29510";
   uint32_t min_replicas = 1;

@@ -68,18 +68,55 @@ void WriteLogLine(LogLevel level, std::string_view line) {
   }
 }
 
+size_t Utf8SequenceBytes(std::string_view s) {
+  if (s.empty()) return 0;
+  auto b = [&s](size_t i) { return static_cast<unsigned char>(s[i]); };
+  auto cont = [&](size_t i) { return i < s.size() && (b(i) & 0xC0) == 0x80; };
+  const unsigned char c = b(0);
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
+  if (c >= 0xE0 && c <= 0xEF) {
+    if (!cont(1) || !cont(2)) return 0;
+    if (c == 0xE0 && b(1) < 0xA0) return 0;  // overlong
+    if (c == 0xED && b(1) > 0x9F) return 0;  // a surrogate
+    return 3;
+  }
+  if (c >= 0xF0 && c <= 0xF4) {
+    if (!cont(1) || !cont(2) || !cont(3)) return 0;
+    if (c == 0xF0 && b(1) < 0x90) return 0;  // overlong
+    if (c == 0xF4 && b(1) > 0x8F) return 0;  // past U+10FFFF
+    return 4;
+  }
+  return 0;
+}
+
 std::string Q(std::string_view value) {
   // Control bytes (a percent-decoded path may hold any) are escaped too: a raw CR or NUL would
-  // split one event into two lines, or make grep take the log for a binary file.
+  // split one event into two lines, or make grep take the log for a binary file. So are bytes
+  // outside valid UTF-8 (a refusal's protobuf body is logged with it), which make log readers
+  // stop or guess.
   auto control = [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; };
   bool plain = !value.empty();
-  for (char c : value) {
-    if (c == ' ' || c == '"' || c == '=' || c == '\\' || control(c)) plain = false;
+  for (std::string_view rest = value; !rest.empty();) {
+    const char c = rest[0];
+    const size_t n = Utf8SequenceBytes(rest);
+    if (n == 0 || c == ' ' || c == '"' || c == '=' || c == '\\' || control(c)) {
+      plain = false;
+      break;
+    }
+    rest.remove_prefix(n);
   }
   if (plain) return std::string(value);
   std::string out = "\"";
-  for (char c : value) {
-    if (c == '"' || c == '\\') {
+  for (std::string_view rest = value; !rest.empty();) {
+    const char c = rest[0];
+    const size_t n = Utf8SequenceBytes(rest);
+    rest.remove_prefix(n == 0 ? 1 : n);
+    if (n > 1) {
+      out.append(rest.data() - n, n);
+    } else if (n == 0) {
+      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+    } else if (c == '"' || c == '\\') {
       out += '\\';
       out += c;
     } else if (c == '\n') {

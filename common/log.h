@@ -20,8 +20,13 @@ bool ParseLogLevel(std::string_view name, LogLevel* out);
 void SetLogPrefix(std::string prefix);
 void WriteLogLine(LogLevel level, std::string_view line);
 
-// Quotes a value for a key=value field when it needs it.
+// Quotes a value for a key=value field when it needs it. Control bytes and bytes that are not
+// part of valid UTF-8 (a peer's binary body quoted in a refusal) are written as \xNN, so every
+// line is printable UTF-8.
 std::string Q(std::string_view value);
+// The length of the valid UTF-8 sequence at the start of `s` (RFC 3629: no overlong forms, no
+// surrogates, nothing past U+10FFFF), or 0 when it starts with none (or `s` is empty).
+size_t Utf8SequenceBytes(std::string_view s);
 
 template <typename... Args>
 void Log(LogLevel level, fmt::format_string<Args...> f, Args&&... args) {

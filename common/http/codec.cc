@@ -4,6 +4,7 @@
 
 #include <climits>
 
+#include "common/log.h"
 #include "common/proto/lightkeeper.pb.h"
 
 namespace lk::http {
@@ -69,29 +70,6 @@ Response Reply(const google::protobuf::Message& msg, Format format, int status) 
 }
 
 namespace {
-
-// The length of the valid UTF-8 sequence at the start of `s` (RFC 3629: no overlong forms, no
-// surrogates, nothing past U+10FFFF), or 0.
-size_t Utf8SequenceBytes(std::string_view s) {
-  auto b = [&s](size_t i) { return static_cast<unsigned char>(s[i]); };
-  auto cont = [&](size_t i) { return i < s.size() && (b(i) & 0xC0) == 0x80; };
-  unsigned char c = b(0);
-  if (c < 0x80) return 1;
-  if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
-  if (c >= 0xE0 && c <= 0xEF) {
-    if (!cont(1) || !cont(2)) return 0;
-    if (c == 0xE0 && b(1) < 0xA0) return 0;  // overlong
-    if (c == 0xED && b(1) > 0x9F) return 0;  // a surrogate
-    return 3;
-  }
-  if (c >= 0xF0 && c <= 0xF4) {
-    if (!cont(1) || !cont(2) || !cont(3)) return 0;
-    if (c == 0xF0 && b(1) < 0x90) return 0;  // overlong
-    if (c == 0xF4 && b(1) > 0x8F) return 0;  // past U+10FFFF
-    return 4;
-  }
-  return 0;
-}
 
 // Refusals quote what the caller sent (a path, a name); a string field must be UTF-8, or
 // protobuf's JSON printer fails and the answer goes out without its body. Bytes that are not
