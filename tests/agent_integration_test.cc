@@ -16,6 +16,7 @@
 #include "replica_agent/client/lightkeeper.h"
 #include "replica_agent/client/session.h"
 #include "tests/support/process.h"
+#include "tests/support/status_snapshot.h"
 #include "tests/support/tcp_relay.h"
 
 namespace lk::test {
@@ -85,14 +86,7 @@ struct Cluster {
     return g;
   }
 
-  pb::JobStatus Status() {
-    auto c = http::Client::Create(lh.url());
-    REQUIRE(c.ok());
-    auto r = (*c)->Do("GET", "/status?job=t", "", "", Millis(3000));
-    pb::StatusResponse st;
-    if (r.ok() && r->status == 200) (void)http::Decode(r->body, http::Format::kJson, &st);
-    return st.jobs().empty() ? pb::JobStatus() : st.jobs(0);
-  }
+  pb::JobStatus Status() { return test::JobStatusAt(lh.url(), "t"); }
 
   // Waits until the quorum's members are exactly `names`; returns its quorum_id.
   uint32_t WaitForMembers(const std::vector<std::string>& names, std::chrono::seconds bound) {

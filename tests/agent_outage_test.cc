@@ -13,6 +13,7 @@
 #include "common/http/codec.h"
 #include "common/proto/lightkeeper.pb.h"
 #include "tests/support/process.h"
+#include "tests/support/status_snapshot.h"
 
 namespace lk::test {
 namespace {
@@ -56,14 +57,7 @@ struct Run {
         g.trainer_log + ".stderr", std::map<std::string, std::string>{{"LK_AGENT_SOCKET", socket}});
   }
 
-  pb::JobStatus Status() {
-    auto c = http::Client::Create(lh.url());
-    REQUIRE(c.ok());
-    auto r = (*c)->Do("GET", "/status?job=t", "", "", Millis(3000));
-    pb::StatusResponse st;
-    if (r.ok() && r->status == 200) (void)http::Decode(r->body, http::Format::kJson, &st);
-    return st.jobs().empty() ? pb::JobStatus() : st.jobs(0);
-  }
+  pb::JobStatus Status() { return test::JobStatusAt(lh.url(), "t"); }
 
   // Waits until both groups ran an outer step together (their quorum's communicator is built;
   // a quorum still forming when the lighthouse dies would wait for its rendezvous).

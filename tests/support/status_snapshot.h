@@ -26,4 +26,15 @@ inline std::string StatusJson(http::Client& c) {
   return http::ToJson(st);
 }
 
+// Job `job`'s part of /status at `url` (no token), or an empty JobStatus while the lighthouse
+// does not answer (tests poll it with a deadline, also across a restart).
+inline lightkeeper::v1::JobStatus JobStatusAt(const std::string& url, const std::string& job) {
+  auto c = http::Client::Create(url);
+  REQUIRE(c.ok());
+  auto r = (*c)->Do("GET", "/status?job=" + job, "", "", Millis(3000));
+  lightkeeper::v1::StatusResponse st;
+  if (r.ok() && r->status == 200) (void)http::Decode(r->body, http::Format::kJson, &st);
+  return st.jobs().empty() ? lightkeeper::v1::JobStatus() : st.jobs(0);
+}
+
 }  // namespace lk::test
