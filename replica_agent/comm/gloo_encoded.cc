@@ -47,9 +47,10 @@ Status GlooCommManager::AllReduceEncoded(std::span<float> data, const ChunkCodec
 // (allgather): each owner encodes its chunk of the result once and sends the same bytes to
 // everyone. Every member, the owner too, decodes the result from those bytes, so all hold the
 // same bits. With result_feedback, the owner encodes its result plus the feedback's elements of
-// its chunk, and keeps what that encoding dropped once it decoded the bytes. All receives are posted before the first send, each large enough for any codec
-// (MaxEncodedBytes), and checked by header before a byte of them is decoded. Each phase has its
-// own slot and every pair carries one message per slot, so completions need no ordering.
+// its chunk, and keeps what that encoding dropped once it decoded the bytes. All receives are
+// posted before the first send, each large enough for any codec (MaxEncodedBytes), and checked by
+// header before a byte of them is decoded. Each phase has its own slot and every pair carries one
+// message per slot, so completions need no ordering.
 Status GlooCommManager::Exchange(GlooContext* ctx, std::span<float> data, const ChunkCodec& codec,
                                  ReduceOp op, std::span<float> sent,
                                  std::span<float> result_feedback, size_t rank, size_t world) {
@@ -69,10 +70,12 @@ Status GlooCommManager::Exchange(GlooContext* ctx, std::span<float> data, const 
   enc_result_.resize(result_at[world]);
   enc_stage_.resize(stage_bytes * world);
   for (size_t c = 0; c < world; ++c) {
-    WriteEncodedHeader(codec, count, &enc_send_[send_at[c]]);
-    codec.Encode(data.data() + chunks[c].begin, chunks[c].size, &enc_send_[send_at[c] + hdr]);
+    WriteEncodedHeader(codec, count, enc_send_.data() + send_at[c]);
+    codec.Encode(data.data() + chunks[c].begin, chunks[c].size,
+                 enc_send_.data() + send_at[c] + hdr);
     if (!sent.empty()) {
-      codec.Decode(&enc_send_[send_at[c] + hdr], chunks[c].size, sent.data() + chunks[c].begin);
+      codec.Decode(enc_send_.data() + send_at[c] + hdr, chunks[c].size,
+                   sent.data() + chunks[c].begin);
     }
   }
   std::unique_ptr<GlooBuffer> sbuf, stage, rbuf;
@@ -100,16 +103,16 @@ Status GlooCommManager::Exchange(GlooContext* ctx, std::span<float> data, const 
   std::vector<const uint8_t*> contributions(world);
   for (size_t p = 0; p < world; ++p) {
     if (p == rank) {
-      contributions[p] = &enc_send_[send_at[rank] + hdr];
+      contributions[p] = enc_send_.data() + send_at[rank] + hdr;
     } else {
-      LK_RETURN_IF_ERROR(CheckEncodedHeader(codec, count, &enc_stage_[p * stage_bytes], p));
-      contributions[p] = &enc_stage_[p * stage_bytes + hdr];
+      LK_RETURN_IF_ERROR(CheckEncodedHeader(codec, count, enc_stage_.data() + p * stage_bytes, p));
+      contributions[p] = enc_stage_.data() + p * stage_bytes + hdr;
     }
   }
   enc_sum_.resize(mine.size);
   enc_scratch_.resize(mine.size);
   ReduceEncoded(codec, contributions, mine.size, op, enc_sum_.data(), enc_scratch_.data());
-  uint8_t* own = &enc_result_[result_at[rank]];
+  uint8_t* own = enc_result_.data() + result_at[rank];
   WriteEncodedHeader(codec, count, own);
   if (!result_feedback.empty()) {
     AddFeedback(enc_sum_.data(), result_feedback.data() + mine.begin, mine.size);
@@ -122,7 +125,7 @@ Status GlooCommManager::Exchange(GlooContext* ctx, std::span<float> data, const 
   for (size_t i = 0; i + 1 < world; ++i) LK_RETURN_IF_ERROR(WaitRecv(*rbuf));
   for (size_t p = 0; p < world; ++p) {
     if (p != rank) {
-      LK_RETURN_IF_ERROR(CheckEncodedHeader(codec, count, &enc_result_[result_at[p]], p));
+      LK_RETURN_IF_ERROR(CheckEncodedHeader(codec, count, enc_result_.data() + result_at[p], p));
     }
   }
   for (size_t i = 0; i + 1 < world; ++i) {
@@ -130,7 +133,8 @@ Status GlooCommManager::Exchange(GlooContext* ctx, std::span<float> data, const 
     LK_RETURN_IF_ERROR(WaitSend(*rbuf));
   }
   for (size_t c = 0; c < world; ++c) {
-    codec.Decode(&enc_result_[result_at[c] + hdr], chunks[c].size, data.data() + chunks[c].begin);
+    codec.Decode(enc_result_.data() + result_at[c] + hdr, chunks[c].size,
+                 data.data() + chunks[c].begin);
   }
   if (!result_feedback.empty()) {
     KeepFeedback(enc_sum_.data(), data.data() + mine.begin, result_feedback.data() + mine.begin,

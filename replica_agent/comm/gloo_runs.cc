@@ -119,7 +119,7 @@ Status GlooCommManager::ExchangeRuns(GlooContext* ctx, std::span<float> data,
   runs_own_.resize(own_bytes);
   for (size_t p = 0; p < world; ++p) {
     if (plan.to_owner[p].empty()) continue;
-    uint8_t* at = &runs_send_[send_at[p]];
+    uint8_t* at = runs_send_.data() + send_at[p];
     WriteRunHeader(codec_id, RunElements(runs, plan.to_owner[p]), at);
     at += kRunHeaderBytes;
     for (size_t i : plan.to_owner[p]) {
@@ -132,8 +132,8 @@ Status GlooCommManager::ExchangeRuns(GlooContext* ctx, std::span<float> data,
   for (size_t i = 0; i < runs.size(); ++i) {
     const ReduceRun& r = runs[i];
     if (r.owner != rank) continue;
-    encode(data.data() + r.offset, r.count, &runs_own_[own_at[i]]);
-    if (!sent.empty()) decode(&runs_own_[own_at[i]], r.count, sent.data() + r.offset);
+    encode(data.data() + r.offset, r.count, runs_own_.data() + own_at[i]);
+    if (!sent.empty()) decode(runs_own_.data() + own_at[i], r.count, sent.data() + r.offset);
   }
 
   std::unique_ptr<GlooBuffer> sbuf, stage, obuf, ibuf;
@@ -176,9 +176,9 @@ Status GlooCommManager::ExchangeRuns(GlooContext* ctx, std::span<float> data,
   std::vector<std::vector<std::pair<size_t, size_t>>> copy_at(runs.size());  // (peer, offset)
   for (size_t p = 0; p < world; ++p) {
     if (plan.owned_with[p].empty()) continue;
-    const uint8_t* msg = &runs_stage_[stage_at[p]];
-    LK_RETURN_IF_ERROR(CheckRunHeader(codec_id, codec_name, RunElements(runs, plan.owned_with[p]),
-                                      msg, p));
+    const uint8_t* msg = runs_stage_.data() + stage_at[p];
+    LK_RETURN_IF_ERROR(
+        CheckRunHeader(codec_id, codec_name, RunElements(runs, plan.owned_with[p]), msg, p));
     size_t off = stage_at[p] + kRunHeaderBytes;
     for (size_t i : plan.owned_with[p]) {
       copy_at[i].emplace_back(p, off);
@@ -189,7 +189,7 @@ Status GlooCommManager::ExchangeRuns(GlooContext* ctx, std::span<float> data,
   std::vector<size_t> out_fill(world, 0);
   for (size_t p = 0; p < world; ++p) {
     if (!plan.owned_with[p].empty()) {
-      WriteRunHeader(codec_id, RunElements(runs, plan.owned_with[p]), &runs_out_[out_at[p]]);
+      WriteRunHeader(codec_id, RunElements(runs, plan.owned_with[p]), runs_out_.data() + out_at[p]);
       out_fill[p] = out_at[p] + kRunHeaderBytes;
     }
   }
@@ -199,12 +199,12 @@ Status GlooCommManager::ExchangeRuns(GlooContext* ctx, std::span<float> data,
     std::vector<const uint8_t*> contributions;
     for (uint32_t h : r.holders) {
       if (h == rank) {
-        contributions.push_back(&runs_own_[own_at[i]]);
+        contributions.push_back(runs_own_.data() + own_at[i]);
         continue;
       }
       auto it = std::find_if(copy_at[i].begin(), copy_at[i].end(),
                              [h](const auto& c) { return c.first == h; });
-      contributions.push_back(&runs_stage_[it->second]);
+      contributions.push_back(runs_stage_.data() + it->second);
     }
     runs_sum_.resize(r.count);
     runs_scratch_.resize(r.count);
@@ -226,7 +226,7 @@ Status GlooCommManager::ExchangeRuns(GlooContext* ctx, std::span<float> data,
     encode(sum, r.count, runs_result_.data());
     for (uint32_t h : r.holders) {
       if (h == rank) continue;
-      std::memcpy(&runs_out_[out_fill[h]], runs_result_.data(), runs_result_.size());
+      std::memcpy(runs_out_.data() + out_fill[h], runs_result_.data(), runs_result_.size());
       out_fill[h] += runs_result_.size();
     }
     decode(runs_result_.data(), r.count, data.data() + r.offset);
@@ -242,9 +242,9 @@ Status GlooCommManager::ExchangeRuns(GlooContext* ctx, std::span<float> data,
   for (size_t k = 0; k < in_msgs; ++k) LK_RETURN_IF_ERROR(WaitRecv(*ibuf));
   for (size_t p = 0; p < world; ++p) {
     if (plan.to_owner[p].empty()) continue;
-    const uint8_t* msg = &runs_in_[in_at[p]];
-    LK_RETURN_IF_ERROR(CheckRunHeader(codec_id, codec_name, RunElements(runs, plan.to_owner[p]),
-                                      msg, p));
+    const uint8_t* msg = runs_in_.data() + in_at[p];
+    LK_RETURN_IF_ERROR(
+        CheckRunHeader(codec_id, codec_name, RunElements(runs, plan.to_owner[p]), msg, p));
   }
   for (size_t k = 0; k < sends; ++k) LK_RETURN_IF_ERROR(WaitSend(*sbuf));
   for (size_t k = 0; k < out_sends; ++k) LK_RETURN_IF_ERROR(WaitSend(*obuf));
@@ -252,7 +252,7 @@ Status GlooCommManager::ExchangeRuns(GlooContext* ctx, std::span<float> data,
     if (plan.to_owner[p].empty()) continue;
     size_t off = in_at[p] + kRunHeaderBytes;
     for (size_t i : plan.to_owner[p]) {
-      decode(&runs_in_[off], runs[i].count, data.data() + runs[i].offset);
+      decode(runs_in_.data() + off, runs[i].count, data.data() + runs[i].offset);
       off += bytes(runs[i].count);
     }
   }
