@@ -25,8 +25,9 @@
 #include <vector>
 
 #include "common/log.h"
-#include "replica_agent/client/poll_board.h"
-#include "replica_agent/client/session.h"
+#include "client/poll_board_reader.h"
+#include "replica_agent/poll_board_writer.h"
+#include <lightkeeper/session.h>
 #include "tests/support/process.h"
 
 namespace lk {

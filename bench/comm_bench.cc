@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "common/flags.h"
-#include "replica_agent/comm/comm.h"
-#include "replica_agent/comm/test_support.h"
+#include "comm/comm.h"
+#include "comm/test_support.h"
 
 namespace lk::comm {
 namespace {

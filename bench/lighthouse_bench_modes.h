@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "bench/lighthouse_bench_net.h"
-#include "common/status.h"
+#include <lightkeeper/status.h>
 #include "tests/support/process.h"
 
 namespace lk::bench {

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "common/status.h"
+#include <lightkeeper/status.h>
 
 namespace lk::ckpt {
 

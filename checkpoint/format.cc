@@ -11,7 +11,7 @@
 #include <boost/json.hpp>
 #include <charconv>
 
-#include "common/check.h"
+#include <lightkeeper/check.h>
 
 namespace lk::ckpt {
 namespace {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "checkpoint/types.h"
-#include "common/status.h"
+#include <lightkeeper/status.h>
 
 namespace lk::ckpt {
 

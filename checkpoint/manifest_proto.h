@@ -8,7 +8,7 @@
 
 #include "checkpoint/checkpoint.pb.h"
 #include "checkpoint/manifest.h"
-#include "common/status.h"
+#include <lightkeeper/status.h>
 
 namespace lk::ckpt {
 

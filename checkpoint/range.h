@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "common/status.h"
+#include <lightkeeper/status.h>
 
 namespace lk::ckpt {
 

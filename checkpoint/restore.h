@@ -15,7 +15,7 @@
 #include "checkpoint/planner.h"
 #include "checkpoint/source.h"
 #include "checkpoint/types.h"
-#include "common/status.h"
+#include <lightkeeper/status.h>
 
 namespace lk::ckpt {
 

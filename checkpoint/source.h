@@ -15,9 +15,9 @@
 
 #include "checkpoint/env.h"
 #include "checkpoint/manifest.h"
-#include "common/clock.h"
+#include <lightkeeper/clock.h>
 #include "common/http/client.h"
-#include "common/status.h"
+#include <lightkeeper/status.h>
 
 namespace lk::ckpt {
 

@@ -15,7 +15,7 @@
 
 #include "checkpoint/env.h"
 #include "checkpoint/manifest.h"
-#include "common/status.h"
+#include <lightkeeper/status.h>
 
 namespace lk::ckpt {
 

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "common/check.h"
+#include <lightkeeper/check.h>
 
 namespace lk::ckpt {
 namespace {

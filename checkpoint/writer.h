@@ -35,7 +35,7 @@
 #include "checkpoint/env.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/types.h"
-#include "common/status.h"
+#include <lightkeeper/status.h>
 
 namespace lk::ckpt {
 

@@ -1,25 +1,17 @@
 # Install rules: a relocatable tree (every path inside it is relative to the tree).
 #   DIR/bin/{lighthouse,replica_agent,lkctl,diloco_trainer}
 #   DIR/lib/liblightkeeper.so*             the C API, the Session and the DiLoCo library
-#   DIR/include/lightkeeper/...            its public headers (paths as in the source tree)
+#   DIR/include/lightkeeper/*.h             its public headers: #include <lightkeeper/session.h>
 #   DIR/lib/cmake/Lightkeeper/             find_package(Lightkeeper) -> Lightkeeper::client
 #   DIR/lib/pkgconfig/lightkeeper.pc       pkg-config --cflags --libs lightkeeper
 #   DIR/lib/python3/dist-packages/lightkeeper/   the Python package, when it is built
 include(CMakePackageConfigHelpers)
 
-# The headers a program that links liblightkeeper includes. None of them pulls in Asio, Beast,
-# protobuf, OpenSSL or Gloo (tests/public_headers_test.sh checks it on the installed tree).
-set(LK_PUBLIC_HEADERS
-  replica_agent/client/lightkeeper.h
-  replica_agent/client/session.h
-  diloco/diloco.h
-  common/status.h
-  common/check.h
-  common/clock.h)
-foreach(h ${LK_PUBLIC_HEADERS})
-  get_filename_component(dir ${h} DIRECTORY)
-  install(FILES ${PROJECT_SOURCE_DIR}/${h} DESTINATION include/lightkeeper/${dir})
-endforeach()
+# The headers a program that links liblightkeeper includes: include/lightkeeper/ as it is. None
+# of them pulls in Asio, Beast, protobuf, OpenSSL or Gloo (tests/install_test.sh checks it on the
+# installed tree).
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/lightkeeper DESTINATION include
+  FILES_MATCHING PATTERN "*.h")
 
 foreach(bin lighthouse replica_agent lkctl diloco_trainer)
   if(TARGET ${bin})
@@ -29,12 +21,12 @@ endforeach()
 
 install(TARGETS lightkeeper EXPORT LightkeeperTargets
   LIBRARY DESTINATION lib
-  INCLUDES DESTINATION include/lightkeeper)
+  INCLUDES DESTINATION include)
 install(EXPORT LightkeeperTargets NAMESPACE Lightkeeper:: DESTINATION lib/cmake/Lightkeeper)
 file(WRITE ${PROJECT_BINARY_DIR}/LightkeeperConfig.cmake.in [=[
 @PACKAGE_INIT@
 # Lightkeeper's trainer library: the target Lightkeeper::client (liblightkeeper.so and its
-# headers; C++ users also get fmt, which common/status.h uses).
+# headers; C++ users also get fmt, which <lightkeeper/status.h> uses).
 include(CMakeFindDependencyMacro)
 find_dependency(fmt)
 include("${CMAKE_CURRENT_LIST_DIR}/LightkeeperTargets.cmake")
@@ -51,7 +43,7 @@ install(FILES ${PROJECT_BINARY_DIR}/LightkeeperConfig.cmake
 file(WRITE ${PROJECT_BINARY_DIR}/lightkeeper.pc "\
 prefix=\${pcfiledir}/../..
 libdir=\${prefix}/lib
-includedir=\${prefix}/include/lightkeeper
+includedir=\${prefix}/include
 
 Name: lightkeeper
 Description: Lightkeeper trainer library (C API, Session, DiLoCo outer step)

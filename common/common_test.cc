@@ -4,11 +4,11 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "common/clock.h"
+#include <lightkeeper/clock.h>
 #include "common/flags.h"
 #include "common/float_env.h"
 #include "common/log.h"
-#include "common/status.h"
+#include <lightkeeper/status.h>
 
 namespace lk {
 namespace {

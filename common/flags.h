@@ -9,7 +9,7 @@
 #include <variant>
 #include <vector>
 
-#include "common/status.h"
+#include <lightkeeper/status.h>
 
 namespace lk {
 

@@ -1,4 +1,4 @@
-#include "common/status.h"
+#include <lightkeeper/status.h>
 
 #include <cstdio>
 #include <cstdlib>

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <set>
 
-#include "common/check.h"
+#include <lightkeeper/check.h>
 
 namespace lk::diloco {
 

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "common/clock.h"
-#include "diloco/diloco.h"
+#include <lightkeeper/clock.h>
+#include <lightkeeper/diloco.h>
 
 namespace lk::diloco {
 

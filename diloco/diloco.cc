@@ -1,7 +1,7 @@
 // The shell of the DiLoCo outer step: it polls, runs the collectives and the state I/O, and
 // asks diloco/core.h what to do at each turn. Only the shell logs. Joining a quorum is in
 // diloco_join.cc.
-#include "diloco/diloco.h"
+#include <lightkeeper/diloco.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -129,7 +129,7 @@ Status Diloco::Impl::Init() {
   state_.global.assign(layout_.shard_numel, 0.0f);
   state_.momentum.assign(layout_.shard_numel, 0.0f);
   if (o_.outer_compress != OuterCompress::kNone) {
-    codec_storage_.emplace(o_.outer_compress);
+    codec_storage_.emplace(CodecOf(o_.outer_compress));
     codec_ = &*codec_storage_;
   }
   ResetResidual();

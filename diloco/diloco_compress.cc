@@ -1,5 +1,5 @@
 // The cross-group exchange of the outer step with --outer-compress: the float32 ring
-// allreduce, or the encoded allreduce with error feedback (diloco/compress.h); with
+// allreduce, or the encoded allreduce with error feedback (comm/compress.h); with
 // --outer-fragments, in pieces paced over the inner steps (diloco/fragments.h).
 #include "common/log.h"
 #include "diloco/diloco_impl.h"

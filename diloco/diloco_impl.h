@@ -13,17 +13,17 @@
 #include <thread>
 #include <vector>
 
-#include "diloco/compress.h"
+#include "comm/compress.h"
 #include "diloco/core.h"
-#include "diloco/diloco.h"
+#include <lightkeeper/diloco.h>
 #include "diloco/fragments.h"
 #include "diloco/mixed.h"
 #include "diloco/outer.h"
 #include "diloco/prefixed_store.h"
 #include "diloco/state_io.h"
-#include "replica_agent/client/session.h"
-#include "replica_agent/client/session_store.h"
-#include "replica_agent/comm/comm.h"
+#include <lightkeeper/session.h>
+#include "client/session_store.h"
+#include "comm/comm.h"
 
 namespace lk::diloco {
 
@@ -312,8 +312,8 @@ class Diloco::Impl {
   bool drain_agreed_ = false;
   // The encoded exchange (see CrossAllReduce) and this trainer's error feedback.
   comm::ChunkCodec* codec_ = nullptr;  // points at codec_storage_ unless outer_compress is none
-  std::optional<BlockCodec> codec_storage_;
-  ErrorFeedback feedback_;
+  std::optional<comm::BlockCodec> codec_storage_;
+  comm::ErrorFeedback feedback_;
   // Overlap: the exchange in flight (its thread touches only the cross communicator, codec_
   // and feedback_, which nothing else touches until it is joined), and the weights the last
   // call gave the caller, from which the inner progress of the next call is measured.

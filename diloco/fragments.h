@@ -15,7 +15,7 @@
 #include <span>
 #include <vector>
 
-#include "replica_agent/comm/comm.h"
+#include "comm/comm.h"
 
 namespace lk::diloco {
 

@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "diloco/core.h"
-#include "diloco/diloco.h"
+#include <lightkeeper/diloco.h>
 #include "diloco/outer.h"
-#include "replica_agent/comm/comm.h"
+#include "comm/comm.h"
 
 namespace lk::diloco {
 

@@ -12,11 +12,11 @@
 #include <future>
 #include <map>
 
-#include "diloco/compress.h"
+#include "comm/compress.h"
 #include "diloco/fragments.h"
-#include "replica_agent/comm/rendezvous_store.h"
-#include "replica_agent/comm/runs.h"
-#include "replica_agent/comm/test_support.h"
+#include "comm/rendezvous_store.h"
+#include "comm/runs.h"
+#include "comm/test_support.h"
 
 namespace lk::diloco {
 namespace {
@@ -249,7 +249,7 @@ TEST_CASE("groups of 1, 2 and 3 trainers: every element is the float32 sum in re
 TEST_CASE("with int8 on the wire every group ends with the same bits, near the exact sum") {
   const auto specs = Specs();
   const size_t total = Total(specs);
-  BlockCodec codec(OuterCompress::kInt8);
+  comm::BlockCodec codec(comm::Codec::kInt8);
   auto ts = Exchange({3, 1, 2}, &codec);
   auto groups = Gathered(ts, total);
   std::vector<float> exact(total, 0.0f);
@@ -388,7 +388,7 @@ TEST_CASE("runs split by their place in the whole model: each run once, pieces i
 TEST_CASE("in fragments the allreduce of runs gives the same bits as in one, float32 and int8") {
   const auto specs = Specs();
   const size_t total = Total(specs);
-  BlockCodec codec(OuterCompress::kInt8);
+  comm::BlockCodec codec(comm::Codec::kInt8);
   for (const comm::ChunkCodec* c : {static_cast<const comm::ChunkCodec*>(nullptr),
                                     static_cast<const comm::ChunkCodec*>(&codec)}) {
     CAPTURE(c != nullptr);
@@ -415,7 +415,7 @@ std::vector<float> TernaryModel(size_t q, size_t total) {
 TEST_CASE("result feedback: the owners' rounding of the sum reaches the next steps, not lost") {
   const auto specs = Specs();
   const size_t total = Total(specs);
-  BlockCodec codec(OuterCompress::kInt4);
+  comm::BlockCodec codec(comm::Codec::kInt4);
   const std::vector<uint32_t> sizes{1, 2, 3};
   std::vector<float> exact(total, 0.0f);
   for (uint32_t q = 0; q < sizes.size(); ++q) {

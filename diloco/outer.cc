@@ -6,10 +6,28 @@
 
 #include <fmt/format.h>
 
-#include "common/check.h"
+#include <lightkeeper/check.h>
+#include "comm/compress.h"
 #include "common/float_env.h"
 
 namespace lk::diloco {
+
+// The public OuterCompress names comm's block codecs by the same values.
+static_assert(static_cast<int>(OuterCompress::kNone) == static_cast<int>(comm::Codec::kNone) &&
+              static_cast<int>(OuterCompress::kBf16) == static_cast<int>(comm::Codec::kBf16) &&
+              static_cast<int>(OuterCompress::kInt8) == static_cast<int>(comm::Codec::kInt8) &&
+              static_cast<int>(OuterCompress::kInt4) == static_cast<int>(comm::Codec::kInt4));
+
+comm::Codec CodecOf(OuterCompress c) { return static_cast<comm::Codec>(c); }
+
+std::string_view OuterCompressName(OuterCompress codec) { return comm::CodecName(CodecOf(codec)); }
+
+bool ParseOuterCompress(std::string_view name, OuterCompress* out) {
+  comm::Codec c;
+  if (!comm::ParseCodec(name, &c)) return false;
+  *out = static_cast<OuterCompress>(c);
+  return true;
+}
 
 ShardRange ShardOf(size_t total, uint32_t ranks, uint32_t rank) {
   LK_CHECK(ranks > 0 && rank < ranks) << "rank " << rank << " of " << ranks;

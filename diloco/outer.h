@@ -11,9 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "diloco/diloco.h"
+#include <lightkeeper/diloco.h>
+#include "comm/compress.h"
 
 namespace lk::diloco {
+
+// The block codec that an OuterCompress names.
+comm::Codec CodecOf(OuterCompress c);
 
 // Elements [begin, end) of the flat parameter vector.
 struct ShardRange {

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "replica_agent/comm/comm.h"
+#include "comm/comm.h"
 
 namespace lk::diloco {
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "common/status.h"
+#include <lightkeeper/status.h>
 #include "diloco/core.h"
 
 namespace lk::diloco {

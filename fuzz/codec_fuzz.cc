@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/check.h"
+#include <lightkeeper/check.h>
 #include "common/http/codec.h"
 #include "common/proto/lightkeeper.pb.h"
 

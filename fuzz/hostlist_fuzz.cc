@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "common/check.h"
+#include <lightkeeper/check.h>
 #include "slurm/hostlist.h"
 
 constexpr size_t kHostsMax = 1'000;

@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "common/check.h"
+#include <lightkeeper/check.h>
 #include "common/http/head.h"
 #include "common/http/http.h"
 

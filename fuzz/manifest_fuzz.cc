@@ -13,7 +13,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/manifest_proto.h"
 #include "checkpoint/planner.h"
-#include "common/check.h"
+#include <lightkeeper/check.h>
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "checkpoint/range.h"
-#include "common/check.h"
+#include <lightkeeper/check.h>
 #include "fmt/format.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -27,7 +27,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/check.h"
+#include <lightkeeper/check.h>
 #include "common/http/codec.h"
 #include "common/http/http.h"
 #include "common/http/server.h"

@@ -10,7 +10,7 @@
 #include <string_view>
 
 #include "checkpoint/format.h"
-#include "common/check.h"
+#include <lightkeeper/check.h>
 
 namespace {
 

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "common/clock.h"
-#include "common/status.h"
+#include <lightkeeper/clock.h>
+#include <lightkeeper/status.h>
 
 namespace lk::lighthouse {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "common/clock.h"
+#include <lightkeeper/clock.h>
 #include "lighthouse/lighthouse_core.h"
 #include "lighthouse/lighthouse_core_test_util.h"
 

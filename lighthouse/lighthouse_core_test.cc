@@ -8,7 +8,7 @@
 #include <chrono>
 #include <string>
 
-#include "common/clock.h"
+#include <lightkeeper/clock.h>
 #include "lighthouse/lighthouse_core_test_util.h"
 
 namespace lk::lighthouse {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "common/clock.h"
+#include <lightkeeper/clock.h>
 #include "lighthouse/lighthouse_core.h"
 
 namespace lk::lighthouse::testing {

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/clock.h"
+#include <lightkeeper/clock.h>
 #include "lighthouse/lighthouse_core.h"
 
 namespace lk::lighthouse {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "common/status.h"
+#include <lightkeeper/status.h>
 #include "lighthouse/lighthouse_core.h"
 
 namespace lk::lighthouse {

@@ -16,9 +16,9 @@
 #include <memory>
 #include <string>
 
-#include "common/clock.h"
+#include <lightkeeper/clock.h>
 #include "common/http/http.h"
-#include "common/status.h"
+#include <lightkeeper/status.h>
 
 namespace boost::asio {
 class io_context;

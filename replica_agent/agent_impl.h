@@ -23,7 +23,7 @@
 #include "common/proto/lightkeeper.pb.h"
 #include "checkpoint/shard_server.h"
 #include "replica_agent/agent.h"
-#include "replica_agent/client/poll_board.h"
+#include "replica_agent/poll_board_writer.h"
 #include "replica_agent/outbox.h"
 #include "replica_agent/worker_pool.h"
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "common/status.h"
+#include <lightkeeper/status.h>
 
 namespace lk::slurm {
 

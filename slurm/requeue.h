@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/status.h"
+#include <lightkeeper/status.h>
 #include "slurm/command.h"
 #include "slurm/slurm_env.h"
 

@@ -21,7 +21,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/status.h"
+#include <lightkeeper/status.h>
 #include "slurm/slurm_env.h"
 
 namespace lk::slurm {

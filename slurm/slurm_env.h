@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/status.h"
+#include <lightkeeper/status.h>
 #include "slurm/command.h"
 
 namespace lk::slurm {

@@ -13,8 +13,8 @@
 #include "common/http/client.h"
 #include "common/http/codec.h"
 #include "common/proto/lightkeeper.pb.h"
-#include "replica_agent/client/lightkeeper.h"
-#include "replica_agent/client/session.h"
+#include <lightkeeper/lightkeeper.h>
+#include <lightkeeper/session.h>
 #include "tests/support/process.h"
 #include "tests/support/status_snapshot.h"
 #include "tests/support/tcp_relay.h"

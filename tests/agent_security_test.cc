@@ -21,7 +21,7 @@
 #include "common/http/client.h"
 #include "common/http/codec.h"
 #include "common/proto/lightkeeper.pb.h"
-#include "replica_agent/client/session.h"
+#include <lightkeeper/session.h>
 #include "tests/support/process.h"
 
 namespace lk::test {

@@ -1,4 +1,4 @@
-/* A trainer written in C against replica_agent/client/lightkeeper.h, as a binding in another
+/* A trainer written in C against <lightkeeper/lightkeeper.h>, as a binding in another
  * language would use it: polls, the rendezvous KV, the peer-wait mark, commits and goodbye.
  * Compiled as C, so the header is checked as C too, and linked against liblightkeeper.so. At the
  * first quorum it also builds a cross-group communicator over the C API (a world of one),
@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "replica_agent/client/lightkeeper.h"
+#include <lightkeeper/lightkeeper.h>
 
 static int notices;
 

@@ -24,7 +24,7 @@ mv "$TMP/stage" "$TMP/moved"
 P=$TMP/moved
 for f in bin/lighthouse bin/replica_agent bin/lkctl bin/diloco_trainer lib/liblightkeeper.so \
          lib/cmake/Lightkeeper/LightkeeperConfig.cmake lib/pkgconfig/lightkeeper.pc \
-         include/lightkeeper/replica_agent/client/lightkeeper.h include/lightkeeper/diloco/diloco.h; do
+         include/lightkeeper/lightkeeper.h include/lightkeeper/session.h include/lightkeeper/diloco.h; do
   [ -e "$P/$f" ] || fail "$f is not installed"
 done
 if grep -rl -e "$BUILD" -e "$SRC" -e "$TMP/stage" "$P/lib/cmake" "$P/lib/pkgconfig"; then
@@ -46,20 +46,42 @@ c++filt < "$TMP/symbols" | cut -d' ' -f3- > "$TMP/names"
 if grep -E '^((typeinfo|typeinfo name|vtable) for )?(boost|google|gloo|asio|lk::http|lk::ckpt|lk::comm)::' "$TMP/names" | head -3 | grep .; then
   fail "liblightkeeper.so exports Boost, protobuf, Gloo or internal symbols"
 fi
+# Exactly what the installed headers declare: only the C API and our namespaces, no internals
+# (an Impl's or a detail namespace's members, a private ...Locked helper), and every C++ name's
+# function and class appear in a public header.
+if grep -v -E '^lk_|^((typeinfo|typeinfo name|vtable) for )?lk::' "$TMP/names" | head -3 | grep .; then
+  fail "liblightkeeper.so exports symbols outside the C API and lk::"
+fi
+if grep -E '::Impl::|::detail::|Locked\b|::Impl\b' "$TMP/names" | head -3 | grep .; then
+  fail "liblightkeeper.so exports internals"
+fi
+cat "$P"/include/lightkeeper/*.h > "$TMP/headers"
+while IFS= read -r name; do
+  base=${name%%(*}
+  base=${base#typeinfo name for }
+  base=${base#typeinfo for }
+  base=${base#vtable for }
+  base=$(sed 's/\[abi:[^]]*\]//g' <<< "$base")
+  for part in $(echo "$base" | tr -s ':' ' '); do
+    part=${part#\~}
+    part=${part%%<*}
+    grep -q -w -F -- "$part" "$TMP/headers" || fail "exported $name: $part is in no installed header"
+  done
+done < <(grep -E '^((typeinfo|typeinfo name|vtable) for )?lk::' "$TMP/names" | grep -v -E '^lk::[A-Za-z_]+$')
 
 # 2. Every public header compiles alone, and none of them includes Asio, Beast, protobuf,
 #    OpenSSL or Gloo (they all live in /usr/include, so the check is on what each one reads).
-INC=$P/include/lightkeeper
+INC=$P/include
 while IFS= read -r h; do
   rel=${h#"$INC"/}
-  echo "#include \"$rel\"" > "$TMP/one.cc"
+  echo "#include <$rel>" > "$TMP/one.cc"
   c++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror -I"$INC" -MD -MF "$TMP/deps" "$TMP/one.cc" ||
     fail "$rel does not compile alone"
   if grep -E '/(boost|google/protobuf|openssl|gloo|asio)/' "$TMP/deps"; then
     fail "$rel includes a header it must not"
   fi
-done < <(find "$INC" -name '*.h' | sort)
-echo '#include "replica_agent/client/lightkeeper.h"' > "$TMP/one.c"
+done < <(find "$INC/lightkeeper" -name '*.h' | sort)
+echo '#include <lightkeeper/lightkeeper.h>' > "$TMP/one.c"
 cc -std=c11 -fsyntax-only -Wall -Wextra -Werror -I"$INC" "$TMP/one.c" ||
   fail "lightkeeper.h does not compile as C"
 

@@ -14,8 +14,8 @@
 
 #include "common/flags.h"
 #include "common/log.h"
-#include "replica_agent/client/session.h"
-#include "replica_agent/client/session_store.h"
+#include <lightkeeper/session.h>
+#include "client/session_store.h"
 
 int main(int argc, char** argv) {
   using namespace lk;

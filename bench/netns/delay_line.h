@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "common/status.h"
+#include <lightkeeper/status.h>
 
 namespace lk::netns {
 

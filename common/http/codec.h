@@ -10,7 +10,7 @@
 #include <string>
 
 #include "common/http/http.h"
-#include "common/status.h"
+#include <lightkeeper/status.h>
 
 namespace lk::http {
 

@@ -9,8 +9,8 @@
 #include <memory>
 #include <span>
 
-#include "common/status.h"
-#include "diloco/diloco.h"
+#include <lightkeeper/status.h>
+#include <lightkeeper/diloco.h>
 #include "examples/diloco/corpus.h"
 
 namespace lk::diloco {

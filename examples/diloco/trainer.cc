@@ -8,10 +8,10 @@
 #include <thread>
 
 #include "common/log.h"
-#include "diloco/diloco.h"
+#include <lightkeeper/diloco.h>
 #include "diloco/net_bytes.h"
 #include "diloco/outer.h"
-#include "replica_agent/client/session.h"
+#include <lightkeeper/session.h>
 
 namespace lk::diloco {
 

@@ -9,10 +9,10 @@
 #include <cstdint>
 #include <string>
 
-#include "common/clock.h"
-#include "common/status.h"
+#include <lightkeeper/clock.h>
+#include <lightkeeper/status.h>
 #include "examples/diloco/local_model.h"
-#include "diloco/diloco.h"
+#include <lightkeeper/diloco.h>
 
 namespace lk::diloco {
 

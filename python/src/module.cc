@@ -1,5 +1,5 @@
 // lightkeeper._native: the compiled part of the Python package, a thin binding of the C API of
-// liblightkeeper.so (replica_agent/client/lightkeeper.h): the session with the agent, the
+// liblightkeeper.so (<lightkeeper/lightkeeper.h>): the session with the agent, the
 // cross-group communicator and the DiLoCo outer step. It links no torch: buffers arrive as
 // (address, element count, dtype, device), which the pure-Python layer takes from
 // tensor.data_ptr(), so one build serves whatever PyTorch the trainer imports.
@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "replica_agent/client/lightkeeper.h"
+#include <lightkeeper/lightkeeper.h>
 
 namespace py = pybind11;
 

@@ -2,8 +2,8 @@
 // live in liblightkeeper.so. Prints "specs ok total=N".
 #include <cstdio>
 
-#include "diloco/diloco.h"
-#include "replica_agent/client/session.h"
+#include <lightkeeper/diloco.h>
+#include <lightkeeper/session.h>
 
 int main() {
   std::vector<lk::diloco::TensorSpec> specs = {{"w", 0, {4, 3}}, {"b", 12, {5}}};

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "replica_agent/client/lightkeeper.h"
+#include <lightkeeper/lightkeeper.h>
 
 #define N_PARAMS 17
 #define N_INNER 18

@@ -1,0 +1,308 @@
+// The C API's communicator and DiLoCo outer step, over lk::comm::CommManager and
+// lk::diloco::Diloco.
+#include <cstddef>
+#include <cstring>
+
+#include <lightkeeper/diloco.h>
+#include "diloco/prefixed_store.h"
+#include "capi/c_api_internal.h"
+#include "client/session_store.h"
+#include "comm/comm.h"
+
+using lk::capi::Fail;
+
+struct lk_comm {
+  std::shared_ptr<lk::capi::Fanout> fanout;
+  std::unique_ptr<lk::client::SessionKvStore> kv;
+  std::unique_ptr<lk::diloco::PrefixedStore> store;
+  std::unique_ptr<lk::comm::CommManager> comm;
+};
+
+struct lk_diloco {
+  std::shared_ptr<lk::capi::Fanout> fanout;
+  std::unique_ptr<lk::diloco::Diloco> diloco;
+  lk_diloco_tokens last_tokens{};  // of the last join or sync
+  double last_wait_ms = 0;          // of the last join, sync or flush
+};
+
+namespace lk::capi {
+
+void DeliverToDiloco(lk_diloco* d, const client::Notice& n) { d->diloco->HandleNotice(n); }
+
+namespace {
+
+std::vector<diloco::TensorSpec> Specs(const lk_tensor_spec* specs, size_t count) {
+  std::vector<diloco::TensorSpec> out;
+  for (size_t i = 0; i < count; ++i) {
+    diloco::TensorSpec t;
+    t.name = specs[i].name ? specs[i].name : "";
+    t.offset = specs[i].offset;
+    t.shape.assign(specs[i].shape, specs[i].shape + specs[i].ndim);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void CopyTruncated(const std::string& from, char* to, size_t cap) {
+  size_t n = std::min(from.size(), cap - 1);
+  std::memcpy(to, from.data(), n);
+  to[n] = '\0';
+}
+
+void FillResult(const diloco::SyncResult& r, lk_diloco_result* out) {
+  std::memset(out, 0, sizeof(*out));
+  out->kind = static_cast<int>(r.kind == diloco::SyncKind::kCommitted  ? LK_SYNC_COMMITTED
+                               : r.kind == diloco::SyncKind::kReceived ? LK_SYNC_RECEIVED
+                               : r.kind == diloco::SyncKind::kJoined   ? LK_SYNC_JOINED
+                               : r.kind == diloco::SyncKind::kStarted  ? LK_SYNC_STARTED
+                                                                       : LK_SYNC_DRAINED);
+  out->step = r.step;
+  out->quorum_id = r.quorum_id;
+  out->replica_rank = r.replica_rank;
+  out->replica_world_size = r.replica_world_size;
+  out->healed = r.healed ? 1 : 0;
+  out->inner = r.inner == diloco::InnerAction::kKeep    ? LK_INNER_KEEP
+               : r.inner == diloco::InnerAction::kReset ? LK_INNER_RESET
+                                                        : LK_INNER_RESTORED;
+  out->saved = r.saved ? 1 : 0;
+  out->checkpoint_now = r.checkpoint_now ? 1 : 0;
+  CopyTruncated(r.state_hash, out->state_hash, sizeof(out->state_hash));
+  CopyTruncated(r.heal_source, out->heal_source, sizeof(out->heal_source));
+  CopyTruncated(r.reason, out->reason, sizeof(out->reason));
+  const diloco::SyncStats& s = r.stats;
+  out->poll_ms = s.poll_ms;
+  out->join_ms = s.join_ms;
+  out->allreduce_ms = s.allreduce_ms;
+  out->gather_ms = s.gather_ms;
+  out->publish_ms = s.publish_ms;
+  out->commit_ms = s.commit_ms;
+  out->outer_ms = s.outer_ms;
+  out->cross_bytes = s.cross_bytes;
+  out->sync_bytes = s.sync_bytes;
+  out->group_bytes = s.group_bytes;
+}
+
+enum class Call { kJoin, kSync, kFlush };
+
+int Run(lk_diloco* d, float* params, size_t count, lk_diloco_result* out, Call call,
+        uint64_t tokens = 0) {
+  if (params == nullptr && count > 0) return Fail(InvalidArgument("params is NULL"));
+  std::span<float> p(params, count);
+  auto r = call == Call::kJoin   ? d->diloco->Join(p)
+           : call == Call::kSync ? d->diloco->Sync(p, tokens)
+                                 : d->diloco->Flush(p);
+  if (!r.ok()) return Fail(r.status());
+  d->last_tokens = lk_diloco_tokens{};
+  d->last_tokens.tokens = r->tokens;
+  d->last_tokens.quorum_tokens = r->quorum_tokens;
+  d->last_tokens.weighted = r->weighted ? 1 : 0;
+  CopyTruncated(r->global_hash, d->last_tokens.global_hash, sizeof(d->last_tokens.global_hash));
+  d->last_wait_ms = r->stats.wait_ms;
+  if (out != nullptr) FillResult(*r, out);
+  return 0;
+}
+
+}  // namespace
+}  // namespace lk::capi
+
+extern "C" {
+
+lk_comm* lk_comm_create(lk_session* s, const lk_comm_options* options) {
+  lk_comm_options o{};
+  if (options != nullptr) o = *options;
+  lk::comm::Backend backend = lk::comm::Backend::kGloo;
+  if (o.backend != nullptr && !lk::comm::ParseBackend(o.backend, &backend)) {
+    Fail(lk::InvalidArgument("unknown backend '{}' (gloo or nccl)", o.backend));
+    return nullptr;
+  }
+  lk::comm::CommOptions co;
+  co.slot = o.slot;
+  if (o.bind_host != nullptr) co.bind_host = o.bind_host;
+  if (o.init_timeout_ms > 0) co.init_timeout = lk::Millis(o.init_timeout_ms);
+  if (o.op_timeout_ms > 0) co.op_timeout = lk::Millis(o.op_timeout_ms);
+  co.device_index = o.device_index;
+  auto c = std::make_unique<lk_comm>();
+  c->fanout = s->fanout;
+  c->kv = std::make_unique<lk::client::SessionKvStore>(s->session->socket_path());
+  c->store =
+      std::make_unique<lk::diloco::PrefixedStore>(c->kv.get(), o.key_prefix ? o.key_prefix : "");
+  auto comm = lk::comm::CommManager::Create(backend, c->store.get(), co);
+  if (!comm.ok()) {
+    Fail(comm.status());
+    return nullptr;
+  }
+  c->comm = std::move(*comm);
+  std::lock_guard lock(s->fanout->mu);
+  s->fanout->comms.insert(c.get());
+  return c.release();
+}
+
+void lk_comm_close(lk_comm* c) {
+  if (c == nullptr) return;
+  {
+    std::lock_guard lock(c->fanout->mu);
+    c->fanout->comms.erase(c);
+  }
+  delete c;
+}
+
+int lk_comm_reconfigure(lk_comm* c, uint32_t quorum_id, uint32_t replica_rank,
+                        uint32_t world_size) {
+  lk::Status st = c->comm->Reconfigure(quorum_id, replica_rank, world_size);
+  return st.ok() ? 0 : Fail(st);
+}
+
+int lk_comm_allreduce(lk_comm* c, void* data, size_t count, int dtype, int op) {
+  if (dtype != LK_DTYPE_FLOAT32 && dtype != LK_DTYPE_BFLOAT16) {
+    return Fail(lk::InvalidArgument("unknown dtype {}", dtype));
+  }
+  if (op != LK_REDUCE_SUM && op != LK_REDUCE_AVG)
+    return Fail(lk::InvalidArgument("unknown op {}", op));
+  lk::Status st = c->comm->AllReduce(
+      data, count,
+      dtype == LK_DTYPE_FLOAT32 ? lk::comm::DType::kFloat32 : lk::comm::DType::kBFloat16,
+      op == LK_REDUCE_SUM ? lk::comm::ReduceOp::kSum : lk::comm::ReduceOp::kAvg);
+  return st.ok() ? 0 : Fail(st);
+}
+
+void lk_comm_abort(lk_comm* c, const char* reason) { c->comm->Abort(reason ? reason : "abort"); }
+
+void lk_comm_abort_quorum(lk_comm* c, uint32_t quorum_id, const char* reason) {
+  c->comm->AbortQuorum(quorum_id, reason ? reason : "abort");
+}
+
+uint32_t lk_comm_quorum_id(const lk_comm* c) { return c->comm->quorum_id(); }
+
+lk_diloco* lk_diloco_create(lk_session* s, const lk_diloco_options* options) {
+  return lk_diloco_create_ext(s, options, nullptr);
+}
+
+lk_diloco* lk_diloco_create_ext(lk_session* s, const lk_diloco_options* options,
+                                const lk_diloco_ext_options* ext) {
+  if (options == nullptr) {
+    Fail(lk::InvalidArgument("no options"));
+    return nullptr;
+  }
+  const lk_diloco_options& o = *options;
+  lk::diloco::DilocoOptions d;
+  d.group_rank = o.group_rank;
+  d.group_size = o.group_size;
+  d.params = lk::capi::Specs(o.params, o.param_count);
+  d.inner_state = lk::capi::Specs(o.inner_state, o.inner_state_count);
+  if (o.outer_lr > 0) d.outer.lr = o.outer_lr;
+  if (o.outer_momentum >= 0) d.outer.momentum = o.outer_momentum;
+  d.outer.nesterov = o.nesterov != 0;
+  if (o.ckpt_dir != nullptr) d.ckpt_dir = o.ckpt_dir;
+  d.ckpt_every = o.ckpt_every;
+  if (o.ckpt_keep > 0) d.ckpt_keep = o.ckpt_keep;
+  if (o.live_dir != nullptr) d.live_dir = o.live_dir;
+  if (o.bind_host != nullptr) d.bind_host = o.bind_host;
+  if (o.init_timeout_ms > 0) d.init_timeout = lk::Millis(o.init_timeout_ms);
+  if (o.op_timeout_ms > 0) d.op_timeout = lk::Millis(o.op_timeout_ms);
+  d.stuck_timeout = lk::Millis(o.stuck_timeout_ms);
+  d.own_notices = false;  // the session's fan-out hands them on
+  if (ext != nullptr) {
+    // A field counts only when the caller's struct reaches past it (see lightkeeper.h).
+    auto has = [ext](size_t offset, size_t size) { return ext->struct_size >= offset + size; };
+    if (has(offsetof(lk_diloco_ext_options, outer_compress), sizeof(ext->outer_compress)) &&
+        ext->outer_compress != nullptr && ext->outer_compress[0] != '\0' &&
+        !lk::diloco::ParseOuterCompress(ext->outer_compress, &d.outer_compress)) {
+      Fail(lk::InvalidArgument("unknown outer_compress '{}' (none, bf16, int8 or int4)",
+                               ext->outer_compress));
+      return nullptr;
+    }
+    if (has(offsetof(lk_diloco_ext_options, overlap), sizeof(ext->overlap))) {
+      d.overlap = ext->overlap != 0;
+    }
+    if (has(offsetof(lk_diloco_ext_options, outer_fragments), sizeof(ext->outer_fragments)) &&
+        ext->outer_fragments > 0) {
+      d.outer_fragments = ext->outer_fragments;
+    }
+  }
+  lk::diloco::InnerStateHooks hooks;
+  if (o.inner_save != nullptr) {
+    hooks.save = [fn = o.inner_save, user = o.inner_save_user](std::span<float> out) {
+      if (fn(user, out.data(), out.size()) != 0) {
+        return lk::Status(lk::Code::kInternal, "the inner state callback failed");
+      }
+      return lk::Status::Ok();
+    };
+  }
+  auto made = lk::diloco::Diloco::Create(s->session.get(), std::move(d), std::move(hooks));
+  if (!made.ok()) {
+    Fail(made.status());
+    return nullptr;
+  }
+  auto out = std::make_unique<lk_diloco>();
+  out->fanout = s->fanout;
+  out->diloco = std::move(*made);
+  std::lock_guard lock(s->fanout->mu);
+  s->fanout->dilocos.insert(out.get());
+  return out.release();
+}
+
+void lk_diloco_close(lk_diloco* d) {
+  if (d == nullptr) return;
+  {
+    std::lock_guard lock(d->fanout->mu);
+    d->fanout->dilocos.erase(d);
+  }
+  delete d;
+}
+
+int lk_diloco_join(lk_diloco* d, float* params, size_t count, lk_diloco_result* out) {
+  return lk::capi::Run(d, params, count, out, lk::capi::Call::kJoin);
+}
+
+int lk_diloco_sync(lk_diloco* d, float* params, size_t count, lk_diloco_result* out) {
+  return lk::capi::Run(d, params, count, out, lk::capi::Call::kSync);
+}
+
+int lk_diloco_sync_tokens(lk_diloco* d, float* params, size_t count, uint64_t tokens,
+                          lk_diloco_result* out) {
+  return lk::capi::Run(d, params, count, out, lk::capi::Call::kSync, tokens);
+}
+
+int lk_diloco_flush(lk_diloco* d, float* params, size_t count, lk_diloco_result* out) {
+  return lk::capi::Run(d, params, count, out, lk::capi::Call::kFlush);
+}
+
+int lk_diloco_in_flight(const lk_diloco* d) { return d->diloco->in_flight() ? 1 : 0; }
+
+double lk_diloco_last_wait_ms(const lk_diloco* d) { return d->last_wait_ms; }
+
+const float* lk_diloco_global_weights(const lk_diloco* d, size_t* count) {
+  auto s = d->diloco->global_weights();
+  if (count != nullptr) *count = s.size();
+  return s.data();
+}
+
+void lk_diloco_last_tokens(const lk_diloco* d, lk_diloco_tokens* out) {
+  if (out != nullptr) *out = d->last_tokens;
+}
+
+int lk_diloco_drain_requested(const lk_diloco* d) { return d->diloco->drain_requested() ? 1 : 0; }
+
+void lk_diloco_request_drain(lk_diloco* d) { d->diloco->RequestDrain(); }
+
+int lk_diloco_group_allreduce_sum(lk_diloco* d, float* values, size_t count) {
+  lk::Status st = d->diloco->GroupAllReduceSum(std::span<float>(values, count));
+  return st.ok() ? 0 : Fail(st);
+}
+
+int lk_diloco_finish(lk_diloco* d) {
+  lk::Status st = d->diloco->Finish();
+  return st.ok() ? 0 : Fail(st);
+}
+
+const float* lk_diloco_restored_inner_state(const lk_diloco* d, size_t* count) {
+  auto s = d->diloco->restored_inner_state();
+  if (count != nullptr) *count = s.size();
+  return s.data();
+}
+
+uint32_t lk_diloco_step(const lk_diloco* d) { return d->diloco->step(); }
+size_t lk_diloco_numel(const lk_diloco* d) { return d->diloco->numel(); }
+size_t lk_diloco_shard_numel(const lk_diloco* d) { return d->diloco->shard_numel(); }
+
+}  // extern "C"
