@@ -30,6 +30,10 @@ file(WRITE ${PROJECT_BINARY_DIR}/LightkeeperConfig.cmake.in [=[
 include(CMakeFindDependencyMacro)
 find_dependency(fmt)
 include("${CMAKE_CURRENT_LIST_DIR}/LightkeeperTargets.cmake")
+# Where liblightkeeper.so lies (an RPATH for what links it), and whether it has the NCCL
+# communicator (python/site/ builds the Python module with this).
+get_filename_component(Lightkeeper_LIBDIR "${CMAKE_CURRENT_LIST_DIR}/../.." ABSOLUTE)
+set(Lightkeeper_NCCL @LK_NCCL_FOUND@)
 check_required_components(Lightkeeper)
 ]=])
 configure_package_config_file(${PROJECT_BINARY_DIR}/LightkeeperConfig.cmake.in
@@ -53,6 +57,14 @@ Libs: -L\${libdir} -llightkeeper
 Cflags: -I\${includedir}
 ")
 install(FILES ${PROJECT_BINARY_DIR}/lightkeeper.pc DESTINATION lib/pkgconfig)
+
+# What a site needs to build the Python module for its own Python (python/site/CMakeLists.txt):
+# the module's source and the package's Python files, beside the standalone project.
+install(FILES ${PROJECT_SOURCE_DIR}/python/site/CMakeLists.txt
+  DESTINATION share/lightkeeper/python-site)
+install(FILES ${PROJECT_SOURCE_DIR}/python/src/module.cc DESTINATION share/lightkeeper/python-site/src)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/lightkeeper/ DESTINATION share/lightkeeper/python-site/lightkeeper
+  FILES_MATCHING PATTERN "*.py")
 
 # The Python package (python/, built into build/python/lightkeeper): the compiled module finds
 # liblightkeeper (if it links it) three levels up, in DIR/lib.

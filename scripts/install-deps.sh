@@ -18,6 +18,8 @@ PKGS=(
   nginx-light wrk iperf3 fio procps iproute2 openssl
   python3-torch python3-pytest python3-matplotlib pybind11-dev python3-dev
   clang-14 libfuzzer-14-dev
+  # The portable bundle (scripts/bundle.sh) and its test in an empty root with a static busybox.
+  patchelf busybox-static
 )
 
 missing=()
