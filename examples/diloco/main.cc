@@ -7,6 +7,7 @@
 
 #include "common/flags.h"
 #include "common/log.h"
+#include "common/task_place.h"
 #include "examples/diloco/trainer.h"
 
 int main(int argc, char** argv) {
@@ -23,10 +24,13 @@ int main(int argc, char** argv) {
               "shard of the pseudo-gradient over the quorum and applies outer Nesterov SGD;\n"
               "polls its replica_agent (LK_AGENT_SOCKET) at every outer step, heals and drains\n"
               "when told. Exits 0 when the committed step reaches --outer-steps or on a drain.");
-  flags.Add("group-rank", &o.group_rank, "this trainer's rank inside its group");
+  flags.Add("group-rank", &o.group_rank,
+            "this trainer's rank inside its group (default: torchrun's RANK, else Slurm's "
+            "SLURM_PROCID, else 0)");
   flags.Add("group-size", &o.group_size,
             "trainers in this group (groups may differ: their quorums average fragment by "
-            "fragment; a refusal, GROUP_SIZE_MISMATCH, makes the trainer exit 2)");
+            "fragment; a refusal, GROUP_SIZE_MISMATCH, makes the trainer exit 2; default: "
+            "torchrun's WORLD_SIZE, else Slurm's SLURM_NTASKS, else 1)");
   flags.Add("inner-steps", &o.inner_steps,
             "H: inner AdamW steps per outer step (with --outer-step-s: the most per outer step); "
             "groups may use different values: the outer average weighs each group by its tokens");
@@ -97,6 +101,18 @@ int main(int argc, char** argv) {
   if (st.ok() && !diloco::ParseOuterCompress(outer_compress, &o.outer_compress)) {
     st = InvalidArgument("bad --outer-compress {} (none, bf16, int8 or int4)", outer_compress);
   }
+  // The launcher's place for what the flags did not say (one Slurm job or torchrun per group).
+  std::string place_source = "flags";
+  if (st.ok() && (!flags.IsSet("group-rank") || !flags.IsSet("group-size"))) {
+    auto place = TaskPlaceFromEnv(EnvironMap());
+    if (!place.ok()) {
+      st = place.status();
+    } else if (place->has_value()) {
+      if (!flags.IsSet("group-rank")) o.group_rank = (*place)->rank;
+      if (!flags.IsSet("group-size")) o.group_size = (*place)->size;
+      place_source = (*place)->source;
+    }
+  }
   if (st.ok() && !flags.positional().empty()) {
     st = InvalidArgument("unexpected argument {}", flags.positional().front());
   }
@@ -111,6 +127,6 @@ int main(int argc, char** argv) {
   // kernel's reduction order, so runs replay exactly.
   torch::set_num_threads(1);
   at::globalContext().setFlushDenormal(!keep_denormals);  // this thread runs the inner steps
-  LK_LOG_INFO("trainer_config {}", flags.Effective());
+  LK_LOG_INFO("trainer_config {} place={}", flags.Effective(), place_source);
   return diloco::RunTrainer(o);
 }

@@ -12,5 +12,6 @@ from lightkeeper import _native
 from lightkeeper._native import Quorum
 from lightkeeper.manager import Manager
 from lightkeeper.diloco import DiLoCo
+from lightkeeper.place import TaskPlace, task_place_from_env
 
-__all__ = ["DiLoCo", "Error", "Manager", "Quorum", "QuorumLost"]
+__all__ = ["DiLoCo", "Error", "Manager", "Quorum", "QuorumLost", "TaskPlace", "task_place_from_env"]

@@ -15,6 +15,7 @@ import torch
 
 from lightkeeper import _native
 from lightkeeper.errors import Error
+from lightkeeper.place import task_place_from_env
 from lightkeeper.store import AgentStore, gloo_process_group
 
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
@@ -28,8 +29,10 @@ class Manager:
     """Connects to the node's replica agent.
 
     Args:
-        group_rank: this trainer's rank inside its replica group.
-        group_size: the group's number of trainers. Groups of a job use the same, unless every
+        group_rank: this trainer's rank inside its replica group; ``None`` takes it from the
+            launcher (torchrun's ``RANK``, else Slurm's ``SLURM_PROCID``; ``place.py``), else 0.
+        group_size: the group's number of trainers (``None``: ``WORLD_SIZE``, else
+            ``SLURM_NTASKS``, else 1). Groups of a job use the same, unless every
             trainer averages across sizes (``DiLoCo`` does; see ``set_mixed_group_sizes``).
         socket: the agent's Unix socket; ``None`` takes ``$LK_AGENT_SOCKET``.
         timeout: the deadline of one collective (the cross-group one waits for the slowest
@@ -39,11 +42,18 @@ class Manager:
             ``$LK_BIND_HOST``, else 127.0.0.1 (one node).
     """
 
-    def __init__(self, group_rank: int, group_size: int, socket: Optional[str] = None,
+    def __init__(self, group_rank: Optional[int] = None, group_size: Optional[int] = None,
+                 socket: Optional[str] = None,
                  timeout: datetime.timedelta = datetime.timedelta(seconds=120),
                  init_timeout: datetime.timedelta = datetime.timedelta(seconds=30),
                  bind_host: Optional[str] = None):
         self._bind_host = bind_host or os.environ.get("LK_BIND_HOST") or "127.0.0.1"
+        if group_rank is None or group_size is None:
+            place = task_place_from_env()
+            if group_rank is None:
+                group_rank = place.rank if place else 0
+            if group_size is None:
+                group_size = place.size if place else 1
         self._session = _native.Session(socket or "", group_rank, group_size)
         self._group_rank = group_rank
         self._group_size = group_size

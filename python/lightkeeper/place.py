@@ -1,0 +1,53 @@
+"""Where this trainer sits in its replica group, from the launcher's environment.
+
+The same rule as the C++ trainer (``common/task_place.h``): torchrun's ``RANK`` /
+``WORLD_SIZE`` / ``LOCAL_RANK`` first (torchrun inside a Slurm step sets them per process),
+then Slurm's ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID``. One Slurm job or one
+torchrun per replica group, so the launcher's rank is the rank inside the group.
+"""
+
+import dataclasses
+import os
+from typing import Mapping, Optional
+
+from lightkeeper.errors import Error
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskPlace:
+    rank: int                  # rank inside the group
+    size: int                  # trainers in the group
+    local_rank: Optional[int]  # rank on this node (picks the device), if known
+    source: str                # "torchrun" or "slurm"
+
+
+def _number(env: Mapping[str, str], name: str) -> Optional[int]:
+    if name not in env:
+        return None
+    value = env[name]
+    if not value.isdigit():
+        raise Error("invalid_argument", f"{name}={value} is not a rank or size (a number)")
+    return int(value)
+
+
+def _place(env: Mapping[str, str], rank_var: str, size_var: str, local_var: str,
+           source: str) -> Optional[TaskPlace]:
+    rank, size, local = _number(env, rank_var), _number(env, size_var), _number(env, local_var)
+    if rank is None and size is None:
+        return None
+    if rank is None or size is None:
+        have, missing = (rank_var, size_var) if rank is not None else (size_var, rank_var)
+        raise Error("invalid_argument",
+                    f"{have} is set without {missing}: cannot place this trainer in its group")
+    if size == 0 or rank >= size:
+        raise Error("invalid_argument", f"{rank_var}={rank} is not below {size_var}={size}")
+    return TaskPlace(rank, size, local, source)
+
+
+def task_place_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[TaskPlace]:
+    """The place the environment names (``os.environ`` by default), ``None`` when it names none.
+    A variable that is set but not a number, or a rank not below the size, raises ``Error``
+    (code ``invalid_argument``) naming it: a trainer must not guess its rank."""
+    env = os.environ if env is None else env
+    return (_place(env, "RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun")
+            or _place(env, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "slurm"))
