@@ -120,6 +120,9 @@ int Env(CommandRunner& runner, std::ostream& out, std::ostream& err) {
   if (Status s = FillEndTime(runner, &*env); !s.ok()) {
     err << "lkctl slurm env: end time unknown: " << s.message() << "\n";
   }
+  if (Status s = ResolveNodes(runner, &*env); !s.ok()) {
+    err << "lkctl slurm env: nodes unknown: " << s.message() << "\n";
+  }
   std::string nodes;
   for (const auto& n : env->nodes) nodes += (nodes.empty() ? "" : ",") + n;
   out << "job_id=" << env->job_id << "\njob_ref=" << env->JobRef()

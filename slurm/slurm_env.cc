@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdlib>
 #include <random>
+#include <sstream>
 
 #include "slurm/hostlist.h"
 
@@ -102,13 +103,17 @@ Result<SlurmEnv> ParseSlurmEnv(const EnvMap& env) {
   s.node_list = ReadString(env, "SLURM_JOB_NODELIST");
   if (s.node_list.empty()) s.node_list = ReadString(env, "SLURM_NODELIST");
   if (!s.node_list.empty()) {
+    // A list the parser refuses must not make the whole environment unusable: that would turn
+    // the agent's requeues off for a syntax only Slurm knows. The names wait for ResolveNodes.
     auto nodes = ExpandHostlist(s.node_list);
-    if (!nodes.ok()) return nodes.status().WithContext("SLURM_JOB_NODELIST");
-    s.nodes = std::move(nodes).value();
-    if (s.num_nodes == 0) s.num_nodes = static_cast<int64_t>(s.nodes.size());
-    if (s.num_nodes != static_cast<int64_t>(s.nodes.size())) {
-      return InvalidArgument("SLURM_JOB_NUM_NODES={} but SLURM_JOB_NODELIST='{}' names {} nodes",
-                             s.num_nodes, s.node_list, s.nodes.size());
+    if (!nodes.ok()) {
+      s.nodes_error = nodes.status().WithContext("SLURM_JOB_NODELIST").message();
+    } else if (s.num_nodes != 0 && s.num_nodes != static_cast<int64_t>(nodes->size())) {
+      s.nodes_error = fmt::format("SLURM_JOB_NUM_NODES={} but SLURM_JOB_NODELIST='{}' names {} nodes",
+                                  s.num_nodes, s.node_list, nodes->size());
+    } else {
+      s.nodes = std::move(nodes).value();
+      if (s.num_nodes == 0) s.num_nodes = static_cast<int64_t>(s.nodes.size());
     }
   }
   if (s.num_nodes > 0 && s.node_id >= s.num_nodes) {
@@ -259,6 +264,40 @@ Result<JobInfo> QueryJob(CommandRunner& runner, std::string_view job_ref) {
   auto info = ParseJobInfo(ran->out);
   if (!info.ok()) return info.status().WithContext(fmt::format("query job {}", job_ref));
   return info;
+}
+
+Status ResolveNodes(CommandRunner& runner, SlurmEnv* env) {
+  if (env->node_list.empty()) return Status::Ok();
+  Command cmd;
+  cmd.argv = {"scontrol", "show", "hostnames", env->node_list};
+  cmd.timeout = std::chrono::seconds(10);
+  auto ran = runner.Run(cmd);
+  std::string why;
+  if (!ran.ok()) {
+    why = ran.status().message();
+  } else if (ran->exit_code != 0) {
+    why = fmt::format("scontrol exited {}: {}", ran->exit_code, ran->err.empty() ? ran->out : ran->err);
+  } else {
+    std::vector<std::string> nodes;
+    std::istringstream lines(ran->out);
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.empty()) nodes.push_back(line);
+    }
+    if (env->num_nodes != 0 && env->num_nodes != static_cast<int64_t>(nodes.size())) {
+      why = fmt::format("scontrol names {} nodes, SLURM_JOB_NUM_NODES={}", nodes.size(),
+                        env->num_nodes);
+    } else if (nodes.empty()) {
+      why = "scontrol named no node";
+    } else {
+      env->nodes = std::move(nodes);
+      env->nodes_error.clear();
+      if (env->num_nodes == 0) env->num_nodes = static_cast<int64_t>(env->nodes.size());
+      return Status::Ok();
+    }
+  }
+  if (env->nodes_error.empty()) return Status::Ok();  // the parser's expansion stands
+  return Error(Code::kUnavailable, "node list '{}': {}; scontrol show hostnames: {}",
+               env->node_list, env->nodes_error, why);
 }
 
 Status FillEndTime(CommandRunner& runner, SlurmEnv* env) {

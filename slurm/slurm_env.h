@@ -39,7 +39,11 @@ struct SlurmEnv {
   std::string cluster_name;              // SLURM_CLUSTER_NAME
   std::string node_name;                 // SLURMD_NODENAME: this node's Slurm name
   std::string node_list;                 // SLURM_JOB_NODELIST as Slurm wrote it
-  std::vector<std::string> nodes;        // node_list expanded
+  std::vector<std::string> nodes;        // node_list expanded (empty while nodes_error says why)
+  // Why node_list is not expanded (the parser refused it, or its count disagrees with
+  // SLURM_JOB_NUM_NODES); empty when it is. Not an error of the whole environment: nothing that
+  // decides a leave or a requeue needs the names, and ResolveNodes() asks Slurm itself.
+  std::string nodes_error;
   // The job's end time: SLURM_JOB_END_TIME (Slurm 23.02+), else filled by FillEndTime().
   std::optional<TimePoint> end_time;
 
@@ -50,7 +54,8 @@ struct SlurmEnv {
 };
 
 // Parses the Slurm variables of `env`. Errors: not in a Slurm job (no SLURM_JOB_ID), a number
-// that does not parse, a node list that does not expand, a node count that disagrees with it.
+// that does not parse. A node list that the parser cannot expand, or whose count disagrees with
+// the node count, leaves `nodes` empty and says why in `nodes_error` (ResolveNodes asks Slurm).
 Result<SlurmEnv> ParseSlurmEnv(const EnvMap& env);
 
 // Whether `env` belongs to a process inside a Slurm job (SLURM_JOB_ID is set).
@@ -104,5 +109,11 @@ Result<JobInfo> QueryJob(CommandRunner& runner, std::string_view job_ref);
 // Sets env->end_time from QueryJob() unless SLURM_JOB_END_TIME already did (Slurm 22.05 has no
 // such variable). On error env is unchanged.
 Status FillEndTime(CommandRunner& runner, SlurmEnv* env);
+
+// Expands env->node_list the way Slurm does, by `scontrol show hostnames LIST` (10 s bound),
+// which knows every syntax its version accepts; the parser's expansion (hostlist.h) stays when
+// scontrol is missing or fails. Clears nodes_error when scontrol answered. Errors: neither could
+// expand the list (env unchanged).
+Status ResolveNodes(CommandRunner& runner, SlurmEnv* env);
 
 }  // namespace lk::slurm

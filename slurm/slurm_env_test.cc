@@ -70,10 +70,6 @@ TEST_CASE("slurm env: table of environments") {
       {"negative restarts", with({{"SLURM_RESTART_COUNT", "-1"}}), "SLURM_RESTART_COUNT", "",
        0, 0, 0},
       {"half an array", with({{"SLURM_ARRAY_JOB_ID", "12"}}), "set together", "", 0, 0, 0},
-      {"bad node list", with({{"SLURM_JOB_NODELIST", "gpu[1-"}}), "SLURM_JOB_NODELIST", "", 0,
-       0, 0},
-      {"count disagrees", with({{"SLURM_JOB_NODELIST", "n[1-3]"}}), "names 3 nodes", "", 0, 0,
-       0},
       {"node id too big", with({{"SLURM_NODEID", "1"}}), "not below the node count", "", 0, 0,
        0},
       {"bad end time", with({{"SLURM_JOB_END_TIME", "soon"}}), "SLURM_JOB_END_TIME", "", 0, 0,
@@ -97,6 +93,74 @@ TEST_CASE("slurm env: table of environments") {
   auto end = ParseSlurmEnv(with({{"SLURM_JOB_END_TIME", "1700000000"}}));
   REQUIRE(end.ok());
   CHECK(end->end_time == TimePoint(seconds(1700000000)));
+}
+
+TEST_CASE("slurm env: a node list the parser refuses or miscounts leaves the job usable, names for later") {
+  EnvMap env = BatchEnv();
+  env["SLURM_JOB_NODELIST"] = "gpu[1-";
+  auto bad = ParseSlurmEnv(env);
+  REQUIRE_MESSAGE(bad.ok(), bad.status().ToString());
+  CHECK(bad->JobRef() == "1");
+  CHECK(bad->nodes.empty());
+  CHECK(bad->nodes_error.find("SLURM_JOB_NODELIST") != std::string::npos);
+  env["SLURM_JOB_NODELIST"] = "n[1-3]";  // BatchEnv says one node
+  auto miscount = ParseSlurmEnv(env);
+  REQUIRE(miscount.ok());
+  CHECK(miscount->nodes.empty());
+  CHECK(miscount->nodes_error.find("names 3 nodes") != std::string::npos);
+}
+
+TEST_CASE("slurm env: ResolveNodes takes scontrol's names, keeps the parser's when scontrol fails") {
+  EnvMap base = BatchEnv();
+  base["SLURM_JOB_NODELIST"] = "gpu[1-";
+  base["SLURM_JOB_NUM_NODES"] = "2";
+  base["SLURM_NNODES"] = "2";
+  {
+    auto env = ParseSlurmEnv(base);
+    REQUIRE(env.ok());
+    FakeRunner runner;
+    runner.Answer(0, "gpu1\ngpu2\n");
+    REQUIRE(ResolveNodes(runner, &*env).ok());
+    CHECK(env->nodes == std::vector<std::string>{"gpu1", "gpu2"});
+    CHECK(env->nodes_error.empty());
+    REQUIRE(runner.ran().size() == 1);
+    CHECK(runner.ran()[0].argv == std::vector<std::string>{"scontrol", "show", "hostnames", "gpu[1-"});
+  }
+  {
+    // Neither scontrol (missing) nor the parser: an error that says both, the env unchanged.
+    auto env = ParseSlurmEnv(base);
+    REQUIRE(env.ok());
+    FakeRunner runner;
+    runner.Answer(Error(Code::kNotFound, "scontrol is not in PATH"));
+    Status st = ResolveNodes(runner, &*env);
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.message().find("scontrol is not in PATH") != std::string::npos);
+    CHECK(st.message().find("SLURM_JOB_NODELIST") != std::string::npos);
+    CHECK(env->nodes.empty());
+  }
+  {
+    // scontrol fails on a list the parser expanded: the parser's names stand.
+    EnvMap ok = BatchEnv();
+    ok["SLURM_JOB_NODELIST"] = "gpu[1-2]";
+    ok["SLURM_JOB_NUM_NODES"] = "2";
+    ok["SLURM_NNODES"] = "2";
+    auto env = ParseSlurmEnv(ok);
+    REQUIRE(env.ok());
+    FakeRunner runner;
+    runner.Answer(1, "", "slurm_load_partitions: Unable to contact slurm controller");
+    REQUIRE(ResolveNodes(runner, &*env).ok());
+    CHECK(env->nodes == std::vector<std::string>{"gpu1", "gpu2"});
+  }
+  {
+    // scontrol's count disagrees with the job's: not taken.
+    auto env = ParseSlurmEnv(base);
+    REQUIRE(env.ok());
+    FakeRunner runner;
+    runner.Answer(0, "gpu1\n");
+    Status st = ResolveNodes(runner, &*env);
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.message().find("scontrol names 1 nodes") != std::string::npos);
+  }
 }
 
 TEST_CASE("slurm env: InSlurm looks at SLURM_JOB_ID") {
