@@ -101,14 +101,15 @@ PollDecision DecidePoll(const PollView& poll, const LocalView& local) {
                                                "the poll for {} ms",
                                                local.drain_wait_for.count())};
     }
-    return {PollAction::kWaitForDrain, "drain noticed: wait for the agent's answer"};
+    return {PollAction::kWaitForDrain, "drain noticed: wait for the agent's answer", Millis(50)};
   }
   if (local.bad_quorum_id != 0 && poll.quorum_id == local.bad_quorum_id) {
     if (local.bad_for > local.stuck_timeout) {
       return {PollAction::kGiveUp, fmt::format("no new quorum {} ms after quorum {} failed",
                                                local.bad_for.count(), local.bad_quorum_id)};
     }
-    return {PollAction::kWaitNewQuorum, "this quorum failed: wait for the next one"};
+    return {PollAction::kWaitNewQuorum, "this quorum failed: wait for the next one",
+            Millis(100)};
   }
   if (poll.quorum_id != local.ready_quorum_id) {
     return {PollAction::kJoin,
@@ -116,6 +117,76 @@ PollDecision DecidePoll(const PollView& poll, const LocalView& local) {
   }
   return {PollAction::kStep, "joined quorum"};
 }
+
+PollDecision OnPoll(ProtocolState& s, const PollView& poll, bool drain_noticed, bool has_state,
+                    TimePoint now) {
+  if (drain_noticed && !poll.drain && !s.drain_wait_since) s.drain_wait_since = now;
+  LocalView local;
+  local.ready_quorum_id = s.ready_quorum_id;
+  local.bad_quorum_id = s.bad_quorum_id;
+  local.bad_for = std::chrono::duration_cast<Millis>(now - s.bad_since);
+  local.drain_noticed = drain_noticed;
+  local.drain_wait_for = s.drain_wait_since
+                             ? std::chrono::duration_cast<Millis>(now - *s.drain_wait_since)
+                             : Millis(0);
+  local.has_state = has_state;
+  local.can_save = s.can_save;
+  local.stuck_timeout = s.stuck_timeout;
+  return DecidePoll(poll, local);
+}
+
+void OnJoined(ProtocolState& s, uint32_t quorum_id) { s.ready_quorum_id = quorum_id; }
+
+void OnAttemptFailed(ProtocolState& s, Code code) { s.conflict_seen |= code == Code::kConflict; }
+
+// Without the backoff a misconfigured job forms and fails a quorum about twenty times a second,
+// each a new quorum id, a communicator rebuild and a warning in every trainer, for as long as
+// nobody looks. Backing off lets the lighthouse and the logs rest, and lets groups that agree
+// form a quorum without the one that backs off when --min-replicas allows.
+QuorumFailedDecision OnQuorumFailed(ProtocolState& s, uint32_t quorum_id, bool want_report,
+                                    TimePoint now) {
+  QuorumFailedDecision d;
+  s.bad_quorum_id = quorum_id;
+  s.bad_since = now;
+  d.report = want_report && OnReport(s, quorum_id);
+  if (s.conflict_seen) {
+    s.conflict_seen = false;
+    const uint32_t doublings = std::min<uint32_t>(s.conflict_streak, 16);
+    ++s.conflict_streak;
+    d.backoff = std::min(kConflictBackoffMax, kConflictBackoffMin * (int64_t{1} << doublings));
+    d.conflict_attempts = s.conflict_streak;
+  }
+  return d;
+}
+
+bool OnReport(ProtocolState& s, uint32_t quorum_id) {
+  if (s.reported_quorum_id == quorum_id) return false;
+  s.reported_quorum_id = quorum_id;
+  return true;
+}
+
+void OnCommitted(ProtocolState& s) { s.conflict_streak = 0; }
+
+void OnLandingAgreed(ProtocolState& s, bool drain) { s.drain_agreed = drain; }
+
+bool OnJoinAnswer(ProtocolState& s, uint32_t quorum_id, bool heals,
+                  std::optional<uint32_t> earlier_heal_quorum_id) {
+  const bool take = !heals && earlier_heal_quorum_id == quorum_id &&
+                    s.heal_seen_quorum_id != quorum_id;
+  if (heals || take) s.heal_seen_quorum_id = quorum_id;
+  return take;
+}
+
+bool ReportJoinBeforeAgreement(bool join_ok, uint32_t group_size, bool drain_noticed,
+                               uint32_t lost_quorum_id, uint32_t quorum_id) {
+  return !join_ok && group_size > 1 && !drain_noticed && lost_quorum_id < quorum_id;
+}
+
+bool PollNextOnThread(const ProtocolState& s, bool landed, bool joined_unstepped) {
+  return landed && !joined_unstepped && !s.drain_agreed;
+}
+
+PollDecision JoinedUnsteppedDecision() { return {PollAction::kStep, "joined in the last call"}; }
 
 std::vector<HealSource> PlanHeal(bool heal, bool initial, const std::vector<std::string>& peers,
                                  uint32_t max_step, const std::string& restore_location) {

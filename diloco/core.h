@@ -1,19 +1,23 @@
 // The pure decisions of the DiLoCo outer step (diloco/diloco.h is the shell that runs them):
-// how named tensors are cut into this trainer's shard, what to do with a poll answer, where a
-// heal looks for state and in which order, what the inner optimizer must do after a join, and
-// when to save. No I/O, no clock, no threads: time comes in as durations, and every decision
-// comes back with a reason for the shell's log line.
+// how named tensors are cut into this trainer's shard, what to do with a poll answer, what the
+// protocol remembers between turns (the quorums joined, failed and reported, the conflict
+// streak, the group's agreed drain flag, the poll answers held for a later turn) and how each
+// event changes it, where a heal looks for state and in which order, what the inner optimizer
+// must do after a join, and when to save. No I/O, no clock reads, no threads: time comes in as
+// values, and every decision comes back with a reason for the shell's log line.
 // Thread-safety: plain functions and values.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include <lightkeeper/clock.h>
 #include <lightkeeper/diloco.h>
+#include <lightkeeper/status.h>
 
 namespace lk::diloco {
 
@@ -79,8 +83,134 @@ enum class PollAction {
 struct PollDecision {
   PollAction action = PollAction::kStep;
   std::string reason;
+  // kWaitForDrain, kWaitNewQuorum: how long the shell waits before it polls again (the agent
+  // answers the drain within a poll or two; a new quorum takes the lighthouse a round).
+  Millis repoll_after{0};
 };
 PollDecision DecidePoll(const PollView& poll, const LocalView& local);
+
+// What the outer step's protocol remembers between turns, calls and quorums. The shell keeps
+// one, reads it freely and changes it only through the On* functions below, which say what to
+// do next; everything else it holds (the weights, the communicators) is the shell's.
+struct ProtocolState {
+  // Fixed when the Diloco is made.
+  bool can_save = false;  // a checkpoint directory is set
+  Millis stuck_timeout{0};
+  uint32_t ready_quorum_id = 0;  // joined: communicators built, state synced (0: none yet)
+  uint32_t bad_quorum_id = 0;    // failed for this trainer: wait for a newer one (0: none)
+  TimePoint bad_since{};
+  uint32_t reported_quorum_id = 0;  // the last quorum the lighthouse was told failed this trainer
+  // A conflict (the groups' configurations disagree: another outer_compress or outer_fragments,
+  // a size that cannot mix) repeats on every new quorum until a group is restarted with other
+  // flags. conflict_seen marks the attempt that just failed with one; the failure of its quorum
+  // then backs off, doubling over consecutive conflicts (conflict_streak; a commit ends it).
+  bool conflict_seen = false;
+  uint32_t conflict_streak = 0;
+  // When the first poll after a drain notice did not answer the drain (never cleared: a drain
+  // that was noticed is not taken back).
+  std::optional<TimePoint> drain_wait_since;
+  // Whether a trainer of the group had noticed a drain when the group agreed on the last landed
+  // step: with overlap the branch after it (the next exchange from the thread, or a poll that
+  // would answer the drain) is taken on this, the same in every trainer, rather than on each
+  // trainer's own notice, which arrives at different instants.
+  bool drain_agreed = false;
+  // The last quorum whose heal a join acted on (OnJoinAnswer).
+  uint32_t heal_seen_quorum_id = 0;
+};
+
+// A poll answer, with this trainer's own view now (`drain_noticed`: a drain notice arrived;
+// `has_state`: it holds outer state for its step).
+PollDecision OnPoll(ProtocolState& s, const PollView& poll, bool drain_noticed, bool has_state,
+                    TimePoint now);
+// This trainer joined `quorum_id`: the next answers of it are steps.
+void OnJoined(ProtocolState& s, uint32_t quorum_id);
+// An attempt failed with `code` (a join, or an exchange whose group agreed it failed): a
+// conflict counts toward the backoff of the quorum's failure that follows.
+void OnAttemptFailed(ProtocolState& s, Code code);
+
+// What the shell does when a quorum failed this trainer.
+struct QuorumFailedDecision {
+  bool report = false;  // tell the lighthouse (through the agent), so the next round has a new id
+  Millis backoff{0};    // a conflict: wait this long (a drain ends the wait) before polling again
+  uint32_t conflict_attempts = 0;  // consecutive conflicts, this one included (for the log)
+  bool operator==(const QuorumFailedDecision&) const = default;
+};
+constexpr Millis kConflictBackoffMin{100};
+constexpr Millis kConflictBackoffMax{10'000};
+// `want_report`: false when the failure was a drain aborting the attempt on purpose (the next
+// poll answers it), which is no failure to report.
+QuorumFailedDecision OnQuorumFailed(ProtocolState& s, uint32_t quorum_id, bool want_report,
+                                    TimePoint now);
+// Whether to tell the lighthouse that `quorum_id` failed: once per quorum, whoever asks.
+bool OnReport(ProtocolState& s, uint32_t quorum_id);
+// An outer step was committed: a conflict streak is over.
+void OnCommitted(ProtocolState& s);
+// The group agreed on the outcome of a landing (`drain`: some trainer had noticed a drain by
+// then); a failed agreement passes false.
+void OnLandingAgreed(ProtocolState& s, bool drain);
+
+// A join acts on an answer of `quorum_id` (`heals`: the answer carries a heal). The agent hands a
+// quorum's heal to the first answer of that quorum only, so when the session was polled before
+// (the Python Manager's poll for its process group, a C caller's own poll) that answer had it
+// and this one has not; the session keeps the last answer that carried a heal, of quorum
+// `earlier_heal_quorum_id`. True when the join takes that heal: same quorum, and no join
+// acted on a heal of it yet (once per quorum, like the agent's own answer).
+bool OnJoinAnswer(ProtocolState& s, uint32_t quorum_id, bool heals,
+                  std::optional<uint32_t> earlier_heal_quorum_id);
+
+// Whether a join that failed in this trainer is reported before the group agrees on it. The
+// group's other trainers may still wait in their own rendezvous for the quorum, which no notice
+// ends when the failure is this trainer's alone (a refused connection): the report makes the
+// lighthouse replace the quorum, and its lost notice ends their wait instead of init_timeout.
+// Not during a drain (the failure is the drain's), nor about a quorum a notice already called
+// lost (the lighthouse knows), nor in a group of one (nobody waits).
+bool ReportJoinBeforeAgreement(bool join_ok, uint32_t group_size, bool drain_noticed,
+                               uint32_t lost_quorum_id, uint32_t quorum_id);
+
+// With overlap, after landing step s: whether the poll for step s+1's quorum runs on the
+// exchange's thread (the caller goes back to its inner steps) rather than on this one. Only
+// after a commit on the joined quorum, with no quorum joined but not stepped on (its exchange
+// needs no poll), and when the group agreed there was no drain (one trainer polling here for a
+// drain would leave while the others gather the stand-in with it).
+bool PollNextOnThread(const ProtocolState& s, bool landed, bool joined_unstepped);
+
+// Where the next turn's poll answer comes from.
+enum class TurnFrom {
+  kJoinedUnstepped,  // the quorum the last call joined: step on it without polling again
+  kCarried,          // an answer the in-flight thread got and did not act on: decide on it
+  kPoll,             // ask the agent
+};
+// The poll answers the protocol holds for a later turn, of the shell's answer type. The agent
+// answers one poll per step: a second poll at the same step would tell it the step failed
+// (the carried answer), and a healed trainer's next poll, at its new step before any commit,
+// would ask for a new round while the others wait for it in the joined quorum's exchange.
+template <typename Answer>
+struct HeldPolls {
+  // The answer of the quorum joined by the last call, which returned to the caller for the
+  // inner steps before that quorum's exchange.
+  std::optional<Answer> joined_unstepped;
+  // An answer the in-flight exchange's thread received and did not act on.
+  std::optional<Answer> carried;
+
+  // Takes the answer the next turn acts on into *out (none for kPoll). The joined quorum goes
+  // first unless a drain was noticed (then a poll must answer the drain); it is dropped either
+  // way, as it is good for one turn only.
+  TurnFrom Take(bool drain_noticed, Answer* out) {
+    TurnFrom from = TurnFrom::kPoll;
+    if (joined_unstepped && !drain_noticed) {
+      *out = std::move(*joined_unstepped);
+      from = TurnFrom::kJoinedUnstepped;
+    } else if (carried) {
+      *out = std::move(*carried);
+      from = TurnFrom::kCarried;
+    }
+    joined_unstepped.reset();
+    if (from == TurnFrom::kCarried) carried.reset();
+    return from;
+  }
+};
+// The decision on a turn that steps on the quorum joined in the last call.
+PollDecision JoinedUnsteppedDecision();
 
 // Where a heal looks for this trainer's shard, in order, before the slot state sync (which
 // takes the state of the quorum's donor over the communicator, and always comes last).

@@ -1,10 +1,13 @@
 // Table tests of the DiLoCo library's pure decisions: the shard layout over named tensors, what a
-// poll answer leads to, the heal sources' order, the inner optimizer after a join, the saves.
+// poll answer leads to, the protocol's state between turns (failed and reported quorums, the
+// conflict backoff, the drain wait and the agreed drain, the poll answers held for a later
+// turn), the heal sources' order, the inner optimizer after a join, the saves.
 #include "diloco/core.h"
 
 #include <doctest/doctest.h>
 
 #include <numeric>
+#include <optional>
 
 namespace lk::diloco {
 namespace {
@@ -171,6 +174,235 @@ TEST_CASE(
     CHECK(d.action == row.want);
     CHECK_FALSE(d.reason.empty());
   }
+}
+
+const TimePoint kT0 = TimePoint{} + std::chrono::hours(1);
+
+ProtocolState Joined(uint32_t quorum_id) {
+  ProtocolState s;
+  s.can_save = true;
+  s.stuck_timeout = Millis(1000);
+  OnJoined(s, quorum_id);
+  return s;
+}
+
+TEST_CASE("diloco protocol on a poll: the joined quorum, failed quorums and the drain wait") {
+  struct Row {
+    const char* what;
+    ProtocolState before;
+    PollView poll;
+    bool drain_noticed;
+    TimePoint now;
+    PollAction want;
+    Millis want_repoll;
+    std::optional<TimePoint> want_drain_wait_since;
+  };
+  auto with = [](ProtocolState s, auto f) {
+    f(s);
+    return s;
+  };
+  const ProtocolState failed4 = with(Joined(4), [](ProtocolState& s) {
+    s.bad_quorum_id = 4;
+    s.bad_since = kT0;
+  });
+  const ProtocolState waiting = with(Joined(4), [](ProtocolState& s) { s.drain_wait_since = kT0; });
+  const Millis ms50{50}, ms100{100}, none{0};
+  for (const Row& row : std::vector<Row>{
+           {"the quorum joined last is a step", Joined(4), {4, false, false}, false, kT0,
+            PollAction::kStep, none, std::nullopt},
+           {"a quorum not joined yet is joined", Joined(4), {5, false, false}, false, kT0,
+            PollAction::kJoin, none, std::nullopt},
+           {"before any join every quorum is joined", ProtocolState{}, {1, false, false}, false,
+            kT0, PollAction::kJoin, none, std::nullopt},
+           {"the failed quorum again: poll again in 100 ms", failed4, {4, false, false}, false,
+            kT0 + Millis(1000), PollAction::kWaitNewQuorum, ms100, std::nullopt},
+           {"the failed quorum past stuck_timeout from its failure: give up", failed4,
+            {4, false, false}, false, kT0 + Millis(1001), PollAction::kGiveUp, none, std::nullopt},
+           {"a quorum newer than the failed one is joined", failed4, {5, false, false}, false,
+            kT0 + Millis(5000), PollAction::kJoin, none, std::nullopt},
+           {"a noticed drain the poll does not answer starts the drain wait now", Joined(4),
+            {4, false, false}, true, kT0, PollAction::kWaitForDrain, ms50, kT0},
+           {"later polls do not restart the drain wait", waiting, {4, false, false}, true,
+            kT0 + Millis(1000), PollAction::kWaitForDrain, ms50, kT0},
+           {"a drain not answered past stuck_timeout from the first such poll: give up", waiting,
+            {4, false, false}, true, kT0 + Millis(1001), PollAction::kGiveUp, none, kT0},
+           {"a noticed drain the poll answers starts no wait", Joined(4), {4, true, false}, true,
+            kT0, PollAction::kDrain, none, std::nullopt},
+           {"the drain's checkpoint_now with a directory and state: save", Joined(4),
+            {4, true, true}, true, kT0, PollAction::kDrainSave, none, std::nullopt},
+       }) {
+    CAPTURE(row.what);
+    ProtocolState s = row.before;
+    PollDecision d = OnPoll(s, row.poll, row.drain_noticed, true, row.now);
+    CHECK(d.action == row.want);
+    CHECK(d.repoll_after == row.want_repoll);
+    CHECK_FALSE(d.reason.empty());
+    CHECK(s.drain_wait_since == row.want_drain_wait_since);
+    CHECK(s.ready_quorum_id == row.before.ready_quorum_id);  // a poll joins nothing
+  }
+}
+
+TEST_CASE(
+    "diloco protocol on a failed quorum: reported once, conflicts back off doubling to 10 s") {
+  struct Row {
+    const char* what;
+    uint32_t reported_before;
+    bool conflict;  // the failed attempt's code was kConflict (OnAttemptFailed)
+    uint32_t streak_before;
+    bool want_report_asked;
+    QuorumFailedDecision want;
+    uint32_t want_streak;
+  };
+  for (const Row& row : std::vector<Row>{
+           {"a failed quorum is reported", 0, false, 0, true, {true, Millis(0), 0}, 0},
+           {"a quorum reported already (before the group agreed) is not reported again", 7,
+            false, 0, true, {false, Millis(0), 0}, 0},
+           {"a drain's abort is not reported", 0, false, 0, false, {false, Millis(0), 0}, 0},
+           {"a failure that is no conflict keeps the streak and does not wait", 0, false, 3, true,
+            {true, Millis(0), 0}, 3},
+           {"the first conflict waits 100 ms", 0, true, 0, true, {true, Millis(100), 1}, 1},
+           {"each conflict in a row doubles the wait", 0, true, 3, true, {true, Millis(800), 4},
+            4},
+           {"the wait stops at 10 s", 0, true, 7, true, {true, Millis(10'000), 8}, 8},
+           {"a long streak still waits 10 s", 0, true, 40, true, {true, Millis(10'000), 41}, 41},
+       }) {
+    CAPTURE(row.what);
+    ProtocolState s = Joined(6);
+    s.reported_quorum_id = row.reported_before;
+    s.conflict_streak = row.streak_before;
+    OnAttemptFailed(s, row.conflict ? Code::kConflict : Code::kUnavailable);
+    CHECK(OnQuorumFailed(s, 7, row.want_report_asked, kT0) == row.want);
+    CHECK(s.conflict_streak == row.want_streak);
+    CHECK_FALSE(s.conflict_seen);  // the backoff is for the attempt that just failed only
+    CHECK(s.bad_quorum_id == 7);
+    CHECK(s.bad_since == kT0);
+    // Once reported, whoever asks next (a later failure of the same quorum) does not report it
+    // again; a newer quorum is reported.
+    CHECK(OnReport(s, 7) == !row.want_report_asked);
+    CHECK_FALSE(OnReport(s, 7));
+    CHECK(OnReport(s, 8));
+  }
+}
+
+TEST_CASE("diloco protocol: a commit ends the conflict streak, the next conflict waits 100 ms") {
+  ProtocolState s = Joined(1);
+  for (uint32_t q = 2; q < 5; ++q) {
+    OnAttemptFailed(s, Code::kConflict);
+    (void)OnQuorumFailed(s, q, true, kT0);
+  }
+  CHECK(s.conflict_streak == 3);
+  OnCommitted(s);
+  OnAttemptFailed(s, Code::kConflict);
+  CHECK(OnQuorumFailed(s, 5, true, kT0) == QuorumFailedDecision{true, Millis(100), 1});
+}
+
+TEST_CASE("diloco protocol: a join takes the heal an earlier poll of its quorum got, once") {
+  struct Row {
+    const char* what;
+    uint32_t seen_before;  // the last quorum whose heal a join acted on
+    bool heals;            // this answer carries the heal itself
+    std::optional<uint32_t> earlier;
+    bool want_take;
+    uint32_t want_seen;
+  };
+  for (const Row& row : std::vector<Row>{
+           {"the earlier poll of this quorum got its heal: take it", 0, false, 9, true, 9},
+           {"the answer heals itself: nothing to take", 0, true, 9, false, 9},
+           {"the earlier heal was of another quorum", 0, false, 8, false, 0},
+           {"no earlier answer healed", 0, false, std::nullopt, false, 0},
+           {"a join of this quorum took its heal already: not twice", 9, false, 9, false, 9},
+           {"a join of an older quorum took its heal: this one's is taken", 8, false, 9, true, 9},
+       }) {
+    CAPTURE(row.what);
+    ProtocolState s;
+    s.heal_seen_quorum_id = row.seen_before;
+    CHECK(OnJoinAnswer(s, 9, row.heals, row.earlier) == row.want_take);
+    CHECK(s.heal_seen_quorum_id == row.want_seen);
+  }
+}
+
+TEST_CASE("diloco protocol: a failed join is reported before the group agrees only when it helps") {
+  struct Row {
+    const char* what;
+    bool join_ok;
+    uint32_t group_size;
+    bool drain;
+    uint32_t lost_quorum_id;
+    bool want;
+  };
+  for (const Row& row : std::vector<Row>{
+           {"this trainer's own failure in a group of two: report now", false, 2, false, 0, true},
+           {"a join that worked: nothing to report", true, 2, false, 0, false},
+           {"a group of one: nobody waits for it", false, 1, false, 0, false},
+           {"during a drain the failure is the drain's", false, 2, true, 0, false},
+           {"a quorum a notice called lost: the lighthouse knows", false, 2, false, 9, false},
+           {"a notice about an older quorum does not count", false, 2, false, 8, true},
+       }) {
+    CAPTURE(row.what);
+    CHECK(ReportJoinBeforeAgreement(row.join_ok, row.group_size, row.drain, row.lost_quorum_id,
+                                    9) == row.want);
+  }
+}
+
+TEST_CASE("diloco protocol: the poll for the next overlapped step runs on the thread only after a "
+          "plain landing") {
+  struct Row {
+    const char* what;
+    bool landed;
+    bool joined_unstepped;
+    bool drain_agreed;
+    bool want;
+  };
+  for (const Row& row : std::vector<Row>{
+           {"a commit on the joined quorum, no drain: the thread polls", true, false, false, true},
+           {"nothing landed (after a join or a heal): poll here", false, false, false, false},
+           {"a quorum joined but not stepped on: its exchange needs no poll", true, true, false,
+            false},
+           {"the group agreed a drain was noticed: every trainer polls here", true, false, true,
+            false},
+       }) {
+    CAPTURE(row.what);
+    ProtocolState s = Joined(3);
+    OnLandingAgreed(s, true);
+    OnLandingAgreed(s, row.drain_agreed);  // the latest agreement counts
+    CHECK(PollNextOnThread(s, row.landed, row.joined_unstepped) == row.want);
+  }
+}
+
+TEST_CASE("diloco protocol: the held poll answers, joined-but-not-stepped first, then carried") {
+  struct Row {
+    const char* what;
+    std::optional<int> joined, carried;
+    bool drain;
+    TurnFrom want;
+    int want_answer;
+    std::optional<int> left_carried;
+  };
+  for (const Row& row : std::vector<Row>{
+           {"nothing held: poll", std::nullopt, std::nullopt, false, TurnFrom::kPoll, 0,
+            std::nullopt},
+           {"a Sync after a join steps on the joined quorum without polling", 4, std::nullopt,
+            false, TurnFrom::kJoinedUnstepped, 4, std::nullopt},
+           {"a noticed drain drops the joined quorum: the poll must answer the drain", 4,
+            std::nullopt, true, TurnFrom::kPoll, 0, std::nullopt},
+           {"the thread's answer is decided on instead of a second poll at the step",
+            std::nullopt, 5, false, TurnFrom::kCarried, 5, std::nullopt},
+           {"the thread's answer is decided on during a drain too", std::nullopt, 5, true,
+            TurnFrom::kCarried, 5, std::nullopt},
+           {"the joined quorum goes before a carried answer, which stays", 4, 5, false,
+            TurnFrom::kJoinedUnstepped, 4, 5},
+           {"with a drain noticed the carried answer goes first", 4, 5, true, TurnFrom::kCarried,
+            5, std::nullopt},
+       }) {
+    CAPTURE(row.what);
+    HeldPolls<int> held{row.joined, row.carried};
+    int answer = 0;
+    CHECK(held.Take(row.drain, &answer) == row.want);
+    CHECK(answer == row.want_answer);
+    CHECK_FALSE(held.joined_unstepped.has_value());  // good for one turn only
+    CHECK(held.carried == row.left_carried);
+  }
+  CHECK(JoinedUnsteppedDecision().action == PollAction::kStep);
 }
 
 TEST_CASE(

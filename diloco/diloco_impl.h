@@ -1,6 +1,10 @@
 // The inside of lk::diloco::Diloco (diloco/diloco.h): its state and the steps of the outer
-// protocol, shared by diloco.cc (poll, outer step, saves, finish) and diloco_join.cc (joining a
-// quorum: heal, slot state sync, the group's agreement). Internal to the library.
+// protocol, one file per mechanism: diloco.cc (options, communicators, the public face),
+// diloco_step.cc (the poll loop and the blocking outer step), diloco_overlap.cc (the overlapped
+// exchange on its own thread), diloco_save.cc (durable saves, drain and finish), diloco_join.cc
+// (joining a quorum: heal, slot state sync, the group's agreement) and diloco_compress.cc (the
+// cross-group exchange). The protocol's own state and rules are diloco/core.h's (ProtocolState,
+// HeldPolls): this class holds one of each and acts on their decisions. Internal to the library.
 // Thread-safety: as Diloco; the NoticeSink is shared with the session's notice thread.
 #pragma once
 
@@ -33,10 +37,6 @@ using Clock = std::chrono::steady_clock;
 
 inline double MsSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-inline Millis Since(Clock::time_point t0) {
-  return std::chrono::duration_cast<Millis>(Clock::now() - t0);
 }
 
 // The notice callback runs on the session's thread and may outlive the Diloco (the session
@@ -72,10 +72,11 @@ class Diloco::Impl {
         hooks_(std::move(hooks)),
         layout_(MakeShardLayout(o_.params, o_.group_size, o_.group_rank)),
         inner_layout_(MakeShardLayout(o_.inner_state, o_.group_size, o_.group_rank)),
-        stuck_timeout_(EffectiveStuckTimeout(o_.stuck_timeout, o_.op_timeout)),
         sink_(std::make_shared<NoticeSink>()),
         perturb_step_(internal::TestPerturbStep()) {
     ValidateSpecs(o_.inner_state, &inner_total_).ok();
+    proto_.can_save = !o_.ckpt_dir.empty();
+    proto_.stuck_timeout = EffectiveStuckTimeout(o_.stuck_timeout, o_.op_timeout);
   }
 
   ~Impl() {
@@ -89,8 +90,8 @@ class Diloco::Impl {
   Result<SyncResult> Join(std::span<float> params);
   Result<SyncResult> Sync(std::span<float> params, uint64_t tokens);
   Result<SyncResult> Flush(std::span<float> params);
-  bool in_flight() const { return in_flight_ != nullptr; }
-  std::span<const float> global_weights() const { return global_full_; }
+  bool in_flight() const { return ov_.in_flight != nullptr; }
+  std::span<const float> global_weights() const { return ov_.global_full; }
   Status GroupSum(std::span<float> v);
   Status Finish();
 
@@ -114,8 +115,13 @@ class Diloco::Impl {
   Result<Turn> PollOnce(SyncStats* stats, std::optional<Millis> timeout = std::nullopt);
   // The core's decision on a poll answer, in this trainer's current view.
   Turn Decide(client::PollResult pr);
+  // The next turn: the answer the core holds for it (HeldPolls), else a poll.
+  Result<Turn> NextTurn(SyncStats* stats);
   // Acts on the waiting decisions (sleeps, failures); true when the caller polls again.
   Result<bool> Wait(const Turn& turn);
+  // A failed join of pr.quorum_id: an error when the group is going down, else the quorum is
+  // marked failed and the caller polls again.
+  Status JoinFailed(const client::PollResult& pr, const Status& st);
   Result<SyncResult> Drain(const Turn& turn, SyncStats stats);
   // Joins quorum pr.quorum_id; `params` gets the state when the group received some.
   Status JoinQuorum(const client::PollResult& polled, std::span<float> params, SyncStats* stats);
@@ -141,8 +147,8 @@ class Diloco::Impl {
   // The group's agreement on the outcome of an exchange, run (Land) or deferred by the thread's
   // poll (LandInFlight). One trainer's thread can run the exchange while another's defers it
   // (their polls are answered at different instants), so both paths must run this same
-  // collective, with the drain flag (drain_agreed_): an allreduce of one float in one trainer
-  // beside two in the other waits until the op timeout.
+  // collective, with the drain flag (ProtocolState::drain_agreed): an allreduce of one float in
+  // one trainer beside two in the other waits until the op timeout.
   Result<bool> AgreeLanding(bool ok);
   // Whether a drain is noticed now or within `grace`. A trainer of the group that left on a
   // drain makes the others' next in-group collective fail, possibly before their own notice of
@@ -236,11 +242,11 @@ class Diloco::Impl {
   // Saves the state durably and registers it; false when this step was committed to the
   // group's root already (an earlier life of the group), which is no failure.
   Result<bool> SaveDurable(uint32_t attempt);
+  // quorum_id failed this trainer: the core's decision on it (a report, a conflict's backoff).
   void MarkBad(uint32_t quorum_id, bool report);
-  void NoteFailure(const Status& st) { conflict_seen_ |= st.code() == Code::kConflict; }
-  void BackOffAfterConflict();
-  // Tells the lighthouse (through the agent) that quorum_id failed this trainer, once per quorum.
-  void ReportFailed(uint32_t quorum_id);
+  void NoteFailure(const Status& st) { OnAttemptFailed(proto_, st.code()); }
+  // Tells the lighthouse (through the agent) that quorum_id failed this trainer.
+  void SendFailed(uint32_t quorum_id);
   SyncResult MakeResult(SyncKind kind, const client::PollResult& pr, const SyncStats& stats) const;
 
   client::Session* session_;
@@ -248,7 +254,6 @@ class Diloco::Impl {
   InnerStateHooks hooks_;
   ShardLayout layout_, inner_layout_;
   size_t inner_total_ = 0;
-  Millis stuck_timeout_;
   std::shared_ptr<NoticeSink> sink_;
   // The lighthouse KV through the agent, on a connection of its own (a KV wait never holds up
   // a Poll); each communicator sees it under its own key prefix.
@@ -266,66 +271,53 @@ class Diloco::Impl {
   // state_ is only the weights Join was called with: no quorum has agreed on them yet, so the
   // first join's state sync hands this member the donor's whatever the poll said (SyncPlan).
   bool fresh_ = true;
-  // The last quorum whose heal this object's own poll answers carried (see JoinQuorum).
-  uint32_t heal_seen_quorum_id_ = 0;
   uint32_t perturb_step_ = 0;  // internal::TestPerturbStep(); 0 once done
-  bool received_ = false;         // state came from elsewhere in the current quorum
-  bool healed_ = false;           // ... and it was a heal, not the first start's initial weights
-  bool inner_from_disk_ = false;  // ... from a durable checkpoint that held the inner state
+  // What the join of the current quorum brought (diloco_join.cc), for its SyncResult.
+  struct JoinOutcome {
+    bool received = false;         // state came from elsewhere in the current quorum
+    bool healed = false;           // ... and it was a heal, not the first start's initial weights
+    bool inner_from_disk = false;  // ... from a durable checkpoint that held the inner state
+    std::string heal_source;
+    InnerAction inner_action = InnerAction::kKeep;
+  };
+  JoinOutcome join_;
   bool healed_since_commit_ = false;
-  std::string heal_source_;
-  InnerAction inner_action_ = InnerAction::kKeep;
   std::vector<float> restored_inner_;  // full inner buffer of the last durable restore
   std::vector<float> restored_inner_shard_;
   std::optional<std::vector<float>> pending_delta_;
   uint64_t pending_tokens_ = 0;  // the group's tokens behind pending_delta_
   OuterWeights last_weights_;    // of the last committed step
   std::string global_hash_;      // of the full global weights after the last all-gather
-  // The poll answer of the quorum joined by the last call, which returned to the caller for the
-  // inner steps before that quorum's allreduce. The next Sync runs the allreduce on it without
-  // polling again: the agent answers one poll per step, and a healed trainer's next poll (at
-  // its new step, before any commit) would ask for a new round while the other members wait
-  // for it in this quorum's allreduce.
-  std::optional<client::PollResult> joined_unstepped_;
-  // A poll answer the in-flight thread received and did not act on (InFlight::carried): the
-  // next NextQuorum decides on it instead of polling again.
-  std::optional<client::PollResult> carried_poll_;
+  // The protocol's state (quorums joined, failed and reported, the conflict streak, the drain
+  // wait and the group's agreed drain flag) and the poll answers held for a later turn: the
+  // quorum joined by the last call and not stepped on yet, and the answer the in-flight thread
+  // got and did not act on (InFlight::carried). diloco/core.h says what each one is for.
+  ProtocolState proto_;
+  HeldPolls<client::PollResult> held_;
   // The poll answer of the quorum the last commit ran on.
   client::PollResult last_step_pr_;
-  uint32_t ready_quorum_id_ = 0;
-  uint32_t bad_quorum_id_ = 0;
-  uint32_t reported_quorum_id_ = 0;  // the last quorum ReportFailed told the agent about
-  Clock::time_point bad_since_;
-  // A conflict (the groups' configurations disagree: another --outer-compress, another
-  // --outer-fragments, a size that cannot mix) repeats on every new quorum until a group is
-  // restarted with other flags; conflict_seen_ marks the attempt that just failed with one, and
-  // MarkBad then backs off before the next poll, doubling from kConflictBackoffMin up to
-  // kConflictBackoffMax over consecutive conflicts (conflict_streak_; a commit resets it).
-  bool conflict_seen_ = false;
-  uint32_t conflict_streak_ = 0;
-  std::optional<Clock::time_point> drain_wait_since_;
   bool saved_at_last_commit_ = false;
-  // Whether a trainer of the group had noticed a drain when the group agreed on the last landed
-  // step (Land): with overlap, the branch after it (the next exchange from the thread, or a
-  // poll that would answer the drain) is taken on this, the same in every trainer, rather than
-  // on each trainer's own notice, which arrives at different instants.
-  bool drain_agreed_ = false;
   // The encoded exchange (see CrossAllReduce) and this trainer's error feedback.
   comm::ChunkCodec* codec_ = nullptr;  // points at codec_storage_ unless outer_compress is none
   std::optional<comm::BlockCodec> codec_storage_;
   comm::ErrorFeedback feedback_;
-  // Overlap: the exchange in flight (its thread touches only the cross communicator, codec_
-  // and feedback_, which nothing else touches until it is joined), and the weights the last
-  // call gave the caller, from which the inner progress of the next call is measured.
-  std::unique_ptr<InFlight> in_flight_;
-  // With overlap: when the last Sync returned, and how long the inner steps between the two
-  // Syncs before this one took (what the fragments of the next exchange are spread over).
-  std::optional<Clock::time_point> sync_returned_;
-  Clock::duration inner_phase_{};
-  std::vector<float> base_;
-  std::vector<float> global_full_;  // the whole global weights of the last LoadGlobal
-  // Overlap's scratch of one shard each, kept so that no outer step pays for fresh pages.
-  std::vector<float> start_, stand_in_, tentative_;
+  // The overlapped pipeline's state (diloco_overlap.cc); empty without overlap.
+  struct Overlap {
+    // The exchange in flight: its thread touches only the cross communicator, codec_ and
+    // feedback_, which nothing else touches until it is joined.
+    std::unique_ptr<InFlight> in_flight;
+    // When the last Sync returned, and how long the inner steps between the two Syncs before
+    // this one took (what the fragments of the next exchange are spread over).
+    std::optional<Clock::time_point> sync_returned;
+    Clock::duration inner_phase{};
+    // The weights the last call gave the caller, from which the inner progress of the next
+    // call is measured.
+    std::vector<float> base;
+    std::vector<float> global_full;  // the whole global weights of the last LoadGlobal
+    // Scratch of one shard each, kept so that no outer step pays for fresh pages.
+    std::vector<float> start, stand_in, tentative;
+  };
+  Overlap ov_;
 };
 
 }  // namespace lk::diloco

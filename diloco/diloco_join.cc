@@ -36,14 +36,14 @@ Status Diloco::Impl::Heal(const client::PollResult& pr) {
     }
     if (got.ok()) {
       state_ = std::move(*got);
-      has_state_ = received_ = healed_ = true;
+      has_state_ = join_.received = join_.healed = true;
       fresh_ = false;
-      heal_source_ = from;
-      inner_from_disk_ = inner.has_value();
+      join_.heal_source = from;
+      join_.inner_from_disk = inner.has_value();
       if (inner) restored_inner_shard_ = std::move(*inner);
       LK_LOG_INFO("heal_fetched from={} step={} inner_state={}", Q(from), state_.step,
                   Q(src.kind == HealSourceKind::kPeers ? std::string("fresh")
-                    : inner_from_disk_                 ? std::string("restored")
+                    : join_.inner_from_disk            ? std::string("restored")
                                                        : "fresh (" + inner_missing + ")"));
       return Status::Ok();
     }
@@ -92,11 +92,11 @@ void Diloco::Impl::TakeDonorState(std::span<const float> buf, const SyncPlan& pl
   state_.step = plan.step;
   has_state_ = true;
   fresh_ = false;
-  received_ = true;
+  join_.received = true;
   // From a fresh donor it is the first start's weights, whatever the answer said.
-  healed_ = !pr.initial && !plan.donor_fresh;
-  inner_from_disk_ = false;  // whatever a restore brought is for another step now
-  heal_source_ = fmt::format("replica_rank {}", *plan.donor);
+  join_.healed = !pr.initial && !plan.donor_fresh;
+  join_.inner_from_disk = false;  // whatever a restore brought is for another step now
+  join_.heal_source = fmt::format("replica_rank {}", *plan.donor);
   LK_LOG_INFO("heal_received donor_replica_rank={} step={} quorum_id={} group_sizes={}",
               *plan.donor, plan.step, pr.quorum_id,
               pr.group_sizes.empty() ? std::to_string(o_.group_size)
@@ -161,18 +161,17 @@ Status Diloco::Impl::LoadGlobal(std::span<float> params) {
   LK_RETURN_IF_ERROR(GatherInto(state_.global, params));
   // The whole global weights, the same bytes in every member whatever its layout.
   global_hash_ = StateHash(params);
-  if (o_.overlap) global_full_.assign(params.begin(), params.end());
+  if (o_.overlap) ov_.global_full.assign(params.begin(), params.end());
   return Status::Ok();
 }
 
-// The poll answer a join acts on. The agent hands a quorum's heal to the first answer of that
-// quorum only, so when this trainer's session was polled before (the Python Manager's poll for
-// its process group, a C caller's own poll) that answer had it and this one has not: the plan
-// is the session's, not lost. Taken once per quorum, like the agent's own answer.
+// The poll answer a join acts on: with the heal of an earlier poll of the same quorum when the
+// core says so (OnJoinAnswer: the plan is the session's, not lost to an earlier poll).
 client::PollResult Diloco::Impl::WithHeal(const client::PollResult& polled) {
   client::PollResult pr = polled;
   const std::optional<client::PollResult>& h = session_->last_heal();
-  if (!pr.heal && h && h->quorum_id == pr.quorum_id && heal_seen_quorum_id_ != pr.quorum_id) {
+  if (OnJoinAnswer(proto_, pr.quorum_id, pr.heal,
+                   h ? std::optional<uint32_t>(h->quorum_id) : std::nullopt)) {
     pr.heal = true;
     pr.initial = h->initial;
     pr.max_step = h->max_step;
@@ -182,7 +181,6 @@ client::PollResult Diloco::Impl::WithHeal(const client::PollResult& polled) {
     LK_LOG_INFO("heal_from_earlier_poll quorum_id={} max_step={} initial={} sources={}",
                 pr.quorum_id, pr.max_step, pr.initial, pr.heal_sources.size());
   }
-  if (pr.heal) heal_seen_quorum_id_ = pr.quorum_id;
   return pr;
 }
 
@@ -213,8 +211,8 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& polled, std::span<floa
     account();
     return plan.status();
   }
-  received_ = healed_ = inner_from_disk_ = false;
-  heal_source_.clear();
+  join_.received = join_.healed = join_.inner_from_disk = false;
+  join_.heal_source.clear();
   // A join that fails leaves this trainer's state as it was before: state fetched for a quorum
   // that then fell apart is not a step this group reached, and the next poll must ask at the
   // step it holds. (A group that was healing to the last step when the others finished would
@@ -225,8 +223,8 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& polled, std::span<floa
     state_ = std::move(before);
     has_state_ = had_state;
     fresh_ = was_fresh;
-    received_ = healed_ = inner_from_disk_ = false;
-    heal_source_.clear();
+    join_.received = join_.healed = join_.inner_from_disk = false;
+    join_.heal_source.clear();
   };
   if (pr.heal) {
     LK_RETURN_IF_ERROR(Heal(pr));
@@ -241,13 +239,12 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& polled, std::span<floa
                      : slot_comm_->Reconfigure(pr.quorum_id, pr.replica_rank,
                                                pr.replica_world_size);
   if (st.ok()) st = mixed_ ? SyncMixed(pr) : SyncSlot(pr);
-  // The group's other trainers may still wait in their own rendezvous for this quorum, which no
-  // notice ends when the failure is this trainer's alone (a refused connection): telling the
-  // lighthouse now, before the group agrees, makes it replace the quorum, and the lost notice
-  // then ends their wait too instead of init_timeout.
-  if (!st.ok() && o_.group_size > 1 && !sink_->drain.load() &&
-      sink_->lost_quorum_id.load() < pr.quorum_id) {
-    ReportFailed(pr.quorum_id);
+  // The group's other trainers may still wait in their own rendezvous for this quorum: telling
+  // the lighthouse now, before the group agrees, ends their wait (ReportJoinBeforeAgreement).
+  if (ReportJoinBeforeAgreement(st.ok(), o_.group_size, sink_->drain.load(),
+                                sink_->lost_quorum_id.load(), pr.quorum_id) &&
+      OnReport(proto_, pr.quorum_id)) {
+    SendFailed(pr.quorum_id);
   }
   auto all_ok = GroupAgree(st.ok());
   if (!all_ok.ok() || !*all_ok) {
@@ -259,19 +256,19 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& polled, std::span<floa
   fresh_ = false;  // the quorum holds this state now: its own, or the donor's
   // Whether anyone healed, from where, and at which step everyone now is, must agree across
   // the group.
-  std::vector<float> v = {received_ ? 1.0f : 0.0f, healed_ ? 1.0f : 0.0f,
-                          static_cast<float>(state_.step), inner_from_disk_ ? 1.0f : 0.0f};
+  std::vector<float> v = {join_.received ? 1.0f : 0.0f, join_.healed ? 1.0f : 0.0f,
+                          static_cast<float>(state_.step), join_.inner_from_disk ? 1.0f : 0.0f};
   LK_RETURN_IF_ERROR(GroupSum(v));
   LK_CHECK(v[2] == static_cast<float>(state_.step) * o_.group_size)
       << "trainers of one group disagree on the step after healing";
-  healed_ = v[1] > 0;
-  inner_action_ = DecideInner(v[0] > 0, static_cast<uint32_t>(v[3] + 0.5f), o_.group_size);
+  join_.healed = v[1] > 0;
+  join_.inner_action = DecideInner(v[0] > 0, static_cast<uint32_t>(v[3] + 0.5f), o_.group_size);
   if (v[0] > 0) {
     pending_delta_.reset();  // the inner work since the last commit does not reach the model
     ResetResidual();         // ... nor what its encoding dropped
     LK_RETURN_IF_ERROR(LoadGlobal(params));
-    healed_since_commit_ = healed_since_commit_ || healed_;
-    if (inner_action_ == InnerAction::kRestored) {
+    healed_since_commit_ = healed_since_commit_ || join_.healed;
+    if (join_.inner_action == InnerAction::kRestored) {
       std::vector<float> full(inner_total_, 0.0f);
       inner_layout_.Place(restored_inner_shard_, full);
       LK_RETURN_IF_ERROR(GroupSum(full));
@@ -283,10 +280,10 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& polled, std::span<floa
   LK_LOG_INFO(
       "quorum_joined quorum_id={} replica_rank={} world={} step={} healed={} "
       "inner_state={} group_sizes={} reason={}",
-      pr.quorum_id, pr.replica_rank, pr.replica_world_size, state_.step, healed_,
-      inner_action_ == InnerAction::kKeep    ? "kept"
-      : inner_action_ == InnerAction::kReset ? "fresh"
-                                             : "restored",
+      pr.quorum_id, pr.replica_rank, pr.replica_world_size, state_.step, join_.healed,
+      join_.inner_action == InnerAction::kKeep    ? "kept"
+      : join_.inner_action == InnerAction::kReset ? "fresh"
+                                                  : "restored",
       mixed_ ? fmt::format("{}", fmt::join(pr.group_sizes, ",")) : std::to_string(o_.group_size),
       Q(pr.reason));
   return Status::Ok();

@@ -101,43 +101,24 @@ struct DilocoOptions {
   // The model's parameters inside the flat parameter buffer that Join and Sync take. Every
   // trainer of every group passes the same list (names, shapes, order).
   std::vector<TensorSpec> params;
-  // The inner optimizer's state inside a flat float32 buffer of its own (e.g. AdamW's exp_avg
-  // and exp_avg_sq of every parameter and its step count), saved with durable checkpoints and
-  // restored from them. It is the same on every trainer of the group (the group's trainers
-  // average their gradients, so their optimizers agree); each trainer saves its rows and a
-  // restore hands every trainer the whole buffer. Empty: none is saved, and every restore resets
-  // the inner optimizer.
+  // The inner optimizer's state (e.g. AdamW's moments and step count) inside a flat float32
+  // buffer of its own, saved with durable checkpoints and restored from them (the same on every
+  // trainer of the group; diloco/README.md, "The inner optimizer's state"). Empty (default):
+  // none is saved, and every restore resets the inner optimizer.
   std::vector<TensorSpec> inner_state;
   OuterOptions outer;
-  // The encoding of the cross-group exchange; every group of a job must use the same one (a
-  // member that receives another codec fails the attempt with kConflict). With a lossy codec
-  // each trainer keeps an error-feedback residual (what its encoding dropped) and adds it to
-  // its next pseudo-gradient. The residual starts at zero when the process starts and again
-  // whenever the group takes state from elsewhere (a heal, a durable restore, the slot state
-  // sync), since the inner work it belonged to was dropped with the pseudo-gradient. It is not
-  // saved in checkpoints, durable or live: it is per trainer and per layout, and losing it
-  // costs one step's quantization error, no more.
+  // The encoding of the cross-group exchange; default kNone (float32). Every group of a job uses
+  // the same one (another fails the attempt with kConflict). A lossy codec keeps an
+  // error-feedback residual per trainer, never saved (diloco/README.md, "Compressed exchange").
   OuterCompress outer_compress = OuterCompress::kNone;
-  // Overlapped outer steps (the idea of streaming DiLoCo): Sync starts the cross-group exchange
-  // of this step's pseudo-gradient on a thread of its own and returns at once, with the weights
-  // the caller passed, so the next inner steps run while the exchange is on the link. The next
-  // Sync (or Flush) waits for it and lands it: the outer update gives the new global weights.
-  // The caller's weights for the inner steps meanwhile are the outer update of the last landed
-  // global weights with this group's own pseudo-gradient standing in for the average still on
-  // the wire (the "eager" correction for the one-step delay), so a group whose pseudo-gradient
-  // equals the average (a quorum of one) trains exactly as without overlap. Commits, heals and
-  // notices stay as without overlap: a lost member or a drain aborts the exchange in flight,
-  // which is then retried on the next quorum (or dropped by a drain or a heal) before anything
-  // else, so a heal always lands on a committed step. The global weights are the same in every
-  // member, bitwise, as without overlap; the committed step trails the inner work by one. Every
-  // group of a job uses the same setting.
+  // Overlapped outer steps (streaming DiLoCo's idea): Sync starts this step's exchange on a
+  // thread of its own and returns at once; the next Sync (or Flush) lands it. The committed
+  // step trails the inner work by one. Default false; every group of a job uses the same
+  // setting (diloco/README.md, "Overlapped outer steps").
   bool overlap = false;
-  // With overlap: the exchange in flight goes on the link in this many fragments, one after the
-  // other, spread over the inner steps that run meanwhile (paced at 0.8 x the last inner
-  // phase's length / fragments apart), so the link carries a steady trickle rather than one
-  // burst per outer step. The token weights are agreed once first, error feedback covers the
-  // whole shard, and a notice aborts the fragments still to come with the one on the wire.
-  // The result is the same average; every group of a job uses the same setting. 1: one burst.
+  // With overlap: the exchange in flight goes on the link in this many fragments, in [1, 64],
+  // paced over the inner steps that run meanwhile. Default 1 (one burst); every group of a job
+  // uses the same setting (diloco/README.md, "Fragments").
   uint32_t outer_fragments = 1;
   std::string ckpt_dir;     // durable checkpoints of this group (its trainers share it); "": none
   uint32_t ckpt_every = 0;  // a durable save every K committed steps; 0: on drain and at Finish
