@@ -6,6 +6,23 @@
 
 namespace lk::lighthouse {
 
+Status ServiceOptions::Validate() const {
+  if (quorum_id_block == 0) return InvalidArgument("--quorum-id-block must be at least 1");
+  if (core.min_replicas == 0) return InvalidArgument("--min-replicas must be at least 1");
+  if (core.heartbeat_timeout.count() <= 0) {
+    return InvalidArgument("--heartbeat-timeout-ms must be > 0");
+  }
+  if (http.body_bytes_max == 0) return InvalidArgument("--body-bytes-max must be > 0");
+  if (http.request_buffer_bytes_max < (64 << 10)) {
+    return InvalidArgument("--request-buffer-bytes-max must be at least 65536");
+  }
+  if (core.jobs_max == 0) return InvalidArgument("--jobs-max must be at least 1");
+  if (http.tls_cert_file.empty() != http.tls_key_file.empty()) {
+    return InvalidArgument("--tls-cert-file and --tls-key-file go together");
+  }
+  return core.Validate();
+}
+
 Status Service::Impl::Start() {
   auto t = LoadTokens(options.token_file, options.admin_token_file);
   if (!t.ok()) return t.status();
