@@ -86,6 +86,7 @@ TEST_CASE("kill -9 of the writer at random instants never loses the last complet
     }
     ::close(fds[1]);
     auto delay = std::chrono::microseconds(std::uniform_int_distribution<int64_t>(0, 3 * save_us)(rng));
+    // Kept: the kill at a random moment of the save is what is under test, not an order.
     std::this_thread::sleep_for(delay);
     ::kill(pid, SIGKILL);
     int status = 0;

@@ -117,71 +117,90 @@ uint32_t QuorumGroupSize(std::span<const GroupStatus* const> candidates,
   return best;
 }
 
-QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options, TimePoint now) {
-  // One merge walk over the (sorted) groups and previous members.
+namespace {
+
+// What one merge walk over a job's (sorted) groups and previous members finds: the healthy
+// groups, the participants among them (the candidates), and the clocks of rule 5.
+struct Round {
   size_t healthy = 0, prev_healthy = 0, prev_participants = 0;
-  std::optional<TimePoint> clock_all, clock_prev;
+  std::optional<TimePoint> clock_all, clock_prev;  // first ask of any group / previous member
   std::vector<const GroupStatus*> candidates;
   std::vector<bool> candidate_is_prev;
-  bool any_shrink = false;
+  std::vector<const GroupStatus*> healthy_groups;
   // Over the live previous members that said their shape (asking now or not): the trainers per
   // group of the first, and whether all of them mix. A live previous member that never said it
   // (collected and back, its agents not asked yet) neither mixes nor refuses to: it is counted
   // apart, and while it is there no refusal is final.
   uint32_t prev_size = 0;
   bool prev_said = false, prev_all_mixed = true, prev_unsaid = false;
-  std::vector<const GroupStatus*> healthy_groups;
+};
+
+Round WalkGroups(const JobMembership& m, const CoreOptions& options, TimePoint now) {
+  Round r;
   size_t pi = 0;
   for (const GroupStatus* g : m.groups) {
     while (pi < m.previous.size() && m.previous[pi].group_id < g->group_id) ++pi;
     bool is_prev = pi < m.previous.size() && m.previous[pi].group_id == g->group_id &&
                    m.previous[pi].incarnation == g->incarnation;
     if (!IsHealthy(*g, options, now) || g->size_refused) continue;
-    ++healthy;
-    healthy_groups.push_back(g);
-    if (is_prev) ++prev_healthy;
+    ++r.healthy;
+    r.healthy_groups.push_back(g);
+    if (is_prev) ++r.prev_healthy;
     if (is_prev && SaidShape(*g)) {
-      if (prev_size == 0) prev_size = g->group_size;
-      prev_said = true;
-      prev_all_mixed = prev_all_mixed && MixesGroupSizes(*g);
+      if (r.prev_size == 0) r.prev_size = g->group_size;
+      r.prev_said = true;
+      r.prev_all_mixed = r.prev_all_mixed && MixesGroupSizes(*g);
     }
-    if (is_prev && !SaidShape(*g)) prev_unsaid = true;
+    if (is_prev && !SaidShape(*g)) r.prev_unsaid = true;
     if (g->first_ask) {
-      if (!clock_all || *g->first_ask < *clock_all) clock_all = g->first_ask;
-      if (is_prev && (!clock_prev || *g->first_ask < *clock_prev)) clock_prev = g->first_ask;
+      if (!r.clock_all || *g->first_ask < *r.clock_all) r.clock_all = g->first_ask;
+      if (is_prev && (!r.clock_prev || *g->first_ask < *r.clock_prev)) r.clock_prev = g->first_ask;
     }
     if (!IsParticipant(*g)) continue;
-    candidates.push_back(g);
-    candidate_is_prev.push_back(is_prev);
-    if (is_prev) ++prev_participants;
-    any_shrink = any_shrink || AskShrinkOnly(*g);
+    r.candidates.push_back(g);
+    r.candidate_is_prev.push_back(is_prev);
+    if (is_prev) ++r.prev_participants;
   }
+  return r;
+}
 
+// The group-size policy's verdict on one round.
+struct SizeVerdict {
+  bool mixed_sizes = false;
+  uint32_t group_size = 0;
+  std::vector<const GroupStatus*> refused;
+  // Whether the refusals stand even when the decision waits (see ApplyGroupSizePolicy).
+  bool settled = false;
+};
+
+// The group-size policy, a step of its own before the rules: decides the quorum's shape, and
+// takes the participants it refuses out of the round, so that they count as neither candidates
+// nor healthy groups from here on.
+SizeVerdict ApplyGroupSizePolicy(Round* r) {
   // A quorum mixes group sizes when every group that decides its shape can: the live previous
   // members that said theirs, else (a first quorum, or one whose members are all gone or silent)
   // every candidate.
-  QuorumDecision d;
-  d.mixed_sizes =
-      prev_said ? prev_all_mixed
-                : !candidates.empty() &&
-                      std::all_of(candidates.begin(), candidates.end(),
-                                  [](const GroupStatus* g) { return MixesGroupSizes(*g); });
+  SizeVerdict v;
+  v.mixed_sizes =
+      r->prev_said ? r->prev_all_mixed
+                   : !r->candidates.empty() &&
+                         std::all_of(r->candidates.begin(), r->candidates.end(),
+                                     [](const GroupStatus* g) { return MixesGroupSizes(*g); });
   // In a mixed quorum a group that cannot mix is kept only while every other member has its
   // size (then the quorum is uniform and its trainers' plain exchange works); otherwise it is
   // refused. Elsewhere one trainer count per quorum: participants of another size are refused.
-  // Either way the refused count as neither candidates nor healthy groups from here on.
   std::set<uint32_t> sizes;  // mixed: the sizes of the healthy groups that can mix
-  if (d.mixed_sizes) {
-    for (const GroupStatus* g : healthy_groups) {
+  if (v.mixed_sizes) {
+    for (const GroupStatus* g : r->healthy_groups) {
       if (MixesGroupSizes(*g) && g->group_size != 0) sizes.insert(g->group_size);
     }
   } else {
-    d.group_size = prev_size != 0
-                       ? prev_size
-                       : QuorumGroupSize(candidates, candidate_is_prev, healthy_groups);
+    v.group_size = r->prev_size != 0
+                       ? r->prev_size
+                       : QuorumGroupSize(r->candidates, r->candidate_is_prev, r->healthy_groups);
   }
   auto refuse = [&](const GroupStatus* g) {
-    if (!d.mixed_sizes) return g->group_size != 0 && g->group_size != d.group_size;
+    if (!v.mixed_sizes) return g->group_size != 0 && g->group_size != v.group_size;
     if (MixesGroupSizes(*g)) return false;
     if (g->group_size == 0 || (!sizes.empty() && *sizes.begin() != g->group_size) ||
         sizes.size() > 1) {
@@ -190,26 +209,23 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
     sizes.insert(g->group_size);
     return false;
   };
-  if (d.mixed_sizes || d.group_size != 0) {
+  if (v.mixed_sizes || v.group_size != 0) {
     size_t kept = 0;
-    any_shrink = false;
-    for (size_t i = 0; i < candidates.size(); ++i) {
-      const GroupStatus* g = candidates[i];
+    for (size_t i = 0; i < r->candidates.size(); ++i) {
+      const GroupStatus* g = r->candidates[i];
       if (refuse(g)) {
-        d.refused.push_back(g);
-        --healthy;
-        if (candidate_is_prev[i]) --prev_healthy, --prev_participants;
+        v.refused.push_back(g);
+        --r->healthy;
+        if (r->candidate_is_prev[i]) --r->prev_healthy, --r->prev_participants;
         continue;
       }
-      any_shrink = any_shrink || AskShrinkOnly(*g);
-      candidates[kept] = g;
-      candidate_is_prev[kept] = candidate_is_prev[i];
+      r->candidates[kept] = g;
+      r->candidate_is_prev[kept] = r->candidate_is_prev[i];
       ++kept;
     }
-    candidates.resize(kept);
-    candidate_is_prev.resize(kept);
+    r->candidates.resize(kept);
+    r->candidate_is_prev.resize(kept);
   }
-
   // The others are refused when a quorum of this size issues, or at once while a running
   // quorum's shape is known. Before that they wait, kept out of this decision only: the size of
   // a first quorum may still turn as more groups ask (refusing on a tie would let two sizes
@@ -217,32 +233,46 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
   // said it mixes: a silent one may still say it does not, and a one-size rule it would bring
   // could keep a group the mixed rule refuses. A one-size rule that a previous member said is
   // final whatever the silent ones say.
-  const bool settled = d.mixed_sizes ? prev_said && !prev_unsaid : prev_size != 0;
-  if (d.mixed_sizes && sizes.size() == 1) d.group_size = *sizes.begin();
-  auto wait = [&d, settled](std::string reason,
-                            std::optional<TimePoint> wake_at = std::nullopt) {
+  v.settled = v.mixed_sizes ? r->prev_said && !r->prev_unsaid : r->prev_size != 0;
+  if (v.mixed_sizes && sizes.size() == 1) v.group_size = *sizes.begin();
+  return v;
+}
+
+}  // namespace
+
+QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options, TimePoint now) {
+  Round r = WalkGroups(m, options, now);
+  SizeVerdict sizes = ApplyGroupSizePolicy(&r);
+  QuorumDecision d;
+  d.mixed_sizes = sizes.mixed_sizes;
+  d.group_size = sizes.group_size;
+  d.refused = sizes.refused;
+  auto wait = [&sizes](std::string reason, std::optional<TimePoint> wake_at = std::nullopt) {
     QuorumDecision w = Wait(std::move(reason), wake_at);
-    if (settled) w.refused = d.refused;
-    w.group_size = d.group_size;
-    w.mixed_sizes = d.mixed_sizes;
+    if (sizes.settled) w.refused = sizes.refused;
+    w.group_size = sizes.group_size;
+    w.mixed_sizes = sizes.mixed_sizes;
     return w;
   };
+  const size_t healthy = r.healthy;
 
   // Rule 3: with shrink_only, groups outside the previous quorum wait.
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    if (any_shrink && !candidate_is_prev[i]) {
+  const bool any_shrink = std::any_of(r.candidates.begin(), r.candidates.end(),
+                                      [](const GroupStatus* g) { return AskShrinkOnly(*g); });
+  for (size_t i = 0; i < r.candidates.size(); ++i) {
+    if (any_shrink && !r.candidate_is_prev[i]) {
       ++d.held_back;
     } else {
-      d.members.push_back(candidates[i]);
+      d.members.push_back(r.candidates[i]);
     }
   }
   const size_t n = d.members.size();
-  const size_t joiners = n - prev_participants;
+  const size_t joiners = n - r.prev_participants;
   const std::string min_reason =
       fmt::format("wait: min_replicas={} but {}", options.min_replicas, Plural(n, "candidate"));
 
   // Rule 4: every previous member is back as a healthy participant.
-  if (!m.previous.empty() && prev_participants == m.previous.size()) {
+  if (!m.previous.empty() && r.prev_participants == m.previous.size()) {
     if (n < options.min_replicas) return wait(min_reason + HeldBackSuffix(d.held_back));
     d.issue = true;
     d.fast_path = true;
@@ -253,7 +283,7 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
   }
 
   // Rule 5.
-  if (candidates.empty()) {
+  if (r.candidates.empty()) {
     return wait(fmt::format("wait: no healthy participants among {}",
                             Plural(healthy, "healthy group")));
   }
@@ -265,29 +295,29 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
     return wait(fmt::format("wait: {} of {} healthy groups asked, a majority needs {}", n, healthy,
                             healthy / 2 + 1));
   }
-  if (prev_healthy > 0 && prev_participants * 2 <= prev_healthy) {
+  if (r.prev_healthy > 0 && r.prev_participants * 2 <= r.prev_healthy) {
     return wait(fmt::format(
         "wait: {} of {} live previous members asked, joiners wait for the quorum's next step",
-        prev_participants, prev_healthy));
+        r.prev_participants, r.prev_healthy));
   }
-  if (candidates.size() == healthy) {
+  if (r.candidates.size() == healthy) {
     d.issue = true;
     d.reason = fmt::format("all {} asked", Plural(healthy, "healthy group")) +
                HeldBackSuffix(d.held_back);
     return d;
   }
-  std::optional<TimePoint> clock = prev_healthy > 0 ? clock_prev : clock_all;
+  std::optional<TimePoint> clock = r.prev_healthy > 0 ? r.clock_prev : r.clock_all;
   LK_CHECK(clock.has_value()) << "a candidate without a first ask";
   TimePoint deadline = *clock + options.join_timeout;
   if (now >= deadline) {
     d.issue = true;
     d.reason = fmt::format("join_timeout: {} of {} healthy groups asked within {}ms",
-                           candidates.size(), healthy, options.join_timeout.count()) +
+                           r.candidates.size(), healthy, options.join_timeout.count()) +
                HeldBackSuffix(d.held_back);
     return d;
   }
   return wait(fmt::format("wait: {} of {} healthy groups asked, join_timeout in {}ms",
-                          candidates.size(), healthy,
+                          r.candidates.size(), healthy,
                           std::chrono::ceil<Millis>(deadline - now).count()),
               deadline);
 }

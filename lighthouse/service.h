@@ -40,6 +40,10 @@ struct ServiceOptions {
   // last quorum record written since the last sync, never an id: a restart continues above the
   // reservation.
   uint32_t quorum_id_block = 1024;
+
+  // kInvalidArgument naming the first option out of range, then the core's own checks. The
+  // messages name the lighthouse's flags, which set these fields one for one.
+  Status Validate() const;
 };
 
 class Service {

@@ -70,6 +70,11 @@ struct AgentOptions {
   // leave while the lighthouse is away; then it logs what it could not deliver and exits.
   // Other leaves (a signal, a failure) wait at most the shorter of this and a few seconds.
   Millis final_report_timeout{300'000};
+
+  // kInvalidArgument naming the first option out of range (a required one empty, node_rank not
+  // below nodes); the messages name the agent's flags, which set these fields one for one. An
+  // empty incarnation passes: the caller derives one (MakeIncarnation) where that is possible.
+  Status Validate() const;
 };
 
 class Agent {

@@ -13,9 +13,12 @@
 #include "slurm/requeue.h"
 #include "slurm/slurm_env.h"
 
-int main(int argc, char** argv) {
-  using namespace lk;
-  using namespace lk::agent;
+namespace lk::agent {
+namespace {
+
+// What the flags set: the agent's options, and what only this binary uses. Durations are
+// integers here (the flags' type) until Resolve moves them into the options.
+struct Config {
   AgentOptions o;
   uint32_t heartbeat_interval_ms = static_cast<uint32_t>(o.heartbeat_interval.count());
   uint32_t quorum_timeout_ms = static_cast<uint32_t>(o.quorum_timeout.count());
@@ -23,13 +26,13 @@ int main(int argc, char** argv) {
   uint32_t backoff_max_ms = static_cast<uint32_t>(o.backoff_max.count());
   uint32_t final_report_timeout_ms = static_cast<uint32_t>(o.final_report_timeout.count());
   std::string log_level = "info";
+  LogLevel level = LogLevel::kInfo;
   uint32_t signal_before_s = 120;
   bool requeue = true;
-  Flags flags("replica_agent",
-              "Lightkeeper's node agent: heartbeats the lighthouse for its replica group, asks for\n"
-              "the quorum at outer-step boundaries, relays quorums, recovery plans and failure\n"
-              "notices to the trainers on this node (Unix socket), and reports a dead trainer or\n"
-              "a signal to the lighthouse at once.");
+};
+
+void AddFlags(Flags& flags, Config* c) {
+  AgentOptions& o = c->o;
   flags.Add("lighthouse", &o.lighthouse, "lighthouse URL (http://HOST:PORT or https://...)");
   flags.Add("job", &o.job, "the training job (lighthouse namespace)");
   flags.Add("group-id", &o.group_id, "this replica group, stable across restarts (e.g. jupiter-0)");
@@ -52,19 +55,22 @@ int main(int argc, char** argv) {
             "address peers use for --serve (default: its bound address, https://HOST:PORT with "
             "--tls-cert-file)");
   flags.Add("serve-dir", &o.serve_dir, "directory of the trainers' live state to serve to peers");
-  flags.Add("heartbeat-interval-ms", &heartbeat_interval_ms, "time between heartbeats");
+  flags.Add("heartbeat-interval-ms", &c->heartbeat_interval_ms, "time between heartbeats");
   flags.Add("ask-ahead", &o.ask_ahead,
             "ask for the next outer step's quorum right after the node commits (the round then "
             "overlaps the inner steps); false asks when the trainers poll");
   flags.Add("poll-board", &o.poll_board,
             "publish the next poll's answer in shared memory (the file SOCKET.board) when nothing "
             "changed, so that trainers read it without a socket round trip");
-  flags.Add("quorum-timeout-ms", &quorum_timeout_ms, "one quorum long-poll (retried while pending)");
-  flags.Add("backoff-max-ms", &backoff_max_ms, "cap of the jittered retry backoff");
-  flags.Add("drain-timeout-ms", &drain_timeout_ms, "how long trainers get to exit after a drain");
-  flags.Add("signal-before-s", &signal_before_s,
+  flags.Add("quorum-timeout-ms", &c->quorum_timeout_ms,
+            "one quorum long-poll (retried while pending)");
+  flags.Add("backoff-max-ms", &c->backoff_max_ms, "cap of the jittered retry backoff");
+  flags.Add("drain-timeout-ms", &c->drain_timeout_ms,
+            "how long trainers get to exit after a drain");
+  flags.Add("signal-before-s", &c->signal_before_s,
             "Slurm: seconds before the time limit that the warning signal comes (--signal=B:USR2@S)");
-  flags.Add("requeue", &requeue, "Slurm: requeue the job after a preemption or time-limit leave");
+  flags.Add("requeue", &c->requeue,
+            "Slurm: requeue the job after a preemption or time-limit leave");
   flags.Add("workers", &o.workers,
             "threads for the trainers' KV and checkpoint calls to the lighthouse");
   flags.Add("worker-queue-max", &o.worker_queue_max,
@@ -72,53 +78,107 @@ int main(int argc, char** argv) {
   flags.Add("outbox-max", &o.outbox_max,
             "reports for the lighthouse (commits, checkpoint registrations, the leave) kept while "
             "it is away, delivered in order when it is back; past this the oldest is dropped");
-  flags.Add("final-report-timeout-ms", &final_report_timeout_ms,
+  flags.Add("final-report-timeout-ms", &c->final_report_timeout_ms,
             "after the trainers finished, how long the agent stays to deliver its final commit "
             "and leave to a lighthouse that is away (then it logs what is undelivered and exits)");
-  flags.Add("log-level", &log_level, "debug, info, warn or error");
-  Status st = flags.Parse(argc, argv);
-  if (flags.help_requested()) {
-    std::fputs(flags.Help().c_str(), stdout);
-    return 0;
-  }
-  // Under Slurm the node rank and count come from the step's environment.
+  flags.Add("log-level", &c->log_level, "debug, info, warn or error");
+}
+
+// Fills what the flags left to the environment (under Slurm the node rank and count come from
+// the step's environment, the incarnation from the job), validates, and moves the flags'
+// integers into the options.
+Status Resolve(const Flags& flags, Config* c) {
+  AgentOptions& o = c->o;
   if (!flags.IsSet("node-rank")) {
     if (const char* v = std::getenv("SLURM_NODEID")) o.node_rank = static_cast<uint32_t>(std::atoi(v));
   }
   if (!flags.IsSet("nodes")) {
     if (const char* v = std::getenv("SLURM_NNODES")) o.nodes = static_cast<uint32_t>(std::atoi(v));
   }
-  LogLevel level;
-  if (st.ok() && !ParseLogLevel(log_level, &level)) st = InvalidArgument("bad --log-level {}", log_level);
-  if (st.ok() && o.job.empty()) st = InvalidArgument("--job is required");
-  if (st.ok() && o.group_id.empty()) st = InvalidArgument("--group-id is required");
-  if (st.ok() && o.socket.empty()) st = InvalidArgument("--socket is required");
-  if (st.ok() && o.nodes == 0) st = InvalidArgument("--nodes must be at least 1");
-  if (st.ok() && o.node_rank >= o.nodes) {
-    st = InvalidArgument("--node-rank {} must be below --nodes {}", o.node_rank, o.nodes);
+  if (!ParseLogLevel(c->log_level, &c->level)) {
+    return InvalidArgument("bad --log-level {}", c->log_level);
   }
-  if (st.ok() && o.incarnation.empty()) {
+  LK_RETURN_IF_ERROR(o.Validate());
+  if (o.incarnation.empty()) {
     if (o.nodes > 1 && std::getenv("SLURM_JOB_ID") == nullptr) {
-      st = InvalidArgument("a group of several nodes needs --incarnation outside Slurm (one id "
-                           "shared by all its agents, new at every restart)");
-    } else {
-      o.incarnation = MakeIncarnation(o.nodes);
+      return InvalidArgument("a group of several nodes needs --incarnation outside Slurm (one id "
+                             "shared by all its agents, new at every restart)");
     }
+    o.incarnation = MakeIncarnation(o.nodes);
   }
-  if (!st.ok()) {
-    std::fprintf(stderr, "replica_agent: %s\n", st.message().c_str());
-    return 2;
+  o.heartbeat_interval = Millis(c->heartbeat_interval_ms);
+  o.quorum_timeout = Millis(c->quorum_timeout_ms);
+  o.drain_timeout = Millis(c->drain_timeout_ms);
+  o.backoff_max = Millis(c->backoff_max_ms);
+  o.final_report_timeout = Millis(c->final_report_timeout_ms);
+  return Status::Ok();
+}
+
+// Under Slurm the environment tells why the job is told to go; outside it a warning is a
+// preemption and SIGTERM a cancellation, and nothing is requeued.
+std::optional<slurm::SlurmEnv> ReadSlurmEnv() {
+  if (!slurm::InSlurm()) return std::nullopt;
+  auto env = slurm::ParseSlurmEnv(slurm::ProcessEnv());
+  if (!env.ok()) {
+    LK_LOG_WARN("slurm_env_unparsable error={}", Q(env.status().ToString()));
+    return std::nullopt;
   }
-  SetLogLevel(level);
-  SetLogPrefix(fmt::format("agent={}/{}", o.group_id, o.node_rank));
-  o.heartbeat_interval = Millis(heartbeat_interval_ms);
-  o.quorum_timeout = Millis(quorum_timeout_ms);
-  o.drain_timeout = Millis(drain_timeout_ms);
-  o.backoff_max = Millis(backoff_max_ms);
-  o.final_report_timeout = Millis(final_report_timeout_ms);
-  LK_LOG_INFO("agent_start {} incarnation={}", flags.Effective(), o.incarnation);
-  // Signals are taken on a thread of their own with sigwait, so a handler never runs inside
-  // the agent's locks.
+  slurm::SubprocessRunner runner;
+  if (Status fe = slurm::FillEndTime(runner, &*env); !fe.ok()) {
+    LK_LOG_WARN("slurm_end_time_unknown error={}", Q(fe.ToString()));
+  }
+  LK_LOG_INFO("slurm job={} restart_count={}", env->JobRef(), env->restart_count);
+  return std::move(*env);
+}
+
+// The first leave signal drains the agent with the reason Slurm's state gives; later ones are
+// ignored. Returns when `exiting` is set and a signal of `set` wakes the loop.
+void HandleSignals(Agent& agent, const sigset_t& set, const std::atomic<bool>& exiting,
+                   const std::optional<slurm::SlurmEnv>& slurm_env, const Config& c) {
+  int sig = 0;
+  bool leaving = false;
+  while (sigwait(&set, &sig) == 0) {
+    if (exiting) return;  // woken by main to be joined
+    if (leaving) {
+      // Slurm sends SIGTERM right after a requeue, and may repeat the warning: one leave.
+      LK_LOG_INFO("signal_ignored signal={} reason=already_leaving", sig);
+      continue;
+    }
+    leaving = true;
+    agent.SignalArrived();
+    slurm::LeaveInput in;
+    in.signal = sig == SIGUSR2 ? slurm::LeaveSignal::kWarning : slurm::LeaveSignal::kTerm;
+    in.in_slurm = slurm_env.has_value();
+    in.now = std::chrono::system_clock::now();
+    in.margin = slurm::TimeLimitMargin(std::chrono::seconds(c.signal_before_s));
+    if (slurm_env) {
+      in.limit_end = slurm_env->end_time;
+      in.restart_count = slurm_env->restart_count;
+      slurm::SubprocessRunner runner;
+      if (auto job = slurm::QueryJob(runner, slurm_env->JobRef()); job.ok()) in.job_now = *job;
+    }
+    auto d = slurm::ClassifyLeave(in);
+    std::string reason(slurm::LeaveReasonName(d.reason));
+    LK_LOG_INFO("signal_received signal={} leave_reason={} requeue={} why={}", sig, reason,
+                d.requeue && c.requeue, Q(d.why));
+    // A warning or a preemption: the trainers save a durable checkpoint before the group
+    // leaves. A cancellation leaves at once.
+    bool checkpoint = d.reason != slurm::LeaveReason::kCancelled;
+    std::function<void()> after_leave;
+    if (d.requeue && c.requeue && slurm_env) {
+      after_leave = [env = *slurm_env] {
+        Status st = slurm::Requeue(env);
+        if (st.ok()) LK_LOG_INFO("requeued job={}", env.JobRef());
+        else LK_LOG_ERROR("requeue_failed job={} error={}", env.JobRef(), Q(st.ToString()));
+      };
+    }
+    agent.Drain(reason, checkpoint, after_leave);
+  }
+}
+
+// Runs the agent until it is done, with its signals taken on a thread of their own (sigwait),
+// so that a handler never runs inside the agent's locks; the process's exit code.
+int Run(const Config& c) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
@@ -126,69 +186,14 @@ int main(int argc, char** argv) {
   sigaddset(&set, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
-  Agent agent(o);
-  if (st = agent.Start(); !st.ok()) {
+  Agent agent(c.o);
+  if (Status st = agent.Start(); !st.ok()) {
     LK_LOG_ERROR("agent_start_failed error={}", Q(st.ToString()));
     return 1;
   }
-  // Under Slurm the environment tells why the job is told to go; outside it a warning is a
-  // preemption and SIGTERM a cancellation, and nothing is requeued.
-  std::optional<slurm::SlurmEnv> slurm_env;
-  if (slurm::InSlurm()) {
-    auto env = slurm::ParseSlurmEnv(slurm::ProcessEnv());
-    if (env.ok()) {
-      slurm::SubprocessRunner runner;
-      if (Status fe = slurm::FillEndTime(runner, &*env); !fe.ok()) {
-        LK_LOG_WARN("slurm_end_time_unknown error={}", Q(fe.ToString()));
-      }
-      slurm_env = std::move(*env);
-      LK_LOG_INFO("slurm job={} restart_count={}", slurm_env->JobRef(), slurm_env->restart_count);
-    } else {
-      LK_LOG_WARN("slurm_env_unparsable error={}", Q(env.status().ToString()));
-    }
-  }
+  std::optional<slurm::SlurmEnv> slurm_env = ReadSlurmEnv();
   std::atomic<bool> exiting{false};
-  std::thread signals([&agent, &exiting, set, slurm_env, signal_before_s, requeue] {
-    int sig = 0;
-    bool leaving = false;
-    while (sigwait(&set, &sig) == 0) {
-      if (exiting) return;  // woken by main to be joined
-      if (leaving) {
-        // Slurm sends SIGTERM right after a requeue, and may repeat the warning: one leave.
-        LK_LOG_INFO("signal_ignored signal={} reason=already_leaving", sig);
-        continue;
-      }
-      leaving = true;
-      agent.SignalArrived();
-      slurm::LeaveInput in;
-      in.signal = sig == SIGUSR2 ? slurm::LeaveSignal::kWarning : slurm::LeaveSignal::kTerm;
-      in.in_slurm = slurm_env.has_value();
-      in.now = std::chrono::system_clock::now();
-      in.margin = slurm::TimeLimitMargin(std::chrono::seconds(signal_before_s));
-      if (slurm_env) {
-        in.limit_end = slurm_env->end_time;
-        in.restart_count = slurm_env->restart_count;
-        slurm::SubprocessRunner runner;
-        if (auto job = slurm::QueryJob(runner, slurm_env->JobRef()); job.ok()) in.job_now = *job;
-      }
-      auto d = slurm::ClassifyLeave(in);
-      std::string reason(slurm::LeaveReasonName(d.reason));
-      LK_LOG_INFO("signal_received signal={} leave_reason={} requeue={} why={}", sig, reason,
-                  d.requeue && requeue, Q(d.why));
-      // A warning or a preemption: the trainers save a durable checkpoint before the group
-      // leaves. A cancellation leaves at once.
-      bool checkpoint = d.reason != slurm::LeaveReason::kCancelled;
-      std::function<void()> after_leave;
-      if (d.requeue && requeue && slurm_env) {
-        after_leave = [env = *slurm_env] {
-          Status st = slurm::Requeue(env);
-          if (st.ok()) LK_LOG_INFO("requeued job={}", env.JobRef());
-          else LK_LOG_ERROR("requeue_failed job={} error={}", env.JobRef(), Q(st.ToString()));
-        };
-      }
-      agent.Drain(reason, checkpoint, after_leave);
-    }
-  });
+  std::thread signals([&] { HandleSignals(agent, set, exiting, slurm_env, c); });
   int code = agent.Run();
   // The signal thread waits in sigwait: a signal of its set sent to it alone wakes it to exit.
   exiting = true;
@@ -196,4 +201,33 @@ int main(int argc, char** argv) {
   signals.join();
   std::fflush(stderr);
   return code;
+}
+
+}  // namespace
+}  // namespace lk::agent
+
+int main(int argc, char** argv) {
+  using namespace lk;
+  using namespace lk::agent;
+  Config c;
+  Flags flags("replica_agent",
+              "Lightkeeper's node agent: heartbeats the lighthouse for its replica group, asks for\n"
+              "the quorum at outer-step boundaries, relays quorums, recovery plans and failure\n"
+              "notices to the trainers on this node (Unix socket), and reports a dead trainer or\n"
+              "a signal to the lighthouse at once.");
+  AddFlags(flags, &c);
+  Status st = flags.Parse(argc, argv);
+  if (flags.help_requested()) {
+    std::fputs(flags.Help().c_str(), stdout);
+    return 0;
+  }
+  if (st.ok()) st = Resolve(flags, &c);
+  if (!st.ok()) {
+    std::fprintf(stderr, "replica_agent: %s\n", st.message().c_str());
+    return 2;
+  }
+  SetLogLevel(c.level);
+  SetLogPrefix(fmt::format("agent={}/{}", c.o.group_id, c.o.node_rank));
+  LK_LOG_INFO("agent_start {} incarnation={}", flags.Effective(), c.o.incarnation);
+  return Run(c);
 }

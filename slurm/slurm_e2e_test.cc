@@ -253,6 +253,7 @@ class SlurmRun {
         last = std::max(last, st.committed_step());
         ++samples_;
       }
+      // Kept: the sampler's pace (it watches for a step going back), not an order.
       std::this_thread::sleep_for(100ms);
     }
   }

@@ -18,6 +18,7 @@
 #include "tests/support/process.h"
 #include "tests/support/status_snapshot.h"
 #include "tests/support/tcp_relay.h"
+#include "tests/support/wait.h"
 
 namespace lk::test {
 namespace {
@@ -90,14 +91,17 @@ struct Cluster {
 
   // Waits until the quorum's members are exactly `names`; returns its quorum_id.
   uint32_t WaitForMembers(const std::vector<std::string>& names, std::chrono::seconds bound) {
-    auto deadline = std::chrono::steady_clock::now() + bound;
-    while (std::chrono::steady_clock::now() < deadline) {
-      auto j = Status();
-      std::vector<std::string> have;
-      for (const auto& m : j.members()) have.push_back(m.group_id());
-      if (have == names) return j.quorum_id();
-      std::this_thread::sleep_for(20ms);
-    }
+    uint32_t quorum_id = 0;
+    bool done = WaitUntil(
+        [&] {
+          auto j = Status();
+          std::vector<std::string> have;
+          for (const auto& m : j.members()) have.push_back(m.group_id());
+          quorum_id = j.quorum_id();
+          return have == names;
+        },
+        bound, "the quorum's members");
+    if (done) return quorum_id;
     FAIL("quorum never had members " << fmt::format("{}", fmt::join(names, ",")) << "; status "
                                      << http::ToJson(Status()));
     return 0;
@@ -114,14 +118,19 @@ bool StepAtLeast(const std::string& line, uint32_t n) {
 // Waits until `log` has an allreduce line satisfying `pred`.
 std::string WaitForLine(const std::string& log, std::chrono::seconds bound,
                         const std::function<bool(const std::string&)>& pred) {
-  auto deadline = std::chrono::steady_clock::now() + bound;
-  while (std::chrono::steady_clock::now() < deadline) {
-    for (const auto& line : ReadLines(log)) {
-      if (pred(line)) return line;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-  return "";
+  std::string found;
+  (void)WaitUntil(
+      [&] {
+        for (const auto& line : ReadLines(log)) {
+          if (pred(line)) {
+            found = line;
+            return true;
+          }
+        }
+        return false;
+      },
+      bound, "an allreduce line of " + log);
+  return found;
 }
 
 TEST_CASE("3 groups x 2 trainers: kill -9 a trainer - survivors abort and regroup - the group heals back") {
@@ -189,15 +198,17 @@ TEST_CASE("a quorum asked ahead that loses a member before the poll is never han
   // Wait for a commit after which g0's agent holds a quorum fetched ahead, unchanged, so that
   // it is also up on the poll board (the first one after g1 joined has a new id and is not).
   uint32_t ahead = 0;
-  auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (ahead == 0 && std::chrono::steady_clock::now() < deadline) {
-    auto r = (*agent)->Do("GET", "/v1/agent/status", "", "", Millis(2000));
-    REQUIRE(r.ok());
-    std::string v = JsonField(r->body, "ahead_quorum_id");
-    if (JsonField(r->body, "board_ready_step") != "-1") ahead = v.empty() ? 0 : static_cast<uint32_t>(std::stoul(v));
-    if (ahead == 0) std::this_thread::sleep_for(5ms);
-  }
-  REQUIRE(ahead > 0);
+  REQUIRE(WaitUntil(
+      [&] {
+        auto r = (*agent)->Do("GET", "/v1/agent/status", "", "", Millis(2000));
+        REQUIRE(r.ok());
+        std::string v = JsonField(r->body, "ahead_quorum_id");
+        if (JsonField(r->body, "board_ready_step") != "-1") {
+          ahead = v.empty() ? 0 : static_cast<uint32_t>(std::stoul(v));
+        }
+        return ahead > 0;
+      },
+      30s, "an ask-ahead quorum up on the board"));
   auto killed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                        std::chrono::system_clock::now().time_since_epoch()).count();
   c.groups["g1"].trainers[0]->Signal(SIGKILL);
@@ -267,11 +278,8 @@ TEST_CASE("kill -9 the lighthouse mid-run and restart it: no trainer exits - ids
   size_t at_kill = ok_steps();
   // The trainers go on committing on the last quorum while the lighthouse is away (bounded
   // generously: on a loaded machine 20 ms steps take longer).
-  auto away_deadline = std::chrono::steady_clock::now() + 20s;
-  while (ok_steps() <= at_kill + 5 && std::chrono::steady_clock::now() < away_deadline) {
-    std::this_thread::sleep_for(50ms);
-  }
-  CHECK(ok_steps() > at_kill + 5);
+  CHECK(WaitUntil([&] { return ok_steps() > at_kill + 5; }, 20s,
+                  "5 more steps without the lighthouse"));
   auto restarted = StartLighthouse(c.dir + "/data", {"--heartbeat-timeout-ms", "3000",
                                                      "--join-timeout-ms", "300"},
                                    c.dir + "/lighthouse.log", c.lh.address);
@@ -310,16 +318,14 @@ TEST_CASE("a lighthouse back at a boundary only one group's ask reaches: the oth
   relay.Cut();
   // Both go on without the lighthouse.
   size_t at_kill = ok_steps("a");
-  auto away_deadline = std::chrono::steady_clock::now() + 20s;
-  while (ok_steps("a") <= at_kill + 3 && std::chrono::steady_clock::now() < away_deadline) {
-    std::this_thread::sleep_for(50ms);
-  }
-  REQUIRE(ok_steps("a") > at_kill + 3);
+  REQUIRE(WaitUntil([&] { return ok_steps("a") > at_kill + 3; }, 20s,
+                    "3 more steps of a without the lighthouse"));
   c.lh = StartLighthouse(c.dir + "/data", lh_flags, c.dir + "/lighthouse.log", c.lh.address);
   // a's next ask reaches the lighthouse and waits there for b (a majority of two is both);
   // b's fail, and b's trainer goes on into the next step, where it waits for a. Nothing moves.
   auto stalled = [&] {
     size_t before = ok_steps("a") + ok_steps("b");
+    // Kept: the sleep is what is under test (no step is made for a while), not an order.
     std::this_thread::sleep_for(1500ms);
     return ok_steps("a") + ok_steps("b") == before;
   };
@@ -330,11 +336,9 @@ TEST_CASE("a lighthouse back at a boundary only one group's ask reaches: the oth
   relay.Mend();
   size_t at_mend_a = ok_steps("a"), at_mend_b = ok_steps("b");
   // Bounded well below the allreduce's 30 s timeout, which is what ended the wait before.
-  auto deadline = std::chrono::steady_clock::now() + 15s;
-  while ((ok_steps("a") < at_mend_a + 3 || ok_steps("b") < at_mend_b + 3) &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(50ms);
-  }
+  (void)WaitUntil(
+      [&] { return ok_steps("a") >= at_mend_a + 3 && ok_steps("b") >= at_mend_b + 3; }, 15s,
+      "3 more steps of both groups after the mend");
   CHECK(ok_steps("a") >= at_mend_a + 3);
   CHECK(ok_steps("b") >= at_mend_b + 3);
   CHECK_FALSE(c.groups["b"].agent->WaitForLog("ask_behind", 1s).empty());
@@ -550,19 +554,23 @@ TEST_CASE("a failure report about a quorum already replaced changes nothing") {
   // The report travels to the lighthouse on the agent's own thread; until the new round is back,
   // a poll still gets the failed quorum (a trainer retries, as DiLoCo does after MarkBad).
   auto poll_past = [&](uint32_t quorum_id) {
-    auto deadline = std::chrono::steady_clock::now() + 10s;
-    for (;;) {
-      auto p = (*session)->Poll(0, Millis(10'000));
-      REQUIRE(p.ok());
-      if (p->quorum_id != quorum_id || std::chrono::steady_clock::now() > deadline) return *p;
-      std::this_thread::sleep_for(20ms);
-    }
+    client::PollResult last;
+    (void)WaitUntil(
+        [&] {
+          auto p = (*session)->Poll(0, Millis(10'000));
+          REQUIRE(p.ok());
+          last = *p;
+          return p->quorum_id != quorum_id;
+        },
+        10s, "a poll past the failed quorum");
+    return last;
   };
   client::PollResult p2 = poll_past(p1->quorum_id);
   CHECK(p2.quorum_id > p1->quorum_id);  // the report about the current quorum replaced it
   REQUIRE((*session)->ReportFailed(1, p1->quorum_id).ok());
   CHECK_FALSE(g.agent->WaitForLog("outer_step_failed_stale", 5s).empty());
   // The late one did not: the quorum stays for as long as a real failure took to replace it.
+  // Kept: the sleep is what is under test (nothing replaces the quorum for a while).
   std::this_thread::sleep_for(500ms);
   auto p3 = (*session)->Poll(0, Millis(10'000));
   REQUIRE(p3.ok());
@@ -599,14 +607,14 @@ TEST_CASE("unchanged polls come from the poll board - a socket poller on the nod
   };
   // Waits until the agent has the answer for `step` up on the board.
   auto wait_ready = [&](uint32_t step) {
-    auto deadline = std::chrono::steady_clock::now() + 10s;
-    while (std::chrono::steady_clock::now() < deadline) {
-      auto r = (*raw)->Do("GET", "/v1/agent/status", "", "", Millis(2000));
-      REQUIRE(r.ok());
-      if (JsonField(r->body, "board_ready_step") == std::to_string(step)) return;
-      std::this_thread::sleep_for(5ms);
-    }
-    FAIL("the answer for step " << step << " never went up on the board");
+    bool ready = WaitUntil(
+        [&] {
+          auto r = (*raw)->Do("GET", "/v1/agent/status", "", "", Millis(2000));
+          REQUIRE(r.ok());
+          return JsonField(r->body, "board_ready_step") == std::to_string(step);
+        },
+        10s, "the board's answer for the step");
+    if (!ready) FAIL("the answer for step " << step << " never went up on the board");
   };
   auto session = client::Session::Connect(g.socket, 0, 2);
   REQUIRE(session.ok());
@@ -642,10 +650,8 @@ TEST_CASE("unchanged polls come from the poll board - a socket poller on the nod
   CHECK(twice.code() == Code::kConflict);  // refused as the socket refuses it
   CHECK(twice.message().find("not after the committed step 2") != std::string::npos);
   // Watched at the lighthouse, not at the agent (any call to the agent would apply the slot).
-  auto until = std::chrono::steady_clock::now() + 10s;
-  while (c.Status().committed_step() < 2 && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(5ms);
-  }
+  (void)WaitUntil([&] { return c.Status().committed_step() >= 2; }, 10s,
+                  "committed step 2 at the lighthouse");
   CHECK(c.Status().committed_step() == 2);
 
   // Step 2: the socket poller first (the agent takes the answer for it); the board reader

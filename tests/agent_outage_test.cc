@@ -14,6 +14,7 @@
 #include "common/proto/lightkeeper.pb.h"
 #include "tests/support/process.h"
 #include "tests/support/status_snapshot.h"
+#include "tests/support/wait.h"
 
 namespace lk::test {
 namespace {
@@ -63,17 +64,19 @@ struct Run {
   // a quorum still forming when the lighthouse dies would wait for its rendezvous).
   void WaitForStepTogether() {
     for (auto& [name, g] : groups) {
-      auto deadline = std::chrono::steady_clock::now() + 30s;
-      bool together = false;
-      while (!together && std::chrono::steady_clock::now() < deadline) {
-        std::ifstream in(g.trainer_log);
-        std::string line;
-        while (std::getline(in, line)) {
-          together |= JsonField(line, "event") == "allreduce" && JsonField(line, "ok") == "true" &&
-                      JsonField(line, "world") == "2";
-        }
-        if (!together) std::this_thread::sleep_for(20ms);
-      }
+      bool together = WaitUntil(
+          [&] {
+            std::ifstream in(g.trainer_log);
+            std::string line;
+            while (std::getline(in, line)) {
+              if (JsonField(line, "event") == "allreduce" && JsonField(line, "ok") == "true" &&
+                  JsonField(line, "world") == "2") {
+                return true;
+              }
+            }
+            return false;
+          },
+          30s, "a step with both groups");
       REQUIRE_MESSAGE(together, name << " never ran a step with the other group");
     }
   }

@@ -23,6 +23,7 @@
 #include "common/proto/lightkeeper.pb.h"
 #include <lightkeeper/session.h>
 #include "tests/support/process.h"
+#include "tests/support/wait.h"
 
 namespace lk::test {
 namespace {
@@ -162,15 +163,16 @@ std::string Fingerprint(const pb::JobStatus& j) {
 }
 
 void WaitForGroup(const std::string& lh_url, const std::string& group) {
-  auto deadline = std::chrono::steady_clock::now() + 20s;
-  while (std::chrono::steady_clock::now() < deadline) {
-    pb::JobStatus j = JobStatus(lh_url);
-    for (const auto& g : j.groups()) {
-      if (g.group_id() == group) return;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-  FAIL("group " << group << " never heartbeated");
+  bool seen = WaitUntil(
+      [&] {
+        pb::JobStatus j = JobStatus(lh_url);
+        for (const auto& g : j.groups()) {
+          if (g.group_id() == group) return true;
+        }
+        return false;
+      },
+      20s, "the group in /status");
+  if (!seen) FAIL("group " << group << " never heartbeated");
 }
 
 struct Secured {
@@ -222,6 +224,7 @@ TEST_CASE(
   // The process a forged hello named exits: the agent never watched it.
   bystander.Signal(SIGKILL);
   REQUIRE(bystander.Wait(5s).has_value());
+  // Kept: the sleep is what is under test (nothing happens for a while after the exit).
   std::this_thread::sleep_for(1s);
   CHECK(a.process->Running());
   CHECK(a.process->WaitForLog("trainer_crashed", 10ms).empty());
@@ -261,6 +264,7 @@ TEST_CASE(
   CHECK(line.find(fmt::format("peer_pid={}", ::getpid())) != std::string::npos);
   bystander.Signal(SIGKILL);
   REQUIRE(bystander.Wait(5s).has_value());
+  // Kept: the sleep is what is under test (nothing happens for a while after the exit).
   std::this_thread::sleep_for(1s);
   CHECK(a.process->Running());
   CHECK(a.process->WaitForLog("trainer_exited", 10ms).empty());
@@ -414,14 +418,15 @@ TEST_CASE("TLS: an agent and lkctl with the private CA work against a TLS lighth
       StartAgent(plain.dir, url, "g0",
                  {"--token-file", plain.token_file, "--ca-file", pki.Ca(), "--serve-dir", live,
                   "--tls-cert-file", pki.Cert("good"), "--tls-key-file", pki.Key("good")});
-  auto deadline = std::chrono::steady_clock::now() + 20s;
-  bool joined = false;
-  while (!joined && std::chrono::steady_clock::now() < deadline) {
-    pb::JobStatus j = JobStatus(url, pki.Ca());
-    for (const auto& g : j.groups()) joined |= g.group_id() == "g0";
-    if (!joined) std::this_thread::sleep_for(20ms);
-  }
-  CHECK(joined);
+  CHECK(WaitUntil(
+      [&] {
+        pb::JobStatus j = JobStatus(url, pki.Ca());
+        for (const auto& g : j.groups()) {
+          if (g.group_id() == "g0") return true;
+        }
+        return false;
+      },
+      20s, "g0 in the TLS lighthouse's /status"));
   // The name is checked too: localhost is in the certificate as well.
   auto port = lh.address.substr(lh.address.rfind(':') + 1);
   CHECK(JobStatus("https://localhost:" + port, pki.Ca()).groups_size() == 1);
@@ -471,6 +476,7 @@ TEST_CASE(
     CHECK_MESSAGE(line.find(c.error) != std::string::npos, line);
     CHECK(line.find("certificate refused") != std::string::npos);
     // It keeps trying (the lighthouse may get a good certificate), stays up, and never joins.
+    // Kept: the sleep is what is under test (no join for a while).
     std::this_thread::sleep_for(1500ms);
     CHECK(a.process->Running());
     CHECK(a.process->WaitForLog("lighthouse_reachable", 10ms).empty());
@@ -498,16 +504,14 @@ TEST_CASE("~Session joins its notice thread: a callback in progress has finished
   std::atomic<bool> in_callback{false}, finished{false};
   (*session)->OnNotice([&](const client::Notice&) {
     in_callback = true;
+    // Kept: a slow callback is what is under test (reset waits for it), not an order.
     std::this_thread::sleep_for(500ms);
     finished = true;
     in_callback = false;
   });
   // A drain reaches every trainer's notice; the agent then waits for this process to exit.
   a.process->Signal(SIGTERM);
-  auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (!in_callback && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(1ms);
-  REQUIRE(in_callback.load());
+  REQUIRE(WaitUntil([&] { return in_callback.load(); }, 10s, "the notice callback running", 1ms));
   session->reset();
   CHECK_FALSE(in_callback.load());
   CHECK(finished.load());

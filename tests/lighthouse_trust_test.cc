@@ -17,6 +17,7 @@
 #include "common/proto/lightkeeper.pb.h"
 #include "tests/support/process.h"
 #include "tests/support/status_snapshot.h"
+#include "tests/support/wait.h"
 
 namespace lk::test {
 namespace {
@@ -307,14 +308,13 @@ TEST_CASE("trust: --jobs-max refuses a new job and groups are collected after th
                R"({"job":"j","group_id":"b","incarnation":"b1","reason":"done"})")
               .status == 200);
   // b left; a stops heartbeating. Both are collected once their grace period passed.
-  bool gone = false;
-  for (int i = 0; i < 100 && !gone; ++i) {
-    std::this_thread::sleep_for(50ms);
-    std::string st = StatusJson(*admin);
-    gone = st.find("\"group_id\":\"a\"") == std::string::npos &&
-           st.find("\"group_id\":\"b\"") == std::string::npos;
-  }
-  CHECK(gone);
+  CHECK(WaitUntil(
+      [&] {
+        std::string st = StatusJson(*admin);
+        return st.find("\"group_id\":\"a\"") == std::string::npos &&
+               st.find("\"group_id\":\"b\"") == std::string::npos;
+      },
+      5s, "groups a and b collected from /status"));
   CHECK(s.lh.process->Log().find("group_collected job=j group=b") != std::string::npos);
   // The collected life stays refused by its generation; a new one is welcome.
   ExpectRefused(*job, "POST", "/v1/heartbeat", Hb("j", "b", "b1", 2), 409, "STALE_INCARNATION");

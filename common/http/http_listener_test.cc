@@ -18,6 +18,7 @@
 #include "common/http/server.h"
 #include "common/sigpipe.h"
 #include "tests/support/process.h"
+#include "tests/support/wait.h"
 
 namespace lk::http {
 namespace {
@@ -126,11 +127,12 @@ TEST_CASE("Cancel ends a request that waits on a server that never answers") {
   // Cancel only once the request is in the server's hands (held), so that it is the wait
   // that is cut short, not the connect.
   std::atomic<size_t> held{0};
-  for (int i = 0; i < 500 && held == 0; ++i) {
-    boost::asio::post(rs.ioc, [&] { held = rs.held.size(); });
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  REQUIRE(held == 1);
+  REQUIRE(test::WaitUntil(
+      [&] {
+        boost::asio::post(rs.ioc, [&] { held = rs.held.size(); });
+        return held == 1;
+      },
+      std::chrono::seconds(5), "the request held by the server", std::chrono::milliseconds(10)));
   CHECK_FALSE(returned.load());
   (*c)->Cancel();
   waiter.join();

@@ -21,6 +21,7 @@
 #include "common/http/server.h"
 #include "common/proto/lightkeeper.pb.h"
 #include "tests/support/process.h"
+#include "tests/support/wait.h"
 
 namespace lk::http {
 namespace {
@@ -99,6 +100,7 @@ struct TestServer {
       }
       if (req.path == "/later") {
         std::thread([respond] {
+          // Kept: a handler that answers late is what this route is for, not an order.
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
           respond(TextReply(200, "text/plain", "late"));
         }).detach();
@@ -371,6 +373,7 @@ TEST_CASE("a request arriving a byte at a time is answered once whole") {
       body.size(), body);
   for (char c : req) {
     WriteAll(fd, std::string_view(&c, 1));
+    // Kept: pacing a slow writer (one byte per read) is what is under test, not an order.
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   std::string got = ReadAll(fd);
@@ -459,16 +462,13 @@ TEST_CASE("a client that never reads its answer is cut off by the write timeout"
     std::string reqs;
     for (int i = 0; i < 200; ++i) reqs += fmt::format("GET {} HTTP/1.1\r\nHost: x\r\n\r\n", path);
     WriteAll(fd, reqs);
-    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     // connect() returns before the server accepted: wait for the connection to be counted, or
     // a count of 0 read too early would pass for the cut.
-    while (ts.server->connections() == 0 && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    REQUIRE(ts.server->connections() > 0);
-    while (ts.server->connections() > 0 && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    const auto bound = std::chrono::seconds(10);
+    REQUIRE(test::WaitUntil([&] { return ts.server->connections() > 0; }, bound,
+                            "the connection counted", std::chrono::milliseconds(1)));
+    (void)test::WaitUntil([&] { return ts.server->connections() == 0; }, bound,
+                          "the connection cut");
     CHECK_MESSAGE(ts.server->connections() == 0, path);
     ::close(fd);
   }

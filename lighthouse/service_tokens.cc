@@ -1,0 +1,165 @@
+// The lighthouse's edge checks: the names a request may carry, the token files, the role a bearer
+// token has for a job, and the refusal (401 or 403, with a reason code) of a token too weak.
+#include <sstream>
+
+#include "common/flags.h"
+#include "lighthouse/service_impl.h"
+
+namespace lk::lighthouse {
+
+namespace service_internal {
+
+Status ValidName(std::string_view what, std::string_view v, size_t max) {
+  if (v.empty()) return InvalidArgument("{} is missing", what);
+  if (v.size() > max) return InvalidArgument("{} is longer than {} bytes", what, max);
+  for (char c : v) {
+    bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ||
+              c == ':' || c == '@' || c == '+';
+    if (!ok) return InvalidArgument("{} '{}' has a character outside [A-Za-z0-9-_.:@+]", what, v);
+  }
+  return Status::Ok();
+}
+
+Status ValidAgent(std::string_view job, std::string_view group, std::string_view inc) {
+  LK_RETURN_IF_ERROR(ValidName("job", job));
+  LK_RETURN_IF_ERROR(ValidName("group_id", group));
+  return ValidName("incarnation", inc);
+}
+
+// The token file, one token per line (blank lines and '#' comments skipped):
+//   TOKEN                 an all-jobs token
+//   JOB TOKEN             a token for JOB only
+//   role=read-only TOKEN  a read-only token (/status and /metrics of every job)
+//   role=all-jobs TOKEN   the same as a bare TOKEN
+// "role=" cannot start a job name ('=' is outside the name alphabet), so the forms never clash.
+Result<Tokens> LoadTokens(const std::string& token_file, const std::string& admin_file) {
+  Tokens t;
+  if (!admin_file.empty()) {
+    LK_ASSIGN_OR_RETURN(t.admin, ReadTokenFile(admin_file));
+    t.enabled = true;
+  }
+  if (token_file.empty()) return t;
+  LK_ASSIGN_OR_RETURN(std::string text, ReadTokenFile(token_file));
+  std::istringstream in(text);
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    std::istringstream fields(line);
+    std::string a, b, extra;
+    fields >> a >> b >> extra;
+    if (a.empty() || a[0] == '#') continue;
+    if (!extra.empty()) return InvalidArgument("token file {} line {}: more than two fields", token_file, n);
+    if (b.empty()) {
+      t.any_job.push_back(a);
+    } else if (a.rfind("role=", 0) == 0) {
+      if (a == "role=read-only") {
+        t.read_only.push_back(b);
+      } else if (a == "role=all-jobs") {
+        t.any_job.push_back(b);
+      } else {
+        return InvalidArgument("token file {} line {}: unknown {} (read-only or all-jobs)",
+                               token_file, n, a);
+      }
+    } else {
+      Status name = ValidName("job", a);
+      if (!name.ok()) return name.WithContext(fmt::format("token file {} line {}", token_file, n));
+      t.per_job[a].push_back(b);
+    }
+  }
+  t.enabled = true;
+  return t;
+}
+
+}  // namespace service_internal
+
+// The strongest role the request's token has for `job` ("" for no job in particular).
+// Every candidate is compared, so the time taken does not depend on which one matched.
+Role Service::Impl::RoleFor(const Request& req, const std::string& job, bool* other_job) const {
+  if (!tokens.enabled) return Role::kAdmin;
+  std::string_view tok = http::BearerToken(req.authorization);
+  if (tok.empty()) return Role::kNone;
+  bool admin = !tokens.admin.empty() && http::ConstantTimeEquals(tok, tokens.admin);
+  bool all = false, mine = false, other = false, read = false;
+  for (const auto& t : tokens.any_job) all |= http::ConstantTimeEquals(tok, t);
+  for (const auto& t : tokens.read_only) read |= http::ConstantTimeEquals(tok, t);
+  for (const auto& [name, list] : tokens.per_job) {
+    bool hit = false;
+    for (const auto& t : list) hit |= http::ConstantTimeEquals(tok, t);
+    if (name == job) mine |= hit;
+    else other |= hit;
+  }
+  if (other_job != nullptr) *other_job = other;
+  return admin ? Role::kAdmin
+         : all ? Role::kAllJobs
+         : mine ? Role::kJob
+         : read ? Role::kReadOnly
+                : Role::kNone;
+}
+// The refusal of a request whose token has no role for it (401) or a role too weak (403).
+Status Service::Impl::Unauthorized(const Request& req, const std::string& job, Role role) const {
+  if (http::BearerToken(req.authorization).empty()) {
+    return Refuse(Code::kUnauthenticated, Reason::kTokenMissing,
+                  "missing Authorization: Bearer token");
+  }
+  if (role == Role::kNone) {
+    return job.empty() ? Refuse(Code::kUnauthenticated, Reason::kTokenInvalid, "unknown token")
+                       : Refuse(Code::kUnauthenticated, Reason::kTokenInvalid,
+                                "token not valid for job {}", job);
+  }
+  return Refuse(Code::kPermissionDenied, Reason::kRoleForbids,
+                "this token's role ({}) may not do this", RoleName(role));
+}
+std::string_view Service::Impl::RoleName(Role r) {
+  switch (r) {
+    case Role::kNone: return "none";
+    case Role::kReadOnly: return "read-only";
+    case Role::kJob: return "job";
+    case Role::kAllJobs: return "all-jobs";
+    case Role::kAdmin: return "admin";
+  }
+  return "none";
+}
+// Whether the token may see `job` in /status (every role but a job token for another job).
+bool Service::Impl::TokenSeesJob(const Request& req, const std::string& job) const {
+  return RoleFor(req, job) != Role::kNone;
+}
+// A call that acts for `job` (agents' calls, KV, checkpoint registration, watch).
+Status Service::Impl::RequireJob(const Request& req, const std::string& job) const {
+  Role role = RoleFor(req, job);
+  if (role == Role::kJob || role == Role::kAllJobs || role == Role::kAdmin) return Status::Ok();
+  return Unauthorized(req, job, role);
+}
+// A read of `job` that changes nothing (the checkpoint list): the read-only role may.
+Status Service::Impl::RequireRead(const Request& req, const std::string& job) const {
+  Role role = RoleFor(req, job);
+  if (role != Role::kNone) return Status::Ok();
+  return Unauthorized(req, job, role);
+}
+// /metrics covers every job: admin, all-jobs and read-only tokens; a job token is refused.
+Status Service::Impl::RequireAllJobsRead(const Request& req) const {
+  Role role = RoleFor(req, "");
+  if (role == Role::kReadOnly || role == Role::kAllJobs || role == Role::kAdmin) {
+    return Status::Ok();
+  }
+  bool other = false;
+  (void)RoleFor(req, "", &other);
+  return Unauthorized(req, "", other ? Role::kJob : role);
+}
+Status Service::Impl::RequireAdmin(const Request& req) const {
+  Role role = RoleFor(req, "");
+  if (role == Role::kAdmin) return Status::Ok();
+  if (tokens.admin.empty()) {
+    return Refuse(Code::kPermissionDenied, Reason::kAdminDisabled,
+                  "admin calls need --admin-token-file on the lighthouse");
+  }
+  if (role == Role::kNone) {
+    return http::BearerToken(req.authorization).empty()
+               ? Refuse(Code::kUnauthenticated, Reason::kTokenMissing, "admin token required")
+               : Refuse(Code::kUnauthenticated, Reason::kTokenInvalid, "admin token required");
+  }
+  return Refuse(Code::kPermissionDenied, Reason::kRoleForbids,
+                "admin token required; this token's role is {}", RoleName(role));
+}
+
+}  // namespace lk::lighthouse
