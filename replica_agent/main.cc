@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   uint32_t drain_timeout_ms = static_cast<uint32_t>(o.drain_timeout.count());
   uint32_t backoff_max_ms = static_cast<uint32_t>(o.backoff_max.count());
   uint32_t final_report_timeout_ms = static_cast<uint32_t>(o.final_report_timeout.count());
+  uint32_t hello_timeout_ms = static_cast<uint32_t>(o.hello_timeout.count());
   std::string log_level = "info";
   uint32_t signal_before_s = 120;
   bool requeue = true;
@@ -75,6 +76,9 @@ int main(int argc, char** argv) {
   flags.Add("final-report-timeout-ms", &final_report_timeout_ms,
             "after the trainers finished, how long the agent stays to deliver its final commit "
             "and leave to a lighthouse that is away (then it logs what is undelivered and exits)");
+  flags.Add("hello-timeout-ms", &hello_timeout_ms,
+            "how long to wait for the first trainer's hello; then the group leaves with "
+            "no_trainers and the agent exits 3 (its trainers failed at start); 0: for ever");
   flags.Add("log-level", &log_level, "debug, info, warn or error");
   Status st = flags.Parse(argc, argv);
   if (flags.help_requested()) {
@@ -116,6 +120,7 @@ int main(int argc, char** argv) {
   o.drain_timeout = Millis(drain_timeout_ms);
   o.backoff_max = Millis(backoff_max_ms);
   o.final_report_timeout = Millis(final_report_timeout_ms);
+  o.hello_timeout = Millis(hello_timeout_ms);
   LK_LOG_INFO("agent_start {} incarnation={}", flags.Effective(), o.incarnation);
   // Signals are taken on a thread of their own with sigwait, so a handler never runs inside
   // the agent's locks.
