@@ -276,6 +276,40 @@ void Agent::Impl::HeartbeatLoop() {
   }
 }
 
+pb::QuorumRequest Agent::Impl::QuorumRequestFor(const Effect& ask) const {
+  pb::QuorumRequest q;
+  q.set_job(options.job);
+  q.set_group_id(options.group_id);
+  q.set_incarnation(options.incarnation);
+  q.set_node_rank(options.node_rank);
+  q.set_nodes(options.nodes);
+  q.set_step(ask.step);
+  q.set_timeout_ms(static_cast<uint32_t>(options.quorum_timeout.count()));
+  q.set_address(options.advertise);
+  q.set_fresh(ask.fresh);
+  q.set_compact(true);  // the agent needs its donors' addresses, not the whole member list
+  q.set_generation(generation.load());
+  q.set_group_size(ask.group_size);
+  q.set_mixed_group_sizes(ask.mixed_group_sizes);
+  return q;
+}
+
+void Agent::Impl::FeedAskLocked(const Effect& ask, const Status& st, pb::QuorumResponse resp) {
+  SyncBoardLocked();
+  AskResult in;
+  in.serial = ask.id;
+  in.step = ask.step;
+  in.kind = ask.ask_kind;
+  in.status = st;
+  if (st.ok()) {
+    in.quorum = FromWire(resp);
+    answers[resp.quorum_id()] = std::move(resp);
+  }
+  Effects fx;
+  core->OnAskResult(in, &fx);
+  ApplyLocked(std::move(fx));
+}
+
 void Agent::Impl::QuorumLoop() {
   auto client = LighthouseClient();
   int failures = 0;
@@ -291,20 +325,7 @@ void Agent::Impl::QuorumLoop() {
       if (stopping) return;
       ask = *core->PendingAsk(outbox.Holds(ReportKind::kCommit));
     }
-    pb::QuorumRequest q;
-    q.set_job(options.job);
-    q.set_group_id(options.group_id);
-    q.set_incarnation(options.incarnation);
-    q.set_node_rank(options.node_rank);
-    q.set_nodes(options.nodes);
-    q.set_step(ask.step);
-    q.set_timeout_ms(static_cast<uint32_t>(options.quorum_timeout.count()));
-    q.set_address(options.advertise);
-    q.set_fresh(ask.fresh);
-    q.set_compact(true);  // the agent needs its donors' addresses, not the whole member list
-    q.set_generation(generation.load());
-    q.set_group_size(ask.group_size);
-    q.set_mixed_group_sizes(ask.mixed_group_sizes);
+    const pb::QuorumRequest q = QuorumRequestFor(ask);
     // An ask behind the trainers goes on a client of its own, which a newer ask cancels: the
     // lighthouse must not keep a step the trainers have left as this group's ask.
     std::shared_ptr<http::Client> behind_client;
@@ -327,19 +348,7 @@ void Agent::Impl::QuorumLoop() {
     } else if (st.code() != Code::kDeadlineExceeded && failures++ == 0) {
       LK_LOG_WARN("quorum_failed error={}", Q(st.ToString()));
     }
-    SyncBoardLocked();
-    AskResult in;
-    in.serial = ask.id;
-    in.step = ask.step;
-    in.kind = ask.ask_kind;
-    in.status = st;
-    if (st.ok()) {
-      in.quorum = FromWire(resp);
-      answers[resp.quorum_id()] = std::move(resp);
-    }
-    Effects fx;
-    core->OnAskResult(in, &fx);
-    ApplyLocked(std::move(fx));
+    FeedAskLocked(ask, st, std::move(resp));
     // Answered, superseded, or gone on without the lighthouse: nothing to retry; an open round
     // (deadline) is asked again at once.
     const Ask& now = core->state().ask;

@@ -80,6 +80,10 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   // ---- lighthouse threads (agent.cc; the outbox and the leave: agent_outbox.cc) ----
   void HeartbeatLoop();
   void QuorumLoop();
+  // The lighthouse request of the core's pending ask (kAsk).
+  pb::QuorumRequest QuorumRequestFor(const Effect& ask) const;
+  // With mu held: the lighthouse's answer to `ask` (or why none came) to the core.
+  void FeedAskLocked(const Effect& ask, const Status& st, pb::QuorumResponse resp);
   void WatchLoop();
   // Delivers the outbox's reports in order, retrying with backoff while the lighthouse is away;
   // a report it refuses is logged and dropped (the lighthouse judged it).
