@@ -245,6 +245,12 @@ TEST_CASE("ask ahead is off with --ask-ahead=false, and during a drain") {
   h.PollAll(1);
   REQUIRE(h.Count(K::kAsk) == 1);
   CHECK(h.Of(K::kAsk)[0].ask_kind == Effect::AskKind::kForTrainers);
+  Harness d(1);
+  d.Start();
+  d.core.OnDrain(LeaveReason::kSignal, "cancelled", false, &d.fx);
+  REQUIRE(d.CommitAll(1).ok());  // the trainer's last commit still goes to the lighthouse
+  CHECK(d.Count(K::kQueueCommit) == 1);
+  CHECK(d.Count(K::kAsk) == 0);
 }
 
 TEST_CASE("a changed quorum fetched ahead goes over the socket: no board answer, the poll gets it") {
