@@ -64,7 +64,11 @@ void Agent::Drain(const std::string& reason, bool checkpoint, std::function<void
   impl_->Drain(reason, checkpoint, std::move(after_leave));
 }
 void Agent::SignalArrived() {
-  impl_->signalled = true;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->signalled = true;
+    impl_->core->OnSignalArrived();
+  }
   impl_->cv.notify_all();  // a final-report wait shortens to the quick bound (SendLeave)
 }
 const std::string& Agent::incarnation() const { return impl_->options.incarnation; }
@@ -173,6 +177,12 @@ Status Agent::Impl::Start() {
                               : "https://" + peer_server->LocalAddress();
     }
   }
+  {
+    // No input reached the core yet: it starts again knowing whether trainers have a board.
+    std::lock_guard<std::mutex> lock(mu);
+    core = MakeCore(board != nullptr);
+  }
+  StartHelloTimer();
   LK_LOG_INFO("agent_listening socket={} serve={} advertise={} incarnation={} serve_tls={}",
               options.socket, peer_server ? peer_server->LocalAddress() : "", options.advertise,
               options.incarnation, !options.tls_cert_file.empty());
@@ -208,6 +218,18 @@ int Agent::Impl::Run() {
   return exit_code.load() < 0 ? 0 : exit_code.load();
 }
 
+void Agent::Impl::StartHelloTimer() {
+  if (options.hello_timeout.count() <= 0) return;
+  hello_timer = std::make_unique<boost::asio::steady_timer>(ioc, options.hello_timeout);
+  hello_timer->async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+    if (ec || self->stopping) return;
+    std::lock_guard<std::mutex> lock(self->mu);
+    Effects fx;
+    self->core->OnTick(std::chrono::steady_clock::now(), &fx);
+    self->ApplyLocked(std::move(fx));
+  });
+}
+
 void Agent::Impl::HeartbeatLoop() {
   auto client = LighthouseClient();
   int failures = 0;
@@ -216,10 +238,10 @@ void Agent::Impl::HeartbeatLoop() {
     {
       std::lock_guard<std::mutex> lock(mu);
       // After a drain the group has left: a heartbeat now would only be refused as stale.
-      if (draining) return;
+      if (core->state().draining) return;
       SyncBoardLocked();
-      hb.set_step(committed_step);
-      hb.set_phase(ReportedPhaseLocked());
+      hb.set_step(core->state().committed_step);
+      hb.set_phase(std::string(PhaseName(core->ReportedPhase())));
     }
     hb.set_job(options.job);
     hb.set_group_id(options.group_id);
@@ -231,196 +253,112 @@ void Agent::Impl::HeartbeatLoop() {
     pb::HeartbeatResponse resp;
     Status st = client->Call("POST", "/v1/heartbeat", hb, &resp, Millis(5000));
     Millis wait = options.heartbeat_interval;
+    HeartbeatAnswer in;
+    in.ok = st.ok();
+    in.error = st;
     if (st.ok()) {
       if (failures > 0) LK_LOG_INFO("lighthouse_reachable after_failures={}", failures);
       failures = 0;
       if (resp.generation() != 0) generation = resp.generation();
-      bool evicted = false;
-      for (const auto& n : resp.notices()) evicted |= NamesThisGroup(n);
-      if (evicted) {
-        Fail("evicted");
-        return;
-      }
-      if (resp.drain()) {
-        Drain("drained");
-        return;
-      }
-      if (resp.round_pending()) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (continued_step && !ask_needed && !draining) {
-          // See QuorumLoop: the trainers went on from this step without a round, and a round
-          // is open now. Their step cannot finish before it does if a member waits in it.
-          LK_LOG_INFO("ask_behind step={} quorum_id={} reason=round_pending", *continued_step,
-                      quorum ? quorum->quorum_id() : 0);
-          AskLocked(*continued_step, /*ahead_of_trainers=*/true);
-          ask_behind = true;
-        }
-      }
-    } else if (st.code() == Code::kConflict) {
-      // A newer incarnation of this group exists: this life is over.
-      Fail("replaced: " + st.message());
-      return;
-    } else {
+      for (const auto& n : resp.notices()) in.names_this_group |= NamesThisGroup(n);
+      in.drain = resp.drain();
+      in.round_pending = resp.round_pending();
+    } else if (st.code() != Code::kConflict) {
       if (failures++ == 0) LK_LOG_WARN("heartbeat_failed error={}", Q(st.ToString()));
       wait = std::min(wait, Backoff(failures));
     }
     std::unique_lock<std::mutex> lock(mu);
+    Effects fx;
+    core->OnHeartbeat(in, &fx);
+    ApplyLocked(std::move(fx));
+    if (core->state().draining) return;
     cv.wait_for(lock, wait, [&] { return stopping.load(); });
   }
+}
+
+pb::QuorumRequest Agent::Impl::QuorumRequestFor(const Effect& ask) const {
+  pb::QuorumRequest q;
+  q.set_job(options.job);
+  q.set_group_id(options.group_id);
+  q.set_incarnation(options.incarnation);
+  q.set_node_rank(options.node_rank);
+  q.set_nodes(options.nodes);
+  q.set_step(ask.step);
+  q.set_timeout_ms(static_cast<uint32_t>(options.quorum_timeout.count()));
+  q.set_address(options.advertise);
+  q.set_fresh(ask.fresh);
+  q.set_compact(true);  // the agent needs its donors' addresses, not the whole member list
+  q.set_generation(generation.load());
+  q.set_group_size(ask.group_size);
+  q.set_mixed_group_sizes(ask.mixed_group_sizes);
+  return q;
+}
+
+void Agent::Impl::FeedAskLocked(const Effect& ask, const Status& st, pb::QuorumResponse resp) {
+  SyncBoardLocked();
+  AskResult in;
+  in.serial = ask.id;
+  in.step = ask.step;
+  in.kind = ask.ask_kind;
+  in.status = st;
+  if (st.ok()) {
+    in.quorum = FromWire(resp);
+    answers[resp.quorum_id()] = std::move(resp);
+  }
+  Effects fx;
+  core->OnAskResult(in, &fx);
+  ApplyLocked(std::move(fx));
 }
 
 void Agent::Impl::QuorumLoop() {
   auto client = LighthouseClient();
   int failures = 0;
-  // Whether this run of failures has said it goes on with the quorum it has: its first failure
-  // may have been an ask ahead, which does not go on, so the count alone cannot tell.
-  bool told_continuing = false;
   while (!stopping) {
-    uint32_t step;
-    bool fresh;
-    bool was_ahead;
+    Effect ask;
     {
       std::unique_lock<std::mutex> lock(mu);
       // An ask ahead waits until the node's commit reached the lighthouse, so that a new
       // quorum never overtakes the commit of the step before it.
       cv.wait(lock, [&] {
-        return stopping.load() ||
-               (ask_needed && !draining && (!ask_ahead || !outbox.Holds(ReportKind::kCommit)));
+        return stopping.load() || core->AskMayGo(outbox.Holds(ReportKind::kCommit));
       });
       if (stopping) return;
-      step = ask_step;
-      fresh = !had_state && step == 0;
-      was_ahead = ask_ahead;
-      if (!ask_ahead) phase = "quorum";
+      ask = *core->PendingAsk(outbox.Holds(ReportKind::kCommit));
     }
-    pb::QuorumRequest q;
-    q.set_job(options.job);
-    q.set_group_id(options.group_id);
-    q.set_incarnation(options.incarnation);
-    q.set_node_rank(options.node_rank);
-    q.set_nodes(options.nodes);
-    q.set_step(step);
-    q.set_timeout_ms(static_cast<uint32_t>(options.quorum_timeout.count()));
-    q.set_address(options.advertise);
-    q.set_fresh(fresh);
-    q.set_compact(true);  // the agent needs its donors' addresses, not the whole member list
-    q.set_generation(generation.load());
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      q.set_group_size(group_size);
-      q.set_mixed_group_sizes(!trainers.empty() &&
-                              std::all_of(trainers.begin(), trainers.end(), [](const auto& kv) {
-                                return kv.second.mixed_group_sizes;
-                              }));
-    }
+    const pb::QuorumRequest q = QuorumRequestFor(ask);
     // An ask behind the trainers goes on a client of its own, which a newer ask cancels: the
     // lighthouse must not keep a step the trainers have left as this group's ask.
     std::shared_ptr<http::Client> behind_client;
-    {
+    if (ask.ask_kind == Effect::AskKind::kBehind) {
+      behind_client = CancellableLighthouseClient();
       std::lock_guard<std::mutex> lock(mu);
-      if (ask_behind && ask_step == step) {
-        behind_client = CancellableLighthouseClient();
-        behind_call = behind_client.get();
-      }
+      behind_call = behind_client.get();
     }
     pb::QuorumResponse resp;
     Status st = (behind_client ? behind_client : client)
                     ->Call("POST", "/v1/quorum", q, &resp, options.quorum_timeout + Millis(5000));
+    std::unique_lock<std::mutex> lock(mu);
     if (behind_client) {
-      std::lock_guard<std::mutex> lock(mu);
       behind_call = nullptr;
-      if (!ask_needed || ask_step != step) continue;  // superseded (and cancelled)
+      if (core->state().ask.serial != ask.id) continue;  // superseded, and its call cancelled
     }
     if (st.ok()) {
       failures = 0;
-      told_continuing = false;
       if (resp.generation() != 0) generation = resp.generation();
-      std::lock_guard<std::mutex> lock(mu);
-      SyncBoardLocked();
-      uint32_t known = ahead ? ahead->quorum_id() : quorum ? quorum->quorum_id() : 0;
-      if (known != resp.quorum_id()) {
-        LK_LOG_INFO("quorum quorum_id={} replica_rank={} world_size={} heal={} max_step={} ahead={} reason={}",
-                    resp.quorum_id(), resp.replica_rank(), resp.replica_world_size(), resp.heal(),
-                    resp.max_step(), ask_ahead, Q(resp.reason()));
-        // The commit's own answer says so only when this group's commit was the one that
-        // decided; the quorum that heals it always does.
-        if (resp.diverged_step() != 0) {
-          LK_LOG_WARN("state_diverged step={} quorum_id={} heal={}", resp.diverged_step(),
-                      resp.quorum_id(), resp.heal());
-        }
-      }
-      // The trainers moved to another step while this ask was out (or a drain began): the
-      // answer is for a step nobody will poll; ask again for the one they are at.
-      if (!ask_needed || ask_step != step) continue;
-      ask_needed = false;
-      if (ask_behind) {
-        ask_behind = false;
-        ask_ahead = false;
-        // The step the trainers went on from without a round: an answer on their quorum only
-        // tells that the lighthouse caught up (and lets the group that waited in the round
-        // into their step). Another quorum means theirs is over: their step on it is aborted,
-        // and their next poll (of this step again) is answered from `ahead`.
-        if (quorum && resp.quorum_id() == quorum->quorum_id()) continue;
-        if (quorum) lost_quorums.insert(quorum->quorum_id());
-        ahead = std::move(resp);
-        ahead_step = step;
-        AnswerNoticesLocked(false);
-        cv.notify_all();
-        continue;
-      }
-      if (ask_ahead) {
-        ask_ahead = false;
-        ahead = std::move(resp);
-        ahead_step = step;
-        PublishAheadLocked();
-        cv.notify_all();  // the watch thread follows the quorum fetched ahead
-        continue;
-      }
-      quorum = std::move(resp);
-      phase = "training";
-      AnswerPollsLocked(true);
-      cv.notify_all();  // the watch thread follows the new quorum
+    } else if (st.code() != Code::kDeadlineExceeded && failures++ == 0) {
+      LK_LOG_WARN("quorum_failed error={}", Q(st.ToString()));
+    }
+    FeedAskLocked(ask, st, std::move(resp));
+    // Answered, superseded, or gone on without the lighthouse: nothing to retry; an open round
+    // (deadline) is asked again at once.
+    const Ask& now = core->state().ask;
+    if (st.ok() || st.code() == Code::kDeadlineExceeded || !now.asking() || now.serial != ask.id) {
       continue;
     }
-    if (st.code() == Code::kDeadlineExceeded) continue;  // the round is still open: ask again
-    if (st.reason() == Reason::kStaleIncarnation || st.reason() == Reason::kIncarnationReplaced) {
-      Fail("replaced: " + st.message());
-      return;
-    }
-    // Evicted for stalled progress while this ask waited: asking again would readmit the group
-    // (an ask counts as coming back), and an ask made ahead says nothing about whether the
-    // trainers still progress. The group fails, as when a heartbeat brings the eviction.
-    if (st.reason() == Reason::kGroupEvicted) {
-      Fail("evicted");
-      return;
-    }
-    if (st.reason() == Reason::kGroupSizeMismatch) {
-      Refused(st);
-      return;
-    }
-    if (failures++ == 0) LK_LOG_WARN("quorum_failed error={}", Q(st.ToString()));
-    std::unique_lock<std::mutex> lock(mu);
-    // The lighthouse is unreachable: while the membership has not changed (no loss known), the
-    // trainers go on with the quorum they have; every group sees the same outage and does the
-    // same, and the next boundary asks again. An ask ahead has no trainer waiting on it: it
-    // keeps retrying until they poll, and then takes this path. The step they went on from is
-    // kept: should another group's ask reach the lighthouse at this boundary (it came back in
-    // between, or only this node lost it), that group waits in a round for this one while
-    // these trainers wait in the step's allreduce for that group; the heartbeat then says
-    // round_pending, and this node asks for the step after all (HeartbeatLoop).
-    if (st.code() == Code::kUnavailable && quorum && !draining && !ask_ahead &&
-        !lost_quorums.count(quorum->quorum_id())) {
-      if (!told_continuing) {
-        told_continuing = true;
-        LK_LOG_WARN("lighthouse_unreachable continuing quorum_id={}", quorum->quorum_id());
-      }
-      ask_needed = false;
-      continued_step = step;
-      phase = "training";
-      AnswerPollsLocked(false);
-      continue;
-    }
-    cv.wait_for(lock, Backoff(failures), [&] { return stopping.load() || (was_ahead && !ask_ahead); });
+    const bool was_ahead = ask.ask_kind == Effect::AskKind::kAhead;
+    cv.wait_for(lock, Backoff(failures), [&] {
+      return stopping.load() || (was_ahead && core->state().ask.kind != Ask::Kind::kAhead);
+    });
   }
 }
 
@@ -434,11 +372,11 @@ void Agent::Impl::WatchLoop() {
       // Watch the newest quorum known (fetched ahead, else the trainers') until it is lost;
       // then wait for the next one.
       cv.wait(lock, [&] {
-        auto target = WatchTargetLocked();
-        return stopping.load() || (target && !lost_quorums.count(*target));
+        auto target = core->WatchTarget();
+        return stopping.load() || (target && !core->state().lost_quorums.count(*target));
       });
       if (stopping) return;
-      qid = *WatchTargetLocked();
+      qid = *core->WatchTarget();
     }
     auto r = client->Do("GET",
                         fmt::format("/v1/watch?job={}&quorum_id={}&timeout_ms=20000",
@@ -455,40 +393,20 @@ void Agent::Impl::WatchLoop() {
     }
     failures = 0;
     if (!w.lost()) continue;
+    LossInput in;
+    in.quorum_id = qid;
+    for (const auto& n : w.notices()) {
+      in.who += (in.who.empty() ? "" : ",") + n.group_id() + ":" + n.reason();
+      if (!NamesThisGroup(n)) continue;
+      in.names_this_group = true;
+      in.evicted |= n.reason() == "progress_stalled";
+    }
     std::lock_guard<std::mutex> lock(mu);
     SyncBoardLocked();
-    // Superseded by the quorum this agent fetched ahead: not a loss the trainers must hear of
-    // (they are between outer steps, and their next poll hands them the newer quorum).
-    if (ahead && qid < ahead->quorum_id()) continue;
-    std::string who;
-    for (const auto& n : w.notices()) who += (who.empty() ? "" : ",") + n.group_id() + ":" + n.reason();
-    LK_LOG_INFO("quorum_lost quorum_id={} notices={}", qid, Q(who));
-    lost_quorums.insert(qid);
-    // A loss that names this group itself (evicted, or its own leave) is not a reason to ask
-    // again: an ask would readmit a group whose trainers stalled.
-    bool self_named = false, evicted = false;
-    for (const auto& n : w.notices()) {
-      if (!NamesThisGroup(n)) continue;
-      self_named = true;
-      evicted |= n.reason() == "progress_stalled";
-    }
-    if (evicted) {
-      WithdrawBoardLocked();
-      ahead.reset();
-      AnswerNoticesLocked(false);
-      boost::asio::post(ioc, [self = shared_from_this()] { self->Fail("evicted"); });
-      continue;
-    }
-    // Off the board first: if a trainer took it already, it stands for the node (WithdrawBoard
-    // makes it the trainers' quorum), and the notices below abort their step on it.
-    if (ahead && ahead->quorum_id() == qid) WithdrawBoardLocked();
-    if (ahead && ahead->quorum_id() == qid && !self_named) {
-      // The quorum fetched ahead lost a member before the trainers polled: fetch another.
-      uint32_t step = ahead_step;
-      ahead.reset();
-      if (!ask_needed) AskAheadLocked(step);
-    }
-    AnswerNoticesLocked(false);
+    Effects fx;
+    core->OnQuorumLost(in, &fx);
+    ApplyLocked(std::move(fx));
+    cv.notify_all();
   }
 }
 
@@ -505,38 +423,16 @@ void Agent::Impl::BoardLoop() {
 }
 
 void Agent::Impl::Drain(const std::string& reason, bool checkpoint,
-                        std::function<void()> after_leave) {
+                        std::function<void()> after) {
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (draining) return;
-    draining = true;
-    checkpoint_now = checkpoint;
-    drain_reason = reason;
-    phase = "draining";
-    LK_LOG_INFO("drain reason={} checkpoint={} trainers={}", reason, checkpoint, trainers.size());
-    DrainTrainersLocked();
+    if (core->state().draining) return;
+    after_leave = std::move(after);
+    Effects fx;
+    core->OnDrain(LeaveReason::kSignal, reason, checkpoint, &fx);
+    ApplyLocked(std::move(fx));
   }
   cv.notify_all();
-  auto self = shared_from_this();
-  auto finish = [self] { self->Finish(self->exit_code.load() < 0 ? 0 : self->exit_code.load()); };
-  if (!checkpoint) {
-    // Leave at once so that the other groups' quorum shrinks without a heartbeat timeout, then
-    // give the trainers drain_timeout to exit.
-    Spawn([self, reason, finish] {
-      self->SendLeave(reason);
-      self->WaitForTrainersThen([finish](bool) { finish(); });
-    });
-    return;
-  }
-  // A durable save first: the group stays a member until its trainers have saved and exited.
-  WaitForTrainersThen([self, reason, finish, after_leave](bool all_exited) {
-    if (!all_exited) LK_LOG_WARN("checkpoint_not_confirmed reason=drain_timeout");
-    self->Spawn([self, reason, finish, after_leave] {
-      self->SendLeave(reason);
-      if (after_leave) after_leave();
-      finish();
-    });
-  });
 }
 
 // Calls `then(all_exited)` on the io thread once every known trainer process has exited, or
@@ -572,48 +468,6 @@ void Agent::Impl::WaitForTrainersThen(std::function<void(bool)> then) {
   });
 }
 
-void Agent::Impl::Fail(const std::string& reason) {
-  exit_code = 3;
-  LK_LOG_WARN("group_failed reason={}", Q(reason));
-  // The group is one failure domain: the surviving local trainers stop too, and the launcher
-  // restarts the whole group as a new incarnation.
-  // Only processes the agent holds a pidfd for: a pid alone may by now name another process
-  // (reused), and a pidfd names exactly the process that connected.
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    for (auto& [r, t] : trainers) {
-      if (!t.pidfd || t.exited) continue;
-      if (::syscall(SYS_pidfd_send_signal, t.pidfd->native_handle(), SIGTERM, nullptr, 0) != 0) {
-        LK_LOG_WARN("trainer_signal_failed group_rank={} pid={} errno={}", r, t.pid, errno);
-      }
-    }
-  }
-  Drain(reason);
-}
-
-void Agent::Impl::Refused(const Status& refused) {
-  // The trainers get the lighthouse's words, without the HTTP status the client put before
-  // them (their own client adds the agent's).
-  std::string words = refused.message();
-  if (words.rfind("HTTP ", 0) == 0) {
-    if (auto colon = words.find(": "); colon != std::string::npos) words = words.substr(colon + 2);
-  }
-  const Status why(refused.code(), words, refused.reason());
-  LK_LOG_ERROR("quorum_refused code={} reason={}", ReasonName(why.reason()), Q(why.message()));
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    refusal = why;
-    exit_code = 2;
-    for (auto& [rank, t] : trainers) {
-      if (!t.poll_respond) continue;
-      auto respond = std::move(t.poll_respond);
-      t.poll_respond = nullptr;
-      respond(http::ErrorReply(why, t.poll_format));
-    }
-  }
-  Drain("group_size_mismatch");
-}
-
 void Agent::Impl::Finish(int code) {
   LK_LOG_INFO("agent_exit code={}", code);
   exit_code = code;
@@ -623,12 +477,15 @@ void Agent::Impl::Finish(int code) {
   boost::asio::post(ioc, [self = shared_from_this()] {
     if (self->socket_server) self->socket_server->Stop();
     if (self->peer_server) self->peer_server->Stop();
+    if (self->hello_timer) self->hello_timer->cancel();
     std::lock_guard<std::mutex> lock(self->mu);
     if (self->board) {
       self->board->Close();
       self->board->Unlink();
     }
-    self->AnswerNoticesLocked(true);
+    Effects fx;
+    self->core->OnStopping(&fx);
+    self->ApplyLocked(std::move(fx));
     for (auto& [r, t] : self->trainers) {
       if (t.pidfd) t.pidfd->close();
     }

@@ -70,6 +70,10 @@ struct AgentOptions {
   // leave while the lighthouse is away; then it logs what it could not deliver and exits.
   // Other leaves (a signal, a failure) wait at most the shorter of this and a few seconds.
   Millis final_report_timeout{300'000};
+  // How long the agent waits for the first trainer's hello; then it leaves with no_trainers
+  // and exits 3 (its trainers failed at start: a group that heartbeats as healthy and never
+  // asks would hold the other groups' first quorum for good). Zero waits for ever.
+  Millis hello_timeout{300'000};
 
   // kInvalidArgument naming the first option out of range (a required one empty, node_rank not
   // below nodes); the messages name the agent's flags, which set these fields one for one. An
@@ -84,7 +88,7 @@ class Agent {
   // Listens on the socket (and --serve) and starts the lighthouse threads.
   Status Start();
   // Runs until the agent is done; returns the process exit code: 0 after a graceful drain,
-  // 3 when the group failed (a trainer died, the group was evicted or replaced).
+  // 3 when the group failed (a trainer died, the group was evicted or replaced, no trainer came).
   int Run();
   // From a signal: drain the trainers, leave with `reason`, exit 0. With `checkpoint` the
   // trainers first save a durable checkpoint and the group leaves once they have exited (the

@@ -38,7 +38,21 @@ TEST_CASE("the wait for trainers frees its callback once it has called it") {
 // quorum, a step not after the committed one) went out as 409 with no reason code.
 TEST_CASE("the trainer API's conflicts carry reason codes") {
   auto impl = std::make_shared<Agent::Impl>(AgentOptions{});
-  impl->trainers[0].pid = static_cast<int>(::getpid());
+  auto call = [&impl](const std::string& path, const std::string& body) {
+    http::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.content_type = http::kJsonType;
+    req.body = body;
+    req.credentials = http::PeerCredentials{static_cast<int>(::getpid()),
+                                            static_cast<uint32_t>(::geteuid()),
+                                            static_cast<uint32_t>(::getegid())};
+    http::Response got;
+    impl->TrainerRoute(std::move(req), [&got](http::Response r) { got = std::move(r); });
+    return got;
+  };
+  // The trainer is known to the agent (its hello), but no quorum was issued yet.
+  REQUIRE(call("/v1/trainer/hello", R"({"group_rank":0,"group_size":1})").status == 200);
   auto commit = [&impl](uint32_t step) {
     http::Request req;
     req.method = "POST";

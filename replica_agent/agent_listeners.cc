@@ -220,15 +220,19 @@ void Agent::Impl::HandleStatus(const http::Request& req, http::Responder respond
   std::lock_guard<std::mutex> lock(mu);
   SyncBoardLocked();
   auto ready = board ? board->Ready() : std::nullopt;
+  const AgentState& s = core->state();
+  const bool fetched = s.ask.kind == Ask::Kind::kFetched;
+  const auto& handed = s.board.handed;
   std::string body = fmt::format(
       "{{\"job\":\"{}\",\"group_id\":\"{}\",\"incarnation\":\"{}\",\"node_rank\":{},"
       "\"quorum_id\":{},\"committed_step\":{},\"trainers\":{},\"phase\":\"{}\",\"draining\":{},"
       "\"ahead_quorum_id\":{},\"ahead_step\":{},\"board\":{},\"board_ready_step\":{},"
       "\"board_taken_step\":{},\"outbox_pending\":{},\"outbox_dropped\":{}}}",
       options.job, options.group_id, options.incarnation, options.node_rank,
-      quorum ? quorum->quorum_id() : 0, committed_step, trainers.size(), ReportedPhaseLocked(),
-      draining ? "true" : "false", ahead ? ahead->quorum_id() : 0, ahead ? ahead_step : 0,
-      board ? "true" : "false", ready ? static_cast<int64_t>(ready->step) : -1,
+      s.quorum ? s.quorum->quorum_id : 0, s.committed_step, s.trainers.size(),
+      PhaseName(core->ReportedPhase()), s.draining ? "true" : "false",
+      fetched ? s.ask.fetched->quorum_id : 0, fetched ? s.ask.step : 0, board ? "true" : "false",
+      ready ? static_cast<int64_t>(ready->step) : -1,
       handed ? static_cast<int64_t>(handed->step) : -1, outbox.size(), outbox.dropped());
   respond(http::TextReply(200, http::kJsonType, body));
 }

@@ -123,15 +123,16 @@ void Agent::Impl::OutboxLoop() {
         }
         break;
       case ReportKind::kLeave:
-        LK_LOG_INFO("left reason={} result={}", drain_reason, Q(st.ToString()));
+        LK_LOG_INFO("left reason={} result={}", core->state().drain_reason, Q(st.ToString()));
         break;
     }
     cv.notify_all();  // an ask ahead waits for the commits, a leave for itself
     if (r.kind == ReportKind::kCommit && st.reason() == Reason::kJobFinished) {
       // The job finished and this group is in a catch-up quorum that could not bring it to
       // the final step: no quorum will ever take its steps, so it leaves instead of waiting.
-      lock.unlock();
-      Drain("job_finished", false);
+      Effects fx;
+      core->OnJobFinished(&fx);
+      ApplyLocked(std::move(fx));
     }
   }
 }
@@ -150,7 +151,7 @@ void Agent::Impl::SendLeave(const std::string& reason) {
   std::unique_lock<std::mutex> lock(mu);
   Report r;
   r.kind = ReportKind::kLeave;
-  r.step = committed_step;
+  r.step = core->state().committed_step;
   r.body = leave.SerializeAsString();
   QueueReportLocked(std::move(r));
   const uint64_t seq = outbox.pushed();

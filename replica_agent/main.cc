@@ -25,6 +25,7 @@ struct Config {
   uint32_t drain_timeout_ms = static_cast<uint32_t>(o.drain_timeout.count());
   uint32_t backoff_max_ms = static_cast<uint32_t>(o.backoff_max.count());
   uint32_t final_report_timeout_ms = static_cast<uint32_t>(o.final_report_timeout.count());
+  uint32_t hello_timeout_ms = static_cast<uint32_t>(o.hello_timeout.count());
   std::string log_level = "info";
   LogLevel level = LogLevel::kInfo;
   uint32_t signal_before_s = 120;
@@ -81,6 +82,9 @@ void AddFlags(Flags& flags, Config* c) {
   flags.Add("final-report-timeout-ms", &c->final_report_timeout_ms,
             "after the trainers finished, how long the agent stays to deliver its final commit "
             "and leave to a lighthouse that is away (then it logs what is undelivered and exits)");
+  flags.Add("hello-timeout-ms", &c->hello_timeout_ms,
+            "how long to wait for the first trainer's hello; then the group leaves with "
+            "no_trainers and the agent exits 3 (its trainers failed at start); 0: for ever");
   flags.Add("log-level", &c->log_level, "debug, info, warn or error");
 }
 
@@ -111,6 +115,7 @@ Status Resolve(const Flags& flags, Config* c) {
   o.drain_timeout = Millis(c->drain_timeout_ms);
   o.backoff_max = Millis(c->backoff_max_ms);
   o.final_report_timeout = Millis(c->final_report_timeout_ms);
+  o.hello_timeout = Millis(c->hello_timeout_ms);
   return Status::Ok();
 }
 

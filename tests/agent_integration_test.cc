@@ -875,5 +875,29 @@ TEST_CASE("an agent restarted under a live trainer: the trainer's next socket po
   CHECK(again.Running());
 }
 
+// A group whose trainers failed at start (a mistyped flag) used to heartbeat as healthy and
+// never ask, holding the other group's first quorum for good ("wait: 1 of 2 healthy groups
+// asked, a majority needs 2"). Its agent now leaves with no_trainers after --hello-timeout-ms
+// and exits 3, and the other group's quorum forms without it. The heartbeat timeout is long,
+// so that only the leave can let the quorum form within the wait.
+TEST_CASE("a group whose trainers never start leaves with no_trainers and holds no quorum") {
+  Cluster c("agent-no-trainers", {"--heartbeat-timeout-ms", "120000", "--join-timeout-ms", "300"});
+  c.agent_flags = {"--hello-timeout-ms", "1500"};
+  c.Start("g1", 0, 0);  // its trainers never come
+  c.Start("g0", 1, 1000);
+  REQUIRE_FALSE(c.groups["g1"].agent->WaitForLog("no_trainers hello_timeout_ms=1500", 20s).empty());
+  auto code = c.groups["g1"].agent->Wait(20s);
+  REQUIRE(code.has_value());
+  CHECK(*code == 3);
+  CHECK_FALSE(c.groups["g1"].agent->WaitForLog("left reason=no_trainers", 1s).empty());
+  c.WaitForMembers({"g0"}, 30s);
+  auto line = WaitForLine(c.groups["g0"].logs[0], 30s, [](const std::string& l) {
+    return JsonField(l, "event") == "allreduce";
+  });
+  CHECK_FALSE(line.empty());
+  // The group with a trainer is not touched by the bound.
+  CHECK(c.groups["g0"].agent->Running());
+}
+
 }  // namespace
 }  // namespace lk::test
