@@ -53,7 +53,10 @@ class AgentFixture {
     lo.bind = "127.0.0.1:0";
     lo.token_file = dir_ + "/tokens";
     lo.http.single_thread = true;
-    lo.long_poll_max = Millis(50);
+    // Every long-poll the lighthouse holds ends within 10 ms: a trainer's KV read of a key
+    // nobody put (common in fuzzed paths) waits that long for it, and at 50 ms such reads were
+    // half of agent_socket_routes' time. The agent's own watch and quorum asks poll again.
+    lo.long_poll_max = Millis(10);
     lo.core.min_replicas = 1;
     lo.core.jobs_max = 4;
     lo.kv_keys_per_job_max = 64;

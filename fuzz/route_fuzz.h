@@ -16,6 +16,7 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 
 #include <chrono>
 #include <mutex>
@@ -25,6 +26,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <lightkeeper/check.h>
@@ -100,14 +102,22 @@ inline std::shared_ptr<Answer> Drive(boost::asio::io_context& ioc, const http::H
                                      bool may_hold = false) {
   auto answer = std::make_shared<Answer>();
   std::string what = req.method + " " + req.path;
-  http::CallHandler(handler, std::move(req), [answer, what](http::Response r) {
-    std::lock_guard<std::mutex> lock(answer->mu);
-    // The barrier drops second answers; the route code must not give them either, and a
-    // responder kept past its request (a waiter) must not answer it twice.
-    ++answer->calls;
-    LK_CHECK(answer->calls == 1) << "answered twice: " << what;
-    CheckStatus(r, what);
-    answer->response = std::move(r);
+  std::thread::id driver = std::this_thread::get_id();
+  http::CallHandler(handler, std::move(req), [answer, what, &ioc, driver](http::Response r) {
+    {
+      std::lock_guard<std::mutex> lock(answer->mu);
+      // The barrier drops second answers; the route code must not give them either, and a
+      // responder kept past its request (a waiter) must not answer it twice.
+      ++answer->calls;
+      LK_CHECK(answer->calls == 1) << "answered twice: " << what;
+      CheckStatus(r, what);
+      answer->response = std::move(r);
+    }
+    // An answer from another thread (the agent's workers) would otherwise be seen only when
+    // the wait below times out: waking the io_context ends that wait as soon as it comes.
+    // Every responder is called before its io_context is destroyed (the agent joins the
+    // threads that hold them first). An answer on this thread needs no wake-up.
+    if (std::this_thread::get_id() != driver) boost::asio::post(ioc, [] {});
   });
   auto answered = [&answer] {
     std::lock_guard<std::mutex> lock(answer->mu);
