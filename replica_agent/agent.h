@@ -73,7 +73,7 @@ struct AgentOptions {
   // How long the agent waits for the first trainer's hello; then it leaves with no_trainers
   // and exits 3 (its trainers failed at start: a group that heartbeats as healthy and never
   // asks would hold the other groups' first quorum for good). Zero waits for ever.
-  Millis hello_timeout{300'000};
+  Millis hello_timeout{600'000};
 
   // kInvalidArgument naming the first option out of range (a required one empty, node_rank not
   // below nodes); the messages name the agent's flags, which set these fields one for one. An

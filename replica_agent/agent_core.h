@@ -79,7 +79,7 @@ struct CoreOptions {
   // How long the agent waits for its first trainer's hello before it leaves with no_trainers
   // and exits non-zero; zero waits for ever. A group whose trainers failed at start otherwise
   // heartbeats as healthy, never asks, and holds the other groups' first quorum.
-  Millis hello_timeout{300'000};
+  Millis hello_timeout{600'000};
   // The board holds this many slots (poll_board.h kMaxSlots).
   uint32_t board_slots = 256;
 };
