@@ -92,6 +92,15 @@ Result<RestorePlan> PlanRestore(const Manifest& m, TargetLayout layout, PlanOpti
   for (const auto& t : m.tensors) {
     auto index = static_cast<uint32_t>(plan.tensors.size());
     RowRange target = TargetRows(t.shape, layout.ranks, layout.rank);
+    if (options.target_rows) {
+      std::optional<RowRange> chosen = options.target_rows(t, target);
+      if (!chosen) continue;
+      if (chosen->begin < 0 || chosen->end < chosen->begin || chosen->end > RowsOf(t.shape)) {
+        return InvalidArgument("tensor '{}': target rows [{},{}) outside its {} rows", t.name,
+                               chosen->begin, chosen->end, RowsOf(t.shape));
+      }
+      target = *chosen;
+    }
     uint64_t row_bytes = RowBytes(t.dtype, t.shape);
     plan.tensors.push_back(TargetTensor{t.name, t.dtype, t.shape, target,
                                         static_cast<uint64_t>(target.rows()) * row_bytes});

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,6 +68,11 @@ struct PlanOptions {
   // (at least one chunk). Large enough for full disk and network speed, small enough to stripe
   // a shard over several sources and to retry cheaply when one of them fails.
   uint64_t read_bytes_max = uint64_t{16} << 20;
+  // The rows of tensor `t` this rank restores, when they are not the even split (`even`,
+  // TargetRows): e.g. a per-rank tensor that one rank takes whole ({0, RowsOf(t.shape)}) and
+  // every other rank leaves out (nullopt: the tensor is in neither the plan nor the restored
+  // state). Rows outside the tensor fail the plan. Unset: `even` for every tensor.
+  std::function<std::optional<RowRange>(const TensorInfo& t, RowRange even)> target_rows;
 };
 
 // Fails when the manifest is partial or inconsistent, or the layout is impossible.

@@ -74,6 +74,10 @@ Status DilocoOptions::Validate() const {
   if (OuterCompress parsed; !ParseOuterCompress(OuterCompressName(outer_compress), &parsed)) {
     return InvalidArgument("unknown outer_compress {}", static_cast<int>(outer_compress));
   }
+  if (extra_state_bytes_max > kExtraStateBytesLimit) {
+    return InvalidArgument("extra_state_bytes_max {} is above {} bytes", extra_state_bytes_max,
+                           kExtraStateBytesLimit);
+  }
   return Status::Ok();
 }
 
@@ -180,6 +184,7 @@ SyncResult Diloco::Impl::MakeResult(SyncKind kind, const client::PollResult& pr,
   // A received state was loaded (LoadGlobal), so its whole-model hash is known too.
   if (kind == SyncKind::kCommitted || kind == SyncKind::kReceived) r.global_hash = global_hash_;
   r.reason = pr.reason;
+  r.extra_state_restored = restored_extra_.has_value();
   r.stats = stats;
   return r;
 }
@@ -232,6 +237,8 @@ Status Diloco::Finish() {
   return impl_->Finish();
 }
 std::span<const float> Diloco::restored_inner_state() const { return impl_->restored_inner(); }
+Status Diloco::SetExtraState(std::span<const uint8_t> bytes) { return impl_->SetExtraState(bytes); }
+std::span<const uint8_t> Diloco::restored_extra_state() const { return impl_->restored_extra(); }
 uint32_t Diloco::step() const { return impl_->step(); }
 size_t Diloco::numel() const { return impl_->numel(); }
 size_t Diloco::shard_numel() const { return impl_->shard_numel(); }

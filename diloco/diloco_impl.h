@@ -99,6 +99,11 @@ class Diloco::Impl {
   void RequestDrain() { sink_->drain = true; }
   void HandleNotice(const client::Notice& n) { internal::Deliver(*sink_, n); }
   std::span<const float> restored_inner() const { return restored_inner_; }
+  Status SetExtraState(std::span<const uint8_t> bytes);
+  std::span<const uint8_t> restored_extra() const {
+    return restored_extra_ ? std::span<const uint8_t>(*restored_extra_)
+                           : std::span<const uint8_t>();
+  }
   uint32_t step() const { return state_.step; }
   size_t numel() const { return layout_.total; }
   size_t shard_numel() const { return layout_.shard_numel; }
@@ -190,6 +195,7 @@ class Diloco::Impl {
     double ms = 0;
     uint64_t bytes = 0;
     std::unique_ptr<Pacer> pacer;  // with outer_fragments > 1
+    std::vector<uint8_t> extra;    // the caller's extra state that goes with `delta`
     // Poll for the step's quorum on the thread first (the main thread goes on with the inner
     // steps meanwhile). When the answer is anything but a step on the joined quorum, the
     // exchange does not start: `deferred` says why, and `carried` holds the answer for the
@@ -277,6 +283,7 @@ class Diloco::Impl {
     bool received = false;         // state came from elsewhere in the current quorum
     bool healed = false;           // ... and it was a heal, not the first start's initial weights
     bool inner_from_disk = false;  // ... from a durable checkpoint that held the inner state
+    bool extra_from_disk = false;  // ... from a durable checkpoint that held this rank's extra
     std::string heal_source;
     InnerAction inner_action = InnerAction::kKeep;
   };
@@ -284,6 +291,17 @@ class Diloco::Impl {
   bool healed_since_commit_ = false;
   std::vector<float> restored_inner_;  // full inner buffer of the last durable restore
   std::vector<float> restored_inner_shard_;
+  // The trainer's extra state (Diloco::SetExtraState): the bytes that go with the weights of the
+  // next Sync (extra_next_), with the pending pseudo-gradient (extra_pending_; an exchange in
+  // flight carries its own, InFlight::extra), and with state_ (extra_committed_: what durable
+  // saves write). A commit moves the pending bytes to committed, as it moves the weights; state
+  // taken from elsewhere takes the restored bytes when a durable restore brought this rank's,
+  // else the caller's latest (its own data position goes on from where it is).
+  std::vector<uint8_t> extra_next_, extra_pending_, extra_committed_;
+  std::optional<std::vector<uint8_t>> restored_extra_shard_;  // the join's durable restore
+  std::optional<std::vector<uint8_t>> restored_extra_;        // handed out by this call
+  // Moves the extra state after a join that received state (or not) and logs a restore.
+  void TakeJoinExtra(bool received);
   std::optional<std::vector<float>> pending_delta_;
   uint64_t pending_tokens_ = 0;  // the group's tokens behind pending_delta_
   OuterWeights last_weights_;    // of the last committed step

@@ -19,6 +19,7 @@ Status Diloco::Impl::Heal(const client::PollResult& pr) {
     Result<OuterState> got = Status(Code::kNotFound, "no source");
     std::string from;
     std::optional<std::vector<float>> inner;
+    std::optional<std::vector<uint8_t>> extra;
     std::string inner_missing;
     if (src.kind == HealSourceKind::kPeers) {
       from = "peers";
@@ -28,6 +29,7 @@ Status Diloco::Impl::Heal(const client::PollResult& pr) {
       auto r = state_io_->Restore(src.location);
       if (r.ok()) {
         inner = std::move(r->inner);
+        extra = std::move(r->extra);
         inner_missing = r->inner_missing;
         got = std::move(r->state);
       } else {
@@ -40,6 +42,8 @@ Status Diloco::Impl::Heal(const client::PollResult& pr) {
       fresh_ = false;
       join_.heal_source = from;
       join_.inner_from_disk = inner.has_value();
+      join_.extra_from_disk = extra.has_value();
+      restored_extra_shard_ = std::move(extra);
       if (inner) restored_inner_shard_ = std::move(*inner);
       LK_LOG_INFO("heal_fetched from={} step={} inner_state={}", Q(from), state_.step,
                   Q(src.kind == HealSourceKind::kPeers ? std::string("fresh")
@@ -96,6 +100,7 @@ void Diloco::Impl::TakeDonorState(std::span<const float> buf, const SyncPlan& pl
   // From a fresh donor it is the first start's weights, whatever the answer said.
   join_.healed = !pr.initial && !plan.donor_fresh;
   join_.inner_from_disk = false;  // whatever a restore brought is for another step now
+  join_.extra_from_disk = false;
   join_.heal_source = fmt::format("replica_rank {}", *plan.donor);
   LK_LOG_INFO("heal_received donor_replica_rank={} step={} quorum_id={} group_sizes={}",
               *plan.donor, plan.step, pr.quorum_id,
@@ -211,7 +216,7 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& polled, std::span<floa
     account();
     return plan.status();
   }
-  join_.received = join_.healed = join_.inner_from_disk = false;
+  join_.received = join_.healed = join_.inner_from_disk = join_.extra_from_disk = false;
   join_.heal_source.clear();
   // A join that fails leaves this trainer's state as it was before: state fetched for a quorum
   // that then fell apart is not a step this group reached, and the next poll must ask at the
@@ -223,7 +228,7 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& polled, std::span<floa
     state_ = std::move(before);
     has_state_ = had_state;
     fresh_ = was_fresh;
-    join_.received = join_.healed = join_.inner_from_disk = false;
+    join_.received = join_.healed = join_.inner_from_disk = join_.extra_from_disk = false;
     join_.heal_source.clear();
   };
   if (pr.heal) {
@@ -276,6 +281,7 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& polled, std::span<floa
       LK_LOG_INFO("inner_state_restored step={} hash={}", state_.step, StateHash(restored_inner_));
     }
   }
+  TakeJoinExtra(v[0] > 0);
   account();
   LK_LOG_INFO(
       "quorum_joined quorum_id={} replica_rank={} world={} step={} healed={} "
@@ -287,6 +293,23 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& polled, std::span<floa
       mixed_ ? fmt::format("{}", fmt::join(pr.group_sizes, ",")) : std::to_string(o_.group_size),
       Q(pr.reason));
   return Status::Ok();
+}
+
+// The extra state goes with the state the join leaves: this rank's bytes from the durable
+// checkpoint that state came from, else (a heal from live peers, the slot state sync, this
+// group's own state) the caller's latest, since its data position goes on from where it is.
+void Diloco::Impl::TakeJoinExtra(bool received) {
+  if (!received) return;
+  extra_pending_.clear();  // dropped with the pending pseudo-gradient
+  if (join_.extra_from_disk && restored_extra_shard_) {
+    restored_extra_ = std::move(*restored_extra_shard_);
+    extra_committed_ = *restored_extra_;
+    LK_LOG_INFO("extra_state_restored step={} bytes={}", state_.step, restored_extra_->size());
+  } else {
+    restored_extra_.reset();
+    extra_committed_ = extra_next_;
+  }
+  restored_extra_shard_.reset();
 }
 
 }  // namespace lk::diloco

@@ -60,6 +60,7 @@ Result<SyncResult> Diloco::Impl::SyncOverlapped(std::span<float> params, uint64_
   ov_.stand_in.resize(n);
   for (size_t i = 0; i < n; ++i) ov_.stand_in[i] = delta[i] - (ov_.start[i] - state_.global[i]) / c;
   pending_delta_ = std::move(delta);
+  extra_pending_ = extra_next_;
   pending_tokens_ = group_tokens;
   // The same branch in every trainer of the group: one that polled here for a drain it had
   // just heard of would leave while the others gather the stand-in below with it. A drain that
@@ -108,6 +109,8 @@ void Diloco::Impl::StartInFlight(const client::PollResult& pr, bool poll_first) 
   f->session_free.store(!poll_first);
   f->delta = std::move(*pending_delta_);
   pending_delta_.reset();
+  f->extra = std::move(extra_pending_);
+  extra_pending_.clear();
   f->tokens = pending_tokens_;
   f->sum = f->delta;
   f->t0 = Clock::now();
@@ -188,6 +191,7 @@ Result<SyncResult> Diloco::Impl::LandInFlight(std::span<float> params, SyncStats
   stats.allreduce_ms += f->ms;
   stats.cross_bytes += f->bytes;
   pending_delta_ = std::move(f->delta);
+  extra_pending_ = std::move(f->extra);
   pending_tokens_ = f->tokens;
   if (f->deferred) {
     // The exchange never started: nothing failed, so the quorum is not reported. The group's
@@ -212,6 +216,7 @@ Result<SyncResult> Diloco::Impl::Flush(std::span<float> params) {
   if (params.size() != layout_.total) {
     return InvalidArgument("params has {} elements, the specs {}", params.size(), layout_.total);
   }
+  restored_extra_.reset();
   if (!ov_.in_flight) {
     SyncResult r;
     r.kind = SyncKind::kJoined;

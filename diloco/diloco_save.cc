@@ -33,8 +33,12 @@ Result<bool> Diloco::Impl::SaveDurable(uint32_t attempt) {
     inner_layout_.Take(inner, inner_shard);
     LK_LOG_INFO("inner_state_saved step={} hash={}", state_.step, StateHash(inner));
   }
+  if (!extra_committed_.empty()) {
+    LK_LOG_INFO("extra_state_saved step={} bytes={}", state_.step, extra_committed_.size());
+  }
   bool written = true;
-  if (Status st = state_io_->SaveDurable(state_, inner_shard, attempt); !st.ok()) {
+  if (Status st = state_io_->SaveDurable(state_, inner_shard, extra_committed_, attempt);
+      !st.ok()) {
     if (st.code() != Code::kConflict) return st;
     // This group's root already holds a committed checkpoint of this step: an earlier life of
     // the group got there before this one came back (restored or healed to it). Every member's
@@ -93,6 +97,17 @@ Status Diloco::Impl::Finish() {
   LK_LOG_INFO("trainer_done step={} hash={}", state_.step, StateHash(state_.global));
   // Without the goodbye the agent would take this exit for a crash and fail the group.
   return session_->Finish().WithContext("finish");
+}
+
+Status Diloco::Impl::SetExtraState(std::span<const uint8_t> bytes) {
+  if (bytes.size() > o_.extra_state_bytes_max) {
+    return InvalidArgument(
+        "extra state of {} bytes is over the bound of {} bytes (DilocoOptions::"
+        "extra_state_bytes_max); keep it to a data position and generator states",
+        bytes.size(), o_.extra_state_bytes_max);
+  }
+  extra_next_.assign(bytes.begin(), bytes.end());
+  return Status::Ok();
 }
 
 }  // namespace lk::diloco

@@ -91,6 +91,8 @@ Result<SyncResult> Diloco::Impl::Join(std::span<float> params) {
     return InvalidArgument("params has {} elements, the specs {}", params.size(), layout_.total);
   }
   if (proto_.ready_quorum_id != 0) return InvalidArgument("Join was called already");
+  restored_extra_.reset();
+  extra_committed_ = extra_next_;  // what a save before any commit or heal writes
   CanonicalizeZeros(params);
   layout_.Take(params, state_.global);
   SyncStats stats;
@@ -152,6 +154,7 @@ Result<SyncResult> Diloco::Impl::Sync(std::span<float> params, uint64_t tokens) 
     return InvalidArgument("params has {} elements, the specs {}", params.size(), layout_.total);
   }
   if (proto_.ready_quorum_id == 0) return InvalidArgument("Sync before Join");
+  restored_extra_.reset();
   if (o_.overlap) {
     if (ov_.sync_returned) ov_.inner_phase = Clock::now() - *ov_.sync_returned;
     Result<SyncResult> r = SyncOverlapped(params, tokens);
@@ -165,6 +168,7 @@ Result<SyncResult> Diloco::Impl::Sync(std::span<float> params, uint64_t tokens) 
     layout_.Take(params, delta);
     for (size_t i = 0; i < delta.size(); ++i) delta[i] = state_.global[i] - delta[i];
     pending_delta_ = std::move(delta);
+    extra_pending_ = extra_next_;
   }
   return RunPending(params, SyncStats{});
 }
@@ -289,6 +293,9 @@ Result<bool> Diloco::Impl::Land(const client::PollResult& pr, const Result<Outer
   stats->gather_ms += MsSince(gather_t0);
   state_.step += 1;
   pending_delta_.reset();
+  // The caller's extra state of this pseudo-gradient goes with the step it made.
+  extra_committed_ = std::move(extra_pending_);
+  extra_pending_.clear();
   auto publish_t0 = Clock::now();
   // Published before the commit: once the lighthouse hears of this step, peers may fetch it.
   if (Status p = state_io_->PublishLive(state_); !p.ok()) {

@@ -14,6 +14,9 @@ namespace lk::diloco {
 
 std::string MomentumName(const std::string& param) { return "outer_momentum/" + param; }
 std::string InnerName(const std::string& inner) { return "inner/" + inner; }
+std::string ExtraStateName(uint32_t rank) {
+  return fmt::format("{}rank-{:05d}", kExtraStatePrefix, rank);
+}
 
 namespace {
 
@@ -34,9 +37,18 @@ class CheckpointStateIo final : public StateIo {
         live_(ckpt::LivePublisherOptions{.base_dir = options_.live_dir}) {}
 
   Status SaveDurable(const OuterState& state, std::span<const float> inner,
-                     uint32_t attempt) override {
+                     std::span<const uint8_t> extra, uint32_t attempt) override {
     if (options_.ckpt_dir.empty()) return InvalidArgument("no checkpoint directory to save into");
-    auto r = writer_.Save(MakeSnapshot(state, inner, std::to_string(attempt)));
+    ckpt::Snapshot s = MakeSnapshot(state, inner, std::to_string(attempt));
+    if (!extra.empty()) {
+      // Whole, by this rank: the planner hands it to the same rank only (ExtraRows), so it is
+      // kept out of the even split that every other tensor follows.
+      const auto len = static_cast<int64_t>(extra.size());
+      s.tensors.push_back(ckpt::SnapshotTensor{ExtraStateName(options_.rank), ckpt::DType::kU8,
+                                               {len}, ckpt::RowRange{0, len},
+                                               ckpt::ConstBytes::Copy(extra.data(), extra.size())});
+    }
+    auto r = writer_.Save(s);
     return r.ok() ? Status::Ok() : r.status().WithContext("durable checkpoint");
   }
 
@@ -54,6 +66,9 @@ class CheckpointStateIo final : public StateIo {
     o.layout = Layout();
     o.step = step;
     o.peer.request_timeout = Millis(10'000);
+    // Live state holds no extra state; should a peer serve a checkpoint that does, it stays
+    // there: the joiner's own data position is the joiner's.
+    o.plan.target_rows = ExtraRows(false);
     // The peers' agents ask for the job's token (LK_TOKEN_FILE) and, over https, verify
     // against LK_CA_FILE.
     LK_RETURN_IF_ERROR(http::ClientOptionsFromEnv(&o.peer.client));
@@ -68,6 +83,7 @@ class CheckpointStateIo final : public StateIo {
   Result<RestoredOuter> Restore(const std::string& location) override {
     ckpt::RestoreOptions o;
     o.layout = Layout();
+    o.plan.target_rows = ExtraRows(true);
     RestoredOuter out;
     auto slots = Slots(&out);
     o.fetch.into = Into(&slots);
@@ -83,6 +99,18 @@ class CheckpointStateIo final : public StateIo {
   ckpt::TargetLayout Layout() const { return ckpt::TargetLayout{options_.ranks, options_.rank}; }
 
   static std::vector<int64_t> Shape(const TensorSpec& s) { return s.shape; }
+
+  // The planner's rows for the extra state: this rank's tensor whole (with `take`), every other
+  // rank's not at all; the even split for everything else.
+  std::function<std::optional<ckpt::RowRange>(const ckpt::TensorInfo&, ckpt::RowRange)>
+  ExtraRows(bool take) const {
+    return [take, mine = ExtraStateName(options_.rank)](
+               const ckpt::TensorInfo& t, ckpt::RowRange even) -> std::optional<ckpt::RowRange> {
+      if (t.name.rfind(kExtraStatePrefix, 0) != 0) return even;
+      if (!take || t.name != mine) return std::nullopt;
+      return ckpt::RowRange{0, ckpt::RowsOf(t.shape)};
+    };
+  }
 
   // Adds rows [piece] of a tensor whose shard buffer is `owner` (shared by every tensor of the
   // snapshot, so the snapshot holds one copy of the state, not one per tensor).
@@ -196,6 +224,7 @@ class CheckpointStateIo final : public StateIo {
         LK_RETURN_IF_ERROR(CheckAndCopy(*t, slots.at(name)));
       }
     }
+    TakeExtra(s, out);
     for (const TensorSpec& spec : options_.inner_state) {
       const std::string name = InnerName(spec.name);
       const ckpt::RestoredTensor* t = s.Find(name);
@@ -213,6 +242,13 @@ class CheckpointStateIo final : public StateIo {
       out->inner_missing = "no inner state is kept";
     }
     return Status::Ok();
+  }
+
+  void TakeExtra(const ckpt::RestoredState& s, RestoredOuter* out) const {
+    out->extra.reset();
+    const ckpt::RestoredTensor* t = s.Find(ExtraStateName(options_.rank));
+    if (t == nullptr || t->dtype != ckpt::DType::kU8 || t->shape.size() != 1) return;
+    out->extra.emplace(t->data.data(), t->data.data() + t->data.size());
   }
 
   StateIoOptions options_;

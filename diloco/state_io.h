@@ -3,7 +3,8 @@
 // serves to healing peers, a fetch from those peers, and a restore from a durable checkpoint.
 // The Diloco shell only sees this interface; MakeCheckpointStateIo implements it with the
 // checkpoint library. Tensors are named by the caller's TensorSpecs: the global weights under
-// NAME, the outer momentum under "outer_momentum/NAME", the inner state under "inner/NAME".
+// NAME, the outer momentum under "outer_momentum/NAME", the inner state under "inner/NAME"; a
+// rank's extra state (opaque bytes of the trainer's) under "extra_state/rank-RRRRR".
 // Thread-safety: one caller (the trainer thread).
 #pragma once
 
@@ -12,6 +13,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <lightkeeper/status.h>
@@ -32,6 +34,9 @@ struct RestoredOuter {
   // it; otherwise none and `inner_missing` says what was missing.
   std::optional<std::vector<float>> inner;
   std::string inner_missing;
+  // This rank's extra state (DilocoOptions::extra_state_bytes_max), when the checkpoint holds
+  // bytes saved by the same group_rank; none otherwise.
+  std::optional<std::vector<uint8_t>> extra;
 };
 
 class StateIo {
@@ -39,9 +44,10 @@ class StateIo {
   virtual ~StateIo() = default;
   // A durable, sharded checkpoint: the group's trainers save the same step together and the
   // last one to finish commits it. `attempt` tells retries of one step apart (the quorum_id).
-  // `inner` is this trainer's shard of the inner state (empty span: none saved).
+  // `inner` is this trainer's shard of the inner state (empty span: none saved); `extra` this
+  // rank's opaque extra state (empty: none saved), stored whole by this rank.
   virtual Status SaveDurable(const OuterState& state, std::span<const float> inner,
-                             uint32_t attempt) = 0;
+                             std::span<const uint8_t> extra, uint32_t attempt) = 0;
   // The live copy for peers (no-op without a live directory); no inner state.
   virtual Status PublishLive(const OuterState& state) = 0;
   // This shard at `step` from the peer agents' shard servers (HOST:PORT).
@@ -63,8 +69,12 @@ struct StateIoOptions {
 
 std::unique_ptr<StateIo> MakeCheckpointStateIo(StateIoOptions options);
 
-// The checkpoint names of the three kinds of tensor.
+// The checkpoint names of the kinds of tensor. A rank's extra state is a U8 tensor of one
+// dimension, "extra_state/rank-00003", written whole by that rank and restored whole by the rank
+// of the same number only (whatever the group's size), so it never reshards.
 std::string MomentumName(const std::string& param);
 std::string InnerName(const std::string& inner);
+std::string ExtraStateName(uint32_t rank);
+inline constexpr std::string_view kExtraStatePrefix = "extra_state/";
 
 }  // namespace lk::diloco

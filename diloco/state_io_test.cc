@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "checkpoint/restore.h"
 #include "diloco/outer.h"
@@ -66,10 +68,10 @@ TEST_CASE(
   for (uint32_t r = 0; r < 2; ++r) io.push_back(MakeCheckpointStateIo(Options(dir, r, 2)));
   // Neither save alone commits: the checkpoint exists only once both shards are written.
   REQUIRE(
-      io[0]->SaveDurable(ShardState(global, momentum, 2, 0, 7), InnerShard(inner, 2, 0), 3).ok());
+      io[0]->SaveDurable(ShardState(global, momentum, 2, 0, 7), InnerShard(inner, 2, 0), {}, 3).ok());
   CHECK_FALSE(io[0]->Restore(dir).ok());
   REQUIRE(
-      io[1]->SaveDurable(ShardState(global, momentum, 2, 1, 7), InnerShard(inner, 2, 1), 3).ok());
+      io[1]->SaveDurable(ShardState(global, momentum, 2, 1, 7), InnerShard(inner, 2, 1), {}, 3).ok());
   for (uint32_t r = 0; r < 2; ++r) {
     auto got = io[r]->Restore(dir);
     REQUIRE_MESSAGE(got.ok(), got.status().ToString());
@@ -114,12 +116,89 @@ TEST_CASE(
   const std::string dir = FreshDir("state-io-noinner");
   const auto global = Ramp(39, 0.5f, 1.0f), momentum = Ramp(39, 0.0f, 0.0f);
   auto io = MakeCheckpointStateIo(Options(dir, 0, 1));
-  REQUIRE(io->SaveDurable(ShardState(global, momentum, 1, 0, 2), {}, 1).ok());
+  REQUIRE(io->SaveDurable(ShardState(global, momentum, 1, 0, 2), {}, {}, 1).ok());
   auto got = io->Restore(dir);
   REQUIRE_MESSAGE(got.ok(), got.status().ToString());
   CHECK(got->state.global == global);
   CHECK_FALSE(got->inner.has_value());
   CHECK(got->inner_missing.find("inner/exp_avg/emb.weight") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// Saves step 4 of a group of three whose ranks 0 and 2 hand extra state and rank 1 none.
+void SaveThreeWithExtra(const std::string& dir) {
+  const auto global = Ramp(39, 0.01f, 0.0f), momentum = Ramp(39, 0.0f, 0.0f);
+  const auto inner = Ramp(36, 1.0f, 0.0f);
+  const std::vector<std::string> extra = {"rank0:position=1234", "", "rank2:position=98765"};
+  for (uint32_t r = 0; r < 3; ++r) {
+    auto io = MakeCheckpointStateIo(Options(dir, r, 3));
+    auto bytes = Bytes(extra[r]);
+    REQUIRE(io->SaveDurable(ShardState(global, momentum, 3, r, 4), InnerShard(inner, 3, r), bytes,
+                            9)
+                .ok());
+  }
+}
+
+std::optional<std::string> ExtraOf(const std::string& dir, uint32_t rank, uint32_t ranks) {
+  auto got = MakeCheckpointStateIo(Options(dir, rank, ranks))->Restore(dir);
+  REQUIRE_MESSAGE(got.ok(), got.status().ToString());
+  if (!got->extra) return std::nullopt;
+  return std::string(got->extra->begin(), got->extra->end());
+}
+
+TEST_CASE(
+    "diloco extra state comes back whole to the rank of the same number, in any group size, and "
+    "to no other") {
+  const std::string dir = FreshDir("state-io-extra");
+  SaveThreeWithExtra(dir);
+  // The same size: each rank its own bytes; rank 1 saved none and gets none.
+  CHECK(ExtraOf(dir, 0, 3) == "rank0:position=1234");
+  CHECK(ExtraOf(dir, 1, 3) == std::nullopt);
+  CHECK(ExtraOf(dir, 2, 3) == "rank2:position=98765");
+  // Fewer trainers: rank r still gets rank r's bytes, and rank 2's stay unread.
+  CHECK(ExtraOf(dir, 0, 2) == "rank0:position=1234");
+  CHECK(ExtraOf(dir, 1, 2) == std::nullopt);
+  // More trainers: a rank without a counterpart gets nothing.
+  CHECK(ExtraOf(dir, 2, 4) == "rank2:position=98765");
+  CHECK(ExtraOf(dir, 3, 4) == std::nullopt);
+  // The bytes are a tensor of the checkpoint like the weights: in its manifest, checksummed.
+  ckpt::RestoreOptions ro;
+  ro.layout = {1, 0};
+  auto raw = ckpt::RestoreLatest(dir, ro);
+  REQUIRE(raw.ok());
+  REQUIRE(raw->Find(ExtraStateName(2)) != nullptr);
+  CHECK(raw->Find(ExtraStateName(2))->dtype == ckpt::DType::kU8);
+  CHECK(raw->Find(ExtraStateName(1)) == nullptr);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("diloco extra state that was damaged on disk fails the restore instead of coming back") {
+  const std::string dir = FreshDir("state-io-extra-bad");
+  SaveThreeWithExtra(dir);
+  // Flip one byte of rank 2's extra state inside its shard file.
+  std::string shard;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (e.path().filename().string().rfind("shard-00002", 0) == 0) shard = e.path().string();
+  }
+  REQUIRE_FALSE(shard.empty());
+  std::string body;
+  {
+    std::ifstream in(shard, std::ios::binary);
+    body.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t at = body.find("position=98765");
+  REQUIRE(at != std::string::npos);
+  body[at] ^= 0x20;
+  {
+    std::ofstream out(shard, std::ios::binary | std::ios::trunc);
+    out.write(body.data(), static_cast<std::streamsize>(body.size()));
+  }
+  auto got = MakeCheckpointStateIo(Options(dir, 2, 3))->Restore(dir);
+  CHECK_FALSE(got.ok());
+  // Rank 0 reads nothing of rank 2's shard but the rows it needs, which are intact.
+  CHECK(ExtraOf(dir, 0, 3) == "rank0:position=1234");
   std::filesystem::remove_all(dir);
 }
 

@@ -93,6 +93,8 @@ enum class OuterCompress { kNone, kBf16, kInt8, kInt4 };
 LK_API std::string_view OuterCompressName(OuterCompress codec);  // "none", "bf16", "int8", "int4"
 LK_API bool ParseOuterCompress(std::string_view name, OuterCompress* out);
 
+inline constexpr uint64_t kExtraStateBytesLimit = uint64_t{64} << 20;
+
 struct DilocoOptions {
   uint32_t group_rank = 0;  // this trainer's rank inside its group
   // Trainers of the group (at most 4096). Groups of a job may differ: a quorum of several
@@ -132,6 +134,11 @@ struct DilocoOptions {
   // How long a failed quorum may last before Sync gives up with kDeadlineExceeded: long enough
   // for the lighthouse to notice a dead peer. 0: op_timeout + 60 s.
   Millis stuck_timeout{0};
+  // The most bytes SetExtraState takes (the trainer's own per-rank state saved with durable
+  // checkpoints: data position, RNG states, schedule); more fails that call with
+  // kInvalidArgument. Default 4 MiB, at most kExtraStateBytesLimit (64 MiB): the bytes are
+  // copied at every Sync and written by every durable save.
+  uint64_t extra_state_bytes_max = uint64_t{4} << 20;
   // true: Create installs the session's notice callback. false: the owner keeps the session's
   // callback (e.g. a binding that fans notices out to several objects) and passes every notice
   // on to HandleNotice.
@@ -198,6 +205,9 @@ struct SyncResult {
   uint64_t quorum_tokens = 0;
   bool weighted = false;  // kCommitted: token-weighted (every member reported tokens)
   bool saved = false;           // a durable checkpoint was saved (and registered) in this call
+  // This call restored this trainer's extra state from a durable checkpoint (kReceived or
+  // kJoined): restored_extra_state() holds it, and the caller loads it (see SetExtraState).
+  bool extra_state_restored = false;
   bool checkpoint_now = false;  // kDrained: the agent asked for a durable save
   std::string reason;           // the lighthouse's reason for the quorum, or the drain's
   SyncStats stats;
@@ -283,6 +293,26 @@ class Diloco {
   // The inner optimizer state of the last durable restore (the inner_state layout), valid after
   // a result with inner == kRestored until the next call.
   LK_API std::span<const float> restored_inner_state() const;
+
+  // The trainer's own state that goes with the weights passed to the next Sync (or Join): its
+  // data loader's position, RNG states, learning-rate schedule, inner step; opaque bytes of this
+  // trainer's, at most DilocoOptions::extra_state_bytes_max (more: kInvalidArgument, and the
+  // bytes set before stay). Call it before each Sync with the state after the inner steps that
+  // Sync ends. The library keeps the bytes with that pseudo-gradient and, once it is committed,
+  // with the committed step, so every durable save of a step (after the commit, on drain, at
+  // Finish; with overlap one call later) writes the bytes that belong to that step's weights,
+  // whole and checksummed like the weights, under this trainer's group_rank. Empty: none saved.
+  // What comes back (restored_extra_state, with SyncResult::extra_state_restored):
+  //  - a durable restore hands each trainer the bytes saved by the trainer of the same
+  //    group_rank, also when the checkpoint was written by a group of another size (a rank that
+  //    had no counterpart, or whose counterpart saved none, gets nothing);
+  //  - a heal from live peers or the slot state sync hands back nothing: live state carries no
+  //    extra state, and a joiner's data position is its own, so it goes on from where it is
+  //    (the library then pairs the state it received with the bytes last set here).
+  LK_API Status SetExtraState(std::span<const uint8_t> bytes);
+  // This trainer's extra state restored by the last call (Join, Sync, Flush) from a durable
+  // checkpoint; empty when that call restored none. Valid until the next call.
+  LK_API std::span<const uint8_t> restored_extra_state() const;
 
   LK_API uint32_t step() const;           // committed outer steps held
   LK_API size_t numel() const;            // elements of the flat parameter buffer
