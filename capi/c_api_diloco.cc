@@ -218,6 +218,11 @@ lk_diloco* lk_diloco_create_ext(lk_session* s, const lk_diloco_options* options,
         ext->outer_fragments > 0) {
       d.outer_fragments = ext->outer_fragments;
     }
+    if (has(offsetof(lk_diloco_ext_options, extra_state_bytes_max),
+            sizeof(ext->extra_state_bytes_max)) &&
+        ext->extra_state_bytes_max > 0) {
+      d.extra_state_bytes_max = ext->extra_state_bytes_max;
+    }
   }
   lk::diloco::InnerStateHooks hooks;
   if (o.inner_save != nullptr) {
@@ -299,6 +304,19 @@ const float* lk_diloco_restored_inner_state(const lk_diloco* d, size_t* count) {
   auto s = d->diloco->restored_inner_state();
   if (count != nullptr) *count = s.size();
   return s.data();
+}
+
+int lk_diloco_set_extra_state(lk_diloco* d, const void* data, size_t size) {
+  if (data == nullptr && size > 0) return Fail(lk::InvalidArgument("extra state: NULL data"));
+  lk::Status st = d->diloco->SetExtraState(
+      std::span<const uint8_t>(static_cast<const uint8_t*>(data), data == nullptr ? 0 : size));
+  return st.ok() ? 0 : Fail(st);
+}
+
+const void* lk_diloco_restored_extra_state(const lk_diloco* d, size_t* size) {
+  auto s = d->diloco->restored_extra_state();
+  if (size != nullptr) *size = s.size();
+  return s.empty() ? nullptr : s.data();
 }
 
 uint32_t lk_diloco_step(const lk_diloco* d) { return d->diloco->step(); }

@@ -29,6 +29,9 @@ class SplitMix {
   uint64_t Next();
   // Uniform in [0, n), n > 0 (modulo bias is irrelevant at these sizes).
   uint64_t Below(uint64_t n) { return Next() % n; }
+  // The whole state: SplitMix(state()) goes on with the same numbers (a checkpoint's extra
+  // state carries it).
+  uint64_t state() const { return state_; }
 
  private:
   uint64_t state_;

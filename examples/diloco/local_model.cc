@@ -178,6 +178,10 @@ class TorchLocalModel final : public LocalModel {
   Result<float> InnerStep(SplitMix& rng, const GroupAverage& average) override {
     optimizer_->zero_grad();
     torch::Tensor loss = BatchLoss(rng);
+    last_batch_hash_ = 0xcbf29ce484222325ULL;
+    for (int64_t token : batch_x_) {
+      last_batch_hash_ = (last_batch_hash_ ^ static_cast<uint64_t>(token)) * 0x100000001b3ULL;
+    }
     loss.backward();
     // Gradients and the loss in one buffer: one collective per inner step.
     grads_.resize(numel_ + 2);
@@ -199,6 +203,8 @@ class TorchLocalModel final : public LocalModel {
     optimizer_->step();
     return grads_[numel_];
   }
+
+  uint64_t LastBatchHash() const override { return last_batch_hash_; }
 
   float Eval(SplitMix& rng, uint32_t batches) override {
     torch::NoGradGuard no_grad;
@@ -246,6 +252,7 @@ class TorchLocalModel final : public LocalModel {
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::vector<float> grads_;
   std::vector<int64_t> batch_x_, batch_y_;
+  uint64_t last_batch_hash_ = 0;
 };
 
 }  // namespace

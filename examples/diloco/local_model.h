@@ -58,6 +58,9 @@ class LocalModel {
   // The buffer `average` gets ends with [loss, 0]: the last float is the caller's, to agree on
   // something with the group in the same collective (the trainer uses it for a drain).
   virtual Result<float> InnerStep(SplitMix& rng, const GroupAverage& average) = 0;
+  // FNV-1a of the input tokens of the last batch InnerStep drew: the batch's identity in the
+  // trainer's log, so that a test can tell whether a restored run draws the same batches.
+  virtual uint64_t LastBatchHash() const = 0;
   // Mean loss of the current weights over `batches` batches drawn from `rng`, forward only: no
   // gradient, no optimizer state touched. With the same weights and the same `rng` seed it is
   // the same number on every trainer (one intra-op thread), so it compares runs on equal terms.

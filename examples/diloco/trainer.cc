@@ -2,6 +2,8 @@
 // library (diloco/diloco.h), which runs the outer step, the quorum protocol and the state I/O.
 #include "examples/diloco/trainer.h"
 
+#include <fmt/ranges.h>
+
 #include <chrono>
 #include <cstdio>
 #include <optional>
@@ -65,6 +67,12 @@ class Trainer {
   void Evaluate();
   // Logs the step that a heal reached when it is the last one (the run ends there).
   void LogReachedByHeal(const SyncResult& r);
+  // The data stream's position (the batch generator's state) and the inner step count, handed
+  // to the library before each Sync: durable checkpoints save them with the weights of the
+  // step they belong to, so a run restored from one draws the batches an uninterrupted run
+  // would have drawn next. Restore takes them back after a durable restore.
+  Status SaveExtraState();
+  void RestoreExtraState(uint32_t step);
 
   TrainerOptions o_;
   std::unique_ptr<client::Session> session_;
@@ -77,6 +85,8 @@ class Trainer {
   StepStats stats_;
   float loss_ = 0;
   uint32_t inner_run_ = 0;  // inner steps of the current outer step (all attempts)
+  uint64_t inner_step_ = 0;  // inner steps since the run began (restored with the data position)
+  std::vector<std::string> batch_hashes_;  // of the inner steps since the last commit
   uint64_t tokens_ = 0;     // this trainer's tokens since the last commit
   // When the last outer step ended (the time budget counts from here).
   Clock::time_point outer_end_ = Clock::now();
@@ -133,8 +143,10 @@ void Trainer::Apply(const SyncResult& r) {
     stats_.inner_ms = 0;
     tokens_ = 0;
     inner_run_ = 0;
+    batch_hashes_.clear();
   }
   outer_end_ = Clock::now();
+  if (r.extra_state_restored) RestoreExtraState(r.step);
   if (r.inner == InnerAction::kReset) {
     model_->ResetOptimizer();
   } else if (r.inner == InnerAction::kRestored) {
@@ -177,6 +189,8 @@ Result<bool> Trainer::InnerSteps() {
     auto step_t0 = Clock::now();
     LK_ASSIGN_OR_RETURN(float loss, model_->InnerStep(*rng_, average));
     loss_sum += loss;
+    ++inner_step_;
+    batch_hashes_.push_back(fmt::format("{:016x}", model_->LastBatchHash()));
     if (o_.inner_step_min_ms > 0) {
       std::this_thread::sleep_until(step_t0 + Millis(o_.inner_step_min_ms));
     }
@@ -189,6 +203,29 @@ Result<bool> Trainer::InnerSteps() {
   model_->Flatten(params_);
   if (drain) diloco_->RequestDrain();
   return !drain;
+}
+
+Status Trainer::SaveExtraState() {
+  if (!rng_) return Status::Ok();
+  const std::string s =
+      fmt::format("diloco_trainer/1 rng={:016x} inner_step={}", rng_->state(), inner_step_);
+  return diloco_->SetExtraState(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size()));
+}
+
+void Trainer::RestoreExtraState(uint32_t step) {
+  std::span<const uint8_t> b = diloco_->restored_extra_state();
+  const std::string s(b.begin(), b.end());
+  unsigned long long rng = 0, inner = 0;
+  if (std::sscanf(s.c_str(), "diloco_trainer/1 rng=%llx inner_step=%llu", &rng, &inner) != 2) {
+    // Another program's bytes (or another version's): the stream starts where it would have.
+    LK_LOG_WARN("extra_state_ignored step={} bytes={}", step, b.size());
+    return;
+  }
+  rng_.emplace(static_cast<uint64_t>(rng));
+  inner_step_ = inner;
+  LK_LOG_INFO("extra_state_loaded step={} rng={:016x} inner_step={}", step,
+              static_cast<uint64_t>(rng), inner_step_);
 }
 
 void Trainer::Evaluate() {
@@ -229,6 +266,9 @@ void Trainer::WriteLogLine(const SyncResult& r) {
   stats_ = StepStats();
   const uint32_t inner_run = inner_run_;
   inner_run_ = 0;
+  const std::string batches =
+      batch_hashes_.empty() ? "" : "\"" + fmt::format("{}", fmt::join(batch_hashes_, "\",\"")) + "\"";
+  batch_hashes_.clear();
   tokens_ = 0;
   last_commit_ = Clock::now();
   if (log_ == nullptr) return;
@@ -248,7 +288,7 @@ void Trainer::WriteLogLine(const SyncResult& r) {
                   "\"shard\":{},\"inner_steps\":{},\"group_size\":{},\"tokens\":{},"
                   "\"quorum_tokens\":{},\"weighted\":{},\"global_hash\":\"{}\","
                   "\"inner_steps_run\":{},\"group_id\":\"{}\",\"outer_compress\":\"{}\","
-                  "\"overlap\":{},\"wait_ms\":{:.1f}}}\n",
+                  "\"overlap\":{},\"wait_ms\":{:.1f},\"inner_step\":{},\"batches\":[{}]}}\n",
                   r.step, r.quorum_id, r.replica_world_size, loss_, r.state_hash,
                   r.healed ? "true" : "false", o_.group_rank, static_cast<int64_t>(y.outer_ms),
                   eval, t_ms, step_ms, y.poll_ms, y.join_ms, s.inner_ms, s.discarded_ms,
@@ -257,7 +297,7 @@ void Trainer::WriteLogLine(const SyncResult& r) {
                   diloco_->shard_numel(), o_.inner_steps, o_.group_size, r.tokens,
                   r.quorum_tokens, r.weighted ? "true" : "false", r.global_hash, inner_run,
                   o_.group_id, OuterCompressName(o_.outer_compress),
-                  o_.overlap ? "true" : "false", y.wait_ms)
+                  o_.overlap ? "true" : "false", y.wait_ms, inner_step_, batches)
           .c_str(),
       log_);
   std::fflush(log_);
@@ -299,6 +339,10 @@ int Trainer::Run() {
       if (!ran.ok()) {
         LK_LOG_ERROR("inner_steps_failed step={} error={}", diloco_->step() + 1,
                      Q(ran.status().ToString()));
+        return 1;
+      }
+      if (Status st = SaveExtraState(); !st.ok()) {
+        LK_LOG_ERROR("extra_state_failed error={}", Q(st.ToString()));
         return 1;
       }
       r = diloco_->Sync(params_, tokens_);

@@ -261,6 +261,9 @@ typedef struct lk_diloco_ext_options {
    * steps that run meanwhile (DilocoOptions::outer_fragments); 0 or 1: one burst. At most 64.
    * Every group of a job uses the same setting. */
   uint32_t outer_fragments;
+  /* The most bytes lk_diloco_set_extra_state takes (DilocoOptions::extra_state_bytes_max);
+   * 0: 4 MiB. At most 64 MiB. */
+  uint64_t extra_state_bytes_max;
 } lk_diloco_ext_options;
 
 /* lk_diloco_create with the options of `ext` too; ext NULL: all unset. */
@@ -306,6 +309,17 @@ int lk_diloco_finish(lk_diloco* d);
 /* After a result with inner == LK_INNER_RESTORED: the restored inner state (the inner_state
  * layout), valid until the next call on d. *count gets its length. */
 const float* lk_diloco_restored_inner_state(const lk_diloco* d, size_t* count);
+/* The trainer's own state (data position, RNG states, schedule: opaque bytes, at most
+ * extra_state_bytes_max) that goes with the weights passed to the next lk_diloco_sync: call it
+ * before each sync. Durable checkpoints save, under this trainer's group_rank, the bytes that go
+ * with the saved step (Diloco::SetExtraState has the whole story). size 0: none. Returns 0, or
+ * non-zero past the bound (lk_last_error says why; the bytes set before stay). */
+int lk_diloco_set_extra_state(lk_diloco* d, const void* data, size_t size);
+/* This trainer's extra state, when the last join, sync or flush restored it from a durable
+ * checkpoint (saved by the trainer of the same group_rank); valid until the next call on d.
+ * NULL (and *size 0) when that call restored none: no restore, a heal from live peers (the
+ * trainer's data position is its own), or a checkpoint without this rank's bytes. */
+const void* lk_diloco_restored_extra_state(const lk_diloco* d, size_t* size);
 uint32_t lk_diloco_step(const lk_diloco* d);
 size_t lk_diloco_numel(const lk_diloco* d);
 size_t lk_diloco_shard_numel(const lk_diloco* d);
