@@ -59,6 +59,15 @@ class SplitMix:
         return self.next() % n
 
 
+def batch_hash(xs):
+    """FNV-1a of a batch's input tokens, row-major: local_model.cc's LastBatchHash, so the
+    trainers' logs name a batch the same way in both languages."""
+    h = 0xCBF29CE484222325
+    for token in xs.reshape(-1).tolist():
+        h = ((h ^ (token & MASK64)) * 0x100000001B3) & MASK64
+    return h
+
+
 def mix_seed(*parts):
     """corpus.cc's MixSeed."""
     h = 0x243F6A8885A308D3
@@ -224,6 +233,7 @@ class LocalModel:
         n = self.tokens.numel()
         starts = [rng.below(n - t - 1) for _ in range(b)]
         xs = torch.stack([self.tokens[s:s + t] for s in starts])
+        self.last_xs = xs
         ys = torch.stack([self.tokens[s + 1:s + 1 + t] for s in starts]).view(b * t)
         logits = self.model(xs)
         return F.cross_entropy(logits.view(b * t, logits.size(-1)), ys)
@@ -234,6 +244,7 @@ class LocalModel:
         Returns (the group-mean loss as a float32 value, what `average` returned)."""
         self.optimizer.zero_grad()
         loss = self.batch_loss(rng)
+        self.last_batch_hash = batch_hash(self.last_xs)
         loss.backward()
         at = 0
         for p in self.params:

@@ -15,9 +15,11 @@ Exits 0 when the committed step reaches --outer-steps or on a drain, 1 on a fail
 flags. It uses only the package's public API: lightkeeper.Manager and lightkeeper.DiLoCo.
 """
 import argparse
+import base64
 import datetime
 import json
 import os
+import random
 import socket
 import stat
 import struct
@@ -226,7 +228,7 @@ class StepLog:
         self.discarded_ms += self.inner_ms
         self.inner_ms = 0.0
 
-    def write(self, r, loss, eval_loss, params, shard, inner_run):
+    def write(self, r, loss, eval_loss, params, shard, inner_run, inner_step=0, batches=()):
         now = time.monotonic()
         step_ms = (now - self.last_commit) * 1000
         self.last_commit = now
@@ -241,7 +243,8 @@ class StepLog:
             '"cross_bytes":%d,"sync_bytes":%d,"group_bytes":%d,"params":%d,'
             '"shard":%d,"inner_steps":%d,"group_size":%d,"tokens":%d,"quorum_tokens":%d,'
             '"weighted":%s,"global_hash":"%s","inner_steps_run":%d,"group_id":"%s",'
-            '"outer_compress":"%s","overlap":%s,"wait_ms":%.1f}\n') % (
+            '"outer_compress":"%s","overlap":%s,"wait_ms":%.1f,"inner_step":%d,'
+            '"batches":[%s]}\n') % (
                 r["step"], r["quorum_id"], r["replica_world_size"], loss, r["state_hash"],
                 "true" if r["healed"] else "false", a.group_rank, int(y["outer_ms"]), evals,
                 int(time.time() * 1000), step_ms, y["poll_ms"], y["join_ms"], self.inner_ms,
@@ -250,11 +253,62 @@ class StepLog:
                 self.group_bytes + y["group_bytes"], params, shard, a.inner_steps,
                 a.group_size, r["tokens"], r["quorum_tokens"],
                 "true" if r["weighted"] else "false", r["global_hash"], inner_run, a.group_id,
-                a.outer_compress, "true" if a.outer_overlap else "false", y["wait_ms"])
+                a.outer_compress, "true" if a.outer_overlap else "false", y["wait_ms"],
+                inner_step, ",".join('"%016x"' % h for h in batches))
         self.clear()
         if self.file is not None:
             self.file.write(line)
             self.file.flush()
+
+
+class DataStream:
+    """Where this trainer's data comes from: the batch generator (seeded after the join, from
+    the group's identity) and the inner steps run, plus torch's and Python's generators for
+    anything random a real loader does. ``save`` is DiLoCo's extra_state: the library keeps
+    the bytes with the weights of the outer step they go with, so a run restored from a
+    durable checkpoint draws exactly the batches an uninterrupted run would have drawn next.
+    ``load`` takes them back; before the generator exists (a restore at the join) it waits."""
+
+    VERSION = "diloco_trainer.py/1"
+
+    def __init__(self, log):
+        self.log = log
+        self.rng = None
+        self.inner_step = 0
+        self.pending = None  # restored state that waits for the generator
+
+    def save(self) -> bytes:
+        if self.rng is None:
+            return b""
+        return json.dumps({
+            "v": self.VERSION, "rng": self.rng.state, "inner_step": self.inner_step,
+            "torch_rng": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+            "python_rng": list(random.getstate()[1]),
+        }).encode()
+
+    def load(self, data: bytes):
+        state = json.loads(data)
+        if state.get("v") != self.VERSION:
+            self.log("warn", "extra_state_ignored", bytes=len(data))
+            return
+        self.pending = state
+        if self.rng is not None:
+            self.apply()
+
+    def start(self, seed):
+        self.rng = char_model.SplitMix(seed)
+        if self.pending is not None:
+            self.apply()
+
+    def apply(self):
+        s, self.pending = self.pending, None
+        self.rng.state = int(s["rng"])
+        self.inner_step = int(s["inner_step"])
+        torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(s["torch_rng"])),
+                                             dtype=torch.uint8))
+        random.setstate((3, tuple(s["python_rng"]), None))
+        self.log("info", "extra_state_loaded", rng="%016x" % self.rng.state,
+                 inner_step=self.inner_step)
 
 
 def train(args, log):
@@ -269,13 +323,15 @@ def train(args, log):
                                   init_timeout=init_timeout, bind_host=args.bind_host)
     steps = StepLog(args.log, args)
     eval_seed = char_model.mix_seed(args.seed, char_model.EVAL_TAG)
+    data = DataStream(log)
     diloco = lightkeeper.DiLoCo(
         manager, lm.model, lm.optimizer, sync_every=args.inner_steps, outer_lr=args.outer_lr,
         outer_momentum=args.outer_momentum, nesterov=True, ckpt_dir=args.ckpt_dir or None,
         ckpt_every=args.ckpt_every, live_dir=args.live_dir, timeout=op_timeout,
         init_timeout=init_timeout, outer_compress=args.outer_compress,
         sync_every_s=args.outer_step_s or None, overlap=args.outer_overlap,
-        outer_fragments=args.outer_fragments)
+        outer_fragments=args.outer_fragments, extra_state=data.save,
+        load_extra_state=data.load)
     tokens_per_step = args.batch * args.seq_len
     with diloco:
         # Entering joined the job: the model holds the job's global weights (replica_rank 0's
@@ -287,7 +343,8 @@ def train(args, log):
             return 0
         group_key = (char_model.std_hash(args.group_id) if args.group_id
                      else joined["replica_rank"])
-        rng = char_model.SplitMix(char_model.mix_seed(args.seed, group_key, args.group_rank))
+        data.start(char_model.mix_seed(args.seed, group_key, args.group_rank))
+        rng = data.rng
         # The group's inner gradients are averaged over a process group of its own (the
         # DiLoCo's agrees on drains at every step): every trainer of the group asks for it
         # here, right after the same join.
@@ -331,12 +388,17 @@ def train(args, log):
             # own: the log still gets that step's line (healed=true), as the C++ trainer's does.
             if r["kind"] != "received" or r["step"] < args.outer_steps:
                 return
-            steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel, 0)
+            steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel, 0,
+                        data.inner_step)
             log("info", "reached_by_heal", step=r["step"], quorum_id=r["quorum_id"],
                 hash=r["state_hash"], source=r["heal_source"])
 
+        batches = []  # hashes of the batches of the inner steps since the last commit
+
         def log_commit(r, mean_loss, inner_run):
-            steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel, inner_run)
+            steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel, inner_run,
+                        data.inner_step, batches)
+            batches.clear()
             log("info", "outer_committed", step=r["step"], quorum_id=r["quorum_id"],
                 world=r["replica_world_size"], loss="%.4f" % mean_loss,
                 hash=r["state_hash"], outer_ms=int(r["stats"]["outer_ms"]))
@@ -352,6 +414,8 @@ def train(args, log):
             s0 = time.monotonic()
             loss, _ = lm.inner_step(rng, average)
             lm.optimizer.step()
+            data.inner_step += 1
+            batches.append(lm.last_batch_hash)
             if args.inner_step_min_ms > 0:
                 rest = s0 + args.inner_step_min_ms / 1000 - time.monotonic()
                 if rest > 0:
@@ -380,6 +444,7 @@ def train(args, log):
                 inner_run = 0
             elif r["kind"] == "received":
                 steps.discard()
+                batches.clear()
                 inner_run = 0
                 log("info", "state_received", step=r["step"], source=r["heal_source"],
                     healed=r["healed"])

@@ -26,7 +26,7 @@ import ctypes
 import datetime
 import os
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -153,6 +153,19 @@ class DiLoCo:
         outer_fragments: with ``overlap``, the exchange goes on the link in this many fragments
             spread over the inner steps that run meanwhile (a steady trickle instead of one
             burst per outer step); 1: one burst. At most 64; the same in every group.
+        extra_state: the trainer's own state for durable checkpoints, per rank (its data
+            loader's position, torch/python RNG states, LR schedule), as bytes: called right
+            before each outer step (and before the join) with the loop where the next inner
+            step would start. Each durable save writes the bytes that go with the saved step's
+            weights (with ``overlap``, those of the step's own outer step), checksummed in the
+            checkpoint like the weights. None: nothing saved.
+        load_extra_state: called with the bytes when a durable restore brought this rank's
+            (in the context's ``__enter__`` or at an outer step); ``restored_extra_state``
+            holds them too. Never called after a heal from live peers: the trainer's own data
+            position is its own, and it goes on from where it is. A checkpoint written by a
+            group of another size hands group rank r the bytes rank r saved, or nothing.
+        extra_state_bytes_max: the bound on those bytes (default 4 MiB, at most 64 MiB);
+            more fails the outer step with ``invalid_argument``.
     """
 
     def __init__(self, manager, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer,
@@ -162,7 +175,10 @@ class DiLoCo:
                  timeout: datetime.timedelta = datetime.timedelta(seconds=120),
                  init_timeout: datetime.timedelta = datetime.timedelta(seconds=30),
                  outer_compress: str = "none", sync_every_s: Optional[float] = None,
-                 overlap: bool = False, outer_fragments: int = 1):
+                 overlap: bool = False, outer_fragments: int = 1,
+                 extra_state: Optional[Callable[[], bytes]] = None,
+                 load_extra_state: Optional[Callable[[bytes], None]] = None,
+                 extra_state_bytes_max: int = 4 << 20):
         if sync_every < 1:
             raise Error("invalid_argument", f"sync_every must be at least 1, not {sync_every}")
         if not 1 <= int(outer_fragments) <= 64:
@@ -171,7 +187,16 @@ class DiLoCo:
         if sync_every_s is not None and not 0 < sync_every_s <= 86400:
             raise Error("invalid_argument",
                         f"sync_every_s must be in (0, 86400] or None, not {sync_every_s}")
+        if not 0 < int(extra_state_bytes_max) <= 64 << 20:
+            raise Error("invalid_argument", "extra_state_bytes_max must be in (0, 64 MiB], "
+                        f"not {extra_state_bytes_max}")
         self.sync_every_s = sync_every_s
+        self._extra_state = extra_state
+        self._load_extra_state = load_extra_state
+        self._extra_state_bytes_max = int(extra_state_bytes_max)
+        # This rank's extra state of the last durable restore (the last outer step's, or the
+        # join's), or None.
+        self.restored_extra_state: Optional[bytes] = None
         self.manager = manager
         self.model = model
         self.inner_optimizer = inner_optimizer
@@ -244,7 +269,7 @@ class DiLoCo:
             m._session, m.group_rank, m.group_size, self._specs, self._inner.specs(), save_inner,
             o["outer_lr"], o["outer_momentum"], o["nesterov"], o["ckpt_dir"], o["ckpt_every"],
             o["ckpt_keep"], o["live_dir"], m._bind_host, o["init_timeout_ms"], o["timeout_ms"], 0,
-            o["outer_compress"], o["overlap"], o["outer_fragments"])
+            o["outer_compress"], o["overlap"], o["outer_fragments"], self._extra_state_bytes_max)
         self._call("join")
         if not self.should_stop and m.group_size > 1 and self._group_pg is None:
             self._group_pg = m.group_process_group()
@@ -314,7 +339,18 @@ class DiLoCo:
             self._native.request_drain()
         return drain, flag[1].item() > 0
 
+    def _hand_extra_state(self) -> None:
+        if self._extra_state is None:
+            return
+        data = self._extra_state()
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise Error("invalid_argument",
+                        f"extra_state() must return bytes, not {type(data).__name__}")
+        self._native.set_extra_state(bytes(data))
+
     def _call(self, what: str) -> dict:
+        if what != "flush":
+            self._hand_extra_state()
         if self._host is not self._flat:
             self._host.copy_(self._flat)
         if what == "join":
@@ -336,6 +372,10 @@ class DiLoCo:
             state = torch.frombuffer(bytearray(self._native.restored_inner_state()),
                                      dtype=torch.float32)
             self._inner.load(self.inner_optimizer, state)
+        if r.get("extra_state_restored"):
+            self.restored_extra_state = self._native.restored_extra_state()
+            if self._load_extra_state is not None and self.restored_extra_state is not None:
+                self._load_extra_state(self.restored_extra_state)
         if r["kind"] == "drained":
             self.should_stop = True
             self._drained = True

@@ -343,7 +343,7 @@ class Diloco {
          uint32_t ckpt_every, uint32_t ckpt_keep, const std::string& live_dir,
          const std::string& bind_host, uint32_t init_timeout_ms, uint32_t op_timeout_ms,
          uint32_t stuck_timeout_ms, const std::string& outer_compress, bool overlap,
-         uint32_t outer_fragments)
+         uint32_t outer_fragments, uint64_t extra_state_bytes_max)
       : params_(std::move(params)), inner_(std::move(inner_state)),
         inner_save_(std::move(inner_save)) {
     std::vector<lk_tensor_spec> p = CSpecs(params_), i = CSpecs(inner_);
@@ -374,6 +374,7 @@ class Diloco {
     ext.outer_compress = outer_compress.c_str();
     ext.overlap = overlap ? 1 : 0;
     ext.outer_fragments = outer_fragments;
+    ext.extra_state_bytes_max = extra_state_bytes_max;
     d_ = lk_diloco_create_ext(session.raw(), &o, &ext);
     if (d_ == nullptr) RaiseLast();
   }
@@ -396,6 +397,8 @@ class Diloco {
     d["quorum_tokens"] = t.quorum_tokens;
     d["weighted"] = t.weighted != 0;
     d["global_hash"] = std::string(t.global_hash);
+    size_t extra = 0;
+    d["extra_state_restored"] = lk_diloco_restored_extra_state(d_, &extra) != nullptr;
     return d;
   }
   py::dict Sync(uintptr_t params, size_t count, uint64_t tokens) {
@@ -431,6 +434,18 @@ class Diloco {
     size_t count = 0;
     const float* p = lk_diloco_restored_inner_state(d_, &count);
     return py::bytes(reinterpret_cast<const char*>(p), count * sizeof(float));
+  }
+  // The bytes are copied by the library before the call returns.
+  void SetExtraState(const py::bytes& data) {
+    std::string_view v = data;
+    Call([&] { return lk_diloco_set_extra_state(d_, v.data(), v.size()); });
+  }
+  // A copy, or None when the last call restored none.
+  py::object RestoredExtraState() const {
+    size_t size = 0;
+    const void* p = lk_diloco_restored_extra_state(d_, &size);
+    if (p == nullptr) return py::none();
+    return py::bytes(static_cast<const char*>(p), size);
   }
   uint32_t step() const { return lk_diloco_step(d_); }
   size_t numel() const { return lk_diloco_numel(d_); }
@@ -535,7 +550,7 @@ PYBIND11_MODULE(_native, m) {
                     std::function<void(uintptr_t, size_t)>, float, float, bool,
                     const std::string&, uint32_t, uint32_t, const std::string&,
                     const std::string&, uint32_t, uint32_t, uint32_t, const std::string&,
-                    bool, uint32_t>(),
+                    bool, uint32_t, uint64_t>(),
            py::keep_alive<1, 2>())  // the session outlives the DiLoCo object
       .def("join", &Diloco::Join)
       .def("sync", &Diloco::Sync, py::arg("params"), py::arg("count"), py::arg("tokens") = 0)
@@ -547,6 +562,8 @@ PYBIND11_MODULE(_native, m) {
       .def("drain_requested", &Diloco::drain_requested)
       .def("request_drain", &Diloco::RequestDrain)
       .def("restored_inner_state", &Diloco::RestoredInnerState)
+      .def("set_extra_state", &Diloco::SetExtraState, py::arg("data"))
+      .def("restored_extra_state", &Diloco::RestoredExtraState)
       .def_property_readonly("step", &Diloco::step)
       .def_property_readonly("numel", &Diloco::numel)
       .def_property_readonly("shard_numel", &Diloco::shard_numel);

@@ -143,20 +143,40 @@ def mode_diloco(args, m):
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(1000 + zlib.crc32(args.data_seed.encode()) % 1000 + m.group_rank)
     target = torch.randn(8, 4, generator=torch.Generator().manual_seed(5))
-    with lightkeeper.DiLoCo(m, model, opt, sync_every=args.sync_every,
+    handed = {}  # the hash of the extra state handed at each outer step, by the step it ends
+
+    def extra_state():
+        # The data generator's state, padded to --extra-state-bytes (a test of the bound).
+        data = gen.get_state().numpy().tobytes()
+        data += b"\0" * max(0, args.extra_state_bytes - len(data))
+        handed["last"] = hashlib.sha256(data).hexdigest()[:16]
+        return data
+
+    def load_extra_state(data):
+        gen.set_state(torch.frombuffer(bytearray(data[:len(gen.get_state())]),
+                                       dtype=torch.uint8))
+
+    extra = dict(extra_state=extra_state, load_extra_state=load_extra_state) \
+        if args.extra_state_bytes else {}
+    with lightkeeper.DiLoCo(m, model, opt, sync_every=args.sync_every, **extra,
                             ckpt_dir=args.ckpt_dir or None, ckpt_every=args.ckpt_every,
                             outer_compress=args.outer_compress,
                             sync_every_s=args.sync_every_s, overlap=args.overlap,
                             outer_fragments=args.outer_fragments) as d:
         ran = 0  # inner steps since the last outer step
+        nonlocal_x = [torch.zeros(1)]  # the last batch drawn
         r = d.last_result
         inner = hashlib.sha256(d.inner_state_vector().numpy().tobytes()).hexdigest()[:16]
         emit(event="joined", kind=r["kind"], step=d.outer_step, inner=r["inner"],
              inner_hash=inner, model_hash=flat_hash(model), heal_source=r["heal_source"],
+             extra_restored=r["extra_state_restored"],
+             extra_hash=hashlib.sha256(d.restored_extra_state).hexdigest()[:16]
+             if d.restored_extra_state is not None else None,
              views=all(p.data_ptr() >= d._flat.data_ptr() and
                        p.data_ptr() < d._flat.data_ptr() + 4 * d._flat.numel()
                        for p in model.parameters()))
         def outer_event(r, ran, loss):
+            x = nonlocal_x[0]
             inner = hashlib.sha256(d.inner_state_vector().numpy().tobytes()).hexdigest()[:16]
             emit(event="outer", kind=r["kind"], step=d.outer_step, quorum_id=r["quorum_id"],
                  world=r["replica_world_size"], state_hash=r["state_hash"],
@@ -164,12 +184,14 @@ def mode_diloco(args, m):
                  saved=r["saved"], healed=r["healed"], loss=float(loss), ran=ran,
                  tokens=r["tokens"], quorum_tokens=r["quorum_tokens"],
                  weighted=r["weighted"], global_hash=r["global_hash"],
+                 extra_hash=handed.get("last"), x_hash=hashlib.sha256(
+                     x.numpy().tobytes()).hexdigest()[:16],
                  global_weights_hash=hashlib.sha256(
                      d.global_weights().numpy().tobytes()).hexdigest()[:16])
 
         # With --overlap the step in flight counts (README's "Overlapped outer steps").
         while d.outer_step + d.in_flight < args.steps and not d.should_stop:
-            x = torch.randn(16, 8, generator=gen)
+            nonlocal_x[0] = x = torch.randn(16, 8, generator=gen)
             loss = (model(x) - x @ target).pow(2).mean()
             opt.zero_grad()
             loss.backward()
@@ -251,6 +273,7 @@ def main():
     p.add_argument("--tokens", type=int, default=0)
     p.add_argument("--overlap", action="store_true")
     p.add_argument("--outer-fragments", type=int, default=1)
+    p.add_argument("--extra-state-bytes", type=int, default=0)
     p.add_argument("--init-seed", type=int, default=7)
     # A test hook: the library perturbs this trainer's shard of the global weights once, right
     # after the outer update of step N and before its commit (LK_TEST_PERTURB_STEP, read by
