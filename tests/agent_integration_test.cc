@@ -808,6 +808,31 @@ TEST_CASE("the C API's poll group sizes: by replica_rank, and too small a buffer
   for (lk_session* s : sessions) lk_session_close(s);
 }
 
+TEST_CASE("a DiLoCo trainer in C gets back the extra state it handed with the step it restored") {
+  Cluster c("agent-c-extra", {"--heartbeat-timeout-ms", "3000"});
+  const std::string ckpt = std::filesystem::absolute(c.dir + "/ckpt").string();
+  auto run = [&](const char* steps, const std::string& log) {
+    auto& g = c.Start("a", 0, 0);
+    Process trainer({BinDir() + "/c_diloco", g.socket, ckpt, steps}, log);
+    auto code = trainer.Wait(60s);
+    REQUIRE(code.has_value());
+    CHECK_MESSAGE(*code == 0, trainer.Log());
+    CHECK_FALSE(trainer.WaitForLog("bound ok", 1s).empty());
+    CHECK_FALSE(trainer.WaitForLog("done", 1s).empty());
+    g.agent->Signal(SIGKILL);  // a whole-job restart: no live state anywhere
+    (void)g.agent->Wait(5s);
+    return trainer.Log();
+  };
+  const std::string first = run("3", c.dir + "/c_diloco-1.log");
+  CHECK(first.find("restored=none") != std::string::npos);
+  CHECK(first.find("step=3 saved=1") != std::string::npos);
+  // The new life restores step 3 and the bytes handed with the sync that committed it.
+  const std::string second = run("5", c.dir + "/c_diloco-2.log");
+  INFO(second);
+  CHECK(second.find("restored=pos=3\n") != std::string::npos);
+  CHECK(second.find("step=5") != std::string::npos);
+}
+
 TEST_CASE("a trainer in C: polls, the KV, peer wait, commits, checkpoint registration and goodbye "
           "through lightkeeper.h") {
   Cluster c("agent-c", {"--heartbeat-timeout-ms", "3000"});

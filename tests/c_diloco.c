@@ -1,0 +1,83 @@
+/* A DiLoCo trainer written in C against <lightkeeper/lightkeeper.h>: the extra state's calls
+ * (lk_diloco_set_extra_state, lk_diloco_restored_extra_state, the ext option's bound) as a
+ * binding in another language would use them. One tensor of four floats, a durable save after
+ * every commit. Before each sync it hands "pos=S" (S: the step that sync commits).
+ * Usage: c_diloco SOCKET CKPT_DIR STEPS; prints "bound ok", "restored=BYTES" (or
+ * "restored=none"), one "step=S" per commit and "done"; exits non-zero on any failure. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <lightkeeper/lightkeeper.h>
+
+static int fail(const char* what) {
+  fprintf(stderr, "%s: %s\n", what, lk_last_error());
+  return 1;
+}
+
+/* The bound and bad input fail with a reason and change nothing. */
+static int check_refusals(lk_diloco* d) {
+  char big[65];
+  memset(big, 'x', sizeof(big));
+  if (lk_diloco_set_extra_state(d, big, sizeof(big)) == 0) return fail("65 bytes over 64 taken");
+  if (strstr(lk_last_error(), "over the bound of 64 bytes") == NULL) return fail("bound reason");
+  if (lk_diloco_set_extra_state(d, NULL, 5) == 0) return fail("NULL data taken");
+  size_t size = 1;
+  if (lk_diloco_restored_extra_state(d, &size) != NULL || size != 0) {
+    return fail("restored extra state before any call");
+  }
+  printf("bound ok\n");
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    fprintf(stderr, "usage: c_diloco SOCKET CKPT_DIR STEPS\n");
+    return 2;
+  }
+  const uint32_t steps = (uint32_t)atoi(argv[3]);
+  lk_session* s = lk_session_open(argv[1], 0, 1);
+  if (s == NULL) return fail("open");
+  int64_t shape[1] = {4};
+  lk_tensor_spec spec = {"w", 0, shape, 1};
+  lk_diloco_options o;
+  memset(&o, 0, sizeof(o));
+  o.group_size = 1;
+  o.params = &spec;
+  o.param_count = 1;
+  o.nesterov = 1;
+  o.outer_momentum = -1;
+  o.ckpt_dir = argv[2];
+  o.ckpt_every = 1;
+  lk_diloco_ext_options ext;
+  memset(&ext, 0, sizeof(ext));
+  ext.struct_size = sizeof(ext);
+  ext.extra_state_bytes_max = 64;
+  lk_diloco* d = lk_diloco_create_ext(s, &o, &ext);
+  if (d == NULL) return fail("create");
+  if (check_refusals(d) != 0) return 1;
+  float params[4] = {1, 2, 3, 4};
+  lk_diloco_result r;
+  if (lk_diloco_join(d, params, 4, &r) != 0) return fail("join");
+  size_t size = 0;
+  const char* restored = (const char*)lk_diloco_restored_extra_state(d, &size);
+  if (restored != NULL) {
+    printf("restored=%.*s\n", (int)size, restored);
+  } else {
+    printf("restored=none\n");
+  }
+  while (lk_diloco_step(d) < steps) {
+    for (int i = 0; i < 4; ++i) params[i] -= 0.125f;
+    char pos[32];
+    int n = snprintf(pos, sizeof(pos), "pos=%u", lk_diloco_step(d) + 1);
+    if (lk_diloco_set_extra_state(d, pos, (size_t)n) != 0) return fail("set extra state");
+    if (lk_diloco_sync(d, params, 4, &r) != 0) return fail("sync");
+    if (r.kind == LK_SYNC_COMMITTED) printf("step=%u saved=%d\n", r.step, r.saved);
+    fflush(stdout);
+  }
+  if (lk_diloco_finish(d) != 0) return fail("finish");
+  lk_diloco_close(d);
+  lk_session_close(s);
+  printf("done\n");
+  return 0;
+}
