@@ -104,6 +104,12 @@ TEST_CASE("even row split gives the first ranks the extra rows") {
   CHECK(TargetRows({}, 2, 1) == RowRange{0, 1});
 }
 
+PlanOptions ReadMax(uint64_t read_bytes_max) {
+  PlanOptions o;
+  o.read_bytes_max = read_bytes_max;
+  return o;
+}
+
 // A manifest for `ranks` writers of tensors with these (rows, row_bytes), built by hand.
 Manifest HandManifest(uint32_t ranks, std::vector<std::pair<int64_t, int64_t>> tensors,
                       uint64_t chunk_bytes) {
@@ -137,7 +143,7 @@ TEST_CASE("planner covers every destination byte exactly once with chunk-aligned
     Manifest m = HandManifest(c.from, {{37, 19}, {1000, 64}, {5, 1}, {2, 7}}, 1000);
     REQUIRE(ValidateManifest(m).ok());
     for (uint32_t rank = 0; rank < c.to; ++rank) {
-      auto plan = PlanRestore(m, TargetLayout{c.to, rank}, PlanOptions{4000});
+      auto plan = PlanRestore(m, TargetLayout{c.to, rank}, ReadMax(4000));
       REQUIRE_MESSAGE(plan.ok(), plan.status().ToString());
       for (size_t ti = 0; ti < plan->tensors.size(); ++ti) {
         std::vector<std::pair<uint64_t, uint64_t>> got;
@@ -168,11 +174,45 @@ TEST_CASE("planner covers every destination byte exactly once with chunk-aligned
 
 TEST_CASE("planner reads whole ranks without waste when the layout is unchanged") {
   Manifest m = HandManifest(2, {{1000, 64}}, 4096);
-  auto plan = PlanRestore(m, TargetLayout{2, 1}, PlanOptions{1 << 20});
+  auto plan = PlanRestore(m, TargetLayout{2, 1}, ReadMax(1 << 20));
   REQUIRE(plan.ok());
   CHECK(plan->read_bytes() == plan->dest_bytes());
   REQUIRE(plan->reads.size() == 1);
   CHECK(plan->reads[0].file == 1);
+}
+
+TEST_CASE("planner takes the rows target_rows chooses - leaves out a tensor it declines") {
+  Manifest m = HandManifest(3, {{30, 8}, {9, 4}}, 16);
+  PlanOptions o;
+  o.read_bytes_max = 1 << 20;
+  // t0 whole to rank 1 only; t1 the even split.
+  o.target_rows = [](const TensorInfo& t, RowRange even) -> std::optional<RowRange> {
+    if (t.name != "t0") return even;
+    return std::nullopt;
+  };
+  auto skipped = PlanRestore(m, TargetLayout{2, 0}, o);
+  REQUIRE(skipped.ok());
+  REQUIRE(skipped->tensors.size() == 1);
+  CHECK(skipped->tensors[0].name == "t1");
+  CHECK(skipped->tensors[0].rows == RowRange{0, 5});
+  o.target_rows = [](const TensorInfo& t, RowRange even) -> std::optional<RowRange> {
+    return t.name == "t0" ? RowRange{0, 30} : even;
+  };
+  auto whole = PlanRestore(m, TargetLayout{2, 1}, o);
+  REQUIRE(whole.ok());
+  REQUIRE(whole->tensors.size() == 2);
+  CHECK(whole->tensors[0].rows == RowRange{0, 30});
+  CHECK(whole->tensors[0].bytes == 30 * 8);
+  uint64_t t0_bytes = 0;  // read from all three writers' files
+  for (const auto& r : whole->reads) {
+    for (const auto& c : r.copies) t0_bytes += c.tensor == 0 ? c.length : 0;
+  }
+  CHECK(t0_bytes == 30 * 8);
+  o.target_rows = [](const TensorInfo&, RowRange) -> std::optional<RowRange> {
+    return RowRange{0, 31};
+  };
+  auto bad = PlanRestore(m, TargetLayout{1, 0}, o);
+  CHECK(bad.status().message().find("outside its 30 rows") != std::string::npos);
 }
 
 TEST_CASE("manifest validation names the gap - the overlap and a partial manifest is refused") {
