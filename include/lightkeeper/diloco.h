@@ -37,7 +37,8 @@
 // Checkpoints are the project's sharded safetensors + manifest format. Tensors are named by the
 // caller's names: the global weights under the parameter's own name, the outer momentum under
 // "outer_momentum/NAME", the inner optimizer state (durable checkpoints only) under
-// "inner/NAME". Live state (what healing peers fetch) holds the global weights and the outer
+// "inner/NAME", the trainer's extra state (SetExtraState; durable only) under
+// "extra_state/rank-RRRRR". Live state (what healing peers fetch) holds the global weights and the outer
 // momentum only: a heal from live peers starts the inner optimizer afresh (the DiLoCo
 // convention), a durable restore resumes it.
 //
