@@ -34,7 +34,9 @@ Result<HeartbeatResult> LighthouseCore::OnHeartbeat(const HeartbeatInput& in, Ti
   s.ApplyTimeouts(now, fx);
   const size_t events_before = fx->events.size();
   Impl::Group& g = s.Admit(in.job, in.group_id, in.incarnation, in.nodes, now, fx);
-  s.Touch(g, in.node_rank, in.step, in.address, in.phase, now, fx);
+  const std::string lapse =
+      !g.alive && g.reason.rfind("heartbeat_timeout", 0) == 0 ? g.reason : std::string();
+  const bool revived = s.Touch(g, in.node_rank, in.step, in.address, in.phase, now, fx);
   Impl::Job& job = *g.job;
   // A plain heartbeat (no event: nothing but freshness changed) cannot make a quorum ready.
   if (fx->events.size() != events_before) s.Evaluate(job, now, fx);
@@ -44,6 +46,7 @@ Result<HeartbeatResult> LighthouseCore::OnHeartbeat(const HeartbeatInput& in, Ti
   r.notices = job.notices;
   r.committed_step = job.committed_step;
   r.generation = g.generation;
+  if (revived) r.revived_from = lapse;
   return r;
 }
 

@@ -224,6 +224,7 @@ struct HeartbeatResult {
   std::vector<FailureNoticeData> notices;
   uint32_t committed_step = 0;
   uint32_t generation = 0;  // of the heartbeating incarnation: the agent sends it back
+  std::string revived_from;  // this heartbeat ended a heartbeat_timeout: the reason it had
 };
 
 struct GroupView {

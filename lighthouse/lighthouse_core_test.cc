@@ -191,6 +191,21 @@ TEST_CASE("rule 1: a member whose heartbeats stop is lost at its exact expiry") 
   CHECK(!h.core.Watch("j", 2)->lost);
   CHECK(h.core.Watch("nope", 1).status().code() == Code::kNotFound);
   CHECK(h.core.Watch("j", 3).status().code() == Code::kInvalidArgument);
+  // c is heard again: healthy, and told once that it had been timed out, so that its agent
+  // rejoins instead of ending the group. Its next heartbeat says nothing of it.
+  auto back = h.Beat("c", 1);
+  REQUIRE(back.ok());
+  CHECK(back->revived_from == "heartbeat_timeout node=0 age=3000ms");
+  CHECK(h.Group("c")->healthy);
+  CHECK(h.Beat("c", 1)->revived_from.empty());
+  CHECK(h.Beat("a", 1)->revived_from.empty());
+}
+
+TEST_CASE("a new group's first heartbeat is no revival") {
+  Harness h;
+  auto r = h.Beat("n");
+  REQUIRE(r.ok());
+  CHECK(r->revived_from.empty());
 }
 
 TEST_CASE("rule 8: a member whose step stalls is evicted and comes back as a joiner") {

@@ -105,6 +105,7 @@ void Service::Impl::HandleHeartbeat(const Request& req, Responder respond) {
   out.set_drain(r->drain);
   out.set_committed_step(r->committed_step);
   out.set_generation(r->generation);
+  out.set_revived_from(r->revived_from);
   for (const auto& n : r->notices) ToProto(n, out.add_notices());
   // A round is open when an agent of this job waits in POST /v1/quorum (a joiner, or a member
   // that saw the quorum lose someone) or the current quorum lost a member: the group should

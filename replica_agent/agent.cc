@@ -260,7 +260,12 @@ void Agent::Impl::HeartbeatLoop() {
       if (failures > 0) LK_LOG_INFO("lighthouse_reachable after_failures={}", failures);
       failures = 0;
       if (resp.generation() != 0) generation = resp.generation();
-      for (const auto& n : resp.notices()) in.names_this_group |= NamesThisGroup(n);
+      for (const auto& n : resp.notices()) {
+        if (!NamesThisGroup(n)) continue;
+        // A lapse of this group's heartbeats is no eviction (revived_from tells of it).
+        if (n.reason() != "heartbeat_timeout") in.names_this_group = true;
+      }
+      in.revived_from = resp.revived_from();
       in.drain = resp.drain();
       in.round_pending = resp.round_pending();
     } else if (st.code() != Code::kConflict) {

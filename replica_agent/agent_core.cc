@@ -547,6 +547,15 @@ void AgentCore::OnHeartbeat(const HeartbeatAnswer& in, Effects* fx) {
     return;
   }
   if (in.names_this_group) return Fail(LeaveReason::kEvicted, "evicted", fx);
+  if (!in.revived_from.empty() && !s_.draining) {
+    // The lighthouse did not hear this node for heartbeat_timeout (a stalled host, a slow
+    // network) and the quorum went on without the group. That is no reason to end the group:
+    // this heartbeat made it healthy again, the watch aborts the trainers' step on the lost
+    // quorum, and their next ask joins the next quorum, healing from its peers if behind.
+    fx->push_back(Log(fmt::format("heartbeat_lapsed lighthouse_reason={} action=rejoin",
+                                  Q(in.revived_from)),
+                      kWarn));
+  }
   if (in.drain) return OnDrain(LeaveReason::kDrained, "drained", false, fx);
   if (in.round_pending && s_.ask.kind == Ask::Kind::kContinued && !s_.draining) {
     // The trainers went on from this step without a round, and a round is open now: their
@@ -639,8 +648,10 @@ void AgentCore::OnAskResult(const AskResult& in, Effects* fx) {
   // trainers go on with the quorum they have; the next boundary asks again, and a heartbeat
   // that says round_pending asks for this step after all (OnHeartbeat). An ask ahead has no
   // trainer waiting on it: it keeps retrying until they poll.
-  if (st.code() == Code::kUnavailable && current && s_.quorum && !s_.draining &&
-      a.kind == Ask::Kind::kForTrainers &&
+  // A refusal for a lapsed heartbeat comes from a lighthouse that is there: the quorum is going
+  // on without this group, so the ask is retried (the next heartbeat makes the group healthy).
+  if (st.code() == Code::kUnavailable && st.reason() != Reason::kGroupUnhealthy && current &&
+      s_.quorum && !s_.draining && a.kind == Ask::Kind::kForTrainers &&
       !s_.lost_quorums.count(s_.quorum->quorum_id)) {
     if (!s_.told_continuing) {
       s_.told_continuing = true;

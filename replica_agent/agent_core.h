@@ -306,7 +306,11 @@ struct CommitInput {
 struct HeartbeatAnswer {
   bool ok = true;
   Status error;             // when !ok
-  bool names_this_group = false;  // a notice names this group's life (evicted)
+  bool names_this_group = false;  // a notice names this group's life (evicted, replaced, left)
+  // This heartbeat ended a heartbeat_timeout of the group (the lighthouse's reason for it):
+  // the quorum went on without the group, which asks again as a joiner. A notice of that
+  // timeout is no eviction either (it does not set names_this_group).
+  std::string revived_from;
   bool drain = false;
   bool round_pending = false;
 };

@@ -782,6 +782,42 @@ TEST_CASE("evicted: by a heartbeat's notice, an ask's refusal or the watch, the 
   }
 }
 
+TEST_CASE("a lapsed heartbeat is no eviction: the group stays, its step aborts, it rejoins healed") {
+  Harness h(1);
+  h.Start(1);
+  h.core.OnNoticeWait(7, 1, &h.fx);  // the trainer's step on quorum 1 listens for its loss
+  REQUIRE(h.CommitAll(1).ok());
+  h.PollAll(1);  // at the next boundary before the ask ahead was answered
+  h.fx.clear();
+  // The lighthouse did not hear the node for heartbeat_timeout: quorum 1 went on without it.
+  // The ask cleared by the expiry comes back refused as unhealthy: not an outage to go on
+  // through with the old quorum, an ask to retry.
+  HeartbeatAnswer hb;
+  hb.revived_from = "heartbeat_timeout node=0 age=1042ms";
+  h.core.OnHeartbeat(hb, &h.fx);
+  CHECK(h.LogCount("heartbeat_lapsed lighthouse_reason=\"heartbeat_timeout node=0 age=1042ms\" "
+                   "action=rejoin") == 1);
+  CHECK(h.Count(K::kLeave) == 0);
+  CHECK(h.Count(K::kSignalTrainers) == 0);
+  h.AskFails(1, Refuse(Code::kUnavailable, Reason::kGroupUnhealthy, "group g unhealthy"));
+  CHECK(h.Count(K::kAnswerPoll) == 0);
+  CHECK(h.LogCount("lighthouse_unreachable") == 0);
+  CHECK(h.ask() == Ask::Kind::kForTrainers);
+  // The watch says quorum 1 lost this group: the trainers' step on it aborts.
+  h.Lost(1, /*self=*/true, /*evicted=*/false);
+  auto n = h.Of(K::kAnswerNotice);
+  REQUIRE(n.size() == 1);
+  CHECK(n[0].notice.lost);
+  // The retried ask joins the next quorum, healing from the peers that went on.
+  h.AskOk(1, Q1(2, 2, /*heal=*/true));
+  auto a = h.Of(K::kAnswerPoll);
+  REQUIRE(a.size() == 1);
+  CHECK(a[0].answer.quorum_id == 2);
+  CHECK(a[0].answer.heal);
+  CHECK(h.core.state().exit_code == -1);
+  CHECK(!h.core.state().draining);
+}
+
 TEST_CASE("the lighthouse says drain: the group leaves as drained, exit 0") {
   Harness h(1);
   h.Start(1);

@@ -129,8 +129,11 @@ start_lighthouse() {  # start_lighthouse DIR [BIND]: a restart passes the old ad
   before=$(grep -c "listening address=" "$log" 2>/dev/null || true)
   # At debug level the lighthouse logs every quorum it issues and every commit it records
   # (not only changes): the summary reads them to say when the job went on after a restart.
+  # Failures reach the lighthouse at once (an agent leaves when a trainer dies), so the
+  # heartbeat timeout only has to outlast a stall of a busy machine; a group that lapses is
+  # not lost (it rejoins), but it would change the membership the stages below narrate.
   "$BIN/lighthouse" --bind "${2:-127.0.0.1:0}" --data-dir "$1/lighthouse-data" --min-replicas 2 \
-    --heartbeat-timeout-ms 2000 --join-timeout-ms 2000 --log-level debug >>"$log" 2>&1 &
+    --heartbeat-timeout-ms 5000 --join-timeout-ms 2000 --log-level debug >>"$log" 2>&1 &
   LH_PID=$!; PIDS+=("$LH_PID")
   wait_log "$log" "listening address=" $((before + 1))
   ADDR=$(grep -o 'listening address=[^ ]*' "$log" | tail -1 | cut -d= -f2)
