@@ -68,6 +68,16 @@ TEST_CASE("Q escapes control bytes from peers, so one event stays one printable 
   CHECK(Q("caf\xc3\xa9") == "caf\xc3\xa9");
 }
 
+TEST_CASE("OneLine: one line of valid UTF-8 within the bound, never a split character") {
+  CHECK(OneLine("scontrol: refused\nfor job 7\r\n", 100) == "scontrol: refused for job 7  ");
+  CHECK(OneLine("abc", 2) == "ab");
+  CHECK(OneLine("a\xc3\xa9z", 2) == "a");  // the two bytes of e-acute do not fit after 'a'
+  CHECK(OneLine("a\xc3\xa9z", 3) == "a\xc3\xa9");
+  CHECK(OneLine("\xff\xfe", 10) == "??");
+  CHECK(OneLine(std::string(1000, 'x'), 256).size() == 256);
+  CHECK(OneLine("", 5).empty());
+}
+
 TEST_CASE("Q escapes bytes outside valid UTF-8 - a logged protobuf body stays readable text") {
   // The lighthouse logs a refused request's reply body; for an agent that is protobuf.
   CHECK(Q("\x12\x8e\x01" "commit") == "\"\\x12\\x8e\\x01commit\"");

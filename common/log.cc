@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <ctime>
 #include <mutex>
@@ -88,6 +90,19 @@ size_t Utf8SequenceBytes(std::string_view s) {
     return 4;
   }
   return 0;
+}
+
+std::string OneLine(std::string_view text, size_t bytes_max) {
+  std::string out;
+  while (!text.empty()) {
+    size_t n = Utf8SequenceBytes(text);
+    std::string_view piece = n == 0 ? std::string_view("?") : text.substr(0, n);
+    if (n == 1 && std::iscntrl(static_cast<unsigned char>(text[0]))) piece = " ";
+    if (out.size() + piece.size() > bytes_max) break;
+    out += piece;
+    text.remove_prefix(std::max<size_t>(n, 1));
+  }
+  return out;
 }
 
 std::string Q(std::string_view value) {

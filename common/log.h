@@ -27,6 +27,10 @@ std::string Q(std::string_view value);
 // The length of the valid UTF-8 sequence at the start of `s` (RFC 3629: no overlong forms, no
 // surrogates, nothing past U+10FFFF), or 0 when it starts with none (or `s` is empty).
 size_t Utf8SequenceBytes(std::string_view s);
+// `text` as one line of valid UTF-8 of at most `bytes_max` bytes, for a field that a peer checks
+// for size (an event's detail): control bytes and invalid UTF-8 become spaces and '?', and the
+// cut never splits a character.
+std::string OneLine(std::string_view text, size_t bytes_max);
 
 template <typename... Args>
 void Log(LogLevel level, fmt::format_string<Args...> f, Args&&... args) {

@@ -105,6 +105,9 @@ void ToProto(const JobView& v, pb::JobStatus* out) {
     gs->set_tokens_step(g.tokens_step);
     gs->set_share(g.share);
     gs->set_tokens_total(g.tokens_total);
+    gs->set_crashes(g.crashes);
+    gs->set_requeue_refusals(g.requeue_refusals);
+    gs->set_last_event(g.last_event);
     gs->set_group_size(g.group_size);
     gs->set_mixed_group_sizes(g.mixed_group_sizes);
   }

@@ -182,6 +182,11 @@ Status LighthouseCore::OnLeave(const std::string& job, const std::string& group_
   fx->events.push_back(fmt::format("group_left job={} group={} incarnation={} reason={}", Q(job),
                                    Q(group_id), Q(incarnation), Q(why)));
   Impl::Job& state = *g->job;
+  // The agent's word that this life's trainers crashed counts toward the group's crash cap
+  // (POST /v1/event of the same crash then counts nothing).
+  if (why == kLeaveTrainerCrashed && s.CountCrash(state, group_id, incarnation)) {
+    fx->persist_jobs.push_back(s.Record(state));
+  }
   if (why == "finished" && state.committed_step > 0 && g->status.step >= state.committed_step &&
       state.finished_step != state.committed_step) {
     state.finished_step = state.committed_step;

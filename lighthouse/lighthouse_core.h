@@ -24,6 +24,8 @@ namespace lk::lighthouse {
 // stall of this group (in lockstep training the healthy groups wait on a hung one exactly as
 // long as it has hung).
 inline constexpr const char* kPhasePeerWait = "peer_wait";
+// The leave reason of an agent whose trainer exited outside a drain: counted as a crash.
+inline constexpr const char* kLeaveTrainerCrashed = "trainer_crashed";
 
 struct CoreOptions {
   // Fewest groups a quorum may have (rule 4 and 5).
@@ -89,6 +91,23 @@ struct GroupTokensData {
   bool operator==(const GroupTokensData&) const = default;
 };
 
+// The lives of one group across its incarnations, kept with the job (not the group record,
+// which is collected group_grace after a life ends): a group requeued by Slurm may wait in the
+// queue for hours, and its crash count must still be there when it crashes again.
+inline constexpr size_t kCrashedLivesKept = 16;
+struct GroupLivesData {
+  std::string group_id;
+  // Incarnations that ended in a crash of their trainers (each counted once, whether the agent's
+  // leave said so or the launcher reported it), and requeues Slurm refused.
+  uint32_t crashes = 0;
+  uint32_t requeue_refusals = 0;
+  // The incarnations whose crash was counted, newest last, at most kCrashedLivesKept: a second
+  // report of one crash (the agent's leave, then the launcher's) counts nothing.
+  std::vector<std::string> crashed_incarnations;
+  std::string last_event;              // "requeue_refused: <detail>", the last event reported
+  bool operator==(const GroupLivesData&) const = default;
+};
+
 // What the shell persists per job (RocksDB value); enough to resume after kill -9.
 struct JobRecordData {
   std::string job;
@@ -108,6 +127,8 @@ struct JobRecordData {
   // Each group's contribution, sorted by group_id (written with every commit, unsynced like
   // the step it goes with).
   std::vector<GroupTokensData> tokens;
+  // Each group's crashes and refused requeues, sorted by group_id; kept while the job lives.
+  std::vector<GroupLivesData> lives;
 };
 
 // What the shell persists per group (RocksDB value): the current incarnation with its
@@ -153,6 +174,19 @@ struct CommitInput {
   bool ok = true;
   std::string state_hash;
   uint64_t tokens = 0;  // the group's tokens in this outer step; 0: not reported
+};
+
+// An event a group's launcher (the Slurm batch script, the agent after its leave) reports about
+// one of its lives: POST /v1/event.
+enum class GroupEventKind { kTrainerCrashed, kRequeueRefused };
+// "trainer_crashed", "requeue_refused": the names on the wire.
+std::string_view GroupEventName(GroupEventKind kind);
+std::optional<GroupEventKind> ParseGroupEvent(std::string_view name);
+
+struct GroupEventInput {
+  std::string job, group_id, incarnation;
+  GroupEventKind kind = GroupEventKind::kTrainerCrashed;
+  std::string detail;  // one line for the log and /status (bounded by text_bytes_max)
 };
 
 struct FailureNoticeData {
@@ -242,6 +276,9 @@ struct GroupView {
   // step of the last time (0: never). `diverged` stays true until a commit agrees again.
   uint32_t divergences = 0, diverged_step = 0;
   Millis heartbeat_age{0};  // oldest agent's
+  // Over all its lives in this job (GroupLivesData).
+  uint32_t crashes = 0, requeue_refusals = 0;
+  std::string last_event;
 };
 
 struct JobView {
@@ -305,6 +342,13 @@ class LighthouseCore {
   Status OnLeave(const std::string& job, const std::string& group_id,
                  const std::string& incarnation, const std::string& reason, TimePoint now,
                  Effects* fx, uint32_t generation = 0);
+
+  // Records an event about a life of a group of a known job: a crash is counted once per
+  // incarnation (a leave with reason "trainer_crashed" counts it too), a refused requeue every
+  // time. Any incarnation may report (a life may crash before its agent is heard of). Returns
+  // the group's counts after the event. Errors: kInvalidArgument (ids, detail longer than
+  // text_bytes_max), kNotFound (UNKNOWN_JOB), kResourceExhausted (GROUPS_MAX).
+  Result<GroupLivesData> OnGroupEvent(const GroupEventInput& in, TimePoint now, Effects* fx);
 
   // Accepted only from the current incarnation of a member of the current quorum, naming that
   // quorum, and (when ok) for the step after the quorum's start, max_step + 1, or a later step

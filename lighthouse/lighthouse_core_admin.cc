@@ -195,6 +195,11 @@ Status LighthouseCore::Load(std::vector<JobRecordData> jobs,
         return Error(Code::kDataLoss, "job {}: tokens of an unnamed or repeated group", rec.job);
       }
     }
+    for (const GroupLivesData& l : rec.lives) {
+      if (l.group_id.empty() || !job.lives.emplace(l.group_id, l).second) {
+        return Error(Code::kDataLoss, "job {}: lives of an unnamed or repeated group", rec.job);
+      }
+    }
   }
   LK_RETURN_IF_ERROR(s.LoadGroups(std::move(groups), now));
   for (JobRecordData& rec : jobs) {
@@ -330,6 +335,11 @@ std::vector<JobView> LighthouseCore::View(TimePoint now) const {
           if (o.step == t->second.step) all += static_cast<double>(o.tokens);
         }
         gv.share = all > 0 ? static_cast<double>(gv.tokens) / all : 0;
+      }
+      if (auto l = job.lives.find(id); l != job.lives.end()) {
+        gv.crashes = l->second.crashes;
+        gv.requeue_refusals = l->second.requeue_refusals;
+        gv.last_event = l->second.last_event;
       }
       TimePoint oldest = now;
       for (const AgentStatus& a : g.status.agents) {

@@ -238,6 +238,7 @@ JobRecordData LighthouseCore::Impl::Record(const Job& job) const {
   r.finished_step = job.finished_step;
   r.catch_up = job.catch_up;
   for (const auto& [id, t] : job.tokens) r.tokens.push_back(t);
+  for (const auto& [id, l] : job.lives) r.lives.push_back(l);
   return r;
 }
 

@@ -70,6 +70,9 @@ struct Job {
   std::optional<TimePoint> join_deadline;
   // Each group's contribution, by group_id (kept across incarnations, dropped with the group).
   std::map<std::string, GroupTokensData> tokens;
+  // Each group's lives (crashes, refused requeues), by group_id: kept while the job lives, also
+  // after the group is collected.
+  std::map<std::string, GroupLivesData> lives;
 };
 
 using Deadline = std::tuple<TimePoint, DeadlineKind, void*>;
@@ -141,6 +144,8 @@ struct LighthouseCore::Impl {
   void RefuseSize(Group& g, const QuorumDecision& d, TimePoint now, Effects* fx);
   void CheckDivergence(Job& job, uint32_t step, Effects* fx);
   JobRecordData Record(const Job& job) const;
+  // Counts a crash of `incarnation` once; returns whether it was new.
+  bool CountCrash(Job& job, const std::string& group_id, const std::string& incarnation);
   // Load's parts: the persisted groups (unheard, collection armed) and a loaded quorum member.
   Status LoadGroups(std::vector<GroupRecordData> records, TimePoint now);
   void LoadMember(Group& g, const MemberData& m, TimePoint now);

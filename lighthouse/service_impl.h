@@ -154,6 +154,7 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
   void HandleQuorum(const Request& req, Responder respond);
   void RunPendingEvaluations();
   void HandleLeave(const Request& req, Responder respond);
+  void HandleEvent(const Request& req, Responder respond);
   void HandleCommit(const Request& req, Responder respond);
   void HandleWatch(const Request& req, Responder respond);
   void HandleCheckpoints(const Request& req, Responder respond);

@@ -26,7 +26,7 @@ Responder Counted(Metrics* metrics, std::string endpoint, std::string peer, Resp
 // still answers a request while the process exits (the route fuzzers' lighthouse) never sees it
 // destroyed.
 const std::set<std::string> kKnownEndpoints = {
-    "/v1/heartbeat", "/v1/quorum", "/v1/leave", "/v1/commit", "/v1/watch", "/v1/kv",
+    "/v1/heartbeat", "/v1/quorum", "/v1/leave", "/v1/commit", "/v1/event", "/v1/watch", "/v1/kv",
     "/v1/checkpoints", "/status", "/metrics", "/healthz", "/", "/v1/admin/drain",
     "/v1/admin/forget"};
 
@@ -84,6 +84,7 @@ void Service::Impl::Route(Request&& req, Responder respond) {
   if (p == "/v1/quorum") return HandleQuorum(req, respond);
   if (p == "/v1/leave") return HandleLeave(req, respond);
   if (p == "/v1/commit") return HandleCommit(req, respond);
+  if (p == "/v1/event") return HandleEvent(req, respond);
   if (p == "/v1/admin/drain" || p == "/v1/admin/forget") return HandleAdmin(req, respond);
   respond(http::ErrorReply(Refuse(Code::kNotFound, Reason::kNoEndpoint, "no endpoint {}", p), f));
 }
@@ -198,6 +199,32 @@ void Service::Impl::HandleLeave(const Request& req, Responder respond) {
   ApplyEffects(fx);
   pb::LeaveResponse out;
   if (auto w = core.Watch(in.job(), 0); w.ok()) out.set_quorum_id(w->quorum_id);
+  respond(http::Reply(out, f));
+}
+
+void Service::Impl::HandleEvent(const Request& req, Responder respond) {
+  Format f = http::ReplyFormat(req);
+  pb::GroupEventRequest in;
+  Status st = DecodeAs(req, &in);
+  if (st.ok()) st = ValidAgent(in.job(), in.group_id(), in.incarnation());
+  if (st.ok()) st = RequireJob(req, in.job());
+  std::optional<GroupEventKind> kind;
+  if (st.ok()) {
+    kind = ParseGroupEvent(in.event());
+    if (!kind) {
+      st = InvalidArgument("unknown event {} (trainer_crashed or requeue_refused)",
+                           Q(in.event()));
+    }
+  }
+  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  Effects fx;
+  auto r = core.OnGroupEvent({in.job(), in.group_id(), in.incarnation(), *kind, in.detail()},
+                             Now(), &fx);
+  if (!r.ok()) return respond(http::ErrorReply(r.status(), f));
+  ApplyEffects(fx);
+  pb::GroupEventResponse out;
+  out.set_crashes(r->crashes);
+  out.set_requeue_refusals(r->requeue_refusals);
   respond(http::Reply(out, f));
 }
 

@@ -105,6 +105,14 @@ class RocksDbStore final : public StateStore {
         out->set_tokens(t.tokens);
         out->set_total(t.total);
       }
+      for (const auto& l : j.lives) {
+        auto* out = rec.add_lives();
+        out->set_group_id(l.group_id);
+        out->set_crashes(l.crashes);
+        out->set_requeue_refusals(l.requeue_refusals);
+        for (const auto& c : l.crashed_incarnations) out->add_crashed_incarnations(c);
+        out->set_last_event(l.last_event);
+      }
       batch.Put(JobKey(j.job), rec.SerializeAsString());
     }
     for (const auto& g : groups) {
@@ -157,6 +165,11 @@ class RocksDbStore final : public StateStore {
       for (const auto& m : rec.members()) j.members.push_back(FromProto(m));
       for (const auto& t : rec.tokens()) {
         j.tokens.push_back(GroupTokensData{t.group_id(), t.step(), t.tokens(), t.total()});
+      }
+      for (const auto& l : rec.lives()) {
+        j.lives.push_back(GroupLivesData{
+            l.group_id(), l.crashes(), l.requeue_refusals(),
+            {l.crashed_incarnations().begin(), l.crashed_incarnations().end()}, l.last_event()});
       }
       out.push_back(std::move(j));
       return Status::Ok();

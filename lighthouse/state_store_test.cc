@@ -67,6 +67,7 @@ TEST_CASE("state store: what it wrote loads back - the baseline the corrupt case
     j.quorum_id = 4;
     j.committed_step = 9;
     j.tokens = {{"g", 9, 4096, 40960}, {"h", 8, 1ull << 40, (1ull << 40) + 7}};
+    j.lives = {{"g", 3, 1, {"g-1", "g-2", "g-4"}, "requeue_refused: denied"}};
     CheckpointData c{"j", 9, "/ckpt/step-9", "d", "g", 1};
     REQUIRE((*store)->Apply({j}, {c}, {}, {}, {}, true).ok());
     REQUIRE((*store)->PutKv({"j", 4, "nccl/0", "id-bytes"}).ok());
@@ -80,6 +81,9 @@ TEST_CASE("state store: what it wrote loads back - the baseline the corrupt case
   // Each group's contribution survives the restart, 64-bit counts included.
   CHECK((*jobs)[0].tokens == std::vector<GroupTokensData>{{"g", 9, 4096, 40960},
                                                           {"h", 8, 1ull << 40, (1ull << 40) + 7}});
+  // So do each group's crashes and refused requeues (issue 31's crash cap).
+  CHECK((*jobs)[0].lives == std::vector<GroupLivesData>{
+                                {"g", 3, 1, {"g-1", "g-2", "g-4"}, "requeue_refused: denied"}});
   auto ckpts = (*store)->LoadCheckpoints();
   REQUIRE(ckpts.ok());
   REQUIRE(ckpts->size() == 1);

@@ -14,6 +14,7 @@
 #include "common/http/client.h"
 #include "common/http/codec.h"
 #include "common/proto/lightkeeper.pb.h"
+#include "common/log.h"
 #include "slurm/cli.h"
 
 namespace lk {
@@ -28,6 +29,9 @@ constexpr const char* kUsage =
     "  watch [--job J]             print a line whenever a job's quorum or groups change\n"
     "  drain JOB GROUP             ask GROUP to leave JOB at its next outer step (admin token)\n"
     "  forget JOB                  drop everything the lighthouse knows of JOB (admin token)\n"
+    "  event JOB GROUP INCARNATION trainer_crashed|requeue_refused [DETAIL...]\n"
+    "                              report a life's crash or refused requeue (job token); prints\n"
+    "                              crashes=N requeue_refusals=M, the group's counts over its lives\n"
     "  checkpoint inspect|verify|reshard ...   sharded checkpoint tools (see lkctl checkpoint --help)\n"
     "  slurm script|submit ...     Slurm batch scripts for a replica group (see lkctl slurm --help)\n";
 
@@ -83,6 +87,10 @@ void PrintStatus(const pb::StatusResponse& st) {
                              g.tokens_step(), g.share(), g.tokens_total());
       }
       if (g.state() == "refused") extra += "  " + g.reason();
+      if (g.crashes() > 0) extra += fmt::format("  crashes {}", g.crashes());
+      if (g.requeue_refusals() > 0) {
+        extra += fmt::format("  requeue refusals {} ({})", g.requeue_refusals(), g.last_event());
+      }
       std::printf("  %-20s %-9s %7u %5u %9.1fs %-10s %s%s%s\n", g.group_id().c_str(),
                   g.state().c_str(), g.step(), g.nodes(), g.heartbeat_age_ms() / 1000.0,
                   g.phase().c_str(), g.incarnation().c_str(), g.diverged() ? "  DIVERGED" : "",
@@ -194,6 +202,24 @@ int Main(int argc, const char* const* argv) {
     pb::ForgetRequest req;
     req.set_job(pos[1]);
     return Admin(**client, "/v1/admin/forget", req);
+  }
+  if (cmd == "event" && pos.size() >= 5) {
+    pb::GroupEventRequest req;
+    req.set_job(pos[1]);
+    req.set_group_id(pos[2]);
+    req.set_incarnation(pos[3]);
+    req.set_event(pos[4]);
+    std::string detail;
+    for (size_t i = 5; i < pos.size(); ++i) detail += (detail.empty() ? "" : " ") + pos[i];
+    req.set_detail(OneLine(detail, 256));  // the lighthouse's bound on a detail
+    pb::GroupEventResponse resp;
+    Status sent = (*client)->Call("POST", "/v1/event", req, &resp, Millis(10'000));
+    if (!sent.ok()) {
+      std::fprintf(stderr, "lkctl: %s\n", Describe(sent).c_str());
+      return 1;
+    }
+    std::printf("crashes=%u requeue_refusals=%u\n", resp.crashes(), resp.requeue_refusals());
+    return 0;
   }
   std::fprintf(stderr, "lkctl: bad command or arguments: %s\n\n%s", cmd.c_str(), kUsage);
   return 2;

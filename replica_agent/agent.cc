@@ -73,6 +73,25 @@ void Agent::SignalArrived() {
 }
 const std::string& Agent::incarnation() const { return impl_->options.incarnation; }
 
+// The lighthouse's text_bytes_max for an event's detail.
+constexpr size_t kEventDetailBytesMax = 256;
+
+Status Agent::ReportEvent(const std::string& event, const std::string& detail, Millis timeout,
+                          uint32_t* crashes, uint32_t* refusals) {
+  pb::GroupEventRequest in;
+  in.set_job(impl_->options.job);
+  in.set_group_id(impl_->options.group_id);
+  in.set_incarnation(impl_->options.incarnation);
+  in.set_event(event);
+  in.set_detail(OneLine(detail, kEventDetailBytesMax));
+  pb::GroupEventResponse out;
+  LK_RETURN_IF_ERROR(impl_->CancellableLighthouseClient()->Call("POST", "/v1/event", in, &out,
+                                                                timeout));
+  if (crashes) *crashes = out.crashes();
+  if (refusals) *refusals = out.requeue_refusals();
+  return Status::Ok();
+}
+
 std::shared_ptr<http::Client> Agent::Impl::CancellableLighthouseClient() {
   auto c = http::Client::Create(options.lighthouse, lighthouse_client_options);
   LK_CHECK(c.ok()) << c.status().ToString();  // the URL and CA were validated at start

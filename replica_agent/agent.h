@@ -99,6 +99,11 @@ class Agent {
   // exits (Slurm signals the trainers at the same moment) is part of the leave, not a crash.
   void SignalArrived();
   const std::string& incarnation() const;
+  // Reports an event about this life to the lighthouse (POST /v1/event: "requeue_refused",
+  // "trainer_crashed") with a one-line detail, bounded by `timeout`. The group's counts after it
+  // (crashes, requeue refusals) in `*crashes`/`*refusals` when given. From any thread.
+  Status ReportEvent(const std::string& event, const std::string& detail, Millis timeout,
+                     uint32_t* crashes = nullptr, uint32_t* refusals = nullptr);
   // The two listeners' route tables as handlers, for handing a request over without a socket
   // (the route fuzzers: http::CallHandler, then run io_context() until it is answered). After
   // Start, on the one thread that runs io_context() (Run, or the caller instead of Run).

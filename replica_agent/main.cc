@@ -171,10 +171,35 @@ void HandleSignals(Agent& agent, const sigset_t& set, const std::atomic<bool>& e
     bool checkpoint = d.reason != slurm::LeaveReason::kCancelled;
     std::function<void()> after_leave;
     if (d.requeue && c.requeue && slurm_env) {
-      after_leave = [env = *slurm_env] {
-        Status st = slurm::Requeue(env);
-        if (st.ok()) LK_LOG_INFO("requeued job={}", env.JobRef());
-        else LK_LOG_ERROR("requeue_failed job={} error={}", env.JobRef(), Q(st.ToString()));
+      after_leave = [env = *slurm_env, &agent] {
+        // slurmctld may be busy or restarting for a while: a bounded retry. A refusal that
+        // stays (requeue disabled, the job gone) is not retried. Either way the lighthouse
+        // hears of a requeue that did not happen (the operator sees it in lkctl status), since
+        // the group will not come back by itself.
+        slurm::SubprocessRunner runner;
+        int attempts = 0;
+        Status st = slurm::RequeueWithRetry(
+            env, runner, slurm::RetryPolicy{},
+            [](std::chrono::seconds s) {
+              LK_LOG_WARN("requeue_retry wait_s={}", s.count());
+              std::this_thread::sleep_for(s);
+            },
+            &attempts);
+        if (st.ok()) {
+          LK_LOG_INFO("requeued job={} attempts={}", env.JobRef(), attempts);
+          return;
+        }
+        LK_LOG_ERROR("requeue_refused job={} attempts={} error={}", env.JobRef(), attempts,
+                     Q(st.ToString()));
+        uint32_t refusals = 0;
+        Status told = agent.ReportEvent("requeue_refused", st.message(), Millis(10'000), nullptr,
+                                        &refusals);
+        if (told.ok()) {
+          LK_LOG_INFO("requeue_refused_reported requeue_refusals={}", refusals);
+        } else {
+          LK_LOG_WARN("event_report_failed event=requeue_refused error={}",
+                      Q(told.ToString()));
+        }
       };
     }
     agent.Drain(reason, checkpoint, after_leave);

@@ -39,7 +39,8 @@ void AddScriptFlags(Flags& flags, ScriptOptions& o) {
   flags.Add("requeue-on-crash", &o.requeue_on_crash,
             "requeue the job when the trainers fail with no signal", "LK_SLURM_REQUEUE_ON_CRASH");
   flags.Add("crash-requeues-max", &o.crash_requeues_max,
-            "requeue on a crash only while SLURM_RESTART_COUNT is below this",
+            "requeue on a crash at most this many times over the group's lives (counted by the "
+            "lighthouse; SLURM_RESTART_COUNT when it cannot answer)",
             "LK_SLURM_CRASH_REQUEUES_MAX");
   flags.Add("job-name", &o.job_name, "sbatch --job-name (default lk-<group-id>)",
             "LK_SLURM_JOB_NAME");
@@ -47,6 +48,9 @@ void AddScriptFlags(Flags& flags, ScriptOptions& o) {
             "LK_SLURM_OUTPUT");
   flags.Add("agent-bin", &o.agent_bin, "replica_agent program on the compute nodes",
             "LK_AGENT_BIN");
+  flags.Add("lkctl-bin", &o.lkctl_bin,
+            "lkctl program on the compute nodes (reports crashes with --requeue-on-crash)",
+            "LK_LKCTL_BIN");
   flags.Add("socket-dir", &o.socket_dir, "node-local directory for the agent's socket",
             "LK_SLURM_SOCKET_DIR");
   flags.Add("agent-exit-wait-s", &o.agent_exit_wait_s,

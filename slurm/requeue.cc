@@ -1,5 +1,6 @@
 #include "slurm/requeue.h"
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 
@@ -88,15 +89,42 @@ Status Requeue(const SlurmEnv& env, CommandRunner& runner) {
   if (ran->exit_code == 0) return Status::Ok();
   std::string reason = Trim(ran->err.empty() ? ran->out : ran->err);
   std::string hint;
+  // These refusals will be the same on a retry: kPermissionDenied (requeue disabled, not the
+  // owner) and kNotFound (the job is gone). Any other (slurmctld busy or restarting, a socket
+  // timeout) may pass later: kConflict.
+  Code code = Code::kPermissionDenied;
   if (reason.find("presently disabled") != std::string::npos) {
     hint = " (was the job submitted with --no-requeue, or is JobRequeue=0?)";
   } else if (reason.find("Invalid job id") != std::string::npos) {
     hint = " (the job is gone)";
+    code = Code::kNotFound;
   } else if (reason.find("Access/permission denied") != std::string::npos) {
     hint = " (only the job's owner or an operator may requeue it)";
+  } else {
+    code = Code::kConflict;
   }
-  return Error(Code::kConflict, "{}: Slurm refused (scontrol exit {}): {}{}", context,
-               ran->exit_code, reason, hint);
+  return Error(code, "{}: Slurm refused (scontrol exit {}): {}{}", context, ran->exit_code,
+               reason, hint);
+}
+
+bool RequeueRetryable(const Status& st) {
+  return !st.ok() && st.code() != Code::kNotFound && st.code() != Code::kPermissionDenied;
+}
+
+Status RequeueWithRetry(const SlurmEnv& env, CommandRunner& runner, const RetryPolicy& policy,
+                        const std::function<void(std::chrono::seconds)>& sleep, int* attempts) {
+  Status st;
+  std::chrono::seconds wait = policy.first_wait;
+  int made = 0;
+  while (true) {
+    ++made;
+    st = Requeue(env, runner);
+    if (st.ok() || !RequeueRetryable(st) || made >= std::max(1, policy.attempts)) break;
+    sleep(wait);
+    wait *= 2;
+  }
+  if (attempts) *attempts = made;
+  return st;
 }
 
 Status Requeue(const SlurmEnv& env) {

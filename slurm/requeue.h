@@ -14,6 +14,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -73,10 +74,29 @@ LeaveDecision ClassifyLeave(const LeaveInput& in);
 // The command that requeues this job: {"scontrol", "requeue", "ARRAYJOBID_TASKID" or "JOBID"}.
 std::vector<std::string> RequeueArgv(const SlurmEnv& env);
 
-// Runs RequeueArgv (30 s bound). Errors: kNotFound when scontrol is not in PATH, kConflict when
-// Slurm refuses (the message has scontrol's reason and a hint), kDeadlineExceeded on timeout.
+// Runs RequeueArgv (30 s bound). Errors: kNotFound when scontrol is not in PATH,
+// kPermissionDenied when Slurm refuses for good (requeue disabled, no permission), kNotFound
+// also when the job is gone, and kConflict for another refusal (the message has scontrol's reason and a hint),
+// kDeadlineExceeded on timeout.
 // Slurm sends SIGTERM to the job right after an accepted requeue: ignore it.
 Status Requeue(const SlurmEnv& env, CommandRunner& runner);
+// Whether a failed Requeue may pass on a retry: not when scontrol is missing or the job is gone
+// (kNotFound) or Slurm's refusal stays (kPermissionDenied: requeue disabled for the job, not
+// its owner); yes on a timeout or another refusal (kConflict: slurmctld busy, ...).
+bool RequeueRetryable(const Status& st);
+
+struct RetryPolicy {
+  int attempts = 4;                          // Requeue calls at most, the first included
+  std::chrono::seconds first_wait{5};        // before the second call; doubled after each
+};
+
+// Requeue, retried while RequeueRetryable, at most policy.attempts calls, with `sleep` between
+// them (a parameter so that tests do not wait). The last call's status; *attempts (when given)
+// the calls made.
+Status RequeueWithRetry(const SlurmEnv& env, CommandRunner& runner, const RetryPolicy& policy,
+                        const std::function<void(std::chrono::seconds)>& sleep,
+                        int* attempts = nullptr);
+
 // Requeue with a SubprocessRunner.
 Status Requeue(const SlurmEnv& env);
 

@@ -125,7 +125,7 @@ TEST_CASE("requeue: a missing scontrol and a refusal are clear errors") {
   // What 22.05 answers for a job submitted with --no-requeue.
   runner.Answer(1, "", "Requested operation is presently disabled for job 6\n");
   Status refused = Requeue(Env(6), runner);
-  CHECK(refused.code() == Code::kConflict);
+  CHECK(refused.code() == Code::kPermissionDenied);
   CHECK(refused.message() ==
         "requeue job 6: Slurm refused (scontrol exit 1): Requested operation is presently "
         "disabled for job 6 (was the job submitted with --no-requeue, or is JobRequeue=0?)");
@@ -135,6 +135,51 @@ TEST_CASE("requeue: a missing scontrol and a refusal are clear errors") {
 
   runner.Answer(Error(Code::kDeadlineExceeded, "scontrol (after 30000 ms): timed out"));
   CHECK(Requeue(Env(1), runner).code() == Code::kDeadlineExceeded);
+}
+
+TEST_CASE("requeue: retried with a bound while the refusal may pass, never when it stays") {
+  std::vector<int64_t> waits;
+  auto sleep = [&](std::chrono::seconds s) { waits.push_back(s.count()); };
+  RetryPolicy p;
+  p.attempts = 4;
+  p.first_wait = std::chrono::seconds(5);
+  {  // slurmctld busy twice, then the requeue passes
+    FakeRunner runner;
+    runner.Answer(1, "", "Slurm temporarily unable to accept job, sleeping and retrying\n");
+    runner.Answer(Error(Code::kDeadlineExceeded, "scontrol (after 30000 ms): timed out"));
+    runner.Answer(0, "");
+    int attempts = 0;
+    CHECK(RequeueWithRetry(Env(42), runner, p, sleep, &attempts).ok());
+    CHECK(attempts == 3);
+    CHECK(waits == std::vector<int64_t>{5, 10});
+  }
+  waits.clear();
+  {  // busy every time: four calls, then the last refusal
+    FakeRunner runner;
+    for (int i = 0; i < 4; ++i) runner.Answer(1, "", "Socket timed out on send/recv operation\n");
+    int attempts = 0;
+    Status st = RequeueWithRetry(Env(42), runner, p, sleep, &attempts);
+    CHECK(st.code() == Code::kConflict);
+    CHECK(st.message().find("Socket timed out") != std::string::npos);
+    CHECK(attempts == 4);
+    CHECK(runner.ran().size() == 4);
+    CHECK(waits == std::vector<int64_t>{5, 10, 20});
+  }
+  waits.clear();
+  for (auto answer : {std::string("Requested operation is presently disabled for job 42"),
+                      std::string("Invalid job id specified"),
+                      std::string("Access/permission denied for job 42")}) {
+    FakeRunner runner;
+    runner.Answer(1, "", answer + "\n");
+    int attempts = 0;
+    Status st = RequeueWithRetry(Env(42), runner, p, sleep, &attempts);
+    CHECK(!RequeueRetryable(st));
+    CHECK(attempts == 1);
+  }
+  FakeRunner missing;
+  missing.Answer(Error(Code::kNotFound, "scontrol: not found in PATH"));
+  CHECK(RequeueWithRetry(Env(42), missing, p, sleep).code() == Code::kNotFound);
+  CHECK(waits.empty());
 }
 
 TEST_CASE("requeue: with the real runner and no scontrol on PATH") {

@@ -131,6 +131,7 @@ Status ScriptOptions::Validate() const {
   if (crash_requeues_max < 0) return InvalidArgument("--crash-requeues-max must be >= 0");
   if (agent_exit_wait_s < 0) return InvalidArgument("--agent-exit-wait-s must be >= 0");
   if (agent_bin.empty()) return InvalidArgument("--agent-bin must not be empty");
+  if (lkctl_bin.empty()) return InvalidArgument("--lkctl-bin must not be empty");
   if (socket_dir.empty() || socket_dir[0] != '/') {
     return InvalidArgument("--socket-dir '{}' must be an absolute path", socket_dir);
   }
@@ -246,22 +247,47 @@ std::string GenerateBatchScript(const ScriptOptions& o, const EnvMap& submit_env
   s += "fi\n\n";
 
   if (o.requeue_on_crash) {
-    s += "# --requeue-on-crash: trainers that failed with no signal requeue the job, a bounded\n"
-         "# number of times so a trainer that always crashes does not loop forever.\n";
-    s += "if [ \"$lk_trainer_rc\" -ne 0 ] && [ \"$lk_warned\" = 0 ] && "
-         "[ \"$lk_termed\" = 0 ]; then\n";
-    s += fmt::format("  if [ \"${{SLURM_RESTART_COUNT:-0}}\" -lt {} ]; then\n",
-                     o.crash_requeues_max);
-    s += "    lk_log \"event=trainer_crashed rc=$lk_trainer_rc action=requeue job=$lk_job_ref\"\n";
-    s += "    if scontrol requeue \"$lk_job_ref\"; then exit 0; fi\n";
-    s += "    lk_log \"event=requeue_failed job=$lk_job_ref\"\n";
-    s += "  else\n";
+    const std::string lkctl =
+        ShellQuote(o.lkctl_bin) + " --lighthouse \"$LK_LIGHTHOUSE\"" +
+        (o.token_file.empty() ? "" : " --token-file \"$LK_TOKEN_FILE\"") +
+        " event \"$LK_JOB\" \"$LK_GROUP_ID\" \"$LK_INCARNATION\"";
     s += fmt::format(
-        "    lk_log \"event=trainer_crashed rc=$lk_trainer_rc action=exit "
-        "reason=crash_requeues_max_{}\"\n",
-        o.crash_requeues_max);
-    s += "  fi\n";
-    s += "fi\n";
+        "# --requeue-on-crash: trainers that failed with no signal requeue the job, at most {0}\n"
+        "# times over the group's lives so that a trainer that always crashes does not loop\n"
+        "# forever. The lighthouse counts the group's crashes (requeues for the time limit or a\n"
+        "# preemption never count); only when it cannot answer does the restart count stand in.\n"
+        "if [ \"$lk_trainer_rc\" -ne 0 ] && [ \"$lk_warned\" = 0 ] && "
+        "[ \"$lk_termed\" = 0 ]; then\n"
+        "  lk_crashes=$({1} trainer_crashed \"rc=$lk_trainer_rc\" 2>/dev/null "
+        "| sed -n 's/^crashes=\\([0-9][0-9]*\\).*/\\1/p')\n"
+        "  lk_counted_by=lighthouse\n"
+        "  if [ -z \"$lk_crashes\" ]; then\n"
+        "    lk_crashes=$(( ${{SLURM_RESTART_COUNT:-0}} + 1 )); lk_counted_by=restart_count\n"
+        "  fi\n"
+        "  if [ \"$lk_crashes\" -le {0} ]; then\n"
+        "    lk_log \"event=trainer_crashed rc=$lk_trainer_rc crashes=$lk_crashes "
+        "counted_by=$lk_counted_by action=requeue job=$lk_job_ref\"\n"
+        "    # slurmctld may be busy or restarting: a bounded retry, none for a refusal that stays.\n"
+        "    lk_try=0; lk_wait_s=5\n"
+        "    while [ \"$lk_try\" -lt 4 ]; do\n"
+        "      lk_try=$((lk_try + 1))\n"
+        "      if lk_out=$(scontrol requeue \"$lk_job_ref\" 2>&1); then\n"
+        "        lk_log \"event=requeued job=$lk_job_ref attempts=$lk_try\"; exit 0\n"
+        "      fi\n"
+        "      lk_out=$(printf '%s' \"$lk_out\" | tr '\\n\"' \"  \")\n"
+        "      lk_log \"event=requeue_failed job=$lk_job_ref attempt=$lk_try error=\\\"$lk_out\\\"\"\n"
+        "      case \"$lk_out\" in *\"presently disabled\"*|*\"Invalid job id\"*|*\"permission denied\"*) break ;; esac\n"
+        "      [ \"$lk_try\" -lt 4 ] && sleep \"$lk_wait_s\"; lk_wait_s=$((lk_wait_s * 2))\n"
+        "    done\n"
+        "    lk_log \"event=requeue_refused job=$lk_job_ref attempts=$lk_try\"\n"
+        "    {1} requeue_refused \"scontrol: $lk_out\" >/dev/null 2>&1 || "
+        "lk_log \"event=event_report_failed event=requeue_refused\"\n"
+        "  else\n"
+        "    lk_log \"event=trainer_crashed rc=$lk_trainer_rc crashes=$lk_crashes "
+        "counted_by=$lk_counted_by action=exit reason=crash_requeues_max_{0}\"\n"
+        "  fi\n"
+        "fi\n",
+        o.crash_requeues_max, lkctl);
   }
   s += "exit \"$lk_trainer_rc\"\n";
   return s;

@@ -40,10 +40,13 @@ struct ScriptOptions {
   // Warning seconds before the time limit: enough for a durable checkpoint and the leave.
   int64_t signal_before_s = 300;
   bool requeue_on_crash = false;       // requeue when the trainers fail with no signal
-  int64_t crash_requeues_max = 3;      // ...while SLURM_RESTART_COUNT is below this
+  // ...at most this many times over the group's lives (the lighthouse counts its crashes;
+  // SLURM_RESTART_COUNT + 1 stands in when the lighthouse cannot answer)
+  int64_t crash_requeues_max = 3;
   std::string job_name;                // default "lk-<group_id>"
   std::string output = "lk-%x-%j.out"; // sbatch --output; appended to across requeues
   std::string agent_bin = "replica_agent";
+  std::string lkctl_bin = "lkctl";     // reports a crash to the lighthouse (--requeue-on-crash)
   std::string socket_dir = "/tmp";     // node-local directory for the agent's socket
   int64_t agent_exit_wait_s = 60;      // after the trainers exit, before the agent is stopped
   std::vector<std::string> trainer;    // the trainer command; required

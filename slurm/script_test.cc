@@ -1,6 +1,9 @@
 #include "slurm/script.h"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <sys/wait.h>
 
 #include <cstdio>
 #include <fstream>
@@ -126,14 +129,131 @@ TEST_CASE("script: --requeue-on-crash requeues a bounded number of times") {
   o.token_file.clear();
   std::string s = GenerateBatchScript(o, {});
   CAPTURE(s);
-  CHECK(Has(s, "if [ \"${SLURM_RESTART_COUNT:-0}\" -lt 2 ]; then"));
-  CHECK(Has(s, "scontrol requeue \"$lk_job_ref\""));
+  // The lighthouse's count of the group's crashes decides; the restart count stands in.
+  CHECK(Has(s, "lk_crashes=$(lkctl --lighthouse \"$LK_LIGHTHOUSE\" event \"$LK_JOB\" "
+               "\"$LK_GROUP_ID\" \"$LK_INCARNATION\" trainer_crashed \"rc=$lk_trainer_rc\""));
+  CHECK(Has(s, "lk_crashes=$(( ${SLURM_RESTART_COUNT:-0} + 1 )); lk_counted_by=restart_count"));
+  CHECK(Has(s, "if [ \"$lk_crashes\" -le 2 ]; then"));
+  CHECK(Has(s, "if lk_out=$(scontrol requeue \"$lk_job_ref\" 2>&1); then"));
+  CHECK(Has(s, "event=requeue_refused job=$lk_job_ref"));
+  CHECK(Has(s, "trainer_crashed \"rc=$lk_trainer_rc\""));
   CHECK_FALSE(Has(s, "--partition"));
   CHECK_FALSE(Has(s, "--account"));
   CHECK_FALSE(Has(s, "--gpus-per-node"));
   CHECK_FALSE(Has(s, "--token-file"));
   CHECK_FALSE(Has(s, "LK_TOKEN_FILE"));
   CHECK(BashSyntaxCheck(s) == 0);
+}
+
+// The crash branch of the generated script, run by bash with stand-ins for srun (the trainers
+// exit with a given code), scontrol (answers queued in a file) and lkctl (the lighthouse's
+// crash count, or no answer) on PATH, and a sleep that does not wait. What ran and what the
+// script logged are checked.
+struct CrashRun {
+  std::string log;       // the script's stderr
+  std::string scontrol;  // one line per scontrol call
+  std::string lkctl;     // one line per lkctl call
+  int rc = -1;
+};
+
+CrashRun RunCrashBranch(const std::string& crashes, int64_t restart_count,
+                        const std::vector<std::string>& scontrol_answers) {
+  char tmpl[] = "/tmp/lk_crash_branch_XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string d = tmpl;
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(d + "/" + name) << text;
+    std::system(fmt::format("chmod +x {}/{}", d, name).c_str());
+  };
+  write("srun", "#!/bin/bash\ncase \"$*\" in *lk-trainer*) exit 7 ;; esac\nexit 0\n");
+  write("sleep", "#!/bin/bash\nexit 0\n");
+  // Each answer is "RC MESSAGE"; the calls take them in order.
+  std::string answers;
+  for (const auto& a : scontrol_answers) answers += a + "\n";
+  std::ofstream(d + "/answers") << answers;
+  write("scontrol",
+        "#!/bin/bash\necho \"$*\" >> " + d + "/scontrol.calls\n"
+        "line=$(head -n 1 " + d + "/answers); sed -i 1d " + d + "/answers\n"
+        "echo \"${line#* }\" >&2; exit \"${line%% *}\"\n");
+  write("lkctl", "#!/bin/bash\necho \"$*\" >> " + d + "/lkctl.calls\n" +
+                     (crashes.empty() ? std::string("echo 'lkctl: connection refused' >&2; exit 1\n")
+                                      : "echo 'crashes=" + crashes + " requeue_refusals=0'\n"));
+  ScriptOptions o = Options();
+  o.requeue_on_crash = true;
+  o.crash_requeues_max = 2;
+  o.agent_exit_wait_s = 0;
+  std::ofstream(d + "/job.sh") << GenerateBatchScript(o, {});
+  const std::string cmd = fmt::format(
+      "cd {0} && env PATH={0}:$PATH SLURM_JOB_ID=77 SLURM_JOB_NUM_NODES=1 SLURM_NODEID=0 "
+      "SLURM_RESTART_COUNT={1} bash job.sh 2> {0}/stderr",
+      d, restart_count);
+  CrashRun r;
+  int status = std::system(cmd.c_str());
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  auto slurp = [&](const std::string& name) {
+    std::ifstream in(d + "/" + name);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  r.log = slurp("stderr");
+  r.scontrol = slurp("scontrol.calls");
+  r.lkctl = slurp("lkctl.calls");
+  std::system(fmt::format("rm -rf {}", d).c_str());
+  return r;
+}
+
+TEST_CASE("script: a crash after five wall-time requeues is still requeued (the lighthouse counts)") {
+  // SLURM_RESTART_COUNT=5 from five requeues for the time limit; the lighthouse counts 1 crash.
+  CrashRun r = RunCrashBranch("1", 5, {"0 "});
+  CAPTURE(r.log);
+  CHECK(r.rc == 0);
+  CHECK(Has(r.log, "event=trainer_crashed rc=7 crashes=1 counted_by=lighthouse action=requeue"));
+  CHECK(Has(r.log, "event=requeued job=77 attempts=1"));
+  CHECK(r.scontrol == "requeue 77\n");
+  CHECK(Has(r.lkctl, "--lighthouse http://lh.example:7070 --token-file /home/u/.lk/token event "
+                     "llama-7b jupiter-0 77.r5."));
+  CHECK(Has(r.lkctl, " trainer_crashed rc=7\n"));
+}
+
+TEST_CASE("script: past the crash cap the job ends with the trainers' code, not requeued") {
+  CrashRun r = RunCrashBranch("3", 0, {});
+  CAPTURE(r.log);
+  CHECK(r.rc == 7);
+  CHECK(Has(r.log, "crashes=3 counted_by=lighthouse action=exit reason=crash_requeues_max_2"));
+  CHECK(r.scontrol.empty());
+}
+
+TEST_CASE("script: without the lighthouse the restart count stands in for the crash count") {
+  CrashRun r = RunCrashBranch("", 1, {"0 "});
+  CAPTURE(r.log);
+  CHECK(r.rc == 0);
+  CHECK(Has(r.log, "crashes=2 counted_by=restart_count action=requeue"));
+  r = RunCrashBranch("", 2, {});
+  CAPTURE(r.log);
+  CHECK(r.rc == 7);
+  CHECK(Has(r.log, "crashes=3 counted_by=restart_count action=exit"));
+}
+
+TEST_CASE("script: a refused requeue is retried with a bound, then reported to the lighthouse") {
+  // slurmctld busy on every call: four tries, then the refusal goes to the lighthouse.
+  const std::string busy = "1 slurm_requeue error: Socket timed out on send/recv operation";
+  CrashRun r = RunCrashBranch("1", 0, {busy, busy, busy, busy});
+  CAPTURE(r.log);
+  CHECK(r.rc == 7);
+  CHECK(r.scontrol == "requeue 77\nrequeue 77\nrequeue 77\nrequeue 77\n");
+  CHECK(Has(r.log, "event=requeue_failed job=77 attempt=4 error=\"slurm_requeue error: Socket"));
+  CHECK(Has(r.log, "event=requeue_refused job=77 attempts=4"));
+  CHECK(Has(r.lkctl, " requeue_refused scontrol: slurm_requeue error: Socket timed out"));
+  // Busy once, then accepted.
+  r = RunCrashBranch("1", 0, {busy, "0 "});
+  CHECK(r.rc == 0);
+  CHECK(Has(r.log, "event=requeued job=77 attempts=2"));
+  // A refusal that stays is not retried.
+  r = RunCrashBranch("1", 0, {"1 Requested operation is presently disabled for job 77"});
+  CHECK(r.rc == 7);
+  CHECK(r.scontrol == "requeue 77\n");
+  CHECK(Has(r.log, "event=requeue_refused job=77 attempts=1"));
 }
 
 TEST_CASE("script: options are validated with the flag's name") {

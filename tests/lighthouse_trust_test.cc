@@ -295,6 +295,66 @@ TEST_CASE("trust: a zombie incarnation stays dead across a kill -9 restart") {
   CHECK(live.body.find("\"generation\":2") != std::string::npos);
 }
 
+// Issue 31: what a group's launcher reports about a life (POST /v1/event) is counted once per
+// crashed life, kept through a kill -9 of the lighthouse, and refused to strangers, to the
+// read-only role and on bad input without changing anything.
+TEST_CASE("trust: /v1/event counts a crash once, keeps it across a restart, refuses bad calls") {
+  auto s = StartSecured("lh-event");
+  auto job = Connect(s.lh.url(), "secret-j");
+  auto admin = Connect(s.lh.url(), "root-token");
+  REQUIRE(Send(*job, "POST", "/v1/heartbeat", Hb("j", "a", "a1")).status == 200);
+  auto event = [](const std::string& j, const std::string& inc, const std::string& what,
+                  const std::string& detail = "") {
+    return fmt::format(
+        R"({{"job":"{}","group_id":"a","incarnation":"{}","event":"{}","detail":"{}"}})", j, inc,
+        what, detail);
+  };
+  const std::string before = StatusJson(*admin);
+  ExpectRefused(*Connect(s.lh.url()), "POST", "/v1/event", event("j", "a1", "trainer_crashed"),
+                401, "TOKEN_MISSING");
+  ExpectRefused(*Connect(s.lh.url(), "prom"), "POST", "/v1/event",
+                event("j", "a1", "trainer_crashed"), 403, "ROLE_FORBIDS");
+  ExpectRefused(*job, "POST", "/v1/event", event("j", "a1", "meteor_strike"), 400,
+                "BAD_REQUEST");
+  ExpectRefused(*job, "POST", "/v1/event", event("j", "a1", "requeue_refused", std::string(300, 'x')),
+                400, "BAD_REQUEST");
+  ExpectRefused(*job, "POST", "/v1/event", "{not json", 400, "BAD_REQUEST");
+  ExpectRefused(*job, "GET", "/v1/event", "", 400, "METHOD_NOT_ALLOWED");
+  CHECK(StatusJson(*admin) == before);
+
+  auto counts = [&](const std::string& body) {
+    Answer a = Send(*job, "POST", "/v1/event", body);
+    INFO(body << " -> " << a.body);
+    REQUIRE(a.status == 200);
+    pb::GroupEventResponse r;
+    REQUIRE(http::Decode(a.body, http::Format::kJson, &r).ok());
+    return std::make_pair(r.crashes(), r.requeue_refusals());
+  };
+  CHECK(counts(event("j", "a1", "trainer_crashed", "rc=1")) == std::make_pair(1u, 0u));
+  CHECK(counts(event("j", "a1", "trainer_crashed", "rc=1")) == std::make_pair(1u, 0u));
+  CHECK(counts(event("j", "a1", "requeue_refused", "slurm said no")) == std::make_pair(1u, 1u));
+  CHECK(s.lh.process->WaitForLog("group_event job=j group=a incarnation=a1 event=requeue_refused",
+                                 10s)
+            .find("requeue_refusals=1") != std::string::npos);
+  const std::string shown = StatusJson(*admin);
+  CHECK(shown.find("\"crashes\":1") != std::string::npos);
+  CHECK(shown.find("\"last_event\":\"requeue_refused: slurm said no\"") != std::string::npos);
+
+  s.lh.process->Signal(SIGKILL);
+  REQUIRE(s.lh.process->Wait(10s).has_value());
+  auto lh2 = StartLighthouse(s.dir + "/data",
+                             {"--token-file", s.dir + "/tokens", "--admin-token-file",
+                              s.dir + "/admin", "--heartbeat-timeout-ms", "60000"},
+                             s.dir + "/lh.log", s.lh.address);
+  job = Connect(lh2.url(), "secret-j");
+  // The next life crashed before its agent was heard of: counted on top of the first.
+  CHECK(counts(event("j", "a2", "trainer_crashed", "rc=134")) == std::make_pair(2u, 1u));
+  ExpectRefused(*job, "POST", "/v1/event", event("nojob", "a2", "trainer_crashed"), 401,
+                "TOKEN_INVALID");
+  ExpectRefused(*Connect(lh2.url(), "root-token"), "POST", "/v1/event",
+                event("nojob", "a2", "trainer_crashed"), 404, "UNKNOWN_JOB");
+}
+
 TEST_CASE("trust: --jobs-max refuses a new job and groups are collected after the grace period") {
   auto s = StartSecured(
       "lh-bounds", {"--jobs-max", "1", "--group-grace-ms", "300", "--heartbeat-timeout-ms", "200"});
