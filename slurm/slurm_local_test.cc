@@ -62,14 +62,24 @@ if [ "$r" -ge 1 ]; then touch "$d/trainer-done-$r"; exit 0; fi
 for i in $(seq 1 1200); do echo "$i" > "$d/trainer-tick-$r"; sleep 0.1; done
 )sh";
 
+// The trainer of the crash-cap test: lives 0-4 run until a warning requeues them, life 5
+// crashes (exit 7), life 6 finishes.
+constexpr char kCrashingTrainer[] = R"sh(#!/bin/bash
+d=$(dirname "$0"); r=${SLURM_RESTART_COUNT:-0}
+echo "start restart=$r socket=$LK_AGENT_SOCKET at $(date +%s.%N)" >> "$d/trainer-$r.log"
+if [ "$r" -eq 5 ]; then exit 7; fi
+if [ "$r" -ge 6 ]; then touch "$d/trainer-done-$r"; exit 0; fi
+for i in $(seq 1 1200); do echo "$i" > "$d/trainer-tick-$r"; sleep 0.1; done
+)sh";
+
 class TestJob {
  public:
-  explicit TestJob(std::string mode) {
+  explicit TestJob(std::string mode, const char* trainer = kTrainer) {
     std::string tmpl = (std::filesystem::temp_directory_path() / "lk-slurm-test-XXXXXX").string();
     REQUIRE(mkdtemp(tmpl.data()) != nullptr);
     dir_ = tmpl;
     std::ofstream(dir_ + "/agent.sh") << kAgent;
-    std::ofstream(dir_ + "/trainer.sh") << kTrainer;
+    std::ofstream(dir_ + "/trainer.sh") << trainer;
     REQUIRE(Sh("chmod 755 " + dir_ + "/agent.sh " + dir_ + "/trainer.sh").exit_code == 0);
     mode_ = std::move(mode);
   }
@@ -78,13 +88,14 @@ class TestJob {
   }
 
   // The generated script, with extra sbatch options on the command line (e.g. --array=3).
-  void Submit(const std::string& flags, const std::string& sbatch_options = "") {
+  void Submit(const std::string& flags, const std::string& sbatch_options = "",
+              const std::string& lighthouse = "http://127.0.0.1:9") {
     std::string gen = fmt::format(
         "cd {0} && LK_TEST_AGENT_MODE={1} {2}/lk_slurm_tool slurm script --job t --group-id g "
-        "--lighthouse http://127.0.0.1:9 --time 10:00 --signal-before-s 60 "
+        "--lighthouse {4} --time 10:00 --signal-before-s 60 "
         "--output {0}/batch-%j.log --agent-bin {0}/agent.sh --agent-exit-wait-s 5 {3} "
         "-- {0}/trainer.sh > {0}/job.sh",
-        dir_, mode_, Env("LK_BIN_DIR"), flags);
+        dir_, mode_, Env("LK_BIN_DIR"), flags, lighthouse);
     auto made = Sh(gen);
     REQUIRE_MESSAGE(made.exit_code == 0, made.err);
     auto sub = Sh(fmt::format("cd {} && sbatch --parsable {} job.sh", dir_, sbatch_options));
@@ -269,6 +280,73 @@ TEST_CASE("real slurm: preemption requeues by itself and the late SIGTERM reads 
   CHECK(job.Has("trainer-1.log", "start restart=1"));
   MESSAGE("preemption requeued by Slurm:\n" << job.Logs());
   (void)Sh("scancel " + high + " 2>/dev/null; true");
+}
+
+// Issue 31: the crash cap counts crashes, not requeues. Five warnings requeue the job (its
+// SLURM_RESTART_COUNT reaches 5, past --crash-requeues-max 3), then its trainer crashes: the
+// batch script asks a real lighthouse (through the real lkctl) how many times this group has
+// crashed over its lives, hears 1, and requeues the job, whose next life finishes.
+TEST_CASE("real slurm: five warning requeues then a crash, and the crash is still requeued") {
+  EnsureSlurm();
+  TestJob job("requeue", kCrashingTrainer);
+  const std::string bin = Env("LK_BIN_DIR");
+  auto lh = Sh(fmt::format("{0}/lighthouse --bind 127.0.0.1:0 --data-dir {1}/lh-data "
+                           "--heartbeat-timeout-ms 600000 > {1}/lighthouse.txt 2>&1 & echo $!",
+                           bin, job.dir()));
+  REQUIRE(lh.exit_code == 0);
+  const std::string lh_pid = lh.out.substr(0, lh.out.find('\n'));
+  struct Stop {
+    std::string pid;
+    ~Stop() { (void)Sh("kill " + pid + " 2>/dev/null; true"); }
+  } stop{lh_pid};
+  std::string address;
+  REQUIRE(WaitFor(
+      [&] {
+        std::string log = job.File("lighthouse.txt");
+        size_t at = log.find("listening address=");
+        if (at == std::string::npos) return false;
+        address = log.substr(at + 18, log.find_first_of(" \n", at + 18) - at - 18);
+        return true;
+      },
+      20s));
+  // The job is known to the lighthouse once a group of it was heard (the fake agent never is).
+  auto hb = Sh(fmt::format(
+      "curl -sf -X POST -H 'Content-Type: application/json' http://{}/v1/heartbeat -d "
+      "'{{\"job\":\"t\",\"group_id\":\"g\",\"incarnation\":\"before\",\"nodes\":1}}'",
+      address));
+  REQUIRE_MESSAGE(hb.exit_code == 0, hb.err);
+
+  job.Submit(fmt::format("--requeue-on-crash --crash-requeues-max 3 --lkctl-bin {}/lkctl", bin),
+             "", "http://" + address);
+  for (int r = 0; r < 5; ++r) {
+    CAPTURE(r);
+    const std::string life = fmt::format("trainer-{}.log", r);
+    if (r > 0) REQUIRE_MESSAGE(job.RestartNow(life, 60s), job.Logs());
+    REQUIRE_MESSAGE(WaitFor([&] { return job.Has(life, "start"); }, 60s), job.Logs());
+    REQUIRE(WaitFor([&] { return job.Has(fmt::format("agent-{}.log", r), "args"); }, 10s));
+    REQUIRE(Sh("scancel --batch --signal=USR2 " + job.id()).exit_code == 0);
+    REQUIRE_MESSAGE(
+        WaitFor([&] { return job.Has(fmt::format("agent-{}.log", r), "leave-rc 0 USR2"); }, 30s),
+        job.Logs());
+    CHECK_MESSAGE(job.Has(fmt::format("agent-{}.log", r), "requeued=" + job.id()), job.Logs());
+  }
+  // Life 5 crashes; the script requeues it on the lighthouse's count; life 6 finishes.
+  REQUIRE_MESSAGE(job.RestartNow("trainer-5.log", 60s), job.Logs());
+  REQUIRE_MESSAGE(job.RestartNow("trainer-6.log", 90s), job.Logs());
+  REQUIRE_MESSAGE(
+      WaitFor([&] { return job.State().empty() || job.State() == "COMPLETED"; }, 60s),
+      job.Logs());
+  const std::string batch = job.File("batch-" + job.id() + ".log");
+  CAPTURE(batch);
+  auto Has = [](const std::string& text, const std::string& needle) {
+    return text.find(needle) != std::string::npos;
+  };
+  CHECK(Has(batch, "restart_count=5"));
+  CHECK(Has(batch, "event=trainer_crashed rc=7 crashes=1 counted_by=lighthouse action=requeue"));
+  CHECK(Has(batch, "event=requeued job=" + job.id() + " attempts=1"));
+  CHECK(Has(batch, "event=trainers_exited rc=0"));
+  CHECK(Has(job.File("lighthouse.txt"),
+            "event=trainer_crashed detail=\"rc=7\" crashes=1 requeue_refusals=0 counted=true"));
 }
 
 TEST_SUITE_END();
