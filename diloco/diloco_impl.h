@@ -288,6 +288,7 @@ class Diloco::Impl {
     InnerAction inner_action = InnerAction::kKeep;
   };
   JoinOutcome join_;
+  void TakeOwnExtra();
   bool healed_since_commit_ = false;
   std::vector<float> restored_inner_;  // full inner buffer of the last durable restore
   std::vector<float> restored_inner_shard_;

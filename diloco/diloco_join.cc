@@ -13,6 +13,9 @@ using internal::MsSince;
 // Pulls this shard from live peers or the durable checkpoint, in the core's order. A failure is
 // not fatal: the slot sync then hands this member the donor's state over the communicator.
 Status Diloco::Impl::Heal(const client::PollResult& pr) {
+  // No quorum has agreed on this process's state yet: it is a new life of the group (a start, a
+  // requeue), whose own data position is in its own last durable checkpoint, not in memory.
+  const bool new_life = fresh_;
   has_state_ = false;
   for (const HealSource& src :
        PlanHeal(pr.heal, pr.initial, pr.heal_sources, pr.max_step, pr.restore_location)) {
@@ -49,6 +52,7 @@ Status Diloco::Impl::Heal(const client::PollResult& pr) {
                   Q(src.kind == HealSourceKind::kPeers ? std::string("fresh")
                     : join_.inner_from_disk            ? std::string("restored")
                                                        : "fresh (" + inner_missing + ")"));
+      if (src.kind == HealSourceKind::kPeers && new_life) TakeOwnExtra();
       return Status::Ok();
     }
     LK_LOG_WARN(
@@ -57,6 +61,22 @@ Status Diloco::Impl::Heal(const client::PollResult& pr) {
                                                                            : "communicator");
   }
   return Status::Ok();
+}
+
+// A new life healed from live peers: the weights are the peers', the data position the group's
+// own, from its newest durable checkpoint (a requeue's drain saved it). Without one the trainer
+// starts its stream where a first start does. A damaged or unreadable one is logged, not fatal.
+void Diloco::Impl::TakeOwnExtra() {
+  auto own = state_io_->RestoreOwnExtra();
+  if (!own.ok()) {
+    LK_LOG_WARN("extra_state_unreadable error={}", Q(own.status().ToString()));
+    return;
+  }
+  if (!*own) return;
+  LK_LOG_INFO("extra_state_from_own_checkpoint step={} bytes={} healed_step={}", (*own)->step,
+              (*own)->bytes.size(), state_.step);
+  join_.extra_from_disk = true;
+  restored_extra_shard_ = std::move((*own)->bytes);
 }
 
 // Every member of the slot tells the others whether it holds state and for which step; the

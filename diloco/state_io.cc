@@ -58,6 +58,31 @@ class CheckpointStateIo final : public StateIo {
     return r.ok() ? Status::Ok() : r.status().WithContext("publish live state");
   }
 
+  Result<std::optional<RestoredExtra>> RestoreOwnExtra() override {
+    if (options_.ckpt_dir.empty() || !std::filesystem::exists(options_.ckpt_dir)) {
+      return std::optional<RestoredExtra>();
+    }
+    ckpt::RestoreOptions o;
+    o.layout = Layout();
+    // This rank's extra tensor whole, and nothing else: the weights come from elsewhere.
+    o.plan.target_rows = [mine = ExtraStateName(options_.rank)](
+                             const ckpt::TensorInfo& t,
+                             ckpt::RowRange) -> std::optional<ckpt::RowRange> {
+      if (t.name != mine) return std::nullopt;
+      return ckpt::RowRange{0, ckpt::RowsOf(t.shape)};
+    };
+    auto r = ckpt::RestoreLatest(options_.ckpt_dir, o);
+    if (!r.ok()) {
+      if (r.status().code() == Code::kNotFound) return std::optional<RestoredExtra>();
+      return r.status().WithContext("extra state from " + options_.ckpt_dir);
+    }
+    RestoredOuter got;
+    TakeExtra(*r, &got);
+    if (!got.extra) return std::optional<RestoredExtra>();
+    return std::optional<RestoredExtra>(
+        RestoredExtra{static_cast<uint32_t>(r->step), std::move(*got.extra)});
+  }
+
   Result<OuterState> FetchFromPeers(const std::vector<std::string>& peers, uint32_t step) override {
     if (peers.empty()) return Status(Code::kNotFound, "no heal sources");
     std::vector<std::string> urls;

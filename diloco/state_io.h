@@ -55,6 +55,14 @@ class StateIo {
                                             uint32_t step) = 0;
   // This shard from a durable checkpoint: a step-* directory or a root holding them.
   virtual Result<RestoredOuter> Restore(const std::string& location) = 0;
+  // Only this rank's extra state from the newest checkpoint of this group's own root
+  // (StateIoOptions::ckpt_dir) that holds one, with that checkpoint's step; nullopt when there
+  // is none (no root, no checkpoint, none saved by this rank). Reads that one tensor.
+  struct RestoredExtra {
+    uint32_t step = 0;
+    std::vector<uint8_t> bytes;
+  };
+  virtual Result<std::optional<RestoredExtra>> RestoreOwnExtra() = 0;
 };
 
 struct StateIoOptions {

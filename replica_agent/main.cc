@@ -186,7 +186,8 @@ void HandleSignals(Agent& agent, const sigset_t& set, const std::atomic<bool>& e
             },
             &attempts);
         if (st.ok()) {
-          LK_LOG_INFO("requeued job={} attempts={}", env.JobRef(), attempts);
+          if (attempts > 1) LK_LOG_INFO("requeue_retried attempts={}", attempts);
+          LK_LOG_INFO("requeued job={}", env.JobRef());
           return;
         }
         LK_LOG_ERROR("requeue_refused job={} attempts={} error={}", env.JobRef(), attempts,

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "common/flags.h"
+#include "common/task_place.h"
 #include "slurm/requeue.h"
 #include "slurm/script.h"
 #include "slurm/slurm_env.h"
@@ -15,7 +16,8 @@ constexpr std::string_view kUsage =
     "commands:\n"
     "  script [flags] -- TRAINER...  print the batch script of one replica group\n"
     "  submit [flags] -- TRAINER...  submit that script with sbatch; print the job id\n"
-    "  env                           print this process's Slurm environment and job times\n"
+    "  env                           print this process's Slurm environment, job times and\n"
+    "                                the task's place in its group (group_rank, local_rank)\n"
     "  leave --signal USR2|TERM      inside a job: classify the leave, requeue when due\n\n"
     "`lkctl slurm <command> --help` describes each command's flags.\n";
 
@@ -48,6 +50,10 @@ void AddScriptFlags(Flags& flags, ScriptOptions& o) {
             "LK_SLURM_OUTPUT");
   flags.Add("agent-bin", &o.agent_bin, "replica_agent program on the compute nodes",
             "LK_AGENT_BIN");
+  flags.Add("bind-iface", &o.bind_iface,
+            "network interface (e.g. ib0) whose IPv4 address on each node the trainers bind to "
+            "(LK_BIND_HOST) and the agent serves peers on (--serve ADDRESS:0)",
+            "LK_SLURM_BIND_IFACE");
   flags.Add("lkctl-bin", &o.lkctl_bin,
             "lkctl program on the compute nodes (reports crashes with --requeue-on-crash)",
             "LK_LKCTL_BIN");
@@ -134,6 +140,21 @@ int Env(CommandRunner& runner, std::ostream& out, std::ostream& err) {
       << "\nnum_nodes=" << env->num_nodes << "\nnodes=" << nodes
       << "\npartition=" << env->partition << "\ncpus_on_node=" << env->cpus_on_node
       << "\nend_time=" << TimeText(env->end_time) << "\n";
+  // The trainer's place in its group as the trainers read it when no --group-rank is given
+  // (torchrun's variables first, then Slurm's task ones; common/task_place.h).
+  auto place = TaskPlaceFromEnv(ProcessEnv());
+  if (!place.ok()) {
+    err << "lkctl slurm env: " << place.status().message() << "\n";
+    return 1;
+  }
+  if (*place) {
+    out << "group_rank=" << (*place)->rank << "\ngroup_size=" << (*place)->size
+        << "\nlocal_rank="
+        << ((*place)->local_rank ? std::to_string(*(*place)->local_rank) : std::string("none"))
+        << "\nplace_from=" << (*place)->source << "\n";
+  } else {
+    out << "group_rank=none\n";
+  }
   return 0;
 }
 

@@ -132,6 +132,15 @@ Status ScriptOptions::Validate() const {
   if (agent_exit_wait_s < 0) return InvalidArgument("--agent-exit-wait-s must be >= 0");
   if (agent_bin.empty()) return InvalidArgument("--agent-bin must not be empty");
   if (lkctl_bin.empty()) return InvalidArgument("--lkctl-bin must not be empty");
+  for (char c : bind_iface) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.' &&
+        c != ':' && c != '@') {
+      return InvalidArgument("--bind-iface '{}' is not an interface name", bind_iface);
+    }
+  }
+  if (bind_iface.size() > 15) {
+    return InvalidArgument("--bind-iface '{}' is longer than an interface name can be", bind_iface);
+  }
   if (socket_dir.empty() || socket_dir[0] != '/') {
     return InvalidArgument("--socket-dir '{}' must be an absolute path", socket_dir);
   }
@@ -194,6 +203,18 @@ std::string GenerateBatchScript(const ScriptOptions& o, const EnvMap& submit_env
   s += "\n";
   s += kPrelude;
 
+  // The node's address on --bind-iface, found on each node by its step. An interface without an
+  // IPv4 address ends the step with the reason.
+  std::string iface_addr;
+  if (!o.bind_iface.empty()) {
+    s += "\n# --bind-iface: each step finds its node's IPv4 address on the interface.\n";
+    s += "export LK_BIND_IFACE=" + ShellQuote(o.bind_iface) + "\n";
+    iface_addr =
+        "a=$(ip -o -4 addr show dev \"$LK_BIND_IFACE\" 2>/dev/null | "
+        "sed -n \"s|.* inet \\([0-9.]*\\)/.*|\\1|p\" | head -n 1); "
+        "if [ -z \"$a\" ]; then echo \"lk: no IPv4 address on $LK_BIND_IFACE on $(hostname)\" "
+        ">&2; exit 1; fi; ";
+  }
   const std::string dir = ShellQuote(o.socket_dir);
   s += "\nlk_log \"event=start job=$lk_job_ref restart_count=${SLURM_RESTART_COUNT:-0} "
        "nodes=$SLURM_JOB_NUM_NODES incarnation=$LK_INCARNATION\"\n";
@@ -201,9 +222,10 @@ std::string GenerateBatchScript(const ScriptOptions& o, const EnvMap& submit_env
        "# holding them. Its node rank and socket are per node, so they are expanded there.\n";
   s += "srun --overlap --nodes=\"$SLURM_JOB_NUM_NODES\" --ntasks=\"$SLURM_JOB_NUM_NODES\" "
        "--ntasks-per-node=1 --kill-on-bad-exit=0 \\\n";
-  s += "  bash -c 'd=$1; shift; exec \"$@\" --node-rank \"$SLURM_NODEID\" "
-       "--socket \"$d/" +
-       std::string(kSocketName) + "\"' lk-agent " + dir + " \\\n";
+  s += "  bash -c 'd=$1; shift; " + iface_addr + "exec \"$@\" " +
+       (o.bind_iface.empty() ? "" : "--serve \"$a:0\" ") +
+       "--node-rank \"$SLURM_NODEID\" --socket \"$d/" + std::string(kSocketName) +
+       "\"' lk-agent " + dir + " \\\n";
   // The agent tells a time limit from a preemption by how far the limit is: it needs the same
   // warning lead as the #SBATCH --signal line.
   s += "  " + ShellQuote(o.agent_bin) + fmt::format(" --signal-before-s {}", o.signal_before_s) +
@@ -223,7 +245,8 @@ std::string GenerateBatchScript(const ScriptOptions& o, const EnvMap& submit_env
       "srun --nodes=\"$SLURM_JOB_NUM_NODES\" --ntasks-per-node={0} "
       "--ntasks=$((SLURM_JOB_NUM_NODES * {0})) --kill-on-bad-exit=1 \\\n",
       o.tasks_per_node);
-  s += "  bash -c 'trap \"\" USR2; d=$1; shift; "
+  s += "  bash -c 'trap \"\" USR2; d=$1; shift; " + iface_addr +
+       (o.bind_iface.empty() ? "" : "export LK_BIND_HOST=\"$a\"; ") +
        "export LK_AGENT_SOCKET=\"$d/" +
        std::string(kSocketName) + "\"; " +
        fmt::format(

@@ -48,6 +48,10 @@ struct ScriptOptions {
   std::string agent_bin = "replica_agent";
   std::string lkctl_bin = "lkctl";     // reports a crash to the lighthouse (--requeue-on-crash)
   std::string socket_dir = "/tmp";     // node-local directory for the agent's socket
+  // A network interface (e.g. ib0): on each node the trainers' communicators bind to its IPv4
+  // address (LK_BIND_HOST) and the agent serves peers there (--serve ADDRESS:0). Empty: the
+  // trainers' and agent's own settings (127.0.0.1 by default: one host only).
+  std::string bind_iface;
   int64_t agent_exit_wait_s = 60;      // after the trainers exit, before the agent is stopped
   std::vector<std::string> trainer;    // the trainer command; required
 

@@ -119,6 +119,22 @@ TEST_CASE("script: sbatch header and exports and agent and trainer steps") {
   CHECK(BashSyntaxCheck(s) == 0);
 }
 
+TEST_CASE("script: --bind-iface finds each node's address for the trainers and the agent") {
+  ScriptOptions o = Options();
+  o.bind_iface = "ib0";
+  std::string s = GenerateBatchScript(o, {});
+  CAPTURE(s);
+  CHECK(Has(s, "export LK_BIND_IFACE=ib0\n"));
+  CHECK(Has(s, "ip -o -4 addr show dev \"$LK_BIND_IFACE\""));
+  CHECK(Has(s, "exec \"$@\" --serve \"$a:0\" --node-rank \"$SLURM_NODEID\""));
+  CHECK(Has(s, "export LK_BIND_HOST=\"$a\"; export LK_AGENT_SOCKET="));
+  CHECK(BashSyntaxCheck(s) == 0);
+  // Without it, neither appears (the trainers' and agent's own settings hold).
+  std::string plain = GenerateBatchScript(Options(), {});
+  CHECK_FALSE(Has(plain, "LK_BIND_HOST"));
+  CHECK_FALSE(Has(plain, "--serve"));
+}
+
 TEST_CASE("script: --requeue-on-crash requeues a bounded number of times") {
   ScriptOptions o = Options();
   o.requeue_on_crash = true;
@@ -268,6 +284,9 @@ TEST_CASE("script: options are validated with the flag's name") {
       {"no lighthouse", [](ScriptOptions& o) { o.lighthouse.clear(); }, "--lighthouse"},
       {"no time", [](ScriptOptions& o) { o.time.clear(); }, "--time is required"},
       {"no trainer", [](ScriptOptions& o) { o.trainer.clear(); }, "after '--'"},
+      {"bad interface", [](ScriptOptions& o) { o.bind_iface = "ib0;rm"; }, "--bind-iface 'ib0;rm'"},
+      {"long interface", [](ScriptOptions& o) { o.bind_iface = std::string(16, 'i'); },
+       "longer than an interface name"},
       {"zero nodes", [](ScriptOptions& o) { o.nodes = 0; }, "--nodes 0"},
       {"bad time", [](ScriptOptions& o) { o.time = "4h"; }, "--time: time '4h'"},
       {"short time", [](ScriptOptions& o) { o.time = "2:00"; }, "not longer than"},

@@ -95,7 +95,8 @@ class SlurmRun {
     std::string gen = fmt::format(
         "cd {0} && LK_HEARTBEAT_INTERVAL_MS=200 LK_DRAIN_TIMEOUT_MS=20000 {1}/lkctl slurm script "
         "--job e2e --group-id {2} --lighthouse {3} --time 10:00 --signal-before-s 60 "
-        "--output {0}/batch-{2}-%j.log --agent-bin {1}/replica_agent --agent-exit-wait-s 30 {4} "
+        "--output {0}/batch-{2}-%j.log --agent-bin {1}/replica_agent --lkctl-bin {1}/lkctl "
+        "--agent-exit-wait-s 30 {4} "
         "-- bash -c '{5}' > {0}/{2}.sh",
         dir_, Env("LK_BIN_DIR"), group, lh_.url(), flags, trainer);
     auto made = Sh(gen);
@@ -457,8 +458,12 @@ TEST_CASE(
   REQUIRE_MESSAGE(run.WaitGroup("g2", 0, "left", 20s), run.Logs());
   CHECK(run.GroupOf("g2")->reason() == "trainer_crashed");
   CHECK_MESSAGE(
-      WaitFor([&] { return run.BatchHas("g2", "event=trainer_crashed rc=137 action=requeue"); },
-              40s),
+      WaitFor(
+          [&] {
+            return run.BatchHas(
+                "g2", "event=trainer_crashed rc=137 crashes=1 counted_by=lighthouse action=requeue");
+          },
+          40s),
       run.Logs());
   CheckComesBackHealed(run, "g2", {"g0", "g2"}, step_before);
   CHECK_FALSE(run.StepsWentBackwards());

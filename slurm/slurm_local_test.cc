@@ -28,10 +28,6 @@ using namespace lk::slurm::testing;  // NOLINT
 // =observe only records the decision (--dry-run). It exits when the trainer of its life is done.
 constexpr char kAgent[] = R"sh(#!/bin/bash
 d=$(dirname "$0"); r=${SLURM_RESTART_COUNT:-0}; log="$d/agent-$r.log"
-echo "args $* incarnation=$LK_INCARNATION" >> "$log"
-# The trainer step waits for the agent's socket (the last argument): bind one, as the agent does.
-python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "${@: -1}"
-sock="${@: -1}"; trap 'rm -f "$sock"' EXIT  # the real agent removes its socket when it stops
 leave() {
   local dry=; [ "$LK_TEST_AGENT_MODE" = requeue ] && [ "$1" = USR2 ] || dry=--dry-run
   echo "signal $1 at $(date +%s.%N)" >> "$log"
@@ -43,9 +39,15 @@ leave() {
 }
 on_usr2() { "$LK_BIN_DIR/lk_slurm_tool" slurm env > "$d/env-$r.txt" 2>&1; leave USR2; }
 on_term() { leave TERM; gone=1; }
+# The handlers are in place before the agent says it runs (the "args" line the tests wait for),
+# as the real agent blocks its signals before anything else.
+gone=0
 trap on_usr2 USR2
 trap on_term TERM
-gone=0
+echo "args $* incarnation=$LK_INCARNATION" >> "$log"
+# The trainer step waits for the agent's socket (the last argument): bind one, as the agent does.
+python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "${@: -1}"
+sock="${@: -1}"; trap 'rm -f "$sock"' EXIT  # the real agent removes its socket when it stops
 for _ in $(seq 1 1800); do
   [ "$gone" = 1 ] || [ -e "$d/trainer-done-$r" ] && break
   sleep 0.1
@@ -57,7 +59,7 @@ echo "exit" >> "$log"
 // requeued life finishes at once so the job completes.
 constexpr char kTrainer[] = R"sh(#!/bin/bash
 d=$(dirname "$0"); r=${SLURM_RESTART_COUNT:-0}
-echo "start restart=$r socket=$LK_AGENT_SOCKET at $(date +%s.%N)" >> "$d/trainer-$r.log"
+echo "start restart=$r socket=$LK_AGENT_SOCKET bind=${LK_BIND_HOST:-} at $(date +%s.%N)" >> "$d/trainer-$r.log"
 if [ "$r" -ge 1 ]; then touch "$d/trainer-done-$r"; exit 0; fi
 for i in $(seq 1 1200); do echo "$i" > "$d/trainer-tick-$r"; sleep 0.1; done
 )sh";
@@ -184,6 +186,8 @@ TEST_CASE("real slurm: the USR2 warning reaches the agent step and Requeue() res
   CHECK(job.Has("env-0.txt", "job_id=" + job.id() + "\n"));
   CHECK(job.Has("env-0.txt", "restart_count=0\nnode_id=0\nnum_nodes=1\nnodes=localhost\n"));
   CHECK_FALSE(job.Has("env-0.txt", "end_time=none"));
+  // The task's place in its group, from Slurm's task variables (the agent step's one task).
+  CHECK(job.Has("env-0.txt", "group_rank=0\ngroup_size=1\nlocal_rank=0\nplace_from=slurm\n"));
 
   REQUIRE_MESSAGE(job.RestartNow("trainer-1.log", 60s), job.Logs());
   CHECK(job.Has("trainer-1.log", "start restart=1"));
@@ -280,6 +284,29 @@ TEST_CASE("real slurm: preemption requeues by itself and the late SIGTERM reads 
   CHECK(job.Has("trainer-1.log", "start restart=1"));
   MESSAGE("preemption requeued by Slurm:\n" << job.Logs());
   (void)Sh("scancel " + high + " 2>/dev/null; true");
+}
+
+// Issue 31: --bind-iface makes every node's steps find their address on the interface: the
+// trainers get it as LK_BIND_HOST, the agent serves peers there; a missing interface ends the
+// step with the reason.
+TEST_CASE("real slurm: --bind-iface gives the trainers and the agent the node's address") {
+  EnsureSlurm();
+  TestJob job("observe");
+  job.Submit("--bind-iface lo");
+  REQUIRE_MESSAGE(WaitFor([&] { return job.Has("trainer-0.log", "start"); }, 60s), job.Logs());
+  REQUIRE(WaitFor([&] { return job.Has("agent-0.log", "args"); }, 10s));
+  CHECK_MESSAGE(job.Has("trainer-0.log", " bind=127.0.0.1 "), job.Logs());
+  CHECK_MESSAGE(job.Has("agent-0.log", "--serve 127.0.0.1:0 --node-rank 0 --socket"), job.Logs());
+  REQUIRE(Sh("scancel " + job.id()).exit_code == 0);
+  REQUIRE(WaitFor([&] { return job.State().empty() || job.State() == "CANCELLED"; }, 30s));
+
+  TestJob missing("observe");
+  missing.Submit("--bind-iface lk-none0");
+  REQUIRE_MESSAGE(WaitFor([&] { return missing.State().empty(); }, 60s), missing.Logs());
+  const std::string log = missing.File("batch-" + missing.id() + ".log");
+  CAPTURE(log);
+  CHECK(log.find("lk: no IPv4 address on lk-none0 on ") != std::string::npos);
+  CHECK_FALSE(std::ifstream(missing.dir() + "/trainer-0.log").good());
 }
 
 // Issue 31: the crash cap counts crashes, not requeues. Five warnings requeue the job (its

@@ -380,5 +380,60 @@ TEST_CASE(
   }
 }
 
+// The batches of every line of a trainer's log, in the order they were written (two lives of a
+// group append to one log).
+std::vector<std::string> BatchSequence(const std::string& path) {
+  std::vector<std::string> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    boost::json::object o = boost::json::parse(line).as_object();
+    for (const auto& b : o.at("batches").as_array()) out.emplace_back(b.as_string());
+  }
+  return out;
+}
+
+TEST_CASE("diloco a requeued group that heals from live peers continues its own data stream") {
+  // g0 trains on while g1 gets Slurm's warning (checkpoint and drain) and comes back as a new
+  // life. g0 is still training, so g1's weights come from g0's live state; its data position
+  // comes from its own drain checkpoint. g1's batches, over both lives, are those of a g1 that
+  // never stopped: the inner steps the drain dropped are drawn again, nothing is skipped.
+  constexpr uint32_t kSteps = 40;
+  Run run("diloco-extra-live", 1, 1, kSteps);
+  run.StartGroup("g0", {"--inner-step-min-ms", "20"});
+  run.StartGroup("g1", {"--inner-step-min-ms", "20"});
+  REQUIRE_FALSE(run.groups["g1"].trainers[0]->WaitForLog("outer_committed step=3", 60s).empty());
+  run.groups["g1"].agent->Signal(SIGUSR2);
+  auto code = run.groups["g1"].trainers[0]->Wait(60s);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  (void)run.groups["g1"].agent->Wait(30s);
+  const std::string drained = run.groups["g1"].trainers[0]->Log();
+  const std::string saved_step = LogField(drained, "extra_state_saved", "step");
+  INFO(drained);
+  REQUIRE_FALSE(saved_step.empty());
+  run.StartGroup("g1");
+  run.WaitAll(120s);
+  const std::string log = run.groups["g1"].trainers[1]->Log();
+  INFO("g1's new life:\n" << log);
+  CHECK(log.find("heal_fetched from=peers") != std::string::npos);
+  CHECK(LogField(log, "extra_state_from_own_checkpoint", "step") == saved_step);
+  CHECK(log.find("extra_state_loaded") != std::string::npos);
+  CHECK(run.CheckHashesAgree() > 0);
+
+  const std::vector<std::string> got = BatchSequence(run.groups["g1"].logs[0]);
+  REQUIRE(got.size() % 8 == 0);
+  // The same group (name, seed) alone and without a stop, for as many outer steps.
+  Run ref("diloco-extra-live-ref", 1, 1, static_cast<uint32_t>(got.size() / 8));
+  ref.StartGroup("g1");
+  ref.WaitAll(120s);
+  const std::vector<std::string> want = BatchSequence(ref.groups["g1"].logs[0]);
+  REQUIRE(want.size() == got.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("batch " << i << " (outer step " << i / 8 + 1 << " of g1's own)");
+    CHECK(got[i] == want[i]);
+  }
+}
+
 }  // namespace
 }  // namespace lk::diloco

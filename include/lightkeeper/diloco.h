@@ -307,9 +307,12 @@ class Diloco {
   //  - a durable restore hands each trainer the bytes saved by the trainer of the same
   //    group_rank, also when the checkpoint was written by a group of another size (a rank that
   //    had no counterpart, or whose counterpart saved none, gets nothing);
-  //  - a heal from live peers or the slot state sync hands back nothing: live state carries no
-  //    extra state, and a joiner's data position is its own, so it goes on from where it is
-  //    (the library then pairs the state it received with the bytes last set here).
+  //  - a new life of the group (a start, a requeue) that heals from live peers gets its rank's
+  //    bytes from the newest checkpoint of its own ckpt_dir that holds them: the weights are
+  //    the peers', the data position the group's own;
+  //  - a heal later in a life, or the slot state sync, hands back nothing: the trainer's data
+  //    position goes on from where it is (the library pairs the state it received with the
+  //    bytes last set here).
   LK_API Status SetExtraState(std::span<const uint8_t> bytes);
   // This trainer's extra state restored by the last call (Join, Sync, Flush) from a durable
   // checkpoint; empty when that call restored none. Valid until the next call.

@@ -52,12 +52,14 @@ const char* const kJob = "schaos";
 
 // The trainer's flags shared by the Slurm run and the reference: the plain chaos test's tiny
 // model, and the loss of the global weights on fixed batches at every commit.
-std::string ModelFlags() {
+// With `with_group_size` false the trainer takes its rank and group size from Slurm's task
+// variables (SLURM_PROCID, SLURM_NTASKS), as a trainer started by the batch script does.
+std::string ModelFlags(bool with_group_size = true) {
   return fmt::format(
-      "--group-size {} --inner-steps 8 --outer-steps {} --seed {} --model-width 32 --layers 1 "
+      "{}--inner-steps 8 --outer-steps {} --seed {} --model-width 32 --layers 1 "
       "--heads 2 --seq-len 32 --batch 8 --corpus-bytes 16384 --op-timeout-ms 20000 "
       "--eval-batches 8",
-      kGroupSize, kSteps, kSeed);
+      with_group_size ? fmt::format("--group-size {} ", kGroupSize) : "", kSteps, kSeed);
 }
 
 // The group's entry in /status, or nothing.
@@ -106,15 +108,16 @@ class SlurmChaos {
   std::string Submit(const std::string& group) {
     std::string life = dir_ + "/" + group + "-r${SLURM_RESTART_COUNT:-0}-${SLURM_PROCID}";
     std::string trainer = fmt::format(
-        "{1}/diloco_trainer --group-rank $SLURM_PROCID {2} --ckpt-dir {3}/ckpt-{4} --live-dir "
+        "{1}/diloco_trainer {2} --ckpt-dir {3}/ckpt-{4} --live-dir "
         "{3}/live-{4} --log {0}.jsonl 2> {0}.stderr & p=$!; echo $p > {0}.pid; wait $p; rc=$?; "
         "echo $rc > {0}.rc; exit $rc",
-        life, Env("LK_BIN_DIR"), ModelFlags(), dir_, group);
+        life, Env("LK_BIN_DIR"), ModelFlags(false), dir_, group);
     std::string gen = fmt::format(
         "cd {0} && LK_HEARTBEAT_INTERVAL_MS=100 LK_DRAIN_TIMEOUT_MS=20000 LK_SERVE=127.0.0.1:0 "
         "LK_SERVE_DIR={0}/live-{2} {1}/lkctl slurm script --job {5} --group-id {2} --lighthouse "
         "{3} --time 10:00 --signal-before-s 60 --tasks-per-node {6} --requeue-on-crash "
-        "--output {0}/batch-{2}-%j.log --agent-bin {1}/replica_agent --agent-exit-wait-s 30 -- "
+        "--output {0}/batch-{2}-%j.log --agent-bin {1}/replica_agent --lkctl-bin {1}/lkctl "
+        "--agent-exit-wait-s 30 -- "
         "bash -c '{4}' > {0}/{2}.sh",
         dir_, Env("LK_BIN_DIR"), group, lh_.url(), trainer, kJob, kGroupSize);
     auto made = Sh(gen);
@@ -299,6 +302,16 @@ TEST_CASE("slurm chaos: two groups as Slurm jobs survive a warning with requeue 
   REQUIRE_MESSAGE(WaitFor([&] { return run.Committed("g0", 0) && run.Committed("g1", 0); }, 120s),
                   run.Logs());
   note("both groups committed");
+  // No --group-rank or --group-size on the trainers' command: each took its place from Slurm.
+  for (const auto& g : groups) {
+    for (uint32_t r = 0; r < kGroupSize; ++r) {
+      std::string err = ReadFile(run.Path(g, 0, r, "stderr"));
+      INFO("trainer " << g << "/" << r << " stderr:\n" << err);
+      CHECK(err.find("place=slurm") != std::string::npos);
+      CHECK(err.find(fmt::format("group_rank={} group_size={} ", r, kGroupSize)) !=
+            std::string::npos);
+    }
+  }
 
   // The warning: drain, durable save, leave (preempted), requeue, back as life 1, healed.
   REQUIRE_MESSAGE(wait_committed(pick(3, 6), 60s), run.Logs());
