@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -54,12 +55,55 @@ const char* const kJob = "schaos";
 // model, and the loss of the global weights on fixed batches at every commit.
 // With `with_group_size` false the trainer takes its rank and group size from Slurm's task
 // variables (SLURM_PROCID, SLURM_NTASKS), as a trainer started by the batch script does.
-std::string ModelFlags(bool with_group_size = true) {
+std::string ModelFlags(bool with_group_size = true, uint32_t steps = kSteps) {
   return fmt::format(
       "{}--inner-steps 8 --outer-steps {} --seed {} --model-width 32 --layers 1 "
       "--heads 2 --seq-len 32 --batch 8 --corpus-bytes 16384 --op-timeout-ms 20000 "
       "--eval-batches 8",
-      with_group_size ? fmt::format("--group-size {} ", kGroupSize) : "", kSteps, kSeed);
+      with_group_size ? fmt::format("--group-size {} ", kGroupSize) : "", steps, kSeed);
+}
+
+// The batches of every line of a trainer's log, in the order written.
+std::vector<std::string> BatchSequence(const std::string& path) {
+  std::vector<std::string> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    boost::json::object o = boost::json::parse(line).as_object();
+    for (const auto& b : o.at("batches").as_array()) out.emplace_back(b.as_string());
+  }
+  return out;
+}
+
+// What group `g` draws when it trains `steps` outer steps alone and never stops: each rank's
+// batches in order (the data stream depends on the group's name, seed and rank only).
+std::vector<std::vector<std::string>> UnstoppedBatches(const std::string& g, uint32_t steps) {
+  std::string dir = test::TempDir("slurm-chaos-stream");
+  test::Lighthouse lh = test::StartLighthouse(dir + "/lh-data", {"--min-replicas", "1"},
+                                              dir + "/lighthouse.log");
+  std::string socket = dir + "/agent.sock";
+  test::Process agent({test::BinDir() + "/replica_agent", "--lighthouse", lh.url(), "--job",
+                       "stream", "--group-id", g, "--socket", socket},
+                      dir + "/agent.log");
+  REQUIRE_FALSE(agent.WaitForLog("agent_listening", 20s).empty());
+  std::vector<std::unique_ptr<test::Process>> trainers;
+  for (uint32_t r = 0; r < kGroupSize; ++r) {
+    std::vector<std::string> argv = {test::BinDir() + "/diloco_trainer", "--group-rank",
+                                     std::to_string(r), "--log",
+                                     fmt::format("{}/r{}.jsonl", dir, r)};
+    std::istringstream flags(ModelFlags(true, steps));
+    for (std::string f; flags >> f;) argv.push_back(f);
+    trainers.push_back(std::make_unique<test::Process>(
+        argv, fmt::format("{}/r{}.stderr", dir, r),
+        std::map<std::string, std::string>{{"LK_AGENT_SOCKET", socket}, {"LK_GROUP_ID", g}}));
+  }
+  std::vector<std::vector<std::string>> out;
+  for (uint32_t r = 0; r < kGroupSize; ++r) {
+    INFO("stream reference trainer " << trainers[r]->log_path());
+    REQUIRE(trainers[r]->Wait(120s) == std::optional<int>(0));
+    out.push_back(BatchSequence(fmt::format("{}/r{}.jsonl", dir, r)));
+  }
+  return out;
 }
 
 // The group's entry in /status, or nothing.
@@ -190,11 +234,21 @@ class SlurmChaos {
 
 // The failure-free reference: the same two groups and seeds as plain processes, and the same
 // returns at the same committed steps, without Slurm and without failures: the group leaves
-// cleanly (SIGTERM to its agent: drain) and comes back as new processes that heal. A group that
+// cleanly (a drain: SIGUSR2 with a save for the warned return, SIGTERM for the others) and comes
+// back as new processes that heal. A group that
 // comes back has a fresh inner AdamW, which alone lowers the final loss by several percent in a
 // run this short (see examples/diloco/README.md), so a reference without the returns is not the
 // same run.
-FinalLosses RunReference(const std::vector<std::pair<uint32_t, std::string>>& returns) {
+// A return after the warning leaves as the warning does (SIGUSR2: the group saves, then leaves),
+// so that the new life finds the same checkpoint of its own and continues its data stream from
+// it, as the requeued life did; the others leave without a save (SIGTERM).
+struct Return {
+  uint32_t step = 0;
+  std::string group;
+  bool saved = false;
+};
+
+FinalLosses RunReference(const std::vector<Return>& returns) {
   std::string dir = test::TempDir("slurm-chaos-reference");
   fmt::print("reference logs in {}\n", dir);
   test::Lighthouse lh = test::StartLighthouse(
@@ -241,10 +295,10 @@ FinalLosses RunReference(const std::vector<std::pair<uint32_t, std::string>>& re
     REQUIRE(code == std::optional<int>(0));
   };
   for (const char* g : {"g0", "g1"}) start(g);
-  for (const auto& [step, g] : returns) {
+  for (const auto& [step, g, saved] : returns) {
     REQUIRE(WaitFor([&] { return watch.committed() >= step; }, 120s, 50ms));
     Group& old = live[g];
-    old.agent->Signal(SIGTERM);
+    old.agent->Signal(saved ? SIGUSR2 : SIGTERM);
     for (auto& t : old.trainers) wait_exit(*t, 30s);
     wait_exit(*old.agent, 10s);
     done.push_back(std::move(old));
@@ -424,11 +478,11 @@ TEST_CASE("slurm chaos: two groups as Slurm jobs survive a warning with requeue 
   // healed to the step the job had committed, its first line's step less one (the other group
   // waits for it: --min-replicas 2). A reference that left one step off ran a different
   // trajectory, several percent apart in final loss by that alone.
-  std::vector<std::pair<uint32_t, std::string>> returns;
+  std::vector<Return> returns;
   for (const auto& [g, l] : came_back) {
     std::vector<LogLine> first = ReadLog(run.Path(g, l, 0, "jsonl"));
     REQUIRE(!first.empty());
-    returns.emplace_back(first.front().step - 1, g);
+    returns.push_back({first.front().step - 1, g, g == warned && l == 1});
   }
   FinalLosses ref = RunReference(returns);
   fmt::print(
@@ -437,7 +491,36 @@ TEST_CASE("slurm chaos: two groups as Slurm jobs survive a warning with requeue 
       summary.lines, summary.healed_lines, watch.quorums().size(), loss.eval, ref.eval,
       100 * (loss.eval - ref.eval) / ref.eval, slurm_secs, secs());
   CHECK(std::abs(loss.eval - ref.eval) <= 0.05 * ref.eval);
-  CHECK(secs() < 300);
+
+  // The warned group's data stream went on through the requeue: its first two lives together
+  // drew the batches of the same group trained alone without a stop. Life 1 healed its weights
+  // from the other group's live state and took its data position from its own drain save.
+  for (uint32_t r = 0; r < kGroupSize; ++r) {
+    std::string err = ReadFile(run.Path(warned, 1, r, "stderr"));
+    INFO("trainer " << warned << "/" << r << " life 1 stderr:\n" << err);
+    CHECK(err.find("extra_state_from_own_checkpoint") != std::string::npos);
+    CHECK(err.find("extra_state_loaded") != std::string::npos);
+  }
+  std::vector<std::vector<std::string>> drawn(kGroupSize);
+  for (uint32_t r = 0; r < kGroupSize; ++r) {
+    for (int l : {0, 1}) {
+      auto b = BatchSequence(run.Path(warned, l, r, "jsonl"));
+      drawn[r].insert(drawn[r].end(), b.begin(), b.end());
+    }
+  }
+  REQUIRE(drawn[0].size() % 8 == 0);
+  auto want = UnstoppedBatches(warned, static_cast<uint32_t>(drawn[0].size() / 8));
+  for (uint32_t r = 0; r < kGroupSize; ++r) {
+    INFO("rank " << r);
+    REQUIRE(want[r].size() == drawn[r].size());
+    for (size_t i = 0; i < drawn[r].size(); ++i) {
+      INFO("batch " << i);
+      CHECK(drawn[r][i] == want[r][i]);
+    }
+  }
+  fmt::print("slurm chaos: {} drew {} batches per rank over the requeue, those of a run that "
+             "never stopped; {:.0f} s in all\n",
+             warned, drawn[0].size(), secs());
 }
 
 TEST_SUITE_END();
