@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 top=$(pwd -P)
 scratch=${LK_SCRATCH:-/tmp/lk-scratch}
 
-for base in /tmp/lk-slurm "$scratch/slurm" ${SLURM_BASE:+"$SLURM_BASE"}; do
+for base in /tmp/lk-slurm "$scratch/slurm" "$scratch/slurm-2n" ${SLURM_BASE:+"$SLURM_BASE" "$SLURM_BASE-2n"}; do
   [ -f "$base/slurm.conf" ] || [ -d "$base/munge" ] || continue
   SLURM_BASE=$base timeout -k 5 60 bash scripts/slurm-local.sh down 2>/dev/null || true
 done

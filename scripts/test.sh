@@ -16,7 +16,11 @@ unset SLURM_CONF
 # The local Slurm that the tests started goes down with the run, whatever its outcome (by an
 # absolute path: the trap runs after the cd into build/).
 root=$(pwd -P)
-trap 'timeout -k 5 60 bash "$root/scripts/slurm-local.sh" down >/dev/null 2>&1 || true' EXIT
+# The two-node cluster (SLURM_LOCAL_NODES=2) of the multi-node tests lives beside it, in
+# "$SLURM_BASE-2n".
+trap 'timeout -k 5 60 bash "$root/scripts/slurm-local.sh" down >/dev/null 2>&1 || true
+      SLURM_BASE=$SLURM_BASE-2n SLURM_LOCAL_NODES=2 SLURM_LOCAL_PORT=6837 \
+        timeout -k 5 60 bash "$root/scripts/slurm-local.sh" down >/dev/null 2>&1 || true' EXIT
 # Checked libstdc++ (CMakeLists.txt, LK_GLIBCXX_ASSERTIONS): an index that input drives past the
 # end aborts the test that sent it, instead of reading what lies there.
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLK_GLIBCXX_ASSERTIONS=ON
