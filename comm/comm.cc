@@ -32,6 +32,13 @@ bool BackendBuilt(Backend backend) {
 
 Status CommOptions::Validate() const {
   if (bind_host.empty()) return InvalidArgument("bind_host must not be empty");
+  // The bind address is what peers are given: "every address" reaches none of them.
+  if (bind_host == "0.0.0.0" || bind_host == "::" || bind_host == "[::]") {
+    return InvalidArgument(
+        "bind_host {} is every address of the host and cannot be given to peers: give this "
+        "node's address on the network the other groups reach",
+        bind_host);
+  }
   if (init_timeout <= Millis(0)) return InvalidArgument("init_timeout must be positive");
   if (op_timeout <= Millis(0)) return InvalidArgument("op_timeout must be positive");
   if (device_index < 0) return InvalidArgument("device_index must be >= 0");

@@ -157,6 +157,11 @@ TEST_CASE("options: bad values are refused with the field named") {
   o = CommOptions();
   o.bind_host = "";
   CHECK(!o.Validate().ok());
+  // "Every address" is no address a peer can be given.
+  for (const char* any : {"0.0.0.0", "::", "[::]"}) {
+    o.bind_host = any;
+    CHECK(o.Validate().message().find("cannot be given to peers") != std::string::npos);
+  }
   FileRendezvousStore store(testing::TempDir("opts"));
   CHECK(!CommManager::Create(Backend::kGloo, nullptr, CommOptions()).ok());
   o = CommOptions();

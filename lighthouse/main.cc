@@ -41,6 +41,9 @@ void AddFlags(Flags& flags, Config* c) {
             "'role=read-only TOKEN' (/status and /metrics of every job, changes nothing); "
             "empty = no auth");
   flags.Add("admin-token-file", &o.admin_token_file, "file holding the admin token");
+  flags.Add("insecure-no-auth", &o.insecure_no_auth,
+            "run without --token-file on an address beyond loopback (anyone who reaches the port "
+            "may join, commit and read every job); refused otherwise");
   flags.Add("min-replicas", &c->min_replicas, "fewest groups in a quorum");
   flags.Add("join-timeout-ms", &c->join_timeout_ms,
             "after the first ask of a round, how long to wait for the other healthy groups");

@@ -24,6 +24,18 @@ Status ServiceOptions::Validate() const {
 }
 
 Status Service::Impl::Start() {
+  if (options.token_file.empty() && !http::ListensOnLoopback(options.bind)) {
+    if (!options.insecure_no_auth) {
+      return InvalidArgument(
+          "--bind {} reaches beyond this host and there is no --token-file: anyone who reaches "
+          "the port could join, commit and read every job. Give --token-file (README: "
+          "Security), bind a loopback address, or pass --insecure-no-auth to run open on "
+          "purpose",
+          options.bind);
+    }
+    LK_LOG_WARN("lighthouse_open reason=insecure_no_auth bind={} detail={}", options.bind,
+                Q("no --token-file: every request from anyone is accepted"));
+  }
   auto t = LoadTokens(options.token_file, options.admin_token_file);
   if (!t.ok()) return t.status();
   tokens = std::move(*t);

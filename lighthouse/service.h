@@ -24,6 +24,9 @@ struct ServiceOptions {
   // The admin token (drain, forget, all jobs in /status, /metrics). Empty: admin calls need no
   // token when no job tokens are set either, and are refused when they are.
   std::string admin_token_file;
+  // Without token_file a lighthouse that listens beyond loopback refuses to start (anyone who
+  // reaches it could join, commit and read every job) unless this is set.
+  bool insecure_no_auth = false;
   CoreOptions core;
   http::ServerOptions http;
   // A quorum request without timeout_ms waits this long; longer asks are capped at max.

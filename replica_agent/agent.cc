@@ -154,8 +154,24 @@ Status Agent::Impl::Start() {
   // A bad URL or an unreadable CA file is an error now, not in a thread later.
   LK_RETURN_IF_ERROR(http::Client::Create(options.lighthouse, lighthouse_client_options).status());
   if (token.empty() && !options.serve.empty()) {
+    if (!http::ListensOnLoopback(options.serve) && !options.insecure_no_auth) {
+      return InvalidArgument(
+          "--serve {} reaches beyond this host and there is no --token-file: anyone who reaches "
+          "it could read the group's live state. Give --token-file, serve on a loopback "
+          "address, or pass --insecure-no-auth to serve open on purpose",
+          options.serve);
+    }
     LK_LOG_WARN("agent_serve_open reason=no_token_file detail={}",
                 Q("without --token-file, --serve answers status and shard reads to anyone"));
+  }
+  // Peers are given the advertised address: an unspecified one (0.0.0.0) reaches nobody.
+  if (!options.serve.empty() && options.advertise.empty() &&
+      http::ListensOnUnspecified(options.serve)) {
+    return InvalidArgument(
+        "--serve {} listens on every address of the host, which cannot be given to peers: add "
+        "--advertise HOST:PORT, or an interface name (--advertise ib0) whose address peers "
+        "reach",
+        options.serve);
   }
   workers = std::make_unique<WorkerPool>(options.workers, options.worker_queue_max);
   // Run() is the only thread on ioc, so connections need no strands.
@@ -190,10 +206,14 @@ Status Agent::Impl::Start() {
           self->PeerRoute(std::move(r), std::move(w));
         });
     LK_RETURN_IF_ERROR(peer_server->Listen(options.serve));
+    const std::string scheme = options.tls_cert_file.empty() ? "" : "https://";
     if (options.advertise.empty()) {
-      options.advertise = options.tls_cert_file.empty()
-                              ? peer_server->LocalAddress()
-                              : "https://" + peer_server->LocalAddress();
+      options.advertise = scheme + peer_server->LocalAddress();
+    } else if (options.advertise.find_first_of(":/") == std::string::npos) {
+      // An interface name: its IPv4 address and the port --serve bound.
+      LK_ASSIGN_OR_RETURN(std::string ip, http::InterfaceIPv4(options.advertise));
+      const std::string bound = peer_server->LocalAddress();
+      options.advertise = scheme + ip + bound.substr(bound.rfind(':'));
     }
   }
   {

@@ -42,8 +42,12 @@ struct AgentOptions {
   // TLS for --serve (PEM files, both or neither); peers then fetch over https with their CA.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // Without token_file an agent whose --serve reaches beyond loopback refuses to start (anyone
+  // could read its group's live state) unless this is set.
+  bool insecure_no_auth = false;
   // Address peers use to reach --serve; default: its bound address, as https://HOST:PORT when
-  // --serve has TLS.
+  // --serve has TLS. An interface name ("ib0") stands for its IPv4 address and the bound port.
+  // Required when --serve binds every address (0.0.0.0, ::).
   std::string advertise;
   std::string serve_dir;    // what /v1/shards serves: the trainers' published live state
   Millis heartbeat_interval{500};

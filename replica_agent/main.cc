@@ -52,9 +52,13 @@ void AddFlags(Flags& flags, Config* c) {
             "HOST:PORT where peers reach this agent (/healthz, /v1/agent/status, /v1/shards)");
   flags.Add("tls-cert-file", &o.tls_cert_file, "TLS certificate chain (PEM) for --serve");
   flags.Add("tls-key-file", &o.tls_key_file, "TLS private key (PEM) for --serve");
+  flags.Add("insecure-no-auth", &o.insecure_no_auth,
+            "serve peers beyond loopback without --token-file (anyone may read the group's live "
+            "state); refused otherwise");
   flags.Add("advertise", &o.advertise,
-            "address peers use for --serve (default: its bound address, https://HOST:PORT with "
-            "--tls-cert-file)");
+            "address peers use for --serve: HOST:PORT, or an interface name (ib0: its IPv4 "
+            "address and the bound port); default: the bound address, https://HOST:PORT with "
+            "--tls-cert-file; required when --serve binds 0.0.0.0");
   flags.Add("serve-dir", &o.serve_dir, "directory of the trainers' live state to serve to peers");
   flags.Add("heartbeat-interval-ms", &c->heartbeat_interval_ms, "time between heartbeats");
   flags.Add("ask-ahead", &o.ask_ahead,

@@ -320,6 +320,41 @@ std::string RunAsNobody(const std::string& socket, const std::string& request) {
   return got;
 }
 
+// Issue 30: an agent serving peers beyond loopback needs a token (or says it runs open on
+// purpose), and never hands peers an unspecified address: --advertise takes an interface name.
+TEST_CASE("an agent's --serve beyond loopback needs a token, and 0.0.0.0 is never advertised") {
+  auto dir = TempDir("agent-open");
+  auto lh = StartLighthouse(dir + "/lh", {}, dir + "/lh.log");
+  auto run = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> argv{BinDir() + "/replica_agent", "--lighthouse", lh.url(), "--job",
+                                  "t", "--group-id", name, "--socket",
+                                  dir + "/" + name + ".sock"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return std::make_unique<Process>(argv, dir + "/" + name + ".log");
+  };
+  auto no_token = run("a", {"--serve", "0.0.0.0:0"});
+  REQUIRE(no_token->Wait(10s).has_value());
+  CHECK(no_token->Log().find("--serve 0.0.0.0:0 reaches beyond this host and there is no "
+                             "--token-file") != std::string::npos);
+  auto no_advertise = run("b", {"--serve", "0.0.0.0:0", "--insecure-no-auth"});
+  REQUIRE(no_advertise->Wait(10s).has_value());
+  CHECK(no_advertise->Log().find("listens on every address of the host, which cannot be given "
+                                 "to peers") != std::string::npos);
+  auto no_iface = run("c", {"--serve", "0.0.0.0:0", "--insecure-no-auth", "--advertise",
+                            "lk-none0"});
+  REQUIRE(no_iface->Wait(10s).has_value());
+  CHECK(no_iface->Log().find("interface lk-none0: no such interface") != std::string::npos);
+  // An interface name: its address and the bound port are what peers are given.
+  auto by_iface = run("d", {"--serve", "0.0.0.0:0", "--insecure-no-auth", "--advertise", "lo"});
+  const std::string line = by_iface->WaitForLog("agent_listening", 10s);
+  REQUIRE_FALSE(line.empty());
+  const std::string bound = line.substr(line.find("serve=0.0.0.0:") + 14);
+  const std::string port = bound.substr(0, bound.find(' '));
+  CHECK(line.find("advertise=127.0.0.1:" + port + " ") != std::string::npos);
+  by_iface->Signal(SIGTERM);
+  (void)by_iface->Wait(10s);
+}
+
 TEST_CASE("the trainer socket is mode 0600 and a peer of another uid is refused") {
   if (::geteuid() != 0) {
     // A second uid needs root here (setuid to nobody); CTest counts this exit as skipped.

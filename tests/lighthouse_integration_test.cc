@@ -270,6 +270,39 @@ TEST_CASE("--quorum-id-block 0 is refused") {
   CHECK(p.Log().find("--quorum-id-block must be at least 1") != std::string::npos);
 }
 
+// Issue 30: secure by default. Beyond loopback without --token-file the lighthouse does not
+// start; --insecure-no-auth starts it open on purpose (reached here over loopback only).
+TEST_CASE("a lighthouse beyond loopback without token files refuses to start unless told so") {
+  auto dir = TempDir("lh-open");
+  Process refused({BinDir() + "/lighthouse", "--bind", "0.0.0.0:0", "--data-dir", dir + "/d1"},
+                  dir + "/refused.log");
+  auto code = refused.Wait(10s);
+  REQUIRE(code.has_value());
+  CHECK(*code != 0);
+  CHECK(refused.Log().find("--bind 0.0.0.0:0 reaches beyond this host and there is no "
+                           "--token-file") != std::string::npos);
+  CHECK(refused.Log().find("--insecure-no-auth") != std::string::npos);
+  CHECK(refused.Log().find("listening address=") == std::string::npos);
+
+  Process open({BinDir() + "/lighthouse", "--bind", "0.0.0.0:0", "--data-dir", dir + "/d2",
+                "--insecure-no-auth"},
+               dir + "/open.log");
+  const std::string line = open.WaitForLog("listening address=", 10s);
+  REQUIRE_FALSE(line.empty());
+  CHECK(open.Log().find("lighthouse_open reason=insecure_no_auth") != std::string::npos);
+  const std::string port = line.substr(line.rfind(':') + 1);
+  auto c = http::Client::Create("http://127.0.0.1:" + port, {});
+  REQUIRE(c.ok());
+  auto r = (*c)->Do("GET", "/healthz", "", "", Millis(5000));
+  REQUIRE(r.ok());
+  CHECK(r->status == 200);
+  // On loopback nothing changes: no token file, no flag, it starts (every test does so).
+  Process local({BinDir() + "/lighthouse", "--bind", "127.0.0.1:0", "--data-dir", dir + "/d3"},
+                dir + "/local.log");
+  CHECK_FALSE(local.WaitForLog("listening address=", 10s).empty());
+  CHECK(local.Log().find("lighthouse_open") == std::string::npos);
+}
+
 TEST_CASE("compact asks: no member list - a healer gets its donors in sources") {
   auto dir = TempDir("lh-compact");
   auto lh = StartLighthouse(dir + "/data", {"--join-timeout-ms", "300", "--min-replicas", "2"},

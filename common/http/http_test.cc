@@ -716,3 +716,33 @@ TEST_CASE("a decoded path is encoded again segment by segment, its slashes kept"
 
 }  // namespace
 }  // namespace lk::http
+
+namespace lk::http {
+namespace {
+
+TEST_CASE("listen addresses: loopback, unspecified, and an interface's IPv4 address") {
+  CHECK(ListensOnLoopback("127.0.0.1:0"));
+  CHECK(ListensOnLoopback("127.8.9.10:7070"));
+  CHECK(ListensOnLoopback("[::1]:7070"));
+  CHECK(ListensOnLoopback("unix:/tmp/x.sock"));
+  CHECK_FALSE(ListensOnLoopback("0.0.0.0:7070"));
+  CHECK_FALSE(ListensOnLoopback(":7070"));
+  CHECK_FALSE(ListensOnLoopback("10.1.2.3:7070"));
+  CHECK_FALSE(ListensOnLoopback("localhost:7070"));  // the server takes IP literals only
+  CHECK_FALSE(ListensOnLoopback("nonsense"));
+  CHECK(ListensOnUnspecified("0.0.0.0:7070"));
+  CHECK(ListensOnUnspecified(":7070"));
+  CHECK(ListensOnUnspecified("[::]:7070"));
+  CHECK_FALSE(ListensOnUnspecified("127.0.0.1:7070"));
+  CHECK_FALSE(ListensOnUnspecified("10.1.2.3:7070"));
+  CHECK_FALSE(ListensOnUnspecified("unix:/tmp/x.sock"));
+  auto lo = InterfaceIPv4("lo");
+  REQUIRE(lo.ok());
+  CHECK(*lo == "127.0.0.1");
+  auto none = InterfaceIPv4("lk-none0");
+  CHECK(none.status().code() == Code::kNotFound);
+  CHECK(none.status().message() == "interface lk-none0: no such interface");
+}
+
+}  // namespace
+}  // namespace lk::http

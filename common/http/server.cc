@@ -1,5 +1,8 @@
 #include "common/http/server.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -656,6 +659,53 @@ Status SplitHostPort(const std::string& address, std::string* host, uint16_t* po
 }
 
 }  // namespace
+
+bool ListensOnLoopback(const std::string& address) {
+  if (address.rfind("unix:", 0) == 0) return true;
+  std::string host;
+  uint16_t port = 0;
+  if (!SplitHostPort(address, &host, &port).ok() || host.empty()) return false;
+  ErrorCode ec;
+  auto addr = asio::ip::make_address(host, ec);
+  return !ec && addr.is_loopback();
+}
+
+bool ListensOnUnspecified(const std::string& address) {
+  if (address.rfind("unix:", 0) == 0) return false;
+  std::string host;
+  uint16_t port = 0;
+  if (!SplitHostPort(address, &host, &port).ok()) return false;
+  if (host.empty()) return true;
+  ErrorCode ec;
+  auto addr = asio::ip::make_address(host, ec);
+  return !ec && addr.is_unspecified();
+}
+
+Result<std::string> InterfaceIPv4(const std::string& name) {
+  struct ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) {
+    return Error(Code::kUnavailable, "getifaddrs: {}", std::strerror(errno));
+  }
+  std::string found;
+  bool exists = false;
+  for (struct ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_name == nullptr || name != i->ifa_name) continue;
+    exists = true;
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    const auto* in = reinterpret_cast<const struct sockaddr_in*>(i->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) != nullptr) {
+      found = text;
+      break;
+    }
+  }
+  ::freeifaddrs(list);
+  if (found.empty()) {
+    return Error(Code::kNotFound, "interface {}: {}", name,
+                 exists ? "no IPv4 address" : "no such interface");
+  }
+  return found;
+}
 
 Response HandlerThrew(std::string_view method, std::string_view path, std::string_view what) {
   LK_LOG_ERROR("handler_threw method={} path={} what={}", Q(method), Q(path), Q(what));

@@ -83,4 +83,13 @@ class Server {
   std::shared_ptr<Impl> impl_;
 };
 
+// How far a listen address ("HOST:PORT", ":PORT", "unix:PATH") reaches. Loopback: a Unix socket
+// or a loopback IP, only this host. Unspecified: an empty host, 0.0.0.0 or ::, every address of
+// the host (no address to give peers). A bad address is neither.
+bool ListensOnLoopback(const std::string& address);
+bool ListensOnUnspecified(const std::string& address);
+// The IPv4 address of network interface `name` ("ib0"), as text; kNotFound when there is no
+// such interface or it has no IPv4 address.
+Result<std::string> InterfaceIPv4(const std::string& name);
+
 }  // namespace lk::http
