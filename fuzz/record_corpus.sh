@@ -86,6 +86,11 @@ curl -s -X PUT -H "Authorization: Bearer secret-j" --data-binary x \
   "http://127.0.0.1:$PORT/v1/kv/j/1/nccl/0" >/dev/null || true
 curl -s -H "Authorization: Bearer secret-j" "http://127.0.0.1:$PORT/v1/kv/j/1/nccl/0?timeout_ms=0" \
   >/dev/null || true
+# A launcher's reports of a life (the Slurm batch script's crash branch).
+for ev in "trainer_crashed rc=1" "requeue_refused scontrol: refused"; do
+  "$BIN/lkctl" --lighthouse "http://127.0.0.1:$PORT" --token-file "$RUN/job-token" \
+    event j a recorded-life $ev >/dev/null 2>&1 || true
+done
 curl -s -X POST -H "Authorization: Bearer root-token" -H "Content-Type: application/json" \
   -d '{"job":"j"}' "http://127.0.0.1:$PORT/v1/admin/forget" >/dev/null || true
 sleep 0.5
