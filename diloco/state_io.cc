@@ -65,12 +65,7 @@ class CheckpointStateIo final : public StateIo {
     ckpt::RestoreOptions o;
     o.layout = Layout();
     // This rank's extra tensor whole, and nothing else: the weights come from elsewhere.
-    o.plan.target_rows = [mine = ExtraStateName(options_.rank)](
-                             const ckpt::TensorInfo& t,
-                             ckpt::RowRange) -> std::optional<ckpt::RowRange> {
-      if (t.name != mine) return std::nullopt;
-      return ckpt::RowRange{0, ckpt::RowsOf(t.shape)};
-    };
+    o.plan.target_rows = ExtraRows(true, /*extra_only=*/true);
     auto r = ckpt::RestoreLatest(options_.ckpt_dir, o);
     if (!r.ok()) {
       if (r.status().code() == Code::kNotFound) return std::optional<RestoredExtra>();
@@ -126,12 +121,14 @@ class CheckpointStateIo final : public StateIo {
   static std::vector<int64_t> Shape(const TensorSpec& s) { return s.shape; }
 
   // The planner's rows for the extra state: this rank's tensor whole (with `take`), every other
-  // rank's not at all; the even split for everything else.
+  // rank's not at all; the even split for everything else, or nothing with `extra_only`.
   std::function<std::optional<ckpt::RowRange>(const ckpt::TensorInfo&, ckpt::RowRange)>
-  ExtraRows(bool take) const {
-    return [take, mine = ExtraStateName(options_.rank)](
+  ExtraRows(bool take, bool extra_only = false) const {
+    return [take, extra_only, mine = ExtraStateName(options_.rank)](
                const ckpt::TensorInfo& t, ckpt::RowRange even) -> std::optional<ckpt::RowRange> {
-      if (t.name.rfind(kExtraStatePrefix, 0) != 0) return even;
+      if (t.name.rfind(kExtraStatePrefix, 0) != 0) {
+        return extra_only ? std::nullopt : std::optional<ckpt::RowRange>(even);
+      }
       if (!take || t.name != mine) return std::nullopt;
       return ckpt::RowRange{0, ckpt::RowsOf(t.shape)};
     };

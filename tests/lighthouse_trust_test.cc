@@ -74,17 +74,27 @@ struct Secured {
   Lighthouse lh;
 };
 
+std::vector<std::string> SecuredFlags(const std::string& dir) {
+  return {"--token-file", dir + "/tokens", "--admin-token-file", dir + "/admin",
+          "--heartbeat-timeout-ms", "60000"};
+}
+
 Secured StartSecured(const std::string& tag, std::vector<std::string> extra = {}) {
   Secured s;
   s.dir = TempDir(tag);
   { std::ofstream(s.dir + "/tokens") << "# job, read-only\nj secret-j\nrole=read-only prom\n"; }
   { std::ofstream(s.dir + "/admin") << "root-token\n"; }
-  std::vector<std::string> flags = {"--token-file",           s.dir + "/tokens",
-                                    "--admin-token-file",     s.dir + "/admin",
-                                    "--heartbeat-timeout-ms", "60000"};
+  std::vector<std::string> flags = SecuredFlags(s.dir);
   flags.insert(flags.end(), extra.begin(), extra.end());
   s.lh = StartLighthouse(s.dir + "/data", flags, s.dir + "/lh.log");
   return s;
+}
+
+// kill -9 of the secured lighthouse, and a new one on its data and address with its token files.
+Lighthouse KillAndRestart(Secured& s) {
+  s.lh.process->Signal(SIGKILL);
+  REQUIRE(s.lh.process->Wait(10s).has_value());
+  return StartLighthouse(s.dir + "/data", SecuredFlags(s.dir), s.dir + "/lh.log", s.lh.address);
 }
 
 TEST_CASE("trust: lk::Reason and ErrorResponse.Code agree - and a code survives the wire") {
@@ -269,12 +279,7 @@ TEST_CASE("trust: a zombie incarnation stays dead across a kill -9 restart") {
   CHECK(r1.generation() == 1);
   REQUIRE(Send(*job, "POST", "/v1/heartbeat", Hb("j", "a", "a2")).status == 200);  // a1 replaced
 
-  s.lh.process->Signal(SIGKILL);
-  REQUIRE(s.lh.process->Wait(10s).has_value());
-  auto lh2 = StartLighthouse(s.dir + "/data",
-                             {"--token-file", s.dir + "/tokens", "--admin-token-file",
-                              s.dir + "/admin", "--heartbeat-timeout-ms", "60000"},
-                             s.dir + "/lh.log", s.lh.address);
+  auto lh2 = KillAndRestart(s);
   auto job2 = Connect(lh2.url(), "secret-j");
   auto admin = Connect(lh2.url(), "root-token");
   const std::string before = StatusJson(*admin);
@@ -340,12 +345,7 @@ TEST_CASE("trust: /v1/event counts a crash once, keeps it across a restart, refu
   CHECK(shown.find("\"crashes\":1") != std::string::npos);
   CHECK(shown.find("\"last_event\":\"requeue_refused: slurm said no\"") != std::string::npos);
 
-  s.lh.process->Signal(SIGKILL);
-  REQUIRE(s.lh.process->Wait(10s).has_value());
-  auto lh2 = StartLighthouse(s.dir + "/data",
-                             {"--token-file", s.dir + "/tokens", "--admin-token-file",
-                              s.dir + "/admin", "--heartbeat-timeout-ms", "60000"},
-                             s.dir + "/lh.log", s.lh.address);
+  auto lh2 = KillAndRestart(s);
   job = Connect(lh2.url(), "secret-j");
   // The next life crashed before its agent was heard of: counted on top of the first.
   CHECK(counts(event("j", "a2", "trainer_crashed", "rc=134")) == std::make_pair(2u, 1u));

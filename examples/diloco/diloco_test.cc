@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "tests/support/process.h"
+#include "tests/support/trainer_log.h"
 
 namespace lk::diloco {
 namespace {
@@ -380,19 +381,6 @@ TEST_CASE(
   }
 }
 
-// The batches of every line of a trainer's log, in the order they were written (two lives of a
-// group append to one log).
-std::vector<std::string> BatchSequence(const std::string& path) {
-  std::vector<std::string> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    boost::json::object o = boost::json::parse(line).as_object();
-    for (const auto& b : o.at("batches").as_array()) out.emplace_back(b.as_string());
-  }
-  return out;
-}
-
 TEST_CASE("diloco a requeued group that heals from live peers continues its own data stream") {
   // g0 trains on while g1 gets Slurm's warning (checkpoint and drain) and comes back as a new
   // life. g0 is still training, so g1's weights come from g0's live state; its data position
@@ -421,13 +409,13 @@ TEST_CASE("diloco a requeued group that heals from live peers continues its own 
   CHECK(log.find("extra_state_loaded") != std::string::npos);
   CHECK(run.CheckHashesAgree() > 0);
 
-  const std::vector<std::string> got = BatchSequence(run.groups["g1"].logs[0]);
+  const std::vector<std::string> got = test::BatchSequence(run.groups["g1"].logs[0]);
   REQUIRE(got.size() % 8 == 0);
   // The same group (name, seed) alone and without a stop, for as many outer steps.
   Run ref("diloco-extra-live-ref", 1, 1, static_cast<uint32_t>(got.size() / 8));
   ref.StartGroup("g1");
   ref.WaitAll(120s);
-  const std::vector<std::string> want = BatchSequence(ref.groups["g1"].logs[0]);
+  const std::vector<std::string> want = test::BatchSequence(ref.groups["g1"].logs[0]);
   REQUIRE(want.size() == got.size());
   for (size_t i = 0; i < got.size(); ++i) {
     INFO("batch " << i << " (outer step " << i / 8 + 1 << " of g1's own)");

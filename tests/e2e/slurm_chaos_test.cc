@@ -38,6 +38,7 @@
 #include "slurm/slurm_test_util.h"
 #include "tests/e2e/chaos_util.h"
 #include "tests/support/process.h"
+#include "tests/support/trainer_log.h"
 
 namespace lk::e2e {
 namespace {
@@ -61,18 +62,6 @@ std::string ModelFlags(bool with_group_size = true, uint32_t steps = kSteps) {
       "--heads 2 --seq-len 32 --batch 8 --corpus-bytes 16384 --op-timeout-ms 20000 "
       "--eval-batches 8",
       with_group_size ? fmt::format("--group-size {} ", kGroupSize) : "", steps, kSeed);
-}
-
-// The batches of every line of a trainer's log, in the order written.
-std::vector<std::string> BatchSequence(const std::string& path) {
-  std::vector<std::string> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    boost::json::object o = boost::json::parse(line).as_object();
-    for (const auto& b : o.at("batches").as_array()) out.emplace_back(b.as_string());
-  }
-  return out;
 }
 
 // What group `g` draws when it trains `steps` outer steps alone and never stops: each rank's
@@ -101,7 +90,7 @@ std::vector<std::vector<std::string>> UnstoppedBatches(const std::string& g, uin
   for (uint32_t r = 0; r < kGroupSize; ++r) {
     INFO("stream reference trainer " << trainers[r]->log_path());
     REQUIRE(trainers[r]->Wait(120s) == std::optional<int>(0));
-    out.push_back(BatchSequence(fmt::format("{}/r{}.jsonl", dir, r)));
+    out.push_back(test::BatchSequence(fmt::format("{}/r{}.jsonl", dir, r)));
   }
   return out;
 }
@@ -504,7 +493,7 @@ TEST_CASE("slurm chaos: two groups as Slurm jobs survive a warning with requeue 
   std::vector<std::vector<std::string>> drawn(kGroupSize);
   for (uint32_t r = 0; r < kGroupSize; ++r) {
     for (int l : {0, 1}) {
-      auto b = BatchSequence(run.Path(warned, l, r, "jsonl"));
+      auto b = test::BatchSequence(run.Path(warned, l, r, "jsonl"));
       drawn[r].insert(drawn[r].end(), b.begin(), b.end());
     }
   }
