@@ -11,10 +11,11 @@ add_library(lk_lighthouse_core STATIC
 lk_target(lk_lighthouse_core)
 target_link_libraries(lk_lighthouse_core PUBLIC lk_base)
 
-# Unit tests (table-driven, manual clock) and the seeded simulation (LK_SIM_SEED / LK_SIM_SEEDS).
+# Unit tests (table-driven, manual clock). The seeded simulation, which runs this core beside
+# the agents' cores, is tests/sim/.
 foreach(test quorum_test divergence_test lighthouse_core_test lighthouse_core_ops_test
              lighthouse_core_trust_test lighthouse_core_late_test
-             lighthouse_core_tokens_test lighthouse_core_lives_test simulation_test)
+             lighthouse_core_tokens_test lighthouse_core_lives_test)
   lk_test(${test} ${CMAKE_CURRENT_LIST_DIR}/${test}.cc)
   target_link_libraries(${test} PRIVATE lk_lighthouse_core)
 endforeach()

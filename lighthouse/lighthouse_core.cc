@@ -26,9 +26,8 @@ LighthouseCore::LighthouseCore(CoreOptions options)
 Result<HeartbeatResult> LighthouseCore::OnHeartbeat(const HeartbeatInput& in, TimePoint now,
                                                     Effects* fx) {
   Impl& s = *impl_;
-  LK_RETURN_IF_ERROR(
-      s.CheckAgent(in.job, in.group_id, in.incarnation, in.node_rank, in.nodes, in.address,
-                   in.phase));
+  LK_RETURN_IF_ERROR(s.CheckAgent(in.job, in.group_id, in.incarnation, in.node_rank, in.nodes,
+                                  in.address, in.phase));
   LK_RETURN_IF_ERROR(
       s.CheckIncarnation(in.job, in.group_id, in.incarnation, in.nodes, in.generation));
   s.ApplyTimeouts(now, fx);
@@ -57,6 +56,7 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx, b
   LK_RETURN_IF_ERROR(
       s.CheckIncarnation(in.job, in.group_id, in.incarnation, in.nodes, in.generation));
   Impl::Group* existing = nullptr;
+  std::string disagreement;
   if (auto j = s.jobs.find(in.job); j != s.jobs.end()) {
     auto it = j->second.groups.find(in.group_id);
     if (it != j->second.groups.end() && it->second.status.incarnation == in.incarnation) {
@@ -69,13 +69,27 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx, b
       return Refuse(Code::kConflict, Reason::kGroupDraining,
                     "group {} is draining: leave instead of asking", in.group_id);
     }
+    // Agents of one group that hold state must ask with one step (a node a step behind the
+    // other is a race of their trainers' boundaries, and the refused one asks again). A node
+    // without state is taken whatever its step: its trainers never received the answer the
+    // other node's trainers healed on (it was lost on the way, and the quorum was lost before
+    // the retry), and refusing it held the group out for good. The group then asks without
+    // state and heals as a whole (AskHasState).
     for (uint32_t r = 0; r < g.agents.size(); ++r) {
       const AgentStatus& other = g.agents[r];
-      if (r != in.node_rank && other.asked && other.ask_step != in.step) {
+      if (r == in.node_rank || !other.asked || other.ask_step == in.step) continue;
+      if (other.ask_has_state && in.has_state) {
         return Refuse(Code::kConflict, Reason::kStepDisagreement,
                       "agents of group {} disagree on the step: node {} asked with step {}, "
                       "node {} with step {}",
                       in.group_id, r, other.ask_step, in.node_rank, in.step);
+      }
+      {
+        disagreement = fmt::format(
+            "steps_disagree job={} group={} incarnation={} node={} step={} other_node={} "
+            "other_step={} action=heal",
+            Q(in.job), Q(in.group_id), Q(in.incarnation), in.node_rank, in.step, r, other.ask_step);
+        break;
       }
     }
   }
@@ -84,8 +98,8 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx, b
 
   // A retry (after a 504 or a lighthouse restart): answer at once with the current quorum,
   // unless that quorum was used (a commit), failed, or lost a member.
-  if (existing != nullptr && existing->in_quorum && !existing->lost &&
-      !existing->job->force_new && !existing->committed) {
+  if (existing != nullptr && existing->in_quorum && !existing->lost && !existing->job->force_new &&
+      !existing->committed) {
     Impl::Group& g = *existing;
     Impl::Job& job = *g.job;
     const auto& members = job.plan.members;
@@ -96,10 +110,10 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx, b
     if (m->step == in.step) {
       s.Touch(g, in.node_rank, in.step, in.address, "", now, fx);
       const uint32_t rank = static_cast<uint32_t>(m - members.begin());
-      fx->answers.push_back({key, AnswerFor(job.plan, job.quorum_id, rank,
-                                            "retry: current quorum " +
-                                                std::to_string(job.quorum_id),
-                                            s.options.answer_members_inline)});
+      fx->answers.push_back(
+          {key, AnswerFor(job.plan, job.quorum_id, rank,
+                          "retry: current quorum " + std::to_string(job.quorum_id),
+                          s.options.answer_members_inline)});
       fx->answers.back().second.generation = g.generation;
       fx->events.push_back(fmt::format(
           "quorum_retry job={} quorum_id={} group={} incarnation={} node={} step={}", Q(in.job),
@@ -124,6 +138,7 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx, b
     if (!g.status.first_ask) g.status.first_ask = now;
   }
   a.ask_step = in.step;
+  if (!disagreement.empty()) fx->events.push_back(std::move(disagreement));
   a.ask_has_state = in.has_state;
   a.ask_shrink_only = in.shrink_only;
   a.waiting = true;
@@ -195,8 +210,7 @@ Status LighthouseCore::OnLeave(const std::string& job, const std::string& group_
     fx->persist_jobs.push_back(s.Record(state));
   }
   s.LoseMember(*g, "left: " + why, now, fx);
-  s.ClearAsks(*g,
-              Refuse(Code::kConflict, Reason::kGroupLeft, "group {} left: {}", group_id, why),
+  s.ClearAsks(*g, Refuse(Code::kConflict, Reason::kGroupLeft, "group {} left: {}", group_id, why),
               now, fx);
   s.DropDeadlines(*g);
   s.RearmCollect(*g, now);
@@ -223,8 +237,7 @@ Result<bool> LighthouseCore::OnCommit(const CommitInput& in, TimePoint now, Effe
   }
   if (in.quorum_id != job.quorum_id) {
     return Refuse(Code::kConflict, Reason::kWrongQuorum,
-                  "commit for quorum {} but the current quorum is {}", in.quorum_id,
-                  job.quorum_id);
+                  "commit for quorum {} but the current quorum is {}", in.quorum_id, job.quorum_id);
   }
   if (!g->in_quorum) {
     return Refuse(Code::kConflict, Reason::kNotAMember, "group {} is not a member of quorum {}",
@@ -265,12 +278,19 @@ Result<bool> LighthouseCore::OnCommit(const CommitInput& in, TimePoint now, Effe
   // A timeout due at `now` may have issued a newer quorum: the commit then only moves steps.
   const bool current = in.quorum_id == job.quorum_id && g->in_quorum;
   g->committed = g->committed || current;
-  s.Touch(*g, in.node_rank, in.ok ? std::max(in.step, g->status.step) : g->status.step, "", "",
-          now, fx);
+  s.Touch(*g, in.node_rank, in.ok ? std::max(in.step, g->status.step) : g->status.step, "", "", now,
+          fx);
   if (in.ok) {
     job.committed_step = std::max(job.committed_step, in.step);
   } else if (current) {
+    // A failed outer step ends the quorum for every member: the others' step on it cannot
+    // complete either (their average waits for this group), so they are told at once, as for a
+    // lost member, instead of waiting in it until their communicator times out.
     job.force_new = true;
+    if (!job.lost) {
+      job.lost = true;
+      fx->watch_wakeups.insert(job.name);
+    }
   }
   // The group's contribution, once per step (every node of the group reports the same count).
   if (current && in.ok && in.tokens > 0) {

@@ -6,6 +6,9 @@
 // Thread-safety: none; the shell calls it from one strand.
 #pragma once
 
+#include <lightkeeper/clock.h>
+#include <lightkeeper/status.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -13,9 +16,6 @@
 #include <set>
 #include <string>
 #include <vector>
-
-#include <lightkeeper/clock.h>
-#include <lightkeeper/status.h>
 
 namespace lk::lighthouse {
 
@@ -50,8 +50,8 @@ struct CoreOptions {
   uint32_t checkpoints_per_job_max = 64;
   // Bounds on what one request can make the core hold (kInvalidArgument / kResourceExhausted).
   uint32_t groups_per_job_max = 4096;
-  uint32_t nodes_max = 1024;        // agents per group
-  uint32_t text_bytes_max = 256;    // ids, addresses, phases, reasons, hashes, locations
+  uint32_t nodes_max = 1024;      // agents per group
+  uint32_t text_bytes_max = 256;  // ids, addresses, phases, reasons, hashes, locations
   // Every answer carries the member list in QuorumAnswer::members (true) or only in
   // QuorumAnswer::members_shared (false). With n members an issue answers n groups, so inline
   // lists cost O(n^2) copies: ~0.2 s at 1,024 groups, against ~1 ms shared.
@@ -69,7 +69,7 @@ struct MemberData {
   std::vector<std::string> addresses;  // index node_rank; shard server of each agent
   bool heal = false;
   bool has_state = true;
-  uint32_t group_size = 0;  // trainers in the group when the quorum formed (0: not known)
+  uint32_t group_size = 0;         // trainers in the group when the quorum formed (0: not known)
   bool mixed_group_sizes = false;  // it could average across group sizes then
 };
 
@@ -85,9 +85,9 @@ struct CheckpointData {
 // A group's contribution to a job: the tokens (samples) it reported with its commits.
 struct GroupTokensData {
   std::string group_id;
-  uint32_t step = 0;     // the last step it committed tokens for
-  uint64_t tokens = 0;   // at that step
-  uint64_t total = 0;    // over every step it committed (saturating)
+  uint32_t step = 0;    // the last step it committed tokens for
+  uint64_t tokens = 0;  // at that step
+  uint64_t total = 0;   // over every step it committed (saturating)
   bool operator==(const GroupTokensData&) const = default;
 };
 
@@ -104,15 +104,15 @@ struct GroupLivesData {
   // The incarnations whose crash was counted, newest last, at most kCrashedLivesKept: a second
   // report of one crash (the agent's leave, then the launcher's) counts nothing.
   std::vector<std::string> crashed_incarnations;
-  std::string last_event;              // "requeue_refused: <detail>", the last event reported
+  std::string last_event;  // "requeue_refused: <detail>", the last event reported
   bool operator==(const GroupLivesData&) const = default;
 };
 
 // What the shell persists per job (RocksDB value); enough to resume after kill -9.
 struct JobRecordData {
   std::string job;
-  uint32_t quorum_id = 0;          // the last issued quorum id (never reused)
-  std::vector<MemberData> members; // the last quorum, sorted by group_id
+  uint32_t quorum_id = 0;           // the last issued quorum id (never reused)
+  std::vector<MemberData> members;  // the last quorum, sorted by group_id
   uint32_t committed_step = 0;
   uint32_t quorum_changes = 0;
   // Ids up to this one may have been handed out (the store's synced reservation); after a
@@ -124,6 +124,11 @@ struct JobRecordData {
   // while none has since the last regular quorum.
   uint32_t finished_step = 0;
   bool catch_up = false;  // the last quorum is a catch-up quorum (it commits nothing)
+  // The last quorum lost a member or failed a step (its members were told to abort), and so
+  // its id is never issued again (force_new also after a divergence). Kept across restarts, so
+  // that a restarted lighthouse does not hand out again a quorum its agents already count lost.
+  bool lost = false;
+  bool force_new = false;
   // Each group's contribution, sorted by group_id (written with every commit, unsynced like
   // the step it goes with).
   std::vector<GroupTokensData> tokens;
@@ -203,9 +208,9 @@ struct QuorumAnswer {
   uint32_t replica_rank = 0;
   uint32_t max_step = 0;
   bool heal = false;
-  std::vector<uint32_t> source_ranks;            // live donors for this member when it heals
+  std::vector<uint32_t> source_ranks;                // live donors for this member when it heals
   std::optional<CheckpointData> restore_checkpoint;  // no live state anywhere: restore this
-  bool initial = false;                          // first start: take replica_rank 0's weights
+  bool initial = false;                              // first start: take replica_rank 0's weights
   std::string reason;
   uint32_t generation = 0;  // the answered member's incarnation generation
   // The members' group sizes are not all equal: the answer then lists them (group_sizes).
@@ -257,14 +262,14 @@ struct HeartbeatResult {
   bool drain = false;
   std::vector<FailureNoticeData> notices;
   uint32_t committed_step = 0;
-  uint32_t generation = 0;  // of the heartbeating incarnation: the agent sends it back
+  uint32_t generation = 0;   // of the heartbeating incarnation: the agent sends it back
   std::string revived_from;  // this heartbeat ended a heartbeat_timeout: the reason it had
 };
 
 struct GroupView {
   std::string group_id, incarnation, phase, state, reason;
   uint32_t nodes = 1, step = 0, generation = 0;
-  uint32_t group_size = 0;  // trainers, from its last ask (0: not known)
+  uint32_t group_size = 0;         // trainers, from its last ask (0: not known)
   bool mixed_group_sizes = false;  // its last ask could average across group sizes
   // Its contribution: the tokens of its last committed step (tokens_step), their share of all
   // the tokens the job's groups committed for that step, and its total over the job.
@@ -287,8 +292,8 @@ struct JobView {
   std::vector<MemberData> members;
   uint32_t committed_step = 0;
   uint32_t quorum_changes = 0;
-  uint32_t finished_step = 0;     // as in JobRecordData
-  std::vector<GroupView> groups;  // sorted by group_id
+  uint32_t finished_step = 0;               // as in JobRecordData
+  std::vector<GroupView> groups;            // sorted by group_id
   std::vector<CheckpointData> checkpoints;  // newest first
   std::string last_decision;
 };
@@ -322,8 +327,9 @@ class LighthouseCore {
   // waiting agent of every member (including this one); otherwise the caller keeps the agent
   // waiting. A member re-asking with the step it had in the current quorum (a retry after a
   // timeout or a lighthouse restart) is answered at once with the current quorum.
-  // Errors: as OnHeartbeat, plus kConflict when the agents of one group ask with different steps
-  // (the reason names both steps).
+  // Errors: as OnHeartbeat, plus kConflict when the agents of one group that hold state ask
+  // with different steps (the reason names both steps). An agent without state is taken at any
+  // step: the group then heals as a whole (event steps_disagree).
   // With evaluate=false the ask is only recorded: the caller runs EvaluateJob later, once for
   // a burst of asks (at 1,024 groups one decision per ask made a round O(n^2)).
   Status OnJoin(const JoinInput& in, TimePoint now, Effects* fx, bool evaluate = true);

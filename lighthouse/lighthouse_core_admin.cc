@@ -20,9 +20,8 @@ bool Newer(const CheckpointData& a, const CheckpointData& b) {
 // Inserts `c` (replacing an entry of the same step and location) and returns what falls out.
 std::vector<CheckpointData> InsertCheckpoint(std::vector<CheckpointData>& list,
                                              const CheckpointData& c, uint32_t max) {
-  std::erase_if(list, [&](const CheckpointData& x) {
-    return x.step == c.step && x.location == c.location;
-  });
+  std::erase_if(
+      list, [&](const CheckpointData& x) { return x.step == c.step && x.location == c.location; });
   list.insert(std::lower_bound(list.begin(), list.end(), c, Newer), c);
   std::vector<CheckpointData> dropped;
   while (list.size() > max) {
@@ -172,8 +171,7 @@ Status LighthouseCore::Load(std::vector<JobRecordData> jobs,
       const MemberData& m = rec.members[i];
       if (m.group_id.empty() || m.incarnation.empty() ||
           (i > 0 && rec.members[i - 1].group_id >= m.group_id)) {
-        return Error(Code::kDataLoss, "job {}: members not sorted by group_id or unnamed",
-                     rec.job);
+        return Error(Code::kDataLoss, "job {}: members not sorted by group_id or unnamed", rec.job);
       }
       if (m.addresses.size() > s.options.nodes_max) {
         return Error(Code::kDataLoss, "job {}: group {} with {} nodes", rec.job, m.group_id,
@@ -190,6 +188,8 @@ Status LighthouseCore::Load(std::vector<JobRecordData> jobs,
     job.generation_last = rec.generation_last;
     job.finished_step = rec.finished_step;
     job.catch_up = rec.catch_up;
+    job.lost = rec.lost;
+    job.force_new = rec.force_new || rec.lost;
     for (const GroupTokensData& t : rec.tokens) {
       if (t.group_id.empty() || !job.tokens.emplace(t.group_id, t).second) {
         return Error(Code::kDataLoss, "job {}: tokens of an unnamed or repeated group", rec.job);
@@ -348,9 +348,15 @@ std::vector<JobView> LighthouseCore::View(TimePoint now) const {
       }
       gv.heartbeat_age = std::chrono::duration_cast<Millis>(now - oldest);
       switch (g.status.mode) {
-        case GroupMode::kLeft: gv.state = "left"; break;
-        case GroupMode::kEvicted: gv.state = "evicted"; break;
-        case GroupMode::kDraining: gv.state = "draining"; break;
+        case GroupMode::kLeft:
+          gv.state = "left";
+          break;
+        case GroupMode::kEvicted:
+          gv.state = "evicted";
+          break;
+        case GroupMode::kDraining:
+          gv.state = "draining";
+          break;
         case GroupMode::kActive:
           gv.state = g.status.size_refused ? "refused"
                      : g.status.asked > 0  ? "waiting"

@@ -58,11 +58,11 @@ void LighthouseCore::Impl::RefuseSize(Group& g, const QuorumDecision& d, TimePoi
                 g.status.group_id, g.status.group_size, d.group_size, d.group_size);
   g.status.size_refused = true;
   g.reason = why;
-  fx->events.push_back(fmt::format(
-      "group_refused job={} group={} incarnation={} group_size={} quorum_group_size={} "
-      "code=GROUP_SIZE_MISMATCH",
-      Q(g.job->name), Q(g.status.group_id), Q(g.status.incarnation), g.status.group_size,
-      d.group_size));
+  fx->events.push_back(
+      fmt::format("group_refused job={} group={} incarnation={} group_size={} quorum_group_size={} "
+                  "code=GROUP_SIZE_MISMATCH",
+                  Q(g.job->name), Q(g.status.group_id), Q(g.status.incarnation),
+                  g.status.group_size, d.group_size));
   ClearAsks(g, Refuse(Code::kConflict, Reason::kGroupSizeMismatch, "{}", why), now, fx);
 }
 
@@ -71,9 +71,10 @@ namespace {
 // The answer's reason, with why this member heals when its state diverged (the trainer logs it).
 std::string ReasonFor(const internal::Group& g, const std::string& reason) {
   if (!g.status.diverged) return reason;
-  return fmt::format("{}; this group's state diverged from the quorum's at step {}: it heals "
-                     "from the reference state",
-                     reason, g.diverged_step);
+  return fmt::format(
+      "{}; this group's state diverged from the quorum's at step {}: it heals "
+      "from the reference state",
+      reason, g.diverged_step);
 }
 
 }  // namespace
@@ -103,8 +104,8 @@ void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint no
   const std::vector<MemberData>& old = job.plan.members;
   bool changed = job.quorum_id == 0 || job.force_new || old.size() != members.size();
   for (size_t i = 0; !changed && i < members.size(); ++i) {
-    changed = old[i].group_id != members[i].group_id ||
-              old[i].incarnation != members[i].incarnation;
+    changed =
+        old[i].group_id != members[i].group_id || old[i].incarnation != members[i].incarnation;
   }
   if (changed) {
     LK_CHECK(std::max(job.quorum_id, job.id_floor) < UINT32_MAX)
@@ -171,14 +172,13 @@ void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint no
       "reason={}",
       Q(job.name), job.quorum_id, changed, groups.size(), healing, job.plan.max_step,
       job.plan.restore ? " restore_step=" + std::to_string(job.plan.restore->step) : "",
-      job.plan.initial ? " initial=true" : "", d.catch_up ? " catch_up=true" : "",
-      Q(d.reason)));
+      job.plan.initial ? " initial=true" : "", d.catch_up ? " catch_up=true" : "", Q(d.reason)));
   // A catch-up quorum without a checkpoint of the final step cannot bring its members there:
   // they go on from their own step and their commits are refused (JOB_FINISHED).
   if (d.catch_up && job.plan.max_step < job.committed_step) {
     fx->events.push_back(fmt::format(
-        "catch_up_behind job={} quorum_id={} committed_step={} max_step={} reason={}",
-        Q(job.name), job.quorum_id, job.committed_step, job.plan.max_step,
+        "catch_up_behind job={} quorum_id={} committed_step={} max_step={} reason={}", Q(job.name),
+        job.quorum_id, job.committed_step, job.plan.max_step,
         Q("no checkpoint of the final step is registered: register checkpoints (--ckpt-dir) "
           "so that groups behind a finished job can restore it")));
   }
@@ -237,6 +237,8 @@ JobRecordData LighthouseCore::Impl::Record(const Job& job) const {
   r.generation_last = job.generation_last;
   r.finished_step = job.finished_step;
   r.catch_up = job.catch_up;
+  r.lost = job.lost;
+  r.force_new = job.force_new;
   for (const auto& [id, t] : job.tokens) r.tokens.push_back(t);
   for (const auto& [id, l] : job.lives) r.lives.push_back(l);
   return r;

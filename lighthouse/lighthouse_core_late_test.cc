@@ -308,5 +308,61 @@ TEST_CASE(
   CHECK(h.Commit("a", q, 7).status().reason() == Reason::kWrongStep);
 }
 
+// Found by the agents' simulation (tests/sim/agent_sim.cc): a restarted lighthouse forgot that
+// its current quorum had lost a member, handed the same id out again to the members that came
+// back, and agents that had heard of the loss counted it lost (their trainers failed every step
+// on it at once) while the others waited in it.
+TEST_CASE("late: a quorum that lost a member is not handed out again after a restart") {
+  Store store;
+  Harness before;
+  auto keep = [&] { store.Keep(before.fx); };
+  for (const char* g : {"a", "b"}) {
+    REQUIRE(before.Beat(g).ok());
+    keep();
+  }
+  for (const char* g : {"a", "b"}) {
+    REQUIRE(before.Join(g, 0).ok());
+    keep();
+  }
+  const uint32_t q = before.Answer("a")->quorum_id;
+  before.clock.Advance(before.options.heartbeat_timeout / 2);
+  REQUIRE(before.Beat("a").ok());  // b goes silent
+  before.clock.Advance(before.options.heartbeat_timeout / 2 + 1ms);
+  before.Tick();
+  keep();
+  REQUIRE(before.HasEvent("member_lost job=j quorum_id=1 group=b"));
+  REQUIRE(before.core.Watch("j", q)->lost);
+  Harness h(before.options);
+  h.clock.Set(before.clock.Now());
+  REQUIRE(h.core.Load(store.jobs, store.checkpoints, h.clock.Now(), store.groups).ok());
+  CHECK(h.core.Watch("j", q)->lost);
+  // Both come back and ask for step 0 again: a new id, not the lost one.
+  for (const char* g : {"a", "b"}) REQUIRE(h.Beat(g).ok());
+  REQUIRE(h.Join("a", 0).ok());
+  REQUIRE(h.Join("b", 0).ok());
+  REQUIRE(h.Answer("b") != nullptr);
+  CHECK(h.Answer("b")->quorum_id > q);
+}
+
+// Found by the agents' simulation: a failed outer step left the quorum standing for the other
+// members, whose step on it then waited for the failing group until their communicators timed
+// out.
+TEST_CASE("late: a failed outer step tells the quorum's other members at once") {
+  Harness h;
+  h.Form({"a", "b"});
+  const uint32_t q = h.Answer("a")->quorum_id;
+  CHECK(!h.core.Watch("j", q)->lost);
+  REQUIRE(h.Commit("a", q, 1, /*ok=*/false).ok());
+  CHECK(h.fx.watch_wakeups.count("j") == 1);
+  CHECK(h.core.Watch("j", q)->lost);
+  REQUIRE(h.fx.persist_jobs.size() == 1);
+  CHECK(h.fx.persist_jobs[0].lost);
+  // The next round takes a new id.
+  REQUIRE(h.Join("a", 0).ok());
+  REQUIRE(h.Join("b", 0).ok());
+  REQUIRE(h.Answer("a") != nullptr);
+  CHECK(h.Answer("a")->quorum_id > q);
+}
+
 }  // namespace
 }  // namespace lk::lighthouse::testing

@@ -2,13 +2,13 @@
 // divergence, drain, forget, leave, the checkpoint registry, views, the hot path and scale
 // (their costs are measured in bench/lighthouse_core_bench.cc).
 #include <doctest/doctest.h>
+#include <lightkeeper/clock.h>
 
 #include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
 
-#include <lightkeeper/clock.h>
 #include "lighthouse/lighthouse_core.h"
 #include "lighthouse/lighthouse_core_test_util.h"
 
@@ -46,6 +46,32 @@ CommitInput C(const std::string& group, uint32_t quorum_id) {
   in.quorum_id = quorum_id;
   in.step = 1;
   return in;
+}
+
+// One node's trainers healed on an answer the other node never received (lost on the way), and
+// the quorum was lost before that node asked again: it asks with its step 0 and no state, the
+// other node with the step it healed to. Refused (STEP_DISAGREEMENT, as between two nodes with
+// state), the group was held out for good; the agents' simulation found it
+// (tests/sim/agent_sim.cc).
+TEST_CASE("multi-node group: a node without state asks at any step and the group heals") {
+  Harness h;
+  REQUIRE(h.Beat("a", 5, "i1", 0, 2).ok());
+  REQUIRE(h.Beat("a", 5, "i1", 1, 2).ok());
+  REQUIRE(h.Beat("b", 6).ok());
+  REQUIRE(h.Join("b", 6).ok());
+  REQUIRE(h.Join("a", 6, "i1", 0, 2).ok());
+  REQUIRE(h.Join("a", 0, "i1", 1, 2, /*has_state=*/false).ok());
+  CHECK(
+      h.HasEvent("steps_disagree job=j group=a incarnation=i1 node=1 step=0 other_node=0 "
+                 "other_step=6 action=heal"));
+  REQUIRE(h.fx.answers.size() == 3);
+  for (uint32_t node : {0u, 1u}) {
+    CAPTURE(node);
+    REQUIRE(h.Answer("a", node) != nullptr);
+    CHECK(h.Answer("a", node)->heal);
+    CHECK(h.Answer("a", node)->max_step == 6);
+  }
+  CHECK(!h.Answer("b")->heal);
 }
 
 TEST_CASE("multi-node group: a participant once all agents asked the same step") {
@@ -95,34 +121,30 @@ TEST_CASE("bad input gets a reason and changes nothing") {
   const std::vector<Row> rows = {
       {"missing job", [&] { return core.OnJoin(J("", "x", "i1"), now(), &fx); },
        Code::kInvalidArgument, "missing job"},
-      {"node_rank >= nodes",
-       [&] { return core.OnJoin(J("j", "x", "i1", 2, 2), now(), &fx); },
+      {"node_rank >= nodes", [&] { return core.OnJoin(J("j", "x", "i1", 2, 2), now(), &fx); },
        Code::kInvalidArgument, "node_rank=2 >= nodes=2"},
-      {"nodes changed",
-       [&] { return core.OnHeartbeat(B("b", 2), now(), &fx).status(); },
+      {"nodes changed", [&] { return core.OnHeartbeat(B("b", 2), now(), &fx).status(); },
        Code::kInvalidArgument, "nodes changed within incarnation i1 of group b: 1 -> 2"},
       {"stale incarnation", [&] { return core.OnJoin(J("j", "a", "i1"), now(), &fx); },
        Code::kConflict, "stale incarnation i1 of group a (current i2)"},
-      {"commit for an old quorum",
-       [&] { return core.OnCommit(C("b", 7), now(), &fx).status(); },
+      {"commit for an old quorum", [&] { return core.OnCommit(C("b", 7), now(), &fx).status(); },
        Code::kConflict, "commit for quorum 7 but the current quorum is 1"},
-      {"commit by a non-member",
-       [&] { return core.OnCommit(C("c", 1), now(), &fx).status(); },
+      {"commit by a non-member", [&] { return core.OnCommit(C("c", 1), now(), &fx).status(); },
        Code::kConflict, "group c is not a member of quorum 1"},
-      {"leave of an unknown group",
-       [&] { return core.OnLeave("j", "zz", "i1", "x", now(), &fx); }, Code::kNotFound,
-       "unknown group zz in job j"},
+      {"leave of an unknown group", [&] { return core.OnLeave("j", "zz", "i1", "x", now(), &fx); },
+       Code::kNotFound, "unknown group zz in job j"},
       {"leave of an unknown job", [&] { return core.OnLeave("k", "a", "i1", "x", now(), &fx); },
        Code::kNotFound, "unknown job k"},
-      {"id too long",
-       [&] { return core.OnJoin(J("j", std::string(300, 'g'), "i1"), now(), &fx); },
+      {"id too long", [&] { return core.OnJoin(J("j", std::string(300, 'g'), "i1"), now(), &fx); },
        Code::kInvalidArgument, "group_id longer than 256 bytes"},
       {"drain of an unknown group", [&] { return core.Drain("j", "zz", now(), &fx); },
        Code::kNotFound, "unknown group zz in job j"},
       {"forget of an unknown job", [&] { return core.Forget("k", &fx); }, Code::kNotFound,
        "unknown job k"},
       {"checkpoint without location",
-       [&] { return core.OnRegisterCheckpoint(CheckpointData{"j", 1, "", "", "", 0}, &fx); },
+       [&] {
+         return core.OnRegisterCheckpoint(CheckpointData{"j", 1, "", "", "", 0}, &fx);
+       },
        Code::kInvalidArgument, "a checkpoint needs a job and a location"},
   };
   for (const Row& row : rows) {
@@ -219,8 +241,9 @@ TEST_CASE("divergence: a minority state hash is flagged - heals next - and is no
   CHECK(!h.Commit("a", 1, 1, true, "h1").value());
   CHECK(!h.Commit("b", 1, 1, true, "h1").value());
   CHECK(h.Commit("c", 1, 1, true, "zz").value());
-  CHECK(h.HasEvent("diverged job=j quorum_id=1 group=c incarnation=i1 step=1 hash=zz "
-                   "majority=h1 rule=majority reference_replica_rank=0 replica_rank=2"));
+  CHECK(
+      h.HasEvent("diverged job=j quorum_id=1 group=c incarnation=i1 step=1 hash=zz "
+                 "majority=h1 rule=majority reference_replica_rank=0 replica_rank=2"));
   CHECK(h.fx.divergences == std::vector<std::string>{"j"});
   CHECK(h.Group("c")->diverged);
   CHECK(h.Group("c")->divergences == 1);
@@ -237,8 +260,9 @@ TEST_CASE("divergence: a minority state hash is flagged - heals next - and is no
   CHECK(!h.Commit("a", 2, 2, true, "h2").value());
   CHECK(!h.Commit("b", 2, 2, true, "h2").value());
   CHECK(!h.Commit("c", 2, 2, true, "h2").value());
-  CHECK(h.HasEvent("diverged_healed job=j group=c incarnation=i1 step=2 hash=h2 "
-                   "diverged_step=1"));
+  CHECK(
+      h.HasEvent("diverged_healed job=j group=c incarnation=i1 step=2 hash=h2 "
+                 "diverged_step=1"));
   CHECK(h.fx.divergences.empty());
   CHECK(!h.Group("c")->diverged);
   CHECK(h.Group("c")->divergences == 1);
@@ -254,9 +278,10 @@ TEST_CASE("divergence: two groups tie one to one - the lowest replica_rank is th
   CHECK(!h.Commit("b", 1, 1, true, "hb").value());
   CHECK(!h.HasEvent("diverged "));
   CHECK(h.Commit("a", 1, 1, true, "ha").value() == false);
-  CHECK(h.HasEvent("diverged job=j quorum_id=1 group=b incarnation=i1 step=1 hash=hb "
-                   "majority=ha rule=tie_lowest_replica_rank reference_replica_rank=0 "
-                   "replica_rank=1"));
+  CHECK(
+      h.HasEvent("diverged job=j quorum_id=1 group=b incarnation=i1 step=1 hash=hb "
+                 "majority=ha rule=tie_lowest_replica_rank reference_replica_rank=0 "
+                 "replica_rank=1"));
   CHECK(h.fx.divergences.size() == 1);
   CHECK(!h.Group("a")->diverged);
   CHECK(h.Group("b")->diverged);
@@ -286,8 +311,9 @@ TEST_CASE("divergence: three groups - a majority decides at once - a three-way s
   CHECK(!h.Commit("b", 1, 1, true, "h").value());
   CHECK(!h.HasEvent("diverged "));  // one against one, the third still to come
   CHECK(!h.Commit("c", 1, 1, true, "h").value());
-  CHECK(h.HasEvent("diverged job=j quorum_id=1 group=a incarnation=i1 step=1 hash=z majority=h "
-                   "rule=majority reference_replica_rank=1 replica_rank=0"));
+  CHECK(
+      h.HasEvent("diverged job=j quorum_id=1 group=a incarnation=i1 step=1 hash=z majority=h "
+                 "rule=majority reference_replica_rank=1 replica_rank=0"));
   CHECK(h.Group("a")->diverged);
   for (const char* g : {"a", "b", "c"}) REQUIRE(h.Join(g, 1).ok());
   CHECK(h.Answer("a")->heal);
@@ -304,8 +330,9 @@ TEST_CASE("divergence: three groups - a majority decides at once - a three-way s
   CHECK(!t.Group("a")->diverged);
   CHECK(t.Group("b")->diverged);
   CHECK(t.Group("c")->diverged);
-  CHECK(t.HasEvent("diverged job=j quorum_id=1 group=c incarnation=i1 step=1 hash=w majority=x "
-                   "rule=tie_lowest_replica_rank"));
+  CHECK(
+      t.HasEvent("diverged job=j quorum_id=1 group=c incarnation=i1 step=1 hash=w majority=x "
+                 "rule=tie_lowest_replica_rank"));
 }
 
 TEST_CASE("drain: heartbeats answer drain - the group is no candidate - its waiters are told") {
@@ -371,9 +398,9 @@ TEST_CASE("checkpoint registry: newest first - bounded - and restored when no st
   REQUIRE(h.Leave("x").ok());
   for (uint32_t step : {3u, 1u, 5u, 2u, 4u}) {
     h.fx = {};
-    REQUIRE(h.core.OnRegisterCheckpoint({"j", step, "/c/" + std::to_string(step), "d", "x", 0},
-                                        &h.fx)
-                .ok());
+    REQUIRE(
+        h.core.OnRegisterCheckpoint({"j", step, "/c/" + std::to_string(step), "d", "x", 0}, &h.fx)
+            .ok());
   }
   std::vector<uint32_t> steps;
   for (const CheckpointData& c : h.core.Checkpoints("j")) steps.push_back(c.step);
@@ -393,7 +420,8 @@ TEST_CASE("checkpoint registry: newest first - bounded - and restored when no st
   }
 }
 
-TEST_CASE("a restore from a checkpoint older than the committed step is reported with the steps lost") {
+TEST_CASE(
+    "a restore from a checkpoint older than the committed step is reported with the steps lost") {
   Harness h;
   h.Form({"a", "b"}, 7);
   uint32_t q = h.Answer("a")->quorum_id;
@@ -412,8 +440,9 @@ TEST_CASE("a restore from a checkpoint older than the committed step is reported
   REQUIRE(h.Join("d", 0, "i1", 0, 1, false).ok());
   REQUIRE(h.fx.answers.size() == 2);
   CHECK(h.Answer("c")->restore_checkpoint->step == 5);
-  CHECK(h.HasEvent("recovery_behind_committed job=j quorum_id=2 committed_step=8 restore_step=5 "
-                   "lost_steps=3 location=/c/5"));
+  CHECK(
+      h.HasEvent("recovery_behind_committed job=j quorum_id=2 committed_step=8 restore_step=5 "
+                 "lost_steps=3 location=/c/5"));
   // A restore that is not behind says nothing.
   Harness fresh;
   fresh.Form({"x"}, 4);

@@ -1,12 +1,13 @@
 // LighthouseCore::Impl helpers: admission of incarnations, contact, losses, timeouts, deadlines.
 // The decision and issue path live in lighthouse_core_issue.cc; the public methods in
 // lighthouse_core.cc.
+#include "lighthouse/lighthouse_core_state.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
 
 #include "common/log.h"
-#include "lighthouse/lighthouse_core_state.h"
 
 namespace lk::lighthouse {
 
@@ -91,8 +92,8 @@ Status LighthouseCore::Impl::CheckIncarnation(const std::string& job, const std:
   }
   if (g == nullptr) {
     if (j->second.groups.size() >= options.groups_per_job_max) {
-      return Refuse(Code::kResourceExhausted, Reason::kGroupsMax,
-                    "job {} already tracks {} groups", job, j->second.groups.size());
+      return Refuse(Code::kResourceExhausted, Reason::kGroupsMax, "job {} already tracks {} groups",
+                    job, j->second.groups.size());
     }
     return Status::Ok();
   }
@@ -122,8 +123,8 @@ Result<LighthouseCore::Impl::Group*> LighthouseCore::Impl::FindCurrent(
                     "stale incarnation {} (generation {}) of group {}", incarnation, generation,
                     group_id);
     }
-    return Refuse(Code::kNotFound, Reason::kUnknownGroup, "unknown group {} in job {}",
-                  group_id, job);
+    return Refuse(Code::kNotFound, Reason::kUnknownGroup, "unknown group {} in job {}", group_id,
+                  job);
   }
   Group& g = it->second;
   if (g.status.incarnation != incarnation) {
@@ -164,10 +165,10 @@ LighthouseCore::Impl::Group& LighthouseCore::Impl::Admit(const std::string& job_
     AddGroupOrder(job, g);
     ++group_count;
     NewGeneration(g, fx);
-    fx->events.push_back(fmt::format("group_new job={} group={} incarnation={} nodes={} "
-                                     "generation={}",
-                                     Q(job_name), Q(group_id), Q(incarnation), nodes,
-                                     g.generation));
+    fx->events.push_back(
+        fmt::format("group_new job={} group={} incarnation={} nodes={} "
+                    "generation={}",
+                    Q(job_name), Q(group_id), Q(incarnation), nodes, g.generation));
   } else if (g.status.incarnation != incarnation) {
     ReplaceIncarnation(g, incarnation, nodes, now, fx);
   }
@@ -213,10 +214,11 @@ void LighthouseCore::Impl::Collect(Group& g, TimePoint now, Effects* fx) {
   }
   Job& job = *g.job;
   const std::string id = g.status.group_id;
-  fx->events.push_back(fmt::format("group_collected job={} group={} incarnation={} "
-                                   "generation={} reason={}",
-                                   Q(job.name), Q(id), Q(g.status.incarnation), g.generation,
-                                   Q(g.reason.empty() ? "unheard" : g.reason)));
+  fx->events.push_back(
+      fmt::format("group_collected job={} group={} incarnation={} "
+                  "generation={} reason={}",
+                  Q(job.name), Q(id), Q(g.status.incarnation), g.generation,
+                  Q(g.reason.empty() ? "unheard" : g.reason)));
   LoseMember(g, "collected", now, fx);
   // A node of a group that never came back alive may still wait in a round: it is answered.
   ClearAsks(g,
@@ -236,14 +238,13 @@ void LighthouseCore::Impl::ReplaceIncarnation(Group& g, const std::string& incar
                                               uint32_t nodes, TimePoint now, Effects* fx) {
   const std::string old = g.status.incarnation;
   fx->events.push_back(fmt::format("incarnation_replaced job={} group={} old={} new={}",
-                                   Q(g.job->name), Q(g.status.group_id), Q(old),
-                                   Q(incarnation)));
+                                   Q(g.job->name), Q(g.status.group_id), Q(old), Q(incarnation)));
   LoseMember(g, "incarnation_replaced", now, fx);
-  ClearAsks(g,
-            Refuse(Code::kConflict, Reason::kIncarnationReplaced,
-                   "incarnation {} of group {} replaced by {}", old, g.status.group_id,
-                   incarnation),
-            now, fx);
+  ClearAsks(
+      g,
+      Refuse(Code::kConflict, Reason::kIncarnationReplaced,
+             "incarnation {} of group {} replaced by {}", old, g.status.group_id, incarnation),
+      now, fx);
   DropDeadlines(g);
   SetDeadline(g.collect_deadline, std::nullopt, DeadlineKind::kCollect, &g);
   g.retired.push_back({old, g.generation});
@@ -287,9 +288,8 @@ bool LighthouseCore::Impl::Touch(Group& g, uint32_t node_rank, uint32_t step,
   g.alive = true;
   RearmCollect(g, now);
   if (g.status.mode != GroupMode::kLeft) g.reason.clear();
-  fx->events.push_back(fmt::format("group_healthy job={} group={} incarnation={}",
-                                   Q(g.job->name), Q(g.status.group_id),
-                                   Q(g.status.incarnation)));
+  fx->events.push_back(fmt::format("group_healthy job={} group={} incarnation={}", Q(g.job->name),
+                                   Q(g.status.group_id), Q(g.status.incarnation)));
   return true;
 }
 
@@ -310,10 +310,13 @@ void LighthouseCore::Impl::LoseMember(Group& g, const std::string& reason, TimeP
   job.force_new = true;
   job.notices.push_back({job.quorum_id, g.status.group_id, g.status.incarnation, reason});
   fx->watch_wakeups.insert(job.name);
-  fx->events.push_back(fmt::format("member_lost job={} quorum_id={} group={} incarnation={} "
-                                   "reason={}",
-                                   Q(job.name), job.quorum_id, Q(g.status.group_id),
-                                   Q(g.status.incarnation), Q(reason)));
+  // The agents act on the loss at once (their trainers abort the step): a restart must not
+  // forget it and hand the same id out again as if nothing had happened.
+  fx->persist_jobs.push_back(Record(job));
+  fx->events.push_back(fmt::format(
+      "member_lost job={} quorum_id={} group={} incarnation={} "
+      "reason={}",
+      Q(job.name), job.quorum_id, Q(g.status.group_id), Q(g.status.incarnation), Q(reason)));
   RearmProgress(g);
   RefreshWaits(job, now);
 }
@@ -392,8 +395,8 @@ void LighthouseCore::Impl::Expire(Group& g, TimePoint now, Effects* fx) {
   g.reason = fmt::format("heartbeat_timeout node={} age={}ms", node,
                          ToMillis(now - g.status.agents[node].last_seen));
   fx->events.push_back(fmt::format("group_unhealthy job={} group={} incarnation={} reason={}",
-                                   Q(g.job->name), Q(g.status.group_id),
-                                   Q(g.status.incarnation), Q(g.reason)));
+                                   Q(g.job->name), Q(g.status.group_id), Q(g.status.incarnation),
+                                   Q(g.reason)));
   LoseMember(g, "heartbeat_timeout", now, fx);
   ClearAsks(g,
             Refuse(Code::kUnavailable, Reason::kGroupUnhealthy, "group {} unhealthy: {}",
@@ -419,9 +422,8 @@ void LighthouseCore::Impl::Evict(Group& g, TimePoint now, Effects* fx) {
             now, fx);
 }
 
-void LighthouseCore::Impl::SetDeadline(std::optional<TimePoint>& slot,
-                                       std::optional<TimePoint> at, DeadlineKind kind,
-                                       void* who) {
+void LighthouseCore::Impl::SetDeadline(std::optional<TimePoint>& slot, std::optional<TimePoint> at,
+                                       DeadlineKind kind, void* who) {
   if (slot == at) return;
   if (slot) deadlines.erase({*slot, kind, who});
   slot = at;
@@ -468,8 +470,8 @@ void LighthouseCore::Impl::RefreshWaits(Job& job, TimePoint now) {
   }
   for (auto& [id, g] : job.groups) {
     const bool member = g.in_quorum && !g.lost;
-    const bool excused = member && (g.status.step > lowest || at_lowest >= 2) &&
-                         internal::WaitingOnPeers(g.status);
+    const bool excused =
+        member && (g.status.step > lowest || at_lowest >= 2) && internal::WaitingOnPeers(g.status);
     if (g.wait_excused == excused) continue;
     if (member && g.wait_excused) g.progress_mark = now;
     g.wait_excused = excused;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 namespace lk::lighthouse {
@@ -33,6 +34,16 @@ bool IsParticipant(const GroupStatus& group) {
 }
 
 uint32_t AskStep(const GroupStatus& group) {
+  // The step of the agents that hold state (they agree: OnJoin refuses otherwise); a node
+  // without state may ask with another step, and makes the whole group heal (AskHasState).
+  std::optional<uint32_t> with_state, any;
+  for (const AgentStatus& a : group.agents) {
+    if (!a.asked) continue;
+    any = std::min(any.value_or(a.ask_step), a.ask_step);
+    if (a.ask_has_state) with_state = std::min(with_state.value_or(a.ask_step), a.ask_step);
+  }
+  if (with_state) return *with_state;
+  if (any) return *any;
   return group.agents.empty() ? 0 : group.agents.front().ask_step;
 }
 
@@ -51,9 +62,8 @@ bool AskShrinkOnly(const GroupStatus& group) {
 }
 
 bool SaidShape(const GroupStatus& group) {
-  return !group.agents.empty() &&
-         std::all_of(group.agents.begin(), group.agents.end(),
-                     [](const AgentStatus& a) { return a.said_shape; });
+  return !group.agents.empty() && std::all_of(group.agents.begin(), group.agents.end(),
+                                              [](const AgentStatus& a) { return a.said_shape; });
 }
 
 bool MixesGroupSizes(const GroupStatus& group) {
@@ -84,11 +94,10 @@ std::string HeldBackSuffix(uint32_t held_back) {
 void Share(std::vector<MemberData> members, RecoveryPlan* plan) {
   plan->members = std::move(members);
   plan->shared = std::make_shared<const std::vector<MemberData>>(plan->members);
-  plan->group_sizes_differ =
-      std::adjacent_find(plan->members.begin(), plan->members.end(),
-                         [](const MemberData& a, const MemberData& b) {
-                           return a.group_size != b.group_size;
-                         }) != plan->members.end();
+  plan->group_sizes_differ = std::adjacent_find(plan->members.begin(), plan->members.end(),
+                                                [](const MemberData& a, const MemberData& b) {
+                                                  return a.group_size != b.group_size;
+                                                }) != plan->members.end();
 }
 
 }  // namespace
@@ -181,11 +190,11 @@ SizeVerdict ApplyGroupSizePolicy(Round* r) {
   // members that said theirs, else (a first quorum, or one whose members are all gone or silent)
   // every candidate.
   SizeVerdict v;
-  v.mixed_sizes =
-      r->prev_said ? r->prev_all_mixed
-                   : !r->candidates.empty() &&
-                         std::all_of(r->candidates.begin(), r->candidates.end(),
-                                     [](const GroupStatus* g) { return MixesGroupSizes(*g); });
+  v.mixed_sizes = r->prev_said
+                      ? r->prev_all_mixed
+                      : !r->candidates.empty() &&
+                            std::all_of(r->candidates.begin(), r->candidates.end(),
+                                        [](const GroupStatus* g) { return MixesGroupSizes(*g); });
   // In a mixed quorum a group that cannot mix is kept only while every other member has its
   // size (then the quorum is uniform and its trainers' plain exchange works); otherwise it is
   // refused. Elsewhere one trainer count per quorum: participants of another size are refused.
@@ -284,8 +293,8 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
 
   // Rule 5.
   if (r.candidates.empty()) {
-    return wait(fmt::format("wait: no healthy participants among {}",
-                            Plural(healthy, "healthy group")));
+    return wait(
+        fmt::format("wait: no healthy participants among {}", Plural(healthy, "healthy group")));
   }
   if (n == 0) {
     return wait(fmt::format("wait: shrink_only holds back all {}", Plural(d.held_back, "joiner")));
@@ -302,8 +311,8 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
   }
   if (r.candidates.size() == healthy) {
     d.issue = true;
-    d.reason = fmt::format("all {} asked", Plural(healthy, "healthy group")) +
-               HeldBackSuffix(d.held_back);
+    d.reason =
+        fmt::format("all {} asked", Plural(healthy, "healthy group")) + HeldBackSuffix(d.held_back);
     return d;
   }
   std::optional<TimePoint> clock = r.prev_healthy > 0 ? r.clock_prev : r.clock_all;
@@ -316,10 +325,10 @@ QuorumDecision ComputeQuorum(const JobMembership& m, const CoreOptions& options,
                HeldBackSuffix(d.held_back);
     return d;
   }
-  return wait(fmt::format("wait: {} of {} healthy groups asked, join_timeout in {}ms",
-                          r.candidates.size(), healthy,
-                          std::chrono::ceil<Millis>(deadline - now).count()),
-              deadline);
+  return wait(
+      fmt::format("wait: {} of {} healthy groups asked, join_timeout in {}ms", r.candidates.size(),
+                  healthy, std::chrono::ceil<Millis>(deadline - now).count()),
+      deadline);
 }
 
 QuorumDecision ComputeCatchUp(const JobMembership& m, const CoreOptions& options, TimePoint now,
@@ -375,11 +384,26 @@ RecoveryPlan PlanRecovery(std::vector<MemberData> members, const std::vector<boo
     plan.max_step = newest_checkpoint->step;
     for (MemberData& member : members) member.heal = true;
   } else {
-    plan.initial = true;
+    // No live member and no checkpoint: the one whose state goes furthest gives its weights (a
+    // diverged member's state is still the only trained state there is; a fresh one has none),
+    // the first on a tie, as the trainers' own state sync picks its donor (diloco/outer.cc
+    // PlanStateSync). The first member alone, whatever it held, left a fresh member at step 0
+    // answered without a heal beside a max_step above it, and its commits were refused for good.
+    size_t source = 0;
+    for (size_t i = 1; i < members.size(); ++i) {
+      if (std::make_pair(members[i].has_state, members[i].step) >
+          std::make_pair(members[source].has_state, members[source].step)) {
+        source = i;
+      }
+    }
     for (size_t i = 0; i < members.size(); ++i) {
-      members[i].heal = i != 0;
+      members[i].heal = i != source;
       plan.max_step = std::max(plan.max_step, members[i].step);
     }
+    // Trained state is no first start: the others heal from it as from any donor (and a plan
+    // rebuilt after a restart, PlanFromIssued, reads it the same way).
+    plan.initial = !members[source].has_state;
+    if (members[source].has_state) plan.max_step = members[source].step;
   }
   Share(std::move(members), &plan);
   return plan;

@@ -5,6 +5,8 @@
 // Thread-safety: pure functions over const data; safe from any thread.
 #pragma once
 
+#include <lightkeeper/clock.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -12,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include <lightkeeper/clock.h>
 #include "lighthouse/lighthouse_core.h"
 
 namespace lk::lighthouse {
@@ -71,6 +72,7 @@ bool IsHealthy(const GroupStatus& group, const CoreOptions& options, TimePoint n
 // Every agent asked (the core rejects asks whose steps disagree, so they share one step).
 bool IsParticipant(const GroupStatus& group);
 // For a participant: the step, whether every agent has state, whether any asked shrink_only.
+// The step its asking agents with state asked with (those without state heal anyway).
 uint32_t AskStep(const GroupStatus& group);
 bool AskHasState(const GroupStatus& group);
 bool AskShrinkOnly(const GroupStatus& group);
@@ -120,10 +122,11 @@ uint32_t QuorumGroupSize(std::span<const GroupStatus* const> candidates,
 // members, else QuorumGroupSize); those of another size are `refused` and count as neither
 // candidates nor healthy groups. A quorum whose shaping groups (the live previous members, else
 // every candidate) all set mixed_group_sizes has no size rule (`mixed_sizes`): only a group that
-// cannot mix is refused, when the healthy groups that can have a size other than its own. Fast path (rule 4): a previous quorum exists
-// and every member of it (same incarnation) is a healthy participant. Otherwise (rule 5): at least
-// min_replicas candidates, more than half of the healthy groups, and every healthy group asked or
-// join_timeout passed since the first ask of the round. Two refinements, both about joiners:
+// cannot mix is refused, when the healthy groups that can have a size other than its own. Fast path
+// (rule 4): a previous quorum exists and every member of it (same incarnation) is a healthy
+// participant. Otherwise (rule 5): at least min_replicas candidates, more than half of the healthy
+// groups, and every healthy group asked or join_timeout passed since the first ask of the round.
+// Two refinements, both about joiners:
 //  - while previous members are still healthy, more than half of them must be candidates (joiners
 //    asking between two outer steps cannot outvote a live quorum; they wait for its next ask);
 //  - the join_timeout clock then starts at the first ask of a previous member, not of a joiner.

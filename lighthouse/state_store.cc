@@ -47,7 +47,8 @@ bool ParseKvKey(std::string_view k, KvEntry* e) {
   if (k.substr(0, kPrefix.size()) != kPrefix) return false;
   k.remove_prefix(kPrefix.size());
   auto slash = k.find('/');
-  if (slash == std::string_view::npos || slash == 0 || k.size() < slash + 12 || k[slash + 11] != '/') {
+  if (slash == std::string_view::npos || slash == 0 || k.size() < slash + 12 ||
+      k[slash + 11] != '/') {
     return false;
   }
   std::string_view digits = k.substr(slash + 1, 10);
@@ -65,8 +66,9 @@ bool ParseKvKey(std::string_view k, KvEntry* e) {
 
 Status FromRocks(const rocksdb::Status& st, std::string_view what) {
   if (st.ok()) return Status::Ok();
-  Code code = st.IsNoSpace() ? Code::kResourceExhausted
-              : st.IsCorruption() ? Code::kDataLoss : Code::kUnavailable;
+  Code code = st.IsNoSpace()      ? Code::kResourceExhausted
+              : st.IsCorruption() ? Code::kDataLoss
+                                  : Code::kUnavailable;
   return Status(code, fmt::format("rocksdb {}: {}", what, st.ToString()));
 }
 
@@ -97,6 +99,8 @@ class RocksDbStore final : public StateStore {
       rec.set_generation_last(j.generation_last);
       rec.set_finished_step(j.finished_step);
       rec.set_catch_up(j.catch_up);
+      rec.set_quorum_lost(j.lost);
+      rec.set_quorum_force_new(j.force_new);
       for (const auto& m : j.members) ToProto(m, rec.add_members());
       for (const auto& t : j.tokens) {
         auto* out = rec.add_tokens();
@@ -151,7 +155,8 @@ class RocksDbStore final : public StateStore {
       }
       // The key names the job too: a record under another job's key is not this job's state.
       if (key.ToString() != JobKey(rec.job()) || !PlainJobName(rec.job())) {
-        return Error(Code::kDataLoss, "job record {} holds job {}", Q(key.ToString()), Q(rec.job()));
+        return Error(Code::kDataLoss, "job record {} holds job {}", Q(key.ToString()),
+                     Q(rec.job()));
       }
       JobRecordData j;
       j.job = rec.job();
@@ -162,14 +167,19 @@ class RocksDbStore final : public StateStore {
       j.generation_last = rec.generation_last();
       j.finished_step = rec.finished_step();
       j.catch_up = rec.catch_up();
+      j.lost = rec.quorum_lost();
+      j.force_new = rec.quorum_force_new();
       for (const auto& m : rec.members()) j.members.push_back(FromProto(m));
       for (const auto& t : rec.tokens()) {
         j.tokens.push_back(GroupTokensData{t.group_id(), t.step(), t.tokens(), t.total()});
       }
       for (const auto& l : rec.lives()) {
-        j.lives.push_back(GroupLivesData{
-            l.group_id(), l.crashes(), l.requeue_refusals(),
-            {l.crashed_incarnations().begin(), l.crashed_incarnations().end()}, l.last_event()});
+        j.lives.push_back(
+            GroupLivesData{l.group_id(),
+                           l.crashes(),
+                           l.requeue_refusals(),
+                           {l.crashed_incarnations().begin(), l.crashed_incarnations().end()},
+                           l.last_event()});
       }
       out.push_back(std::move(j));
       return Status::Ok();
@@ -286,7 +296,8 @@ Result<std::unique_ptr<StateStore>> OpenRocksDbStore(const std::string& dir) {
   rocksdb::DB* raw = nullptr;
   auto st = rocksdb::DB::Open(options, dir, &raw);
   if (!st.ok()) return FromRocks(st, "open " + dir);
-  return std::unique_ptr<StateStore>(std::make_unique<RocksDbStore>(std::unique_ptr<rocksdb::DB>(raw)));
+  return std::unique_ptr<StateStore>(
+      std::make_unique<RocksDbStore>(std::unique_ptr<rocksdb::DB>(raw)));
 }
 
 }  // namespace lk::lighthouse

@@ -68,6 +68,8 @@ TEST_CASE("state store: what it wrote loads back - the baseline the corrupt case
     j.committed_step = 9;
     j.tokens = {{"g", 9, 4096, 40960}, {"h", 8, 1ull << 40, (1ull << 40) + 7}};
     j.lives = {{"g", 3, 1, {"g-1", "g-2", "g-4"}, "requeue_refused: denied"}};
+    j.lost = true;
+    j.force_new = true;
     CheckpointData c{"j", 9, "/ckpt/step-9", "d", "g", 1};
     REQUIRE((*store)->Apply({j}, {c}, {}, {}, {}, true).ok());
     REQUIRE((*store)->PutKv({"j", 4, "nccl/0", "id-bytes"}).ok());
@@ -82,8 +84,11 @@ TEST_CASE("state store: what it wrote loads back - the baseline the corrupt case
   CHECK((*jobs)[0].tokens == std::vector<GroupTokensData>{{"g", 9, 4096, 40960},
                                                           {"h", 8, 1ull << 40, (1ull << 40) + 7}});
   // So do each group's crashes and refused requeues (issue 31's crash cap).
-  CHECK((*jobs)[0].lives == std::vector<GroupLivesData>{
-                                {"g", 3, 1, {"g-1", "g-2", "g-4"}, "requeue_refused: denied"}});
+  CHECK((*jobs)[0].lives ==
+        std::vector<GroupLivesData>{{"g", 3, 1, {"g-1", "g-2", "g-4"}, "requeue_refused: denied"}});
+  // And that the last quorum lost a member or failed: its id is never handed out again.
+  CHECK((*jobs)[0].lost);
+  CHECK((*jobs)[0].force_new);
   auto ckpts = (*store)->LoadCheckpoints();
   REQUIRE(ckpts.ok());
   REQUIRE(ckpts->size() == 1);
@@ -117,7 +122,8 @@ std::string Summary(StateStore& store) {
   for (const auto& c : *ckpts) out += fmt::format("ckpt {} {} {};", c.job, c.step, c.location);
   auto kv = store.LoadKv();
   REQUIRE(kv.ok());
-  for (const auto& e : *kv) out += fmt::format("kv {} {} {}={};", e.job, e.quorum_id, e.key, e.value);
+  for (const auto& e : *kv)
+    out += fmt::format("kv {} {} {}={};", e.job, e.quorum_id, e.key, e.value);
   return out;
 }
 
@@ -137,11 +143,15 @@ TEST_CASE("state store: the memory store keeps the RocksDB store's contract") {
     GroupRecordData ga{"j", "a", "a1", 1, 1, false, "", {}};
     GroupRecordData gb{"j", "b", "b1", 2, 1, true, "done", {}};
     GroupRecordData gk{"k", "a", "k1", 1, 1, false, "", {}};
-    REQUIRE(store->Apply({j, k}, {{"j", 8, "/c8", "d", "a", 1}, {"j", 9, "/c9", "d", "a", 2},
-                                   {"k", 1, "/k1", "d", "a", 3}},
-                         {}, {ga, gb, gk}, {}, true)
+    REQUIRE(store
+                ->Apply({j, k},
+                        {{"j", 8, "/c8", "d", "a", 1},
+                         {"j", 9, "/c9", "d", "a", 2},
+                         {"k", 1, "/k1", "d", "a", 3}},
+                        {}, {ga, gb, gk}, {}, true)
                 .ok());
-    for (uint32_t q : {2u, 3u, 4u}) REQUIRE(store->PutKv({"j", q, fmt::format("x/{}", q), "v"}).ok());
+    for (uint32_t q : {2u, 3u, 4u})
+      REQUIRE(store->PutKv({"j", q, fmt::format("x/{}", q), "v"}).ok());
     REQUIRE(store->PutKv({"j", 4, "x/4", "v2"}).ok());  // a put replaces
     REQUIRE(store->PutKv({"k", 1, "y", "w"}).ok());
     REQUIRE(store->DeleteKvBelow("j", 4).ok());
@@ -152,8 +162,7 @@ TEST_CASE("state store: the memory store keeps the RocksDB store's contract") {
     seen.push_back(Summary(*store));
   }
   CHECK(seen[0] == seen[1]);
-  CHECK(seen[1] ==
-        "job j q4 s10 r0;group j/a a1 g1 left=false;ckpt j 9 /c9;kv j 4 x/4=v2;");
+  CHECK(seen[1] == "job j q4 s10 r0;group j/a a1 g1 left=false;ckpt j 9 /c9;kv j 4 x/4=v2;");
 }
 
 TEST_CASE("state store: a corrupt key or value is kDataLoss naming the key - not an exception") {

@@ -28,36 +28,54 @@ Effect Of(Effect::Kind kind) {
 
 std::string_view PhaseName(Phase p) {
   switch (p) {
-    case Phase::kStarting: return "starting";
-    case Phase::kQuorum: return "quorum";
-    case Phase::kTraining: return "training";
-    case Phase::kDraining: return "draining";
-    case Phase::kPeerWait: return "peer_wait";
+    case Phase::kStarting:
+      return "starting";
+    case Phase::kQuorum:
+      return "quorum";
+    case Phase::kTraining:
+      return "training";
+    case Phase::kDraining:
+      return "draining";
+    case Phase::kPeerWait:
+      return "peer_wait";
   }
   return "starting";
 }
 
 std::string_view NoticeReasonName(NoticeReason r) {
   switch (r) {
-    case NoticeReason::kTimeout: return "";
-    case NoticeReason::kQuorumLost: return "quorum_lost";
-    case NoticeReason::kAgentExiting: return "agent_exiting";
-    case NoticeReason::kDrain: return "drain";
+    case NoticeReason::kTimeout:
+      return "";
+    case NoticeReason::kQuorumLost:
+      return "quorum_lost";
+    case NoticeReason::kAgentExiting:
+      return "agent_exiting";
+    case NoticeReason::kDrain:
+      return "drain";
   }
   return "";
 }
 
 std::string_view LeaveReasonName(LeaveReason r) {
   switch (r) {
-    case LeaveReason::kFinished: return "finished";
-    case LeaveReason::kDrained: return "drained";
-    case LeaveReason::kSignal: return "signal";
-    case LeaveReason::kEvicted: return "evicted";
-    case LeaveReason::kReplaced: return "replaced";
-    case LeaveReason::kTrainerCrashed: return "trainer_crashed";
-    case LeaveReason::kGroupSizeMismatch: return "group_size_mismatch";
-    case LeaveReason::kJobFinished: return "job_finished";
-    case LeaveReason::kNoTrainers: return "no_trainers";
+    case LeaveReason::kFinished:
+      return "finished";
+    case LeaveReason::kDrained:
+      return "drained";
+    case LeaveReason::kSignal:
+      return "signal";
+    case LeaveReason::kEvicted:
+      return "evicted";
+    case LeaveReason::kReplaced:
+      return "replaced";
+    case LeaveReason::kTrainerCrashed:
+      return "trainer_crashed";
+    case LeaveReason::kGroupSizeMismatch:
+      return "group_size_mismatch";
+    case LeaveReason::kJobFinished:
+      return "job_finished";
+    case LeaveReason::kNoTrainers:
+      return "no_trainers";
   }
   return "";
 }
@@ -400,9 +418,9 @@ Result<uint32_t> AgentCore::OnCommit(const CommitInput& in, Effects* fx) {
     return InvalidArgument("group_rank {} has not polled yet", in.group_rank);
   }
   if (in.failed && in.quorum_id != 0 && s_.quorum && in.quorum_id != s_.quorum->quorum_id) {
-    fx->push_back(Log(fmt::format(
-        "outer_step_failed_stale group_rank={} step={} quorum_id={} current={}", in.group_rank,
-        in.step, in.quorum_id, s_.quorum->quorum_id)));
+    fx->push_back(
+        Log(fmt::format("outer_step_failed_stale group_rank={} step={} quorum_id={} current={}",
+                        in.group_rank, in.step, in.quorum_id, s_.quorum->quorum_id)));
   } else {
     LK_RETURN_IF_ERROR(Commit(it->second, in.step, in.failed, in.state_hash, in.tokens, fx));
   }
@@ -452,7 +470,16 @@ Status AgentCore::Commit(TrainerState& t, uint32_t step, bool failed, const std:
   }
   if (!all) return Status::Ok();
   s_.committed_step = step;
-  if (s_.ask.kind == Ask::Kind::kContinued) s_.ask.Set(Ask::Kind::kIdle);  // past the step they went on from
+  if (s_.ask.kind == Ask::Kind::kContinued)
+    s_.ask.Set(Ask::Kind::kIdle);  // past the step they went on from
+  if (s_.ask.kind == Ask::Kind::kBehind && s_.ask.step < step) {
+    // The trainers committed past the step the behind ask is for: a quorum it brought would
+    // hold the other members in a step this group has left (they would wait in it for good).
+    fx->push_back(Of(Effect::Kind::kCancelBehindAsk));
+    fx->push_back(
+        Log(fmt::format("ask_behind_withdrawn step={} committed_step={}", s_.ask.step, step)));
+    s_.ask.Set(Ask::Kind::kIdle);
+  }
   // Trainers that all report one hash give the node that hash; otherwise the shell hashes the
   // list of the trainers' hashes (kQueueCommit with an empty text and `fresh` set).
   std::string node_hash;
@@ -529,8 +556,8 @@ void AgentCore::AnswerNotices(bool force, Effects* fx) {
 void AgentCore::OnTrainerExited(uint32_t group_rank, int pid, Effects* fx) {
   auto it = s_.trainers.find(group_rank);
   if (it != s_.trainers.end() && it->second.pid == pid) it->second.exited = true;
-  bool expected = s_.draining || s_.signalled || s_.refusal ||
-                  (it != s_.trainers.end() && it->second.finished);
+  bool expected =
+      s_.draining || s_.signalled || s_.refusal || (it != s_.trainers.end() && it->second.finished);
   fx->push_back(Log(fmt::format("trainer_exited group_rank={} pid={} during_drain={}", group_rank,
                                 pid, expected)));
   if (!expected) Fail(LeaveReason::kTrainerCrashed, "trainer_crashed", fx);
@@ -552,9 +579,9 @@ void AgentCore::OnHeartbeat(const HeartbeatAnswer& in, Effects* fx) {
     // network) and the quorum went on without the group. That is no reason to end the group:
     // this heartbeat made it healthy again, the watch aborts the trainers' step on the lost
     // quorum, and their next ask joins the next quorum, healing from its peers if behind.
-    fx->push_back(Log(fmt::format("heartbeat_lapsed lighthouse_reason={} action=rejoin",
-                                  Q(in.revived_from)),
-                      kWarn));
+    fx->push_back(
+        Log(fmt::format("heartbeat_lapsed lighthouse_reason={} action=rejoin", Q(in.revived_from)),
+            kWarn));
   }
   if (in.drain) return OnDrain(LeaveReason::kDrained, "drained", false, fx);
   if (in.round_pending && s_.ask.kind == Ask::Kind::kContinued && !s_.draining) {
@@ -575,8 +602,8 @@ void AgentCore::OnAskResult(const AskResult& in, Effects* fx) {
     s_.told_continuing = false;
     const Quorum& q = in.quorum;
     uint32_t known = a.kind == Ask::Kind::kFetched ? a.fetched->quorum_id
-                     : s_.quorum                  ? s_.quorum->quorum_id
-                                                  : 0;
+                     : s_.quorum                   ? s_.quorum->quorum_id
+                                                   : 0;
     if (known != q.quorum_id) {
       fx->push_back(Log(fmt::format(
           "quorum quorum_id={} replica_rank={} world_size={} heal={} max_step={} ahead={} "
@@ -626,12 +653,13 @@ void AgentCore::OnAskResult(const AskResult& in, Effects* fx) {
     // The trainers get the lighthouse's words, without the HTTP status the client put first.
     std::string words = st.message();
     if (words.rfind("HTTP ", 0) == 0) {
-      if (auto colon = words.find(": "); colon != std::string::npos) words = words.substr(colon + 2);
+      if (auto colon = words.find(": "); colon != std::string::npos)
+        words = words.substr(colon + 2);
     }
     const Status why(st.code(), words, st.reason());
-    fx->push_back(Log(fmt::format("quorum_refused code={} reason={}", ReasonName(why.reason()),
-                                  Q(why.message())),
-                      LogLevel::kError));
+    fx->push_back(Log(
+        fmt::format("quorum_refused code={} reason={}", ReasonName(why.reason()), Q(why.message())),
+        LogLevel::kError));
     s_.refusal = why;
     s_.exit_code = 2;
     for (auto& [rank, t] : s_.trainers) {
@@ -655,9 +683,9 @@ void AgentCore::OnAskResult(const AskResult& in, Effects* fx) {
       !s_.lost_quorums.count(s_.quorum->quorum_id)) {
     if (!s_.told_continuing) {
       s_.told_continuing = true;
-      fx->push_back(Log(
-          fmt::format("lighthouse_unreachable continuing quorum_id={}", s_.quorum->quorum_id),
-          kWarn));
+      fx->push_back(
+          Log(fmt::format("lighthouse_unreachable continuing quorum_id={}", s_.quorum->quorum_id),
+              kWarn));
     }
     a.Set(Ask::Kind::kContinued, in.step);
     s_.phase = Phase::kTraining;
@@ -773,8 +801,8 @@ void AgentCore::OnTick(TimePoint now, Effects* fx) {
   if (now - s_.started < o_.hello_timeout) return;
   // No trainer came: they failed at start (a mistyped flag, a missing file). Heartbeating on
   // as healthy without ever asking would hold the other groups' first quorum for good.
-  fx->push_back(Log(fmt::format("no_trainers hello_timeout_ms={}", o_.hello_timeout.count()),
-                    kWarn));
+  fx->push_back(
+      Log(fmt::format("no_trainers hello_timeout_ms={}", o_.hello_timeout.count()), kWarn));
   Fail(LeaveReason::kNoTrainers, "no_trainers", fx);
 }
 

@@ -203,11 +203,13 @@ TEST_CASE("registration refusals") {
   }
   Harness h(1);
   REQUIRE(h.core.OnHello(0, 1, 1, &h.fx).ok());
-  CHECK(h.core.OnHello(0, 2, 1, &h.fx).message() == "group_size 2 differs from the 1 other trainers gave");
+  CHECK(h.core.OnHello(0, 2, 1, &h.fx).message() ==
+        "group_size 2 differs from the 1 other trainers gave");
   CHECK(h.core.OnHello(1, 1, 1, &h.fx).code() == Code::kInvalidArgument);
 }
 
-TEST_CASE("ask ahead: after the node commits, fetched, put on the board, and the poll needs no ask") {
+TEST_CASE(
+    "ask ahead: after the node commits, fetched, put on the board, and the poll needs no ask") {
   Harness h(1, /*board=*/true);
   h.Start(1);
   REQUIRE(h.CommitAll(1).ok());
@@ -253,7 +255,8 @@ TEST_CASE("ask ahead is off with --ask-ahead=false, and during a drain") {
   CHECK(d.Count(K::kAsk) == 0);
 }
 
-TEST_CASE("a changed quorum fetched ahead goes over the socket: no board answer, the poll gets it") {
+TEST_CASE(
+    "a changed quorum fetched ahead goes over the socket: no board answer, the poll gets it") {
   Harness h(1, true);
   h.Start(1);
   REQUIRE(h.CommitAll(1).ok());
@@ -303,9 +306,7 @@ TEST_CASE("a resumed poll is answered again only while its quorum is still the n
     int change;  // 0: nothing, 1: its quorum lost, 2: another quorum since, 3: a drain
     bool resent;
   };
-  Row rows[] = {{"unchanged", 0, true},
-                {"quorum lost", 1, false},
-                {"draining", 3, false}};
+  Row rows[] = {{"unchanged", 0, true}, {"quorum lost", 1, false}, {"draining", 3, false}};
   for (const Row& r : rows) {
     CAPTURE(r.name);
     Harness h(1);
@@ -331,7 +332,8 @@ TEST_CASE("a resumed poll is answered again only while its quorum is still the n
   }
 }
 
-TEST_CASE("a second poll of a rank supersedes its waiting one; steps below its commit are refused") {
+TEST_CASE(
+    "a second poll of a rank supersedes its waiting one; steps below its commit are refused") {
   Harness h(2);
   h.Hello();
   h.Poll(0, 0);
@@ -404,7 +406,8 @@ TEST_CASE("no continuing on a lost quorum, during a drain, or without any quorum
   CHECK(fresh.Count(K::kAnswerPoll) == 0);
 }
 
-TEST_CASE("a continued group asks for its step after all when a heartbeat says round_pending (443c136)") {
+TEST_CASE(
+    "a continued group asks for its step after all when a heartbeat says round_pending (443c136)") {
   Harness h(1);
   h.Start(1);
   REQUIRE(h.CommitAll(1).ok());
@@ -428,7 +431,8 @@ TEST_CASE("a continued group asks for its step after all when a heartbeat says r
     CHECK(h.Count(K::kAnswerPoll) == 0);
     CHECK(!h.core.state().lost_quorums.count(1));
   }
-  SUBCASE("answered on another quorum: theirs is over, and their poll of the step gets the new one") {
+  SUBCASE(
+      "answered on another quorum: theirs is over, and their poll of the step gets the new one") {
     h.core.OnNoticeWait(9, 1, &h.fx);
     h.fx.clear();
     h.AskOk(1, Q1(2, 1));
@@ -474,6 +478,29 @@ TEST_CASE("a commit ends the continuation: no behind ask at the next round_pendi
   CHECK(h.Count(K::kAsk) == 0);
 }
 
+// Found by the agents' simulation (tests/sim/agent_sim.cc): without asks ahead, a behind ask
+// for step 1 stayed out after the trainers committed step 2 on their quorum; the lighthouse then
+// formed a quorum at step 1 with this group in it, and its other members waited in that step
+// for good while this group asked for step 2.
+TEST_CASE("a behind ask is withdrawn once the trainers commit past its step") {
+  CoreOptions o;
+  o.ask_ahead = false;
+  Harness h(1, false, o);
+  h.Start(1);
+  REQUIRE(h.CommitAll(1).ok());
+  h.PollAll(1);
+  h.AskFails(1, Status(Code::kUnavailable, "down"));
+  REQUIRE(h.ask() == Ask::Kind::kContinued);
+  h.Beat(true);
+  REQUIRE(h.ask() == Ask::Kind::kBehind);
+  h.fx.clear();
+  REQUIRE(h.CommitAll(2).ok());
+  CHECK(h.Count(K::kCancelBehindAsk) == 1);
+  CHECK(h.Logged("ask_behind_withdrawn step=1 committed_step=2"));
+  CHECK(h.ask() == Ask::Kind::kIdle);
+  CHECK(!h.core.PendingAsk(false));
+}
+
 TEST_CASE("the board's withdraw against a take: a take that came first stands for the node") {
   SUBCASE("the take seen before the withdraw") {
     Harness h(1, true);
@@ -487,7 +514,7 @@ TEST_CASE("the board's withdraw against a take: a take that came first stands fo
     h.fx.clear();
     h.Lost(1);
     CHECK(h.Count(K::kWithdrawBoard) == 0);  // nothing is up any more
-    CHECK(h.Count(K::kAsk) == 0);  // the trainers have the step's answer; they poll again
+    CHECK(h.Count(K::kAsk) == 0);            // the trainers have the step's answer; they poll again
   }
   SUBCASE("the take raced the withdraw: the shell's next look brings it") {
     Harness h(1, true);
@@ -621,7 +648,8 @@ TEST_CASE("notices: a lost quorum, a newer quorum, a drain, the timeout") {
   CHECK(n[0].notice.reason == "preempted");
 }
 
-TEST_CASE("drain without a checkpoint: polls answered, leave at once, then the trainers, then exit 0") {
+TEST_CASE(
+    "drain without a checkpoint: polls answered, leave at once, then the trainers, then exit 0") {
   Harness h(1, true);
   h.Start(1);
   h.PollAll(1);  // waits (asks)
@@ -682,7 +710,9 @@ TEST_CASE("a trainer that dies during a drain is part of it; outside one, the gr
     int before;  // 0: nothing, 1: drain, 2: signal arrived, 3: goodbye
     bool crash;
   };
-  Row rows[] = {{"running", 0, true}, {"draining", 1, false}, {"signalled", 2, false},
+  Row rows[] = {{"running", 0, true},
+                {"draining", 1, false},
+                {"signalled", 2, false},
                 {"said goodbye", 3, false}};
   for (const Row& r : rows) {
     CAPTURE(r.name);
@@ -782,7 +812,8 @@ TEST_CASE("evicted: by a heartbeat's notice, an ask's refusal or the watch, the 
   }
 }
 
-TEST_CASE("a lapsed heartbeat is no eviction: the group stays, its step aborts, it rejoins healed") {
+TEST_CASE(
+    "a lapsed heartbeat is no eviction: the group stays, its step aborts, it rejoins healed") {
   Harness h(1);
   h.Start(1);
   h.core.OnNoticeWait(7, 1, &h.fx);  // the trainer's step on quorum 1 listens for its loss

@@ -8,9 +8,7 @@
 // in the past after a Tick. After a calm period every group must have been answered, and when
 // all groups leave no waiter may be left.
 //
-// LK_SIM_SEED=N replays one seed; LK_SIM_SEEDS=N runs N seeds (default 1000); LK_SIM_TRACE=1
-// prints the core's event lines as they happen.
-#include <doctest/doctest.h>
+// LK_SIM_TRACE=1 prints the core's event lines as they happen (the seeds: simulation_test.cc).
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -22,9 +20,12 @@
 #include <vector>
 
 #include "lighthouse/lighthouse_core.h"
+#include "tests/sim/sim.h"
 
-namespace lk::lighthouse {
+namespace lk::sim {
 namespace {
+
+using namespace lk::lighthouse;  // NOLINT: the model speaks the core's terms throughout
 
 using std::chrono::milliseconds;
 
@@ -56,20 +57,13 @@ struct SimGroup {
   bool up = true;
   bool has_state = false;
   bool training = false;
-  bool shrink_only = false;  // this round's asks (only during the chaos period)
+  bool shrink_only = false;   // this round's asks (only during the chaos period)
   bool size_refused = false;  // its last answer was GROUP_SIZE_MISMATCH
   uint32_t step = 0;
   uint32_t quorum_id = 0;
   TimePoint partitioned_until{}, stalled_until{};
   TimePoint last_answer{};
   std::vector<SimAgent> agents;
-};
-
-// What the seeds exercised, summed, so that a simulation that stopped doing anything fails.
-struct SimStats {
-  uint64_t issued = 0, changed = 0, answers = 0, rejections = 0, restarts = 0;
-  uint64_t mixed_answers = 0;  // answers of quorums that hold groups of several sizes
-  std::map<std::string, uint64_t> events;  // by event name
 };
 
 class Sim {
@@ -82,7 +76,8 @@ class Sim {
     options_.answer_members_inline = Rand(0, 1);
     // Odd seeds collect left and silent groups quickly, so that collection meets restarts,
     // requeues and partitions (derived from the seed, not drawn: the draws stay as they were).
-    if (seed % 2 == 1) options_.group_grace = Millis(2'000 + static_cast<int64_t>(seed % 7) * 1'000);
+    if (seed % 2 == 1)
+      options_.group_grace = Millis(2'000 + static_cast<int64_t>(seed % 7) * 1'000);
     core_ = std::make_unique<LighthouseCore>(options_);
     // Every job gets at least two groups, so that min_replicas (1 or 2) lets it form.
     const int groups = Rand(2, 7);
@@ -99,10 +94,18 @@ class Sim {
       g.trainers = seed % 4 == 3 && i == 0 && job0_groups >= 3 ? 1 : 2;
       // Whose trainers mix, also from the seed: nobody, everybody, all but g0, or only g0.
       switch (seed % 16 / 4) {
-        case 0: g.mixed = false; break;
-        case 1: g.mixed = true; break;
-        case 2: g.mixed = i != 0; break;
-        default: g.mixed = i == 0; break;
+        case 0:
+          g.mixed = false;
+          break;
+        case 1:
+          g.mixed = true;
+          break;
+        case 2:
+          g.mixed = i != 0;
+          break;
+        default:
+          g.mixed = i == 0;
+          break;
       }
       groups_.push_back(g);
       Start(i, now_ + Millis(Rand(0, 500)));
@@ -205,8 +208,8 @@ class Sim {
   void SendBeat(int i, int node) {
     SimGroup& g = groups_[i];
     Effects fx;
-    HeartbeatInput in{g.job, g.id, g.inc, static_cast<uint32_t>(node), g.nodes, g.step,
-                      "train", fmt::format("{}:{}", g.id, node)};
+    HeartbeatInput in{g.job,   g.id,   g.inc,   static_cast<uint32_t>(node),
+                      g.nodes, g.step, "train", fmt::format("{}:{}", g.id, node)};
     auto r = core_->OnHeartbeat(in, now_, &fx);
     Check(r.ok(), "heartbeat of a current incarnation failed: " + r.status().ToString());
     if (r.ok()) contact_[{g.job, g.id, g.inc, static_cast<uint32_t>(node)}] = now_;
@@ -226,9 +229,9 @@ class Sim {
     a.req = ++req_;
     waiters_[key] = a.req;
     Push(now_ + Millis(Rand(3000, 6000)), Ev::kDeadline, i, node, a.req);
-    JoinInput in{g.job,         g.id,        g.inc, static_cast<uint32_t>(node), g.nodes, g.step,
-                 g.shrink_only, g.has_state, fmt::format("{}:{}", g.id, node), 0, g.trainers,
-                 g.mixed};
+    JoinInput in{g.job,      g.id,          g.inc,       static_cast<uint32_t>(node),      g.nodes,
+                 g.step,     g.shrink_only, g.has_state, fmt::format("{}:{}", g.id, node), 0,
+                 g.trainers, g.mixed};
     Effects fx;
     Status st = core_->OnJoin(in, now_, &fx);
     Check(st.ok(), "ask of a current incarnation failed: " + st.ToString());
@@ -257,9 +260,13 @@ class Sim {
       bool ok = Rand(0, 19) != 0;
       std::string hash = Rand(0, 29) == 0 ? "odd" : fmt::format("h{}", g.step + 1);
       Effects fx;
-      auto r = core_->OnCommit({g.job, g.id, g.inc, 0, g.quorum_id, g.step + 1, ok, hash}, now_,
-                               &fx);
+      auto r =
+          core_->OnCommit({g.job, g.id, g.inc, 0, g.quorum_id, g.step + 1, ok, hash}, now_, &fx);
       if (r.ok()) contact_[{g.job, g.id, g.inc, 0}] = now_;
+      if (!r.ok() && trace_) {
+        fmt::print("+{:>6}ms sim: commit of {} step {} refused: {}\n", ToMillis(now_ - kStart),
+                   g.inc, g.step + 1, r.status().ToString());
+      }
       Apply(fx);
       if (r.ok() && ok) {
         ++g.step;
@@ -290,8 +297,7 @@ class Sim {
         Status st = core_->OnLeave(g.job, g.id, g.inc, "preempted", now_, &fx);
         // A group the (restarted) lighthouse has not heard from yet is unknown to it, and so is
         // a new life of a group that has not heartbeated yet: its leave changes nothing.
-        Check(st.ok() || st.code() == Code::kNotFound ||
-                  st.reason() == Reason::kUnknownIncarnation,
+        Check(st.ok() || st.code() == Code::kNotFound || st.reason() == Reason::kUnknownIncarnation,
               "leave failed: " + st.ToString());
         Apply(fx);
         g.up = false;
@@ -372,7 +378,8 @@ class Sim {
             fmt::format("persisted quorum_id of {} went back", r.job));
       disk_jobs_[r.job] = r;
     }
-    for (const CheckpointData& c : fx.persist_checkpoints) disk_ckpts_[{c.job, c.step, c.location}] = c;
+    for (const CheckpointData& c : fx.persist_checkpoints)
+      disk_ckpts_[{c.job, c.step, c.location}] = c;
     // Generations only go up per group, across restarts too.
     for (const GroupRecordData& g : fx.persist_groups) {
       auto [it, fresh] = disk_groups_.try_emplace({g.job, g.group_id}, g);
@@ -381,7 +388,8 @@ class Sim {
       it->second = g;
     }
     for (const auto& key : fx.drop_groups) disk_groups_.erase(key);
-    for (const CheckpointData& c : fx.drop_checkpoints) disk_ckpts_.erase({c.job, c.step, c.location});
+    for (const CheckpointData& c : fx.drop_checkpoints)
+      disk_ckpts_.erase({c.job, c.step, c.location});
     for (const Effects::Issued& is : fx.issued) CheckIssued(is);
     for (const auto& [key, answer] : fx.answers) CheckAnswer(key, answer);
     for (const auto& [key, status] : fx.rejections) {
@@ -395,8 +403,8 @@ class Sim {
         if (status.reason() == Reason::kGroupSizeMismatch) {
           bool job_mixes = true;
           for (const SimGroup& o : groups_) job_mixes = job_mixes && (o.job != g.job || o.mixed);
-          Check(!job_mixes, fmt::format("{} refused for its size in a job whose groups all mix",
-                                        g.id));
+          Check(!job_mixes,
+                fmt::format("{} refused for its size in a job whose groups all mix", g.id));
           // As the agent does: leave and exit (asking again would be refused again).
           if (!g.up) continue;
           g.up = false;
@@ -427,11 +435,13 @@ class Sim {
       }
     }
     uint32_t& last = last_issued_[is.job];
-    Check(is.quorum_id >= last, fmt::format("quorum_id went back: {} after {}", is.quorum_id, last));
+    Check(is.quorum_id >= last,
+          fmt::format("quorum_id went back: {} after {}", is.quorum_id, last));
     // Rule 6 both ways: a change (of members, or after a failed commit) takes an id never issued
     // before; no change keeps the id the job had.
     Check(is.changed || is.quorum_id == last,
-          fmt::format("an unchanged quorum of {} moved from id {} to {}", is.job, last, is.quorum_id));
+          fmt::format("an unchanged quorum of {} moved from id {} to {}", is.job, last,
+                      is.quorum_id));
     last = is.quorum_id;
     auto [it, fresh] = memberships_.try_emplace({is.job, is.quorum_id}, members);
     Check(it->second == members, fmt::format("quorum {} of {} issued with two memberships: [{}] "
@@ -446,8 +456,9 @@ class Sim {
     // A replaced life is never answered again, whatever restarts happened in between.
     if (auto g = disk_groups_.find({key.job, key.group_id}); g != disk_groups_.end()) {
       for (const auto& r : g->second.retired) {
-        Check(r.incarnation != key.incarnation,
-              fmt::format("retired incarnation {} of {} was answered", r.incarnation, key.group_id));
+        Check(
+            r.incarnation != key.incarnation,
+            fmt::format("retired incarnation {} of {} was answered", r.incarnation, key.group_id));
       }
       Check(g->second.incarnation == key.incarnation && g->second.generation == a.generation,
             "an answer for another life than the persisted current one");
@@ -468,13 +479,13 @@ class Sim {
         sizes.insert(g.trainers);
         all_mixed = all_mixed && g.mixed;
         Check(m.group_size == g.trainers,
-              fmt::format("member {} of quorum {} carries size {}, not {}", m.group_id,
-                          a.quorum_id, m.group_size, g.trainers));
+              fmt::format("member {} of quorum {} carries size {}, not {}", m.group_id, a.quorum_id,
+                          m.group_size, g.trainers));
       }
     }
     Check(sizes.size() <= 1 || all_mixed,
-          fmt::format("quorum {} of {} holds groups of {} sizes, not all of which mix",
-                      a.quorum_id, key.job, sizes.size()));
+          fmt::format("quorum {} of {} holds groups of {} sizes, not all of which mix", a.quorum_id,
+                      key.job, sizes.size()));
     if (sizes.size() > 1) ++stats_->mixed_answers;
     for (uint32_t s : a.source_ranks) {
       Check(s < members.size() && !members[s].heal, "a healing member named as a donor");
@@ -519,11 +530,11 @@ class Sim {
       g.up = false;
       ++g.gen;
     }
-    Check(waiters_.empty(), fmt::format("{} waiters left after every group left (first: {} {} {})",
-                                        waiters_.size(),
-                                        waiters_.empty() ? "" : waiters_.begin()->first.group_id,
-                                        waiters_.empty() ? "" : waiters_.begin()->first.incarnation,
-                                        waiters_.empty() ? 0 : waiters_.begin()->first.node_rank));
+    Check(waiters_.empty(),
+          fmt::format("{} waiters left after every group left (first: {} {} {})", waiters_.size(),
+                      waiters_.empty() ? "" : waiters_.begin()->first.group_id,
+                      waiters_.empty() ? "" : waiters_.begin()->first.incarnation,
+                      waiters_.empty() ? 0 : waiters_.begin()->first.node_rank));
     while (!events_.empty()) events_.pop();
   }
 
@@ -550,63 +561,8 @@ class Sim {
   bool trace_ = std::getenv("LK_SIM_TRACE") != nullptr;
 };
 
-uint64_t EnvOr(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::strtoull(v, nullptr, 10) : fallback;
-}
-
-// Runs each seed, failing the test case with the replay command of each of the first five that
-// break an invariant.
-void RunSeeds(const std::vector<uint64_t>& seeds, SimStats* stats) {
-  int failures = 0;
-  for (uint64_t seed : seeds) {
-    std::string error = Sim(seed, stats).Run();
-    if (error.empty()) continue;
-    ++failures;
-    FAIL_CHECK("seed " << seed << ": " << error << "\n  replay: LK_SIM_SEED=" << seed
-                       << " simulation_test");
-    if (failures >= 5) break;
-  }
-}
-
-// Seeds found past the default 1,000 where a group was refused for its size in a job whose
-// groups all mix: a member back from collection (or only some of its nodes asking again) had not
-// said whether it mixes, and counted as one that cannot.
-TEST_CASE("simulation: a member that has not said its shape again turns nobody away") {
-  SimStats stats;
-  RunSeeds({3655, 5111, 5943, 8295, 8519}, &stats);
-}
-
-TEST_CASE("simulation: invariants hold under crashes - partitions - stalls and restarts") {
-  std::vector<uint64_t> seeds;
-  if (std::getenv("LK_SIM_SEED")) {
-    seeds.push_back(EnvOr("LK_SIM_SEED", 0));
-  } else {
-    for (uint64_t s = 1; s <= EnvOr("LK_SIM_SEEDS", 1000); ++s) seeds.push_back(s);
-  }
-  SimStats stats;
-  RunSeeds(seeds, &stats);
-  std::string names;
-  for (const auto& [name, n] : stats.events) names += fmt::format(" {}={}", name, n);
-  MESSAGE(fmt::format("{} seeds: {} quorums issued ({} new ids), {} answers, {} rejections, {} "
-                      "lighthouse restarts; events:{}",
-                      seeds.size(), stats.issued, stats.changed, stats.answers, stats.rejections,
-                      stats.restarts, names));
-  // Every kind of fault and decision must have happened somewhere in a default run.
-  if (seeds.size() >= 100) {
-    CHECK(stats.changed > 0);
-    CHECK(stats.issued > stats.changed);  // unchanged re-issues (the hot path)
-    CHECK(stats.restarts > 0);
-    CHECK(stats.mixed_answers > 0);  // quorums of several sizes formed where all groups mix
-    for (const char* name : {"incarnation_replaced", "group_unhealthy", "member_lost",
-                             "group_evicted", "group_left", "diverged", "quorum_retry",
-                             "group_rejoin", "checkpoint_registered", "group_collected",
-                             "group_refused"}) {
-      CAPTURE(name);
-      CHECK(stats.events[name] > 0);
-    }
-  }
-}
-
 }  // namespace
-}  // namespace lk::lighthouse
+
+std::string RunLighthouseSim(uint64_t seed, SimStats* stats) { return Sim(seed, stats).Run(); }
+
+}  // namespace lk::sim
