@@ -63,26 +63,33 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx, b
       existing = &it->second;
     }
   }
+  std::vector<uint32_t> stale_asks;  // agents of this group whose ask a later step supersedes
   if (existing != nullptr) {
     const GroupStatus& g = existing->status;
     if (g.mode == GroupMode::kDraining) {
       return Refuse(Code::kConflict, Reason::kGroupDraining,
                     "group {} is draining: leave instead of asking", in.group_id);
     }
-    // Agents of one group that hold state must ask with one step (a node a step behind the
-    // other is a race of their trainers' boundaries, and the refused one asks again). A node
-    // without state is taken whatever its step: its trainers never received the answer the
-    // other node's trainers healed on (it was lost on the way, and the quorum was lost before
-    // the retry), and refusing it held the group out for good. The group then asks without
-    // state and heals as a whole (AskHasState).
+    // Agents of one group must ask with one step. When two that hold state differ, the later
+    // step stands: the earlier is a node whose trainers never received the answer the other
+    // node's trainers healed or went on with (lost on the way, or cut by its deadline, and the
+    // quorum lost before the retry), or an ask the trainers have left behind. The earlier one is
+    // refused STEP_DISAGREEMENT (its held ask too, when the later one comes second); its agent
+    // then asks without state. A node without state is taken whatever its step, and the group
+    // heals as a whole (AskHasState). Refusing whichever came second, as before, held the group
+    // out for good when the earlier node could not move on by itself.
     for (uint32_t r = 0; r < g.agents.size(); ++r) {
       const AgentStatus& other = g.agents[r];
       if (r == in.node_rank || !other.asked || other.ask_step == in.step) continue;
       if (other.ask_has_state && in.has_state) {
-        return Refuse(Code::kConflict, Reason::kStepDisagreement,
-                      "agents of group {} disagree on the step: node {} asked with step {}, "
-                      "node {} with step {}",
-                      in.group_id, r, other.ask_step, in.node_rank, in.step);
+        if (in.step < other.ask_step) {
+          return Refuse(Code::kConflict, Reason::kStepDisagreement,
+                        "agents of group {} disagree on the step: node {} asked with step {}, "
+                        "node {} with step {}",
+                        in.group_id, r, other.ask_step, in.node_rank, in.step);
+        }
+        stale_asks.push_back(r);
+        continue;
       }
       {
         disagreement = fmt::format(
@@ -139,6 +146,24 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx, b
   }
   a.ask_step = in.step;
   if (!disagreement.empty()) fx->events.push_back(std::move(disagreement));
+  for (uint32_t r : stale_asks) {
+    AgentStatus& other = g.status.agents[r];
+    if (!other.asked || other.ask_step >= in.step) continue;
+    fx->events.push_back(fmt::format(
+        "ask_superseded job={} group={} incarnation={} node={} step={} by_node={} by_step={}",
+        Q(in.job), Q(in.group_id), Q(in.incarnation), r, other.ask_step, in.node_rank, in.step));
+    other.asked = false;
+    --g.status.asked;
+    if (other.waiting) {
+      other.waiting = false;
+      fx->rejections.push_back(
+          {AgentKey{in.job, in.group_id, in.incarnation, r},
+           Refuse(Code::kConflict, Reason::kStepDisagreement,
+                  "agents of group {} disagree on the step: node {} asked with step {}, node {} "
+                  "with step {}",
+                  in.group_id, in.node_rank, in.step, r, other.ask_step)});
+    }
+  }
   a.ask_has_state = in.has_state;
   a.ask_shrink_only = in.shrink_only;
   a.waiting = true;

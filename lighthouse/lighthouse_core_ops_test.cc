@@ -81,13 +81,36 @@ TEST_CASE("multi-node group: a participant once all agents asked the same step")
   REQUIRE(h.Join("a", 5, "i1", 0, 2).ok());
   CHECK(h.fx.answers.empty());
   CHECK(!h.Group("a")->participant);
-  const std::string before = Snapshot(h.core, h.clock.Now());
-  Status st = h.Join("a", 6, "i1", 1, 2);
-  CHECK(st.code() == Code::kConflict);
-  CHECK(st.message() ==
-        "agents of group a disagree on the step: node 0 asked with step 5, node 1 with step 6");
-  CHECK(h.fx.events.empty());
-  CHECK(Snapshot(h.core, h.clock.Now()) == before);
+  SUBCASE("an earlier step beside a later one is refused, changing nothing") {
+    REQUIRE(h.Join("a", 6, "i1", 0, 2).ok());
+    const std::string before = Snapshot(h.core, h.clock.Now());
+    Status st = h.Join("a", 5, "i1", 1, 2);
+    CHECK(st.code() == Code::kConflict);
+    CHECK(st.reason() == Reason::kStepDisagreement);
+    CHECK(st.message() ==
+          "agents of group a disagree on the step: node 0 asked with step 6, node 1 with step 5");
+    CHECK(h.fx.events.empty());
+    CHECK(Snapshot(h.core, h.clock.Now()) == before);
+    REQUIRE(h.Join("a", 6, "i1", 1, 2).ok());
+    REQUIRE(h.fx.answers.size() == 2);
+    CHECK(h.Answer("a", 0)->max_step == 6);
+    return;
+  }
+  SUBCASE("a later step supersedes the earlier one held: that agent is refused and asks again") {
+    REQUIRE(h.Join("a", 6, "i1", 1, 2).ok());
+    CHECK(
+        h.HasEvent("ask_superseded job=j group=a incarnation=i1 node=0 step=5 by_node=1 "
+                   "by_step=6"));
+    const Status* refused = h.Rejection("a");
+    REQUIRE(refused != nullptr);
+    CHECK(refused->reason() == Reason::kStepDisagreement);
+    CHECK(h.fx.answers.empty());
+    CHECK(!h.Group("a")->participant);
+    REQUIRE(h.Join("a", 6, "i1", 0, 2).ok());
+    REQUIRE(h.fx.answers.size() == 2);
+    CHECK(h.Answer("a", 0)->max_step == 6);
+    return;
+  }
   REQUIRE(h.Join("a", 5, "i1", 1, 2).ok());
   REQUIRE(h.fx.answers.size() == 2);
   CHECK(h.Answer("a", 0)->quorum_id == 1);

@@ -164,6 +164,9 @@ PollAnswer AgentCore::AnswerFor(TrainerState& t, bool fresh_answer) {
     r.heal_sources = q.heal_sources;
     r.restore_checkpoint = q.restore_checkpoint;
     r.initial = q.initial;
+    // The trainer takes the state of max_step, which may lie before a step it committed (its
+    // group healed as a whole); its next commit is the one after max_step.
+    if (t.committed_step && *t.committed_step > q.max_step) t.committed_step = q.max_step;
   }
   r.reason = q.reason;
   t.seen_quorum_id = q.quorum_id;
@@ -175,7 +178,10 @@ void AgentCore::AnswerPolls(bool fresh_answer, Effects* fx) {
   for (auto& [rank, t] : s_.trainers) {
     if (!t.waiting) continue;
     t.waiting = false;
-    if (fresh_answer && s_.quorum && s_.quorum->heal) s_.had_state = true;
+    if (fresh_answer && s_.quorum && s_.quorum->heal) {
+      s_.had_state = true;
+      s_.without_state = false;
+    }
     Effect e = Of(Effect::Kind::kAnswerPoll);
     e.rank = rank;
     e.answer = AnswerFor(t, fresh_answer);
@@ -226,10 +232,15 @@ void AgentCore::OnPoll(const PollInput& in, TimePoint now, Effects* fx) {
   };
   // A poll that timed out on the trainer's side while its answer was on the way gets the same
   // answer while that quorum is still the node's and has lost nobody; otherwise a new round is
-  // what it needs, and a drain is answered below.
+  // what it needs, and a drain is answered below. An answer that healed is sent again even
+  // after its quorum was lost: the node's other trainers healed on it, and this one must reach
+  // the same step (its step on the lost quorum then fails, as theirs does), or the node's
+  // trainers split between two steps for good.
+  const bool sent_current = s_.quorum && t.sent &&
+                            s_.quorum->quorum_id == t.sent->second.quorum_id &&
+                            !s_.lost_quorums.count(t.sent->second.quorum_id);
   if (in.resumed && t.sent && t.sent->first == in.step && !s_.draining && !t.sent->second.drain &&
-      s_.quorum && s_.quorum->quorum_id == t.sent->second.quorum_id &&
-      !s_.lost_quorums.count(t.sent->second.quorum_id)) {
+      (sent_current || t.sent->second.heal)) {
     fx->push_back(Log(fmt::format("poll_answer_resent group_rank={} step={} quorum_id={}",
                                   in.group_rank, in.step, t.sent->second.quorum_id)));
     t.polled_step = in.step;
@@ -303,7 +314,7 @@ Effect AgentCore::AskEffect() const {
   e.ask_kind = s_.ask.kind == Ask::Kind::kForTrainers ? Effect::AskKind::kForTrainers
                : s_.ask.kind == Ask::Kind::kAhead     ? Effect::AskKind::kAhead
                                                       : Effect::AskKind::kBehind;
-  e.fresh = !s_.had_state && e.step == 0;
+  e.fresh = (!s_.had_state && e.step == 0) || s_.without_state;
   e.group_size = s_.group_size;
   e.mixed_group_sizes = !s_.trainers.empty();
   for (const auto& [r, t] : s_.trainers) e.mixed_group_sizes &= t.mixed_group_sizes;
@@ -459,6 +470,7 @@ Status AgentCore::Commit(TrainerState& t, uint32_t step, bool failed, const std:
   t.state_hash = hash;
   t.tokens = tokens;
   s_.had_state = true;
+  s_.without_state = false;
   // The node commits once all its trainers committed this step.
   bool all = s_.trainers.size() >= ExpectedLocalTrainers();
   uint64_t group_tokens = 0;
@@ -644,6 +656,17 @@ void AgentCore::OnAskResult(const AskResult& in, Effects* fx) {
     return;
   }
   if (st.code() == Code::kDeadlineExceeded) return;  // the round is still open: ask again
+  if (st.reason() == Reason::kStepDisagreement && current && a.kind == Ask::Kind::kForTrainers) {
+    // Another node of this group asked for a later step: its trainers healed (or went on) on an
+    // answer this node's never received. This node's state is not the group's: it asks again
+    // without state, and the lighthouse heals the group as a whole.
+    if (!s_.without_state) {
+      s_.without_state = true;
+      fx->push_back(
+          Log(fmt::format("step_disagreement step={} action=ask_without_state", in.step), kWarn));
+    }
+    return;
+  }
   if (st.reason() == Reason::kStaleIncarnation || st.reason() == Reason::kIncarnationReplaced) {
     return Fail(LeaveReason::kReplaced, "replaced: " + st.message(), fx);
   }

@@ -32,6 +32,9 @@
 // Thread-safety: none; the shell calls it from one strand.
 #pragma once
 
+#include <lightkeeper/clock.h>
+#include <lightkeeper/status.h>
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -40,8 +43,6 @@
 #include <string_view>
 #include <vector>
 
-#include <lightkeeper/clock.h>
-#include <lightkeeper/status.h>
 #include "common/log.h"
 
 namespace lk::agent {
@@ -93,7 +94,7 @@ struct Quorum {
   uint32_t max_step = 0;
   bool heal = false;
   bool initial = false;
-  bool restore_checkpoint = false;  // the plan restores a checkpoint (the shell has which)
+  bool restore_checkpoint = false;        // the plan restores a checkpoint (the shell has which)
   std::vector<std::string> heal_sources;  // this node's donors' addresses
   std::string reason;
   uint32_t diverged_step = 0;
@@ -145,26 +146,26 @@ struct BoardAnswer {
 // One thing the shell does, in the order given.
 struct Effect {
   enum class Kind : uint8_t {
-    kAnswerPoll,        // rank: send `answer` to its waiting poll (keep it for a resumed one)
-    kRefusePoll,        // rank: answer its waiting poll with `status`
-    kAsk,               // the ask state changed: the quorum thread sends PendingAsk() (an ask
-                        // for `step`, serial `id`; the same serial again: the ask in flight
-                        // now answers the trainers, and one held back may go)
-    kCancelBehindAsk,   // cancel the call of a behind ask in flight
-    kQueueCommit,       // a commit or failure report for the outbox (step, quorum_id, ...)
-    kPublishBoard,      // put `board_answer` on the board
-    kWithdrawBoard,     // take the board's answer down (then feed a take that came first)
-    kTakeFor,           // take the board's READY answer for `step` for a socket poll
-    kSetConsumed,       // rank's slot consumed the board answer `gen`
-    kCloseBoard,        // trainers go through the socket from now on
-    kAnswerNotice,      // waiter `id` gets `notice`
-    kSignalTrainers,    // SIGTERM to every live local trainer the shell holds a pidfd of
-    kLeave,             // deliver the leave with `text` (then, after a checkpoint drain, exit)
-    kWaitTrainers,      // wait for the trainers to exit (up to drain_timeout), then feed
-                        // OnTrainersGone
-    kExit,              // stop: `code` is the process's exit code
-    kLog,               // `text`: one log line, "event key=value ..."
-    kWatchPid,          // watch `rank`'s process `id` (a pidfd): its exit is OnTrainerExited
+    kAnswerPoll,       // rank: send `answer` to its waiting poll (keep it for a resumed one)
+    kRefusePoll,       // rank: answer its waiting poll with `status`
+    kAsk,              // the ask state changed: the quorum thread sends PendingAsk() (an ask
+                       // for `step`, serial `id`; the same serial again: the ask in flight
+                       // now answers the trainers, and one held back may go)
+    kCancelBehindAsk,  // cancel the call of a behind ask in flight
+    kQueueCommit,      // a commit or failure report for the outbox (step, quorum_id, ...)
+    kPublishBoard,     // put `board_answer` on the board
+    kWithdrawBoard,    // take the board's answer down (then feed a take that came first)
+    kTakeFor,          // take the board's READY answer for `step` for a socket poll
+    kSetConsumed,      // rank's slot consumed the board answer `gen`
+    kCloseBoard,       // trainers go through the socket from now on
+    kAnswerNotice,     // waiter `id` gets `notice`
+    kSignalTrainers,   // SIGTERM to every live local trainer the shell holds a pidfd of
+    kLeave,            // deliver the leave with `text` (then, after a checkpoint drain, exit)
+    kWaitTrainers,     // wait for the trainers to exit (up to drain_timeout), then feed
+                       // OnTrainersGone
+    kExit,             // stop: `code` is the process's exit code
+    kLog,              // `text`: one log line, "event key=value ..."
+    kWatchPid,         // watch `rank`'s process `id` (a pidfd): its exit is OnTrainerExited
   };
   Kind kind = Kind::kLog;
   uint32_t rank = 0;
@@ -185,7 +186,7 @@ struct Effect {
   uint32_t group_size = 0;
   bool mixed_group_sizes = false;
   uint64_t tokens = 0;
-  std::string text;         // kLog: the line; kLeave: the reason; kQueueCommit: the state hash
+  std::string text;  // kLog: the line; kLeave: the reason; kQueueCommit: the state hash
   Status status;
   PollAnswer answer;
   NoticeAnswer notice;
@@ -248,7 +249,12 @@ struct BoardState {
 // Where a drain is: a plain drain leaves first and then waits for the trainers; a checkpoint
 // drain waits for them (they save) and then leaves.
 enum class DrainStage : uint8_t {
-  kNone, kLeaving, kWaitingAfterLeave, kWaiting, kLeavingAfterWait, kExited
+  kNone,
+  kLeaving,
+  kWaitingAfterLeave,
+  kWaiting,
+  kLeavingAfterWait,
+  kExited
 };
 
 struct AgentState {
@@ -269,6 +275,9 @@ struct AgentState {
   int exit_code = -1;
   bool told_continuing = false;  // this outage said lighthouse_unreachable continuing
   bool said_hello = false;       // some trainer said hello (or polled) in this life
+  // Another node of the group asked for a later step (STEP_DISAGREEMENT): this node's trainers
+  // hold no state the group shares, so it asks without state until they heal or commit.
+  bool without_state = false;
   DrainStage drain_stage = DrainStage::kNone;
   TimePoint started{};
   std::map<uint64_t, uint32_t> notice_waiters;  // id -> quorum_id
@@ -305,7 +314,7 @@ struct CommitInput {
 // The lighthouse's answer to a heartbeat, as far as the agent decides on it.
 struct HeartbeatAnswer {
   bool ok = true;
-  Status error;             // when !ok
+  Status error;                   // when !ok
   bool names_this_group = false;  // a notice names this group's life (evicted, replaced, left)
   // This heartbeat ended a heartbeat_timeout of the group (the lighthouse's reason for it):
   // the quorum went on without the group, which asks again as a joiner. A notice of that
@@ -320,7 +329,7 @@ struct AskResult {
   uint64_t serial = 0;  // Ask::serial of the ask this answers (Effect::id of its kAsk)
   uint32_t step = 0;
   Effect::AskKind kind = Effect::AskKind::kForTrainers;
-  Status status;           // ok: `quorum` is the answer
+  Status status;  // ok: `quorum` is the answer
   Quorum quorum;
 };
 

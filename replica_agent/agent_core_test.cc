@@ -501,6 +501,54 @@ TEST_CASE("a behind ask is withdrawn once the trainers commit past its step") {
   CHECK(!h.core.PendingAsk(false));
 }
 
+// Found by the agents' simulation: node 1's answer was cut by its deadline as the quorum formed,
+// node 0's trainers healed on theirs to step 10, the quorum was lost, and node 1 asked again
+// with its trainers' step 9, refused STEP_DISAGREEMENT for good.
+TEST_CASE("a node refused for an earlier step than its peer node's asks without state") {
+  Harness h(1);
+  h.Start(1);
+  REQUIRE(h.CommitAll(1).ok());
+  h.PollAll(1);
+  REQUIRE(h.ask() == Ask::Kind::kForTrainers);
+  h.fx.clear();
+  h.AskFails(1, Refuse(Code::kConflict, Reason::kStepDisagreement,
+                       "agents of group g disagree on the step: node 1 asked with step 2, node 0 "
+                       "with step 1"));
+  CHECK(h.Logged("step_disagreement step=1 action=ask_without_state"));
+  CHECK(h.Count(K::kExit) == 0);
+  CHECK(h.Count(K::kLeave) == 0);
+  auto again = h.core.PendingAsk(false);
+  REQUIRE(again);
+  CHECK(again->fresh);  // without state: the lighthouse heals the group as a whole
+  CHECK(again->step == 1);
+  h.fx.clear();
+  h.AskOk(1, Q1(2, 2, /*heal=*/true));
+  auto a = h.Of(K::kAnswerPoll);
+  REQUIRE(a.size() == 1);
+  CHECK(a[0].answer.heal);
+  CHECK(!h.core.state().without_state);
+}
+
+// Found by the agents' simulation: of a node's two trainers, one healed to step 3 on the
+// answer; the other's poll timed out as the answer was on the way, the quorum was lost, and its
+// resumed poll of step 0 went to a new round: the node's trainers polled steps 3 and 0 for good.
+TEST_CASE("a resumed poll gets the heal its peers took even after the quorum was lost") {
+  Harness h(2);
+  h.Hello();
+  h.PollAll(0);
+  h.AskOk(0, Q1(4, 3, /*heal=*/true));
+  REQUIRE(h.Count(K::kAnswerPoll) == 2);
+  h.Lost(4);
+  h.fx.clear();
+  h.Poll(1, 0, /*resumed=*/true);
+  auto a = h.Of(K::kAnswerPoll);
+  REQUIRE(a.size() == 1);
+  CHECK(a[0].answer.heal);
+  CHECK(a[0].answer.max_step == 3);
+  CHECK(a[0].answer.quorum_id == 4);
+  CHECK(h.Logged("poll_answer_resent group_rank=1 step=0 quorum_id=4"));
+}
+
 TEST_CASE("the board's withdraw against a take: a take that came first stands for the node") {
   SUBCASE("the take seen before the withdraw") {
     Harness h(1, true);
