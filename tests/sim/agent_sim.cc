@@ -36,6 +36,7 @@
 
 #include "lighthouse/lighthouse_core.h"
 #include "replica_agent/agent_core.h"
+#include "tests/sim/disk.h"
 #include "tests/sim/sim.h"
 
 namespace lk::sim {
@@ -668,12 +669,7 @@ class AgentSim {
   }
 
   bool Retired(const SimGroup& g, const std::string& inc) const {
-    auto it = disk_groups_.find({g.job, g.id});
-    if (it == disk_groups_.end()) return false;
-    for (const auto& r : it->second.retired) {
-      if (r.incarnation == inc) return true;
-    }
-    return false;
+    return disk_.Retired(g.job, g.id, inc);
   }
 
   // ---- the lighthouse's effects ----
@@ -686,24 +682,17 @@ class AgentSim {
       ++stats_->events[e.substr(0, e.find(' '))];
       Trace(e);
     }
+    if (std::string broken = disk_.Write(fx); !broken.empty()) Check(false, broken);
     for (const lh::JobRecordData& r : fx.persist_jobs) {
-      auto it = disk_jobs_.find(r.job);
-      Check(it == disk_jobs_.end() || it->second.quorum_id <= r.quorum_id,
-            fmt::format("persisted quorum_id of {} went back", r.job));
-      disk_jobs_[r.job] = r;
       std::set<std::string> incs;
       for (const lh::MemberData& m : r.members) incs.insert(m.incarnation);
       auto [known, fresh] = memberships_.try_emplace(r.quorum_id, incs);
       Check(fresh || known->second == incs,
             fmt::format("quorum {} persisted with two memberships", r.quorum_id));
     }
-    for (const auto& c : fx.persist_checkpoints) disk_ckpts_[{c.job, c.step, c.location}] = c;
-    for (const auto& c : fx.drop_checkpoints) disk_ckpts_.erase({c.job, c.step, c.location});
-    for (const auto& g : fx.persist_groups) disk_groups_[{g.job, g.group_id}] = g;
-    for (const auto& key : fx.drop_groups) disk_groups_.erase(key);
     for (const auto& [key, answer] : fx.answers) {
-      auto rec = disk_jobs_.find(key.job);
-      Check(rec != disk_jobs_.end() && rec->second.quorum_id >= answer.quorum_id,
+      auto rec = disk_.jobs.find(key.job);
+      Check(rec != disk_.jobs.end() && rec->second.quorum_id >= answer.quorum_id,
             "answer before its quorum was persisted");
       auto it = held_.find(key);
       if (it == held_.end()) continue;  // the caller gave up (its deadline passed)
@@ -1176,15 +1165,8 @@ class AgentSim {
   void RestartLighthouse() {
     ++stats_->restarts;
     Trace("fault lighthouse_restart");
-    lh_ = std::make_unique<lh::LighthouseCore>(options_);
-    std::vector<lh::JobRecordData> records;
-    for (const auto& [job, r] : disk_jobs_) records.push_back(r);
-    std::vector<lh::CheckpointData> ckpts;
-    for (const auto& [key, c] : disk_ckpts_) ckpts.push_back(c);
-    std::vector<lh::GroupRecordData> groups;
-    for (const auto& [key, g] : disk_groups_) groups.push_back(g);
     lh_down_until_ = now_ + Millis(Rand(0, 3000));
-    Status st = lh_->Load(records, ckpts, lh_down_until_, groups);
+    Status st = disk_.Restart(options_, lh_down_until_, &lh_);
     Check(st.ok(), "Load failed: " + st.ToString());
     // Held asks lose their connection.
     for (const auto& [key, call] : held_) {
@@ -1251,11 +1233,9 @@ class AgentSim {
   std::map<uint64_t, std::pair<int, int>> held_where_;  // call -> (life, node)
   std::map<uint64_t, Reply> replies_;                   // answers on their way
   std::map<std::tuple<int, int, uint32_t>, std::vector<lh::FailureNoticeData>> losses_;
-  std::map<std::string, lh::JobRecordData> disk_jobs_;
+  Disk disk_;
   std::map<uint32_t, std::set<std::string>> memberships_;  // quorum id -> member incarnations
   std::map<std::string, int> life_of_;                     // incarnation -> life
-  std::map<std::tuple<std::string, uint32_t, std::string>, lh::CheckpointData> disk_ckpts_;
-  std::map<std::pair<std::string, std::string>, lh::GroupRecordData> disk_groups_;
   std::string error_;
   bool trace_ = std::getenv("LK_SIM_TRACE") != nullptr;
 };

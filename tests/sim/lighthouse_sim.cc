@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "lighthouse/lighthouse_core.h"
+#include "tests/sim/disk.h"
 #include "tests/sim/sim.h"
 
 namespace lk::sim {
@@ -323,16 +324,9 @@ class Sim {
 
   void RestartLighthouse() {
     ++stats_->restarts;
-    core_ = std::make_unique<LighthouseCore>(options_);
-    std::vector<JobRecordData> records;
-    for (const auto& [job, r] : disk_jobs_) records.push_back(r);
-    std::vector<CheckpointData> ckpts;
-    for (const auto& [key, c] : disk_ckpts_) ckpts.push_back(c);
-    std::vector<GroupRecordData> groups;
-    for (const auto& [key, g] : disk_groups_) groups.push_back(g);
-    Status st = core_->Load(records, ckpts, now_, groups);
+    Status st = disk_.Restart(options_, now_, &core_);
     Check(st.ok(), "Load failed: " + st.ToString());
-    for (const JobRecordData& r : records) {
+    for (const auto& [job, r] : disk_.jobs) {
       for (const MemberData& m : r.members) {
         for (uint32_t n = 0; n < std::max<size_t>(1, m.addresses.size()); ++n) {
           contact_[{r.job, m.group_id, m.incarnation, n}] = now_;
@@ -372,24 +366,7 @@ class Sim {
         fmt::print("+{:>6}ms {}\n", ToMillis(now_ - kStart), e);
       }
     }
-    for (const JobRecordData& r : fx.persist_jobs) {
-      auto it = disk_jobs_.find(r.job);
-      Check(it == disk_jobs_.end() || it->second.quorum_id <= r.quorum_id,
-            fmt::format("persisted quorum_id of {} went back", r.job));
-      disk_jobs_[r.job] = r;
-    }
-    for (const CheckpointData& c : fx.persist_checkpoints)
-      disk_ckpts_[{c.job, c.step, c.location}] = c;
-    // Generations only go up per group, across restarts too.
-    for (const GroupRecordData& g : fx.persist_groups) {
-      auto [it, fresh] = disk_groups_.try_emplace({g.job, g.group_id}, g);
-      Check(fresh || it->second.generation <= g.generation,
-            fmt::format("generation of {} in {} went back", g.group_id, g.job));
-      it->second = g;
-    }
-    for (const auto& key : fx.drop_groups) disk_groups_.erase(key);
-    for (const CheckpointData& c : fx.drop_checkpoints)
-      disk_ckpts_.erase({c.job, c.step, c.location});
+    if (std::string broken = disk_.Write(fx); !broken.empty()) Check(false, broken);
     for (const Effects::Issued& is : fx.issued) CheckIssued(is);
     for (const auto& [key, answer] : fx.answers) CheckAnswer(key, answer);
     for (const auto& [key, status] : fx.rejections) {
@@ -420,10 +397,10 @@ class Sim {
   }
 
   void CheckIssued(const Effects::Issued& is) {
-    auto rec = disk_jobs_.find(is.job);
-    Check(rec != disk_jobs_.end() && rec->second.quorum_id == is.quorum_id,
+    auto rec = disk_.jobs.find(is.job);
+    Check(rec != disk_.jobs.end() && rec->second.quorum_id == is.quorum_id,
           "issued quorum not persisted in the same effects");
-    if (rec == disk_jobs_.end()) return;
+    if (rec == disk_.jobs.end()) return;
     std::string members;
     for (const MemberData& m : rec->second.members) {
       members += m.group_id + "/" + m.incarnation + " ";
@@ -454,7 +431,7 @@ class Sim {
   void CheckAnswer(const AgentKey& key, const QuorumAnswer& a) {
     Check(waiters_.erase(key) == 1, "answer for an agent that is not waiting");
     // A replaced life is never answered again, whatever restarts happened in between.
-    if (auto g = disk_groups_.find({key.job, key.group_id}); g != disk_groups_.end()) {
+    if (auto g = disk_.groups.find({key.job, key.group_id}); g != disk_.groups.end()) {
       for (const auto& r : g->second.retired) {
         Check(
             r.incarnation != key.incarnation,
@@ -463,8 +440,8 @@ class Sim {
       Check(g->second.incarnation == key.incarnation && g->second.generation == a.generation,
             "an answer for another life than the persisted current one");
     }
-    auto rec = disk_jobs_.find(key.job);
-    Check(rec != disk_jobs_.end() && rec->second.quorum_id >= a.quorum_id,
+    auto rec = disk_.jobs.find(key.job);
+    Check(rec != disk_.jobs.end() && rec->second.quorum_id >= a.quorum_id,
           "answer before its quorum was persisted");
     const auto& members = a.members_shared ? *a.members_shared : a.members;
     Check(a.replica_rank < members.size() && members[a.replica_rank].group_id == key.group_id,
@@ -552,9 +529,7 @@ class Sim {
   std::vector<SimGroup> groups_;
   std::map<AgentKey, uint64_t> waiters_;
   std::map<AgentKey, TimePoint> contact_;  // last accepted heartbeat/ask/commit (or Load)
-  std::map<std::string, JobRecordData> disk_jobs_;
-  std::map<std::tuple<std::string, uint32_t, std::string>, CheckpointData> disk_ckpts_;
-  std::map<std::pair<std::string, std::string>, GroupRecordData> disk_groups_;
+  Disk disk_;
   std::map<std::string, uint32_t> last_issued_;
   std::map<std::pair<std::string, uint32_t>, std::string> memberships_;
   std::string error_;
