@@ -6,11 +6,11 @@
 #include <algorithm>
 #include <cstring>
 
-#include "common/log.h"
-#include "common/sigpipe.h"
 #include "comm/backends.h"
 #include "comm/gloo_comm_impl.h"
 #include "comm/reduce.h"
+#include "common/log.h"
+#include "common/sigpipe.h"
 
 namespace lk::comm {
 namespace {
@@ -50,14 +50,7 @@ Result<std::vector<char>> FindAddress(const std::string& value, uint32_t for_ran
 
 namespace gloo_backend {
 
-
-void GlooCommManager::FailLocked(Status status, LogLevel level) {
-  if (phase_ == Phase::kFailed || phase_ == Phase::kNone) return;
-  Log(level, "comm_failed backend=gloo slot={} quorum_id={} rank={} world={} code={} reason={}",
-      options_.slot, quorum_id_.load(), rank_, world_, CodeName(status.code()),
-      Q(status.message()));
-  phase_ = Phase::kFailed;
-  status_ = std::move(status);
+void GlooCommManager::OnFailedLocked() {
   armed_ = false;
   for (GlooBuffer* b : inflight_) {
     b->abortWaitRecv();
@@ -104,25 +97,10 @@ Status GlooCommManager::Reconfigure(uint32_t quorum_id, uint32_t replica_rank,
   std::shared_ptr<GlooContext> old;
   {
     std::lock_guard lock(mu_);
-    if (auto refused = pending_aborts_.Refusal(quorum_id)) {
-      LK_LOG_INFO("comm_refused backend=gloo slot={} quorum_id={} reason={}", options_.slot,
-                  quorum_id, Q(refused->message()));
-      return *refused;
-    }
-    uint32_t current = quorum_id_.load();
-    if (phase_ != Phase::kNone && quorum_id == current) {
-      return phase_ == Phase::kFailed ? status_ : Status::Ok();
-    }
-    if (phase_ != Phase::kNone && quorum_id < current) {
-      return InvalidArgument("quorum_id {} is older than the current {}", quorum_id, current);
-    }
-    FailLocked(Error(Code::kAborted, "superseded by quorum {}", quorum_id), LogLevel::kInfo);
+    if (auto answer = BeginLocked(quorum_id)) return *answer;
     old = std::move(ctx_);
-    phase_ = Phase::kInitializing;
-    status_ = Status::Ok();
     rank_ = replica_rank;
     world_ = world_size;
-    quorum_id_ = quorum_id;
     op_seq_ = 0;
     ++generation_;
     ArmLocked(options_.init_timeout, "communicator init");
@@ -309,7 +287,8 @@ Status GlooCommManager::WaitSend(GlooBuffer& buf) {
 // partial sums in between need float32. With 2 members every byte on the wire is bfloat16.
 //
 // Buffers and ordering:
-//  - Reduce-scatter segments arrive in a staging ring (inflight_bytes of segments, at least four), each
+//  - Reduce-scatter segments arrive in a staging ring (inflight_bytes of segments, at least four),
+//  each
 //    slot posted again as soon as its segment is reduced: memory stays bounded whatever the
 //    size, and the segment the kernel has just written is still in cache when it is added.
 //  - Allgather segments go straight into the caller's buffer; their receives are all posted up
@@ -442,8 +421,8 @@ Result<std::unique_ptr<CommManager>> CreateGlooCommManager(RendezvousStore* stor
   } catch (const std::exception& e) {
     return Error(Code::kUnavailable, "gloo device on {}: {}", options.bind_host, e.what());
   }
-  return std::unique_ptr<CommManager>(
-      std::make_unique<gloo_backend::GlooCommManager>(store, std::move(options), std::move(device)));
+  return std::unique_ptr<CommManager>(std::make_unique<gloo_backend::GlooCommManager>(
+      store, std::move(options), std::move(device)));
 }
 
 }  // namespace lk::comm

@@ -33,9 +33,9 @@
 #include <thread>
 #include <vector>
 
-#include "common/log.h"
 #include "comm/backends.h"
 #include "comm/comm.h"
+#include "common/log.h"
 
 namespace lk::comm::gloo_backend {
 
@@ -54,11 +54,14 @@ inline constexpr uint64_t kEncodedSlots = uint64_t{1} << 62;
 // ... and the allreduce of runs another.
 inline constexpr uint64_t kRunSlots = kEncodedSlots | (uint64_t{1} << 61);
 
-class GlooCommManager final : public CommManager {
+class GlooCommManager final : public CommManager, private CommLifecycle {
  public:
   GlooCommManager(RendezvousStore* store, CommOptions options,
                   std::shared_ptr<gloo::transport::Device> device)
-      : store_(store), options_(std::move(options)), device_(std::move(device)) {
+      : CommLifecycle("gloo", options.slot),
+        store_(store),
+        options_(std::move(options)),
+        device_(std::move(device)) {
     watchdog_ = std::thread([this] { WatchdogLoop(); });
   }
 
@@ -83,32 +86,15 @@ class GlooCommManager final : public CommManager {
                        const ChunkCodec* codec, std::span<float> sent,
                        std::span<float> result_feedback) override;
 
-  void Abort(const std::string& reason) override {
-    std::lock_guard lock(mu_);
-    if (phase_ == Phase::kNone) return;
-    FailLocked(Status(Code::kAborted, reason));  // the code already says "aborted"
-  }
-
+  void Abort(const std::string& reason) override { AbortAll(reason); }
   void AbortQuorum(uint32_t quorum_id, const std::string& reason) override {
-    std::lock_guard lock(mu_);
-    const bool started = phase_ != Phase::kNone;
-    if (started && quorum_id_.load() > quorum_id) return;
-    if (!started || quorum_id > quorum_id_.load()) pending_aborts_.Quorum(quorum_id, reason);
-    FailLocked(Status(Code::kAborted, reason));  // the code already says "aborted"
+    AbortUpTo(quorum_id, reason);
   }
-
-  void Close(const std::string& reason) override {
-    std::lock_guard lock(mu_);
-    pending_aborts_.All(reason);
-    FailLocked(Status(Code::kAborted, reason));
-  }
-
+  void Close(const std::string& reason) override { CloseAll(reason); }
   uint32_t quorum_id() const override { return quorum_id_.load(); }
   Backend backend() const override { return Backend::kGloo; }
 
  private:
-  enum class Phase { kNone, kInitializing, kReady, kFailed };
-
   // Posts the sentinel receives and starts the monitor of the communicator just connected.
   void StartMonitorLocked(const std::set<uint32_t>& peers);
   // Stops the monitor of the previous communicator (it was woken by FailLocked) and frees it.
@@ -137,6 +123,24 @@ class GlooCommManager final : public CommManager {
     size_t world = 0;
   };
   Status UsableLocked() const;
+  // The encoded collectives' own checks: the error-feedback spans are empty or as long as the
+  // data, and more than three members exchange all-to-all only over the full mesh (under mu_).
+  static Status CheckFeedbackSpans(size_t n, std::span<float> sent,
+                                   std::span<float> result_feedback) {
+    if (!sent.empty() && sent.size() != n) {
+      return InvalidArgument("sent has {} elements, data {}", sent.size(), n);
+    }
+    if (!result_feedback.empty() && result_feedback.size() != n) {
+      return InvalidArgument("result_feedback has {} elements, data {}", result_feedback.size(), n);
+    }
+    return Status::Ok();
+  }
+  Status FullMeshLocked(const char* what) const {
+    if (world_ > 3 && !options_.full_mesh) {
+      return InvalidArgument("the {} of {} members needs CommOptions::full_mesh", what, world_);
+    }
+    return Status::Ok();
+  }
   OpStart StartLocked(size_t count, const char* what);
   Status EndOp(const Status& st);
   Status WaitRecv(GlooBuffer& buf);
@@ -150,14 +154,11 @@ class GlooCommManager final : public CommManager {
       self->inflight_.clear();
     }
   };
-  Status Interrupted() {
-    std::lock_guard lock(mu_);
-    return phase_ == Phase::kFailed ? status_ : Status::Ok();
+  // A failure wakes every wait in flight and resets every connection.
+  void OnFailedLocked() override;
+  std::string FailDetailLocked() const override {
+    return fmt::format(" rank={} world={}", rank_, world_);
   }
-
-  // First failure wins: wakes every wait in flight and resets every connection.
-  // `level`: a superseded or shut-down communicator is routine, a failure is a warning.
-  void FailLocked(Status status, LogLevel level = LogLevel::kWarn);
   void ArmLocked(Millis timeout, const char* what) {
     deadline_ = SteadyClock::now() + timeout;
     deadline_what_ = what;
@@ -184,12 +185,8 @@ class GlooCommManager final : public CommManager {
   std::vector<uint8_t> runs_send_, runs_stage_, runs_out_, runs_in_, runs_own_, runs_result_;
   std::vector<float> runs_sum_, runs_scratch_;
 
-  std::atomic<uint32_t> quorum_id_{0};
-  mutable std::mutex mu_;  // guards everything below
+  // Guarded by mu_ (CommLifecycle's), with the lifecycle.
   std::condition_variable cv_;
-  Phase phase_ = Phase::kNone;
-  Status status_;  // why the communicator failed, when phase_ == kFailed
-  PendingAborts pending_aborts_;
   std::shared_ptr<GlooContext> ctx_;
   uint32_t rank_ = 0;
   uint32_t world_ = 0;

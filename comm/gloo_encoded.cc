@@ -2,31 +2,22 @@
 // on the communicator's pairs, with the ring's abort, deadline and failure handling.
 #include <algorithm>
 
-#include "common/sigpipe.h"
 #include "comm/encoded.h"
 #include "comm/gloo_comm_impl.h"
+#include "common/sigpipe.h"
 
 namespace lk::comm::gloo_backend {
 
 Status GlooCommManager::AllReduceEncoded(std::span<float> data, const ChunkCodec& codec,
                                          ReduceOp op, std::span<float> sent,
                                          std::span<float> result_feedback) {
-  if (!sent.empty() && sent.size() != data.size()) {
-    return InvalidArgument("sent has {} elements, data {}", sent.size(), data.size());
-  }
-  if (!result_feedback.empty() && result_feedback.size() != data.size()) {
-    return InvalidArgument("result_feedback has {} elements, data {}", result_feedback.size(),
-                           data.size());
-  }
+  LK_RETURN_IF_ERROR(CheckFeedbackSpans(data.size(), sent, result_feedback));
   ScopedSigpipeBlock no_sigpipe;  // Gloo writes on this thread
   OpStart start;
   {
     std::lock_guard lock(mu_);
     LK_RETURN_IF_ERROR(UsableLocked());
-    if (world_ > 3 && !options_.full_mesh) {
-      return InvalidArgument("the encoded allreduce of {} members needs CommOptions::full_mesh",
-                             world_);
-    }
+    LK_RETURN_IF_ERROR(FullMeshLocked("encoded allreduce"));
     start = StartLocked(data.size(), "encoded allreduce");
   }
   if (data.empty()) return Status::Ok();

@@ -4,33 +4,24 @@
 #include <algorithm>
 #include <cstring>
 
-#include "common/sigpipe.h"
 #include "comm/encoded.h"
 #include "comm/gloo_comm_impl.h"
 #include "comm/reduce.h"
 #include "comm/runs.h"
+#include "common/sigpipe.h"
 
 namespace lk::comm::gloo_backend {
 
 Status GlooCommManager::AllReduceRuns(std::span<float> data, std::span<const ReduceRun> runs,
                                       const ChunkCodec* codec, std::span<float> sent,
                                       std::span<float> result_feedback) {
-  if (!sent.empty() && sent.size() != data.size()) {
-    return InvalidArgument("sent has {} elements, data {}", sent.size(), data.size());
-  }
-  if (!result_feedback.empty() && result_feedback.size() != data.size()) {
-    return InvalidArgument("result_feedback has {} elements, data {}", result_feedback.size(),
-                           data.size());
-  }
+  LK_RETURN_IF_ERROR(CheckFeedbackSpans(data.size(), sent, result_feedback));
   ScopedSigpipeBlock no_sigpipe;  // Gloo writes on this thread
   OpStart start;
   {
     std::lock_guard lock(mu_);
     LK_RETURN_IF_ERROR(UsableLocked());
-    if (world_ > 3 && !options_.full_mesh) {
-      return InvalidArgument("the allreduce of runs of {} members needs CommOptions::full_mesh",
-                             world_);
-    }
+    LK_RETURN_IF_ERROR(FullMeshLocked("allreduce of runs"));
     LK_RETURN_IF_ERROR(ValidateRuns(runs, data.size(), rank_, world_));
     start = StartLocked(runs.empty() ? 0 : data.size(), "allreduce of runs");
   }

@@ -14,8 +14,8 @@
 #include <mutex>
 #include <thread>
 
-#include "common/log.h"
 #include "comm/backends.h"
+#include "common/log.h"
 
 namespace lk::comm {
 namespace {
@@ -34,10 +34,13 @@ Status NcclError(ncclResult_t r, std::string_view what) {
   return Error(code, "{}: {}", what, ncclGetErrorString(r));
 }
 
-class NcclCommManager final : public CommManager {
+class NcclCommManager final : public CommManager, private CommLifecycle {
  public:
   NcclCommManager(RendezvousStore* store, CommOptions options, cudaStream_t stream)
-      : store_(store), options_(std::move(options)), stream_(stream) {}
+      : CommLifecycle("nccl", options.slot),
+        store_(store),
+        options_(std::move(options)),
+        stream_(stream) {}
 
   ~NcclCommManager() override {
     DropComm();
@@ -47,49 +50,15 @@ class NcclCommManager final : public CommManager {
   Status Reconfigure(uint32_t quorum_id, uint32_t replica_rank, uint32_t world_size) override;
   Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op) override;
 
-  void Abort(const std::string& reason) override {
-    std::lock_guard lock(mu_);
-    if (phase_ == Phase::kNone) return;
-    FailLocked(Status(Code::kAborted, reason));  // the code already says "aborted"
-  }
-
+  void Abort(const std::string& reason) override { AbortAll(reason); }
   void AbortQuorum(uint32_t quorum_id, const std::string& reason) override {
-    std::lock_guard lock(mu_);
-    const bool started = phase_ != Phase::kNone;
-    if (started && quorum_id_.load() > quorum_id) return;
-    if (!started || quorum_id > quorum_id_.load()) pending_aborts_.Quorum(quorum_id, reason);
-    FailLocked(Status(Code::kAborted, reason));  // the code already says "aborted"
+    AbortUpTo(quorum_id, reason);
   }
-
-  void Close(const std::string& reason) override {
-    std::lock_guard lock(mu_);
-    pending_aborts_.All(reason);
-    FailLocked(Status(Code::kAborted, reason));
-  }
-
+  void Close(const std::string& reason) override { CloseAll(reason); }
   uint32_t quorum_id() const override { return quorum_id_.load(); }
   Backend backend() const override { return Backend::kNccl; }
 
  private:
-  enum class Phase { kNone, kInitializing, kReady, kFailed };
-
-  void FailLocked(Status status, LogLevel level = LogLevel::kWarn) {
-    if (phase_ == Phase::kFailed || phase_ == Phase::kNone) return;
-    Log(level, "comm_failed backend=nccl slot={} quorum_id={} code={} reason={}", options_.slot,
-        quorum_id_.load(), CodeName(status.code()), Q(status.message()));
-    phase_ = Phase::kFailed;
-    status_ = std::move(status);
-    failed_ = true;
-  }
-  Status Fail(Status status) {
-    std::lock_guard lock(mu_);
-    FailLocked(std::move(status));
-    return status_;
-  }
-  Status Interrupted() {
-    std::lock_guard lock(mu_);
-    return phase_ == Phase::kFailed ? status_ : Status::Ok();
-  }
   // Trainer thread only: aborts and frees the NCCL communicator, if any.
   void DropComm() {
     if (comm_ != nullptr) {
@@ -105,13 +74,6 @@ class NcclCommManager final : public CommManager {
   const CommOptions options_;
   cudaStream_t stream_;
   ncclComm_t comm_ = nullptr;  // trainer thread only
-
-  std::atomic<uint32_t> quorum_id_{0};
-  std::atomic<bool> failed_{false};  // polled without the lock
-  std::mutex mu_;
-  Phase phase_ = Phase::kNone;
-  Status status_;
-  PendingAborts pending_aborts_;
 };
 
 Status NcclCommManager::PollAsync(TimePoint deadline, std::string_view what) {
@@ -138,23 +100,7 @@ Status NcclCommManager::Reconfigure(uint32_t quorum_id, uint32_t replica_rank,
   TimePoint deadline = start + options_.init_timeout;
   {
     std::lock_guard lock(mu_);
-    if (auto refused = pending_aborts_.Refusal(quorum_id)) {
-      LK_LOG_INFO("comm_refused backend=nccl slot={} quorum_id={} reason={}", options_.slot,
-                  quorum_id, Q(refused->message()));
-      return *refused;
-    }
-    uint32_t current = quorum_id_.load();
-    if (phase_ != Phase::kNone && quorum_id == current) {
-      return phase_ == Phase::kFailed ? status_ : Status::Ok();
-    }
-    if (phase_ != Phase::kNone && quorum_id < current) {
-      return InvalidArgument("quorum_id {} is older than the current {}", quorum_id, current);
-    }
-    FailLocked(Error(Code::kAborted, "superseded by quorum {}", quorum_id), LogLevel::kInfo);
-    phase_ = Phase::kInitializing;
-    status_ = Status::Ok();
-    failed_ = false;
-    quorum_id_ = quorum_id;
+    if (auto answer = BeginLocked(quorum_id)) return *answer;
   }
   DropComm();
 
