@@ -33,9 +33,7 @@ Result<HeartbeatResult> LighthouseCore::OnHeartbeat(const HeartbeatInput& in, Ti
   s.ApplyTimeouts(now, fx);
   const size_t events_before = fx->events.size();
   Impl::Group& g = s.Admit(in.job, in.group_id, in.incarnation, in.nodes, now, fx);
-  const std::string lapse =
-      !g.alive && g.reason.rfind("heartbeat_timeout", 0) == 0 ? g.reason : std::string();
-  const bool revived = s.Touch(g, in.node_rank, in.step, in.address, in.phase, now, fx);
+  s.Touch(g, in.node_rank, in.step, in.address, in.phase, now, fx);
   Impl::Job& job = *g.job;
   // A plain heartbeat (no event: nothing but freshness changed) cannot make a quorum ready.
   if (fx->events.size() != events_before) s.Evaluate(job, now, fx);
@@ -45,7 +43,10 @@ Result<HeartbeatResult> LighthouseCore::OnHeartbeat(const HeartbeatInput& in, Ti
   r.notices = job.notices;
   r.committed_step = job.committed_step;
   r.generation = g.generation;
-  if (revived) r.revived_from = lapse;
+  // The lapse this group came back from, once: told on the first heartbeat after the revival,
+  // whether the heartbeat, an ask or a commit revived it.
+  r.revived_from = std::move(g.lapsed_from);
+  g.lapsed_from.clear();
   return r;
 }
 

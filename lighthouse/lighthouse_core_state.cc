@@ -287,6 +287,7 @@ bool LighthouseCore::Impl::Touch(Group& g, uint32_t node_rank, uint32_t step,
   if (g.alive || !IsAlive(g.status, options.heartbeat_timeout, now)) return false;
   g.alive = true;
   RearmCollect(g, now);
+  if (g.reason.rfind("heartbeat_timeout", 0) == 0) g.lapsed_from = g.reason;
   if (g.status.mode != GroupMode::kLeft) g.reason.clear();
   fx->events.push_back(fmt::format("group_healthy job={} group={} incarnation={}", Q(g.job->name),
                                    Q(g.status.group_id), Q(g.status.incarnation)));

@@ -25,17 +25,20 @@ struct Job;
 struct Group {
   GroupStatus status;
   Job* job = nullptr;
-  uint32_t generation = 0;           // of the current incarnation (0: loaded from an old record)
+  uint32_t generation = 0;  // of the current incarnation (0: loaded from an old record)
   std::vector<GroupRecordData::Retired> retired;  // earlier incarnations, oldest first (bounded)
-  std::string reason;                // why it left, was evicted, or is unhealthy
-  bool alive = false;      // cached IsAlive, moved only by inputs and timeouts (for events)
-  bool in_quorum = false;  // this incarnation is a member of the job's current quorum
-  bool lost = false;       // ... and has been lost from it (notice given)
-  bool committed = false;  // reported a commit (ok or not) in the current quorum
+  std::string reason;                             // why it left, was evicted, or is unhealthy
+  // The heartbeat_timeout it came back from, until a heartbeat reports it (revived_from): an
+  // ask or a commit may be what revives it, and its agent must hear of the lapse all the same.
+  std::string lapsed_from;
+  bool alive = false;         // cached IsAlive, moved only by inputs and timeouts (for events)
+  bool in_quorum = false;     // this incarnation is a member of the job's current quorum
+  bool lost = false;          // ... and has been lost from it (notice given)
+  bool committed = false;     // reported a commit (ok or not) in the current quorum
   TimePoint progress_mark{};  // when its step last advanced (or it joined the quorum)
   // Its wait on peers excuses it from rule 8 (RefreshWaits keeps this; RearmProgress reads it).
   bool wait_excused = false;
-  uint32_t hash_step = 0;     // step of the last state_hash it reported
+  uint32_t hash_step = 0;  // step of the last state_hash it reported
   std::string state_hash;
   // Rule 7's divergence check: its commits were found off the quorum's reference state this
   // many times (status.diverged says whether it still is), the last at diverged_step.
@@ -55,13 +58,13 @@ struct Job {
   uint32_t generation_last = 0;  // the last incarnation generation handed out (persisted)
   uint32_t finished_step = 0;    // JobRecordData::finished_step (persisted)
   bool catch_up = false;         // the current quorum is a catch-up quorum (persisted)
-  RecoveryPlan plan;      // the current quorum; plan.members is what gets persisted
+  RecoveryPlan plan;             // the current quorum; plan.members is what gets persisted
   // The step the current quorum_id was first handed out for (its first max_step); after a
   // restart, the loaded record's max_step, which is no earlier. Steps above it were reached on
   // this quorum, so a member's late commit of one of them is consistent with the record.
   uint32_t quorum_start_step = 0;
-  bool force_new = false; // a member was lost or reported a failed commit since the last issue
-  bool lost = false;      // the current quorum lost a member
+  bool force_new = false;  // a member was lost or reported a failed commit since the last issue
+  bool lost = false;       // the current quorum lost a member
   std::vector<FailureNoticeData> notices;  // for the current quorum_id
   std::map<std::string, Group> groups;
   std::vector<const GroupStatus*> order;    // &groups[*].status, sorted by group_id
@@ -115,10 +118,10 @@ struct LighthouseCore::Impl {
                   uint32_t generation) const;
 
   // Creates the job and group as needed and replaces an older incarnation.
-  Group& Admit(const std::string& job, const std::string& group_id,
-               const std::string& incarnation, uint32_t nodes, TimePoint now, Effects* fx);
-  void ReplaceIncarnation(Group& g, const std::string& incarnation, uint32_t nodes,
-                          TimePoint now, Effects* fx);
+  Group& Admit(const std::string& job, const std::string& group_id, const std::string& incarnation,
+               uint32_t nodes, TimePoint now, Effects* fx);
+  void ReplaceIncarnation(Group& g, const std::string& incarnation, uint32_t nodes, TimePoint now,
+                          Effects* fx);
   // Records contact from one agent; returns true when the group came alive.
   bool Touch(Group& g, uint32_t node_rank, uint32_t step, const std::string& address,
              const std::string& phase, TimePoint now, Effects* fx);

@@ -3,12 +3,12 @@
 #include "lighthouse/lighthouse_core.h"
 
 #include <doctest/doctest.h>
+#include <lightkeeper/clock.h>
 
 #include <algorithm>
 #include <chrono>
 #include <string>
 
-#include <lightkeeper/clock.h>
 #include "lighthouse/lighthouse_core_test_util.h"
 
 namespace lk::lighthouse {
@@ -138,8 +138,9 @@ TEST_CASE("rule 1: a new incarnation replaces the old at once") {
   CHECK(st->code() == Code::kConflict);
   CHECK(st->message() == "incarnation i1 of group a replaced by i2");
   CHECK(h.fx.watch_wakeups.count("j") == 1);
-  CHECK(h.HasEvent("member_lost job=j quorum_id=1 group=a incarnation=i1 "
-                   "reason=incarnation_replaced"));
+  CHECK(
+      h.HasEvent("member_lost job=j quorum_id=1 group=a incarnation=i1 "
+                 "reason=incarnation_replaced"));
   REQUIRE(h.Beat("b").ok());
   REQUIRE(h.Beat("b").value().notices.size() == 1);
   CHECK(h.Beat("b").value().notices[0].reason == "incarnation_replaced");
@@ -171,8 +172,9 @@ TEST_CASE("rule 1: a member whose heartbeats stop is lost at its exact expiry") 
   CHECK(h.core.NextDeadline() == expiry);
   h.clock.Set(expiry);
   h.Tick();
-  CHECK(h.HasEvent("group_unhealthy job=j group=c incarnation=i1 "
-                   "reason=\"heartbeat_timeout node=0 age=3000ms\""));
+  CHECK(
+      h.HasEvent("group_unhealthy job=j group=c incarnation=i1 "
+                 "reason=\"heartbeat_timeout node=0 age=3000ms\""));
   CHECK(h.fx.watch_wakeups.count("j") == 1);
   auto w = h.core.Watch("j", 1);
   REQUIRE(w.ok());
@@ -201,6 +203,24 @@ TEST_CASE("rule 1: a member whose heartbeats stop is lost at its exact expiry") 
   CHECK(h.Beat("a", 1)->revived_from.empty());
 }
 
+// The e2e lapse test saw it: the agent's first message after a stall was a commit (its trainers
+// had gone on), which revived the group, and the heartbeat after it said nothing of the lapse.
+TEST_CASE("a group revived by an ask hears of its lapse on its next heartbeat") {
+  Harness h;
+  h.Form({"a", "c"});
+  h.clock.Advance(Millis(2'000));
+  REQUIRE(h.Beat("a").ok());
+  h.clock.Advance(Millis(1'001));
+  h.Tick();
+  REQUIRE(h.HasEvent("group_unhealthy job=j group=c"));
+  REQUIRE(h.Join("c", 0).ok());  // c is heard again, by an ask
+  CHECK(h.HasEvent("group_healthy job=j group=c"));
+  auto beat = h.Beat("c");
+  REQUIRE(beat.ok());
+  CHECK(beat->revived_from.rfind("heartbeat_timeout node=0", 0) == 0);
+  CHECK(h.Beat("c")->revived_from.empty());
+}
+
 TEST_CASE("a new group's first heartbeat is no revival") {
   Harness h;
   auto r = h.Beat("n");
@@ -224,8 +244,9 @@ TEST_CASE("rule 8: a member whose step stalls is evicted and comes back as a joi
   CHECK(h.core.NextDeadline() == stall);
   h.clock.Set(stall);
   h.Tick();
-  CHECK(h.HasEvent("group_evicted job=j group=b incarnation=i1 step=0 stalled_ms=10000 "
-                   "reason=progress_stalled"));
+  CHECK(
+      h.HasEvent("group_evicted job=j group=b incarnation=i1 step=0 stalled_ms=10000 "
+                 "reason=progress_stalled"));
   CHECK(h.core.Watch("j", 1)->notices.at(0).reason == "progress_stalled");
   CHECK(h.Group("b")->state == "evicted");
   CHECK(!h.Group("b")->healthy);
@@ -242,15 +263,18 @@ TEST_CASE("rule 8: a member whose step stalls is evicted and comes back as a joi
   CHECK(h.Answer("b")->heal);
 }
 
-TEST_CASE("rule 8: a member blocked in the collective on a hung peer is not evicted - the peer is") {
+TEST_CASE(
+    "rule 8: a member blocked in the collective on a hung peer is not evicted - the peer is") {
   CoreOptions o;
   o.progress_timeout = Millis(1'000);
   Harness h(o);
   h.Form({"a", "b"});
   // a waits on b in the cross-group allreduce (peer_wait); b hangs in its inner steps.
   h.fx = {};
-  REQUIRE(h.core.OnHeartbeat(HeartbeatInput{h.job, "a", "i1", 0, 1, 0, kPhasePeerWait, "addr-a"},
-                             h.clock.Now(), &h.fx).ok());
+  REQUIRE(h.core
+              .OnHeartbeat(HeartbeatInput{h.job, "a", "i1", 0, 1, 0, kPhasePeerWait, "addr-a"},
+                           h.clock.Now(), &h.fx)
+              .ok());
   h.clock.Advance(Millis(1'000));
   h.Tick();
   CHECK(h.HasEvent("group_evicted job=j group=b"));
@@ -263,7 +287,8 @@ TEST_CASE("rule 8: a member blocked in the collective on a hung peer is not evic
   CHECK(!h.HasEvent("group_evicted job=j group=a"));
 }
 
-TEST_CASE("rule 8: a member hung inside the collective its peers finished is evicted - they are not") {
+TEST_CASE(
+    "rule 8: a member hung inside the collective its peers finished is evicted - they are not") {
   CoreOptions o;
   o.progress_timeout = Millis(1'000);
   Harness h(o);
@@ -279,9 +304,11 @@ TEST_CASE("rule 8: a member hung inside the collective its peers finished is evi
       left -= d;
       for (const auto& [g, step] : waits) {
         h.fx = {};
-        REQUIRE(h.core.OnHeartbeat(
-                    HeartbeatInput{h.job, g, "i1", 0, 1, step, kPhasePeerWait, "addr-" + g},
-                    h.clock.Now(), &h.fx).ok());
+        REQUIRE(h.core
+                    .OnHeartbeat(
+                        HeartbeatInput{h.job, g, "i1", 0, 1, step, kPhasePeerWait, "addr-" + g},
+                        h.clock.Now(), &h.fx)
+                    .ok());
         events.insert(events.end(), h.fx.events.begin(), h.fx.events.end());
       }
       h.Tick();
@@ -327,9 +354,10 @@ TEST_CASE("rule 8: a member left waiting when its last peer leaves gets a full t
   h.Form({"a", "b"});
   auto wait_on_peers = [&](const std::string& g) {
     h.fx = {};
-    REQUIRE(h.core.OnHeartbeat(
-                HeartbeatInput{h.job, g, "i1", 0, 1, 0, kPhasePeerWait, "addr-" + g},
-                h.clock.Now(), &h.fx).ok());
+    REQUIRE(h.core
+                .OnHeartbeat(HeartbeatInput{h.job, g, "i1", 0, 1, 0, kPhasePeerWait, "addr-" + g},
+                             h.clock.Now(), &h.fx)
+                .ok());
   };
   for (int i = 0; i < 20; ++i) {
     h.clock.Advance(Millis(100));
@@ -394,8 +422,9 @@ void FinishWithOneBehind(Harness& h) {
   REQUIRE(h.core.OnLeave("j", "a", "i1", "finished", h.clock.Now(), &h.fx).ok());
 }
 
-TEST_CASE("a finished job: a group behind it catches up alone from the final checkpoint after "
-          "join_timeout, and its commits are refused") {
+TEST_CASE(
+    "a finished job: a group behind it catches up alone from the final checkpoint after "
+    "join_timeout, and its commits are refused") {
   Harness h(TwoReplicas());
   FinishWithOneBehind(h);
   CHECK(h.HasEvent("job_finished job=j step=1 group=a"));
@@ -425,8 +454,9 @@ TEST_CASE("a finished job: a group behind it catches up alone from the final che
   CHECK(b->source_ranks.empty());
   CHECK(b->reason ==
         "catch_up: the job finished at step 1; 1 group behind it restore the newest checkpoint");
-  CHECK(h.HasEvent("quorum_issued job=j quorum_id=2 changed=true members=1 healing=1 "
-                   "max_step=1 restore_step=1 catch_up=true"));
+  CHECK(
+      h.HasEvent("quorum_issued job=j quorum_id=2 changed=true members=1 healing=1 "
+                 "max_step=1 restore_step=1 catch_up=true"));
   REQUIRE(!h.fx.persist_jobs.empty());
   CHECK(h.fx.persist_jobs.back().catch_up);
 
@@ -443,8 +473,9 @@ TEST_CASE("a finished job: a group behind it catches up alone from the final che
   CHECK(h.core.View(h.clock.Now())[0].finished_step == 1);
 }
 
-TEST_CASE("a finished job survives a lighthouse restart: a new life of a group behind it catches "
-          "up") {
+TEST_CASE(
+    "a finished job survives a lighthouse restart: a new life of a group behind it catches "
+    "up") {
   Harness h(TwoReplicas());
   FinishWithOneBehind(h);
   JobRecordData record = h.fx.persist_jobs.at(0);
@@ -453,11 +484,11 @@ TEST_CASE("a finished job survives a lighthouse restart: a new life of a group b
   REQUIRE(loaded.Load({record}, h.core.Checkpoints("j"), h.clock.Now(), h.fx.persist_groups).ok());
   Effects fx;
   // b comes back as a new life without state (it was killed and restarted).
-  REQUIRE(loaded.OnHeartbeat({"j", "b", "i2", 0, 1, 0, "train", "addr-b", 0}, h.clock.Now(), &fx)
-              .ok());
+  REQUIRE(
+      loaded.OnHeartbeat({"j", "b", "i2", 0, 1, 0, "train", "addr-b", 0}, h.clock.Now(), &fx).ok());
   fx = {};
-  REQUIRE(loaded.OnJoin({"j", "b", "i2", 0, 1, 0, false, false, "addr-b", 0}, h.clock.Now(), &fx)
-              .ok());
+  REQUIRE(
+      loaded.OnJoin({"j", "b", "i2", 0, 1, 0, false, false, "addr-b", 0}, h.clock.Now(), &fx).ok());
   CHECK(fx.answers.empty());
   fx = {};
   loaded.Tick(h.clock.Now() + Millis(2000), &fx);
@@ -467,8 +498,9 @@ TEST_CASE("a finished job survives a lighthouse restart: a new life of a group b
   CHECK(fx.answers[0].second.restore_checkpoint.has_value());
 }
 
-TEST_CASE("a finished job: groups that return together form a regular quorum, which restores "
-          "the checkpoint ahead of their state and clears the finish") {
+TEST_CASE(
+    "a finished job: groups that return together form a regular quorum, which restores "
+    "the checkpoint ahead of their state and clears the finish") {
   Harness h(TwoReplicas());
   FinishWithOneBehind(h);
   REQUIRE(h.Beat("c").ok());

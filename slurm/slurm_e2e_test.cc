@@ -315,9 +315,16 @@ void CheckDrainedThenLeft(SlurmRun& run, const std::string& group, const std::st
       run.WaitTrainerLine(group, 0, 10s, [](auto& l) { return JsonField(l, "event") == "drain"; });
   REQUIRE_MESSAGE(!drain.empty(), run.Logs());
   CHECK(JsonField(drain, "reason") == reason);
-  std::string exited = run.BatchLine(group, 0, "trainer_exited group_rank=0");
-  std::string left = run.BatchLine(group, 0, "left reason=" + reason);
+  // The agent leaves once its trainer has exited, after the trainer's drain line: wait for it.
+  std::string left;
+  WaitFor(
+      [&] {
+        left = run.BatchLine(group, 0, "left reason=" + reason);
+        return !left.empty();
+      },
+      30s);
   REQUIRE_MESSAGE(!left.empty(), run.Logs());
+  std::string exited = run.BatchLine(group, 0, "trainer_exited group_rank=0");
   CHECK_MESSAGE(exited.find("during_drain=true") != std::string::npos, run.Logs());
   CHECK(LineMs(exited) <= LineMs(left));
 }
@@ -461,7 +468,8 @@ TEST_CASE(
       WaitFor(
           [&] {
             return run.BatchHas(
-                "g2", "event=trainer_crashed rc=137 crashes=1 counted_by=lighthouse action=requeue");
+                "g2",
+                "event=trainer_crashed rc=137 crashes=1 counted_by=lighthouse action=requeue");
           },
           40s),
       run.Logs());
