@@ -1,8 +1,8 @@
 #include <lightkeeper/session.h>
-
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <thread>
 
 #include "client/poll_board_reader.h"
@@ -15,6 +15,11 @@
 namespace lk::client {
 
 namespace pb = lightkeeper::v1;
+
+namespace {
+// How long Connect retries a hello that nothing answers (the agent not listening yet).
+constexpr Millis kAgentWait{30'000};
+}  // namespace
 
 Session::Session(std::string socket, uint32_t group_rank, uint32_t group_size)
     : socket_(std::move(socket)),
@@ -33,8 +38,24 @@ Result<std::unique_ptr<Session>> Session::Connect(const std::string& socket_path
   hello.set_group_size(group_size);
   hello.set_pid(static_cast<uint32_t>(getpid()));
   pb::TrainerHelloResponse welcome;
-  LK_RETURN_IF_ERROR(s->client_->Call("POST", "/v1/trainer/hello", hello, &welcome, Millis(10'000))
-                         .WithContext("hello to agent at " + socket_path));
+  // A trainer may start before its agent listens (both steps of a Slurm job start together; a
+  // socket file left by an earlier job of the same id refuses connections until the new agent
+  // replaces it): the hello is retried while nothing listens, up to kAgentWait. An answer of
+  // the agent, a refusal with its reason included, is final, and so is a socket in a directory
+  // that does not exist (a mistyped path: no agent is coming there).
+  const auto parent = std::filesystem::path(socket_path).parent_path();
+  std::error_code ec;
+  const bool may_come = parent.empty() || std::filesystem::is_directory(parent, ec);
+  const auto until = std::chrono::steady_clock::now() + (may_come ? kAgentWait : Millis(0));
+  Status st;
+  for (;;) {
+    st = s->client_->Call("POST", "/v1/trainer/hello", hello, &welcome, Millis(10'000));
+    const bool nobody_listens =
+        st.code() == Code::kUnavailable && st.reason() == Reason::kUnspecified;
+    if (!nobody_listens || std::chrono::steady_clock::now() >= until) break;
+    std::this_thread::sleep_for(Millis(100));
+  }
+  LK_RETURN_IF_ERROR(st.WithContext("hello to agent at " + socket_path));
   s->incarnation_ = welcome.incarnation();
   if (!welcome.poll_board().empty()) {
     // Without the board (another version, a file this process cannot map) every poll goes over
@@ -146,7 +167,8 @@ Status Session::Commit(uint32_t step, bool ok, const std::string& state_hash, ui
   // before any poll, go over the socket.
   if (board_ && ok && polled_ && state_hash.size() <= board::kMaxStateHash) {
     if (committed_ && step <= *committed_) {
-      return Error(Code::kConflict, "step {} is not after the committed step {}", step, *committed_);
+      return Error(Code::kConflict, "step {} is not after the committed step {}", step,
+                   *committed_);
     }
     if (board_->Commit(step, state_hash, tokens)) {
       committed_ = step;
@@ -185,23 +207,20 @@ Status Session::Finish() {
 // '+' or space would otherwise cut, change or break the key.
 Status TrainerKvPut(http::Client& agent, uint32_t quorum_id, const std::string& key,
                     const std::string& value) {
-  LK_ASSIGN_OR_RETURN(http::Response r,
-                      agent.Do("PUT",
-                               fmt::format("/v1/trainer/kv/{}/{}", quorum_id,
-                                           http::PercentEncodePath(key)),
-                               value,
-                               "application/octet-stream", Millis(30'000)));
+  LK_ASSIGN_OR_RETURN(
+      http::Response r,
+      agent.Do("PUT", fmt::format("/v1/trainer/kv/{}/{}", quorum_id, http::PercentEncodePath(key)),
+               value, "application/octet-stream", Millis(30'000)));
   return http::StatusFromResponse(r);
 }
 
 Result<std::string> TrainerKvGet(http::Client& agent, uint32_t quorum_id, const std::string& key,
                                  Millis timeout) {
-  LK_ASSIGN_OR_RETURN(
-      http::Response r,
-      agent.Do("GET",
-               fmt::format("/v1/trainer/kv/{}/{}?timeout_ms={}", quorum_id,
-                           http::PercentEncodePath(key), timeout.count()),
-               "", "application/octet-stream", timeout + Millis(5000)));
+  LK_ASSIGN_OR_RETURN(http::Response r,
+                      agent.Do("GET",
+                               fmt::format("/v1/trainer/kv/{}/{}?timeout_ms={}", quorum_id,
+                                           http::PercentEncodePath(key), timeout.count()),
+                               "", "application/octet-stream", timeout + Millis(5000)));
   LK_RETURN_IF_ERROR(http::StatusFromResponse(r));
   return std::move(r.body);
 }
@@ -287,8 +306,9 @@ void Session::NoticeLoop(std::shared_ptr<NoticeState> st) {
       if (st->stop) return;
       qid = st->watched_quorum_id;
     }
-    auto r = (*client)->Do("GET", fmt::format("/v1/trainer/notice?quorum_id={}&timeout_ms=30000", qid),
-                           "", http::kProtoType, Millis(35'000));
+    auto r =
+        (*client)->Do("GET", fmt::format("/v1/trainer/notice?quorum_id={}&timeout_ms=30000", qid),
+                      "", http::kProtoType, Millis(35'000));
     pb::TrainerNoticeResponse n;
     if (!r.ok() || !http::StatusFromResponse(*r).ok() ||
         !http::Decode(r->body, http::BodyFormat(r->content_type), &n).ok()) {

@@ -5,6 +5,7 @@
 // leave the agent up and its group, as the agent and the lighthouse report it, unchanged.
 #include <doctest/doctest.h>
 #include <grp.h>
+#include <lightkeeper/session.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -12,8 +13,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include "checkpoint/live.h"
@@ -21,7 +24,6 @@
 #include "common/http/client.h"
 #include "common/http/codec.h"
 #include "common/proto/lightkeeper.pb.h"
-#include <lightkeeper/session.h>
 #include "tests/support/process.h"
 #include "tests/support/wait.h"
 
@@ -326,8 +328,14 @@ TEST_CASE("an agent's --serve beyond loopback needs a token, and 0.0.0.0 is neve
   auto dir = TempDir("agent-open");
   auto lh = StartLighthouse(dir + "/lh", {}, dir + "/lh.log");
   auto run = [&](const std::string& name, std::vector<std::string> extra) {
-    std::vector<std::string> argv{BinDir() + "/replica_agent", "--lighthouse", lh.url(), "--job",
-                                  "t", "--group-id", name, "--socket",
+    std::vector<std::string> argv{BinDir() + "/replica_agent",
+                                  "--lighthouse",
+                                  lh.url(),
+                                  "--job",
+                                  "t",
+                                  "--group-id",
+                                  name,
+                                  "--socket",
                                   dir + "/" + name + ".sock"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return std::make_unique<Process>(argv, dir + "/" + name + ".log");
@@ -340,8 +348,8 @@ TEST_CASE("an agent's --serve beyond loopback needs a token, and 0.0.0.0 is neve
   REQUIRE(no_advertise->Wait(10s).has_value());
   CHECK(no_advertise->Log().find("listens on every address of the host, which cannot be given "
                                  "to peers") != std::string::npos);
-  auto no_iface = run("c", {"--serve", "0.0.0.0:0", "--insecure-no-auth", "--advertise",
-                            "lk-none0"});
+  auto no_iface =
+      run("c", {"--serve", "0.0.0.0:0", "--insecure-no-auth", "--advertise", "lk-none0"});
   REQUIRE(no_iface->Wait(10s).has_value());
   CHECK(no_iface->Log().find("interface lk-none0: no such interface") != std::string::npos);
   // An interface name: its address and the bound port are what peers are given.
@@ -439,7 +447,9 @@ TEST_CASE(
   CHECK(a.process->Running());
 }
 
-TEST_CASE("TLS: an agent and lkctl with the private CA work against a TLS lighthouse - so does https --serve") {
+TEST_CASE(
+    "TLS: an agent and lkctl with the private CA work against a TLS lighthouse - so does https "
+    "--serve") {
   Secured plain("sec-tls");
   Pki pki(plain.dir);
   Lighthouse lh = StartLighthouse(plain.dir + "/data-tls",
@@ -526,6 +536,37 @@ TEST_CASE(
     CHECK(rc != 0);
     CHECK_MESSAGE(text.find(c.error) != std::string::npos, text);
   }
+}
+
+// A local e2e run failed on it: a socket file left by an earlier job of the same Slurm job id
+// refused the trainer's hello (the trainer steps wait for the file, which was there already),
+// and the trainer exited before its agent replaced the file.
+TEST_CASE("a trainer that starts before its agent listens waits for it: a stale socket file too") {
+  std::string dir = TempDir("sec-early");
+  Lighthouse lh = StartLighthouse(dir + "/data", {}, dir + "/lighthouse.log");
+  const std::string socket = dir + "/g0.sock";
+  {
+    // What an agent that died leaves: a socket file nobody listens on.
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", socket.c_str());
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    ::close(fd);
+  }
+  auto early =
+      std::async(std::launch::async, [&] { return client::Session::Connect(socket, 0, 1); });
+  // The hello is being refused, and retried, before the agent starts.
+  REQUIRE(early.wait_for(300ms) == std::future_status::timeout);
+  Agent a = StartAgent(dir, lh.url(), "g0", {});
+  REQUIRE(a.socket == socket);
+  REQUIRE(early.wait_for(20s) == std::future_status::ready);
+  auto session = early.get();
+  REQUIRE_MESSAGE(session.ok(), session.status().ToString());
+  // Registered with the new agent: its first poll is answered.
+  auto poll = (*session)->Poll(0, Millis(20'000));
+  CHECK_MESSAGE(poll.ok(), poll.status().ToString());
 }
 
 TEST_CASE("~Session joins its notice thread: a callback in progress has finished when it returns") {

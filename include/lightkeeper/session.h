@@ -8,6 +8,10 @@
 // process-wide signal disposition.
 #pragma once
 
+#include <lightkeeper/api.h>
+#include <lightkeeper/clock.h>
+#include <lightkeeper/status.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -17,10 +21,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <lightkeeper/api.h>
-#include <lightkeeper/clock.h>
-#include <lightkeeper/status.h>
 
 // Declared only: this header is public (liblightkeeper), and the HTTP client (Beast, Asio,
 // protobuf) and the poll board stay behind it.
@@ -42,7 +42,7 @@ struct PollResult {
   bool heal = false;         // fetch state before the next outer step
   bool drain = false;        // stop now (after a durable save when checkpoint_now)
   bool checkpoint_now = false;
-  bool initial = false;      // first start: take replica_rank 0's initial weights
+  bool initial = false;                   // first start: take replica_rank 0's initial weights
   std::vector<std::string> heal_sources;  // peers' agent addresses (HOST:PORT)
   std::string restore_location;           // durable checkpoint to restore when no live source
   uint32_t restore_step = 0;
@@ -59,17 +59,20 @@ struct PollResult {
 
 struct Notice {
   uint32_t quorum_id = 0;
-  bool lost = false;   // the quorum lost a member: abort collectives in flight
-  bool drain = false;  // the agent is draining the group
+  bool lost = false;            // the quorum lost a member: abort collectives in flight
+  bool drain = false;           // the agent is draining the group
   bool checkpoint_now = false;  // with drain: save a durable checkpoint before exiting
   std::string reason;
 };
 
 class Session {
  public:
-  // Connects and registers this process (its pid is watched by the agent).
+  // Connects and registers this process (its pid is watched by the agent). While nothing
+  // listens on the socket yet (the agent starting beside the trainer, or a socket file left by
+  // an earlier job) the hello is retried for up to 30 s, unless the socket's directory does not
+  // exist; an answer of the agent is final.
   LK_API static Result<std::unique_ptr<Session>> Connect(const std::string& socket_path,
-                                                  uint32_t group_rank, uint32_t group_size);
+                                                         uint32_t group_rank, uint32_t group_size);
   // Socket from LK_AGENT_SOCKET.
   LK_API static Result<std::unique_ptr<Session>> FromEnv(uint32_t group_rank, uint32_t group_size);
   // Cancels the notice thread's long-poll and joins it (waiting for a callback in progress).
@@ -80,7 +83,8 @@ class Session {
   LK_API Result<PollResult> Poll(uint32_t step, Millis timeout = Millis(3'600'000));
   // `tokens`: what the whole group processed in this outer step (its weight in the average,
   // shown by the lighthouse); 0: not reported.
-  LK_API Status Commit(uint32_t step, bool ok, const std::string& state_hash = "", uint64_t tokens = 0);
+  LK_API Status Commit(uint32_t step, bool ok, const std::string& state_hash = "",
+                       uint64_t tokens = 0);
   // Commit(step, false) about quorum `quorum_id` only: when the agent holds a newer quorum by
   // the time the report arrives, that quorum already replaced the failed one and the report
   // changes nothing (a late report must not fail the quorum that was formed to recover).
@@ -97,7 +101,7 @@ class Session {
   // object filesystem) at the lighthouse, so that a job whose groups all lost their live state
   // restores it. Call it once per committed checkpoint, from one trainer of the group.
   LK_API Status RegisterCheckpoint(uint32_t step, const std::string& location,
-                            const std::string& manifest_digest);
+                                   const std::string& manifest_digest);
   // This trainer averages across groups of other trainer counts (the DiLoCo library does, by
   // fragments): its group may then share a quorum with groups of other sizes, and the joining
   // poll's PollResult::group_sizes says each member's size. Off by default: a trainer that
@@ -144,7 +148,7 @@ class Session {
 
   std::unique_ptr<http::Client> client_;
   std::unique_ptr<board::View> board_;  // null: every poll goes over the socket
-  bool polled_ = false;                  // a poll was answered: commits may use the board
+  bool polled_ = false;                 // a poll was answered: commits may use the board
   // The step whose last poll ended at its timeout: the next poll of it says it resumes that one.
   std::optional<uint32_t> timed_out_step_;
   std::string incarnation_;              // the agent's group life at hello
