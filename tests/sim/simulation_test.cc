@@ -143,7 +143,8 @@ TEST_CASE("simulation: invariants hold under crashes - partitions - stalls and r
            {"agent_quorum", "agent_quorum_lost", "agent_group_failed", "agent_drain",
             "agent_lighthouse_unreachable", "agent_heartbeat_lapsed", "agent_no_trainers",
             "agent_outer_step_failed", "agent_trainer_exited", "agent_poll_answer_resent",
-            "agent_ask_behind", "incarnation_replaced", "group_evicted", "group_left"}) {
+            "agent_ask_behind", "agent_ask_behind_withdrawn", "incarnation_replaced",
+            "group_evicted", "group_left"}) {
         CAPTURE(name);
         CHECK(agents.events[name] > 0);
       }
