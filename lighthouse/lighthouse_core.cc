@@ -50,6 +50,20 @@ Result<HeartbeatResult> LighthouseCore::OnHeartbeat(const HeartbeatInput& in, Ti
   return r;
 }
 
+namespace {
+
+// The refusal of the agent that asked with the earlier step (STEP_DISAGREEMENT): `node` asked
+// with `step`, the refused `other_node` with `other_step`.
+Status StepDisagreement(const std::string& group_id, uint32_t node, uint32_t step,
+                        uint32_t other_node, uint32_t other_step) {
+  return Refuse(Code::kConflict, Reason::kStepDisagreement,
+                "agents of group {} disagree on the step: node {} asked with step {}, node {} "
+                "with step {}",
+                group_id, node, step, other_node, other_step);
+}
+
+}  // namespace
+
 Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx, bool evaluate) {
   Impl& s = *impl_;
   LK_RETURN_IF_ERROR(
@@ -84,21 +98,16 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx, b
       if (r == in.node_rank || !other.asked || other.ask_step == in.step) continue;
       if (other.ask_has_state && in.has_state) {
         if (in.step < other.ask_step) {
-          return Refuse(Code::kConflict, Reason::kStepDisagreement,
-                        "agents of group {} disagree on the step: node {} asked with step {}, "
-                        "node {} with step {}",
-                        in.group_id, r, other.ask_step, in.node_rank, in.step);
+          return StepDisagreement(in.group_id, r, other.ask_step, in.node_rank, in.step);
         }
         stale_asks.push_back(r);
         continue;
       }
-      {
-        disagreement = fmt::format(
-            "steps_disagree job={} group={} incarnation={} node={} step={} other_node={} "
-            "other_step={} action=heal",
-            Q(in.job), Q(in.group_id), Q(in.incarnation), in.node_rank, in.step, r, other.ask_step);
-        break;
-      }
+      disagreement = fmt::format(
+          "steps_disagree job={} group={} incarnation={} node={} step={} other_node={} "
+          "other_step={} action=heal",
+          Q(in.job), Q(in.group_id), Q(in.incarnation), in.node_rank, in.step, r, other.ask_step);
+      break;
     }
   }
   s.ApplyTimeouts(now, fx);
@@ -159,10 +168,7 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx, b
       other.waiting = false;
       fx->rejections.push_back(
           {AgentKey{in.job, in.group_id, in.incarnation, r},
-           Refuse(Code::kConflict, Reason::kStepDisagreement,
-                  "agents of group {} disagree on the step: node {} asked with step {}, node {} "
-                  "with step {}",
-                  in.group_id, in.node_rank, in.step, r, other.ask_step)});
+           StepDisagreement(in.group_id, in.node_rank, in.step, r, other.ask_step)});
     }
   }
   a.ask_has_state = in.has_state;

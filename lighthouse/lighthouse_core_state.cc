@@ -264,7 +264,7 @@ void LighthouseCore::Impl::ReplaceIncarnation(Group& g, const std::string& incar
   NewGeneration(g, fx);
 }
 
-bool LighthouseCore::Impl::Touch(Group& g, uint32_t node_rank, uint32_t step,
+void LighthouseCore::Impl::Touch(Group& g, uint32_t node_rank, uint32_t step,
                                  const std::string& address, const std::string& phase,
                                  TimePoint now, Effects* fx) {
   AgentStatus& a = g.status.agents[node_rank];
@@ -284,14 +284,13 @@ bool LighthouseCore::Impl::Touch(Group& g, uint32_t node_rank, uint32_t step,
   if (AdvanceStep(g, step, now)) waits_changed = true;
   if (waits_changed) RefreshWaits(*g.job, now);
   RearmHeartbeat(g, now);
-  if (g.alive || !IsAlive(g.status, options.heartbeat_timeout, now)) return false;
+  if (g.alive || !IsAlive(g.status, options.heartbeat_timeout, now)) return;
   g.alive = true;
   RearmCollect(g, now);
   if (g.reason.rfind("heartbeat_timeout", 0) == 0) g.lapsed_from = g.reason;
   if (g.status.mode != GroupMode::kLeft) g.reason.clear();
   fx->events.push_back(fmt::format("group_healthy job={} group={} incarnation={}", Q(g.job->name),
                                    Q(g.status.group_id), Q(g.status.incarnation)));
-  return true;
 }
 
 bool LighthouseCore::Impl::AdvanceStep(Group& g, uint32_t step, TimePoint now) {

@@ -122,8 +122,9 @@ struct LighthouseCore::Impl {
                uint32_t nodes, TimePoint now, Effects* fx);
   void ReplaceIncarnation(Group& g, const std::string& incarnation, uint32_t nodes, TimePoint now,
                           Effects* fx);
-  // Records contact from one agent; returns true when the group came alive.
-  bool Touch(Group& g, uint32_t node_rank, uint32_t step, const std::string& address,
+  // Records contact from one agent; a group that comes alive again keeps the heartbeat_timeout
+  // it lapsed from in lapsed_from, for its next heartbeat's answer.
+  void Touch(Group& g, uint32_t node_rank, uint32_t step, const std::string& address,
              const std::string& phase, TimePoint now, Effects* fx);
   // Moves the group's step forward (never back) and restarts its progress clock; returns
   // whether it moved. Callers refresh the job's waits (RefreshWaits) once after their changes.
