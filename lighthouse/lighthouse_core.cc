@@ -139,6 +139,29 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx, b
     }
   }
 
+  // A member of the standing quorum asks again, not with the step it was taken at (a retry,
+  // above) and either for a step the quorum does not lead past (an ask ahead, or the next
+  // round after a commit, asks for the step after the quorum's) or while its trainers hold
+  // another quorum: it never took this quorum's answer (lost on the way, or cut by its
+  // deadline while the lighthouse was away, and it went on with its old quorum), so it will
+  // never step on it. The others would wait in the quorum's step for it until their
+  // communicators time out: the quorum is lost, as for a member that left, and the next one
+  // takes everybody's new ask. No notice names the group: it did nothing wrong (its agent
+  // counts a notice naming its own life as an eviction), as for a failed outer step.
+  if (existing != nullptr && existing->in_quorum && !existing->lost && !existing->committed &&
+      !existing->job->lost && !existing->job->force_new &&
+      (in.step <= existing->job->plan.max_step ||
+       (in.on_quorum_id != 0 && in.on_quorum_id != existing->job->quorum_id))) {
+    Impl::Job& standing = *existing->job;
+    standing.lost = standing.force_new = true;
+    fx->watch_wakeups.insert(standing.name);
+    fx->persist_jobs.push_back(s.Record(standing));
+    fx->events.push_back(fmt::format(
+        "quorum_abandoned job={} quorum_id={} group={} incarnation={} node={} step={} "
+        "on_quorum_id={}",
+        Q(in.job), standing.quorum_id, Q(in.group_id), Q(in.incarnation), in.node_rank, in.step,
+        in.on_quorum_id));
+  }
   Impl::Group& g = s.Admit(in.job, in.group_id, in.incarnation, in.nodes, now, fx);
   Impl::Job& job = *g.job;
   s.Touch(g, in.node_rank, in.step, in.address, "", now, fx);
@@ -309,7 +332,11 @@ Result<bool> LighthouseCore::OnCommit(const CommitInput& in, TimePoint now, Effe
   s.ApplyTimeouts(now, fx);
   // A timeout due at `now` may have issued a newer quorum: the commit then only moves steps.
   const bool current = in.quorum_id == job.quorum_id && g->in_quorum;
-  g->committed = g->committed || current;
+  // A late commit is of an earlier round of this id: the round handed out now is not used by
+  // it, and a node of the group whose answer to this round was lost still retries into it (the
+  // agents' simulation, seed 23931: counted as used, the retry asked anew and the group's other
+  // node waited in the round for good).
+  g->committed = g->committed || (current && !late);
   s.Touch(*g, in.node_rank, in.ok ? std::max(in.step, g->status.step) : g->status.step, "", "", now,
           fx);
   if (in.ok) {

@@ -69,6 +69,10 @@ struct MemberData {
   std::vector<std::string> addresses;  // index node_rank; shard server of each agent
   bool heal = false;
   bool has_state = true;
+  // Some of its agents asked with state and some without (a node whose answer was lost while
+  // its peer nodes' trainers healed): its trainers' shards are from different steps, so it is no
+  // donor of any state, trained or first. Not persisted: it only shapes the plan it is made for.
+  bool partial = false;
   uint32_t group_size = 0;         // trainers in the group when the quorum formed (0: not known)
   bool mixed_group_sizes = false;  // it could average across group sizes then
 };
@@ -171,6 +175,8 @@ struct JoinInput {
   uint32_t group_size = 0;
   // Every trainer of the group averages across groups of other sizes (see ComputeQuorum).
   bool mixed_group_sizes = false;
+  // The quorum the agent's trainers were last handed (0: none, or an agent that does not say).
+  uint32_t on_quorum_id = 0;
 };
 
 struct CommitInput {

@@ -28,6 +28,13 @@ void LighthouseCore::Impl::Evaluate(Job& job, TimePoint now, Effects* fx) {
         d.wake_at = c.wake_at;
       }
     }
+    if (d.issue && !d.members.empty() && !NewestCheckpoint(job) &&
+        std::all_of(d.members.begin(), d.members.end(), [](const GroupStatus* s) {
+          return !AskHasState(*s) && AnyAskHasState(*s);
+        })) {
+      for (const GroupStatus* s : d.members) EvictStateLost(job.groups.at(s->group_id), now, fx);
+      continue;
+    }
     if (d.issue) {
       Issue(job, d, now, fx);
       continue;
@@ -91,6 +98,7 @@ void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint no
     m.incarnation = s->incarnation;
     m.step = AskStep(*s);
     m.has_state = AskHasState(*s);
+    m.partial = !m.has_state && AnyAskHasState(*s);
     m.group_size = s->group_size;
     m.mixed_group_sizes = MixesGroupSizes(*s);
     m.addresses.reserve(s->agents.size());
@@ -166,6 +174,17 @@ void LighthouseCore::Impl::Issue(Job& job, const QuorumDecision& d, TimePoint no
         "lost_steps={} location={}",
         Q(job.name), job.quorum_id, job.committed_step, job.plan.restore->step,
         job.committed_step - job.plan.restore->step, Q(job.plan.restore->location)));
+  }
+  // Neither a live member nor a checkpoint holds the committed state whole (the only copy of a
+  // shard went with a group that died, the rest sits in a partial member): the run goes on from
+  // what is left, and the steps after it are trained again. Said once per quorum id.
+  if (changed && !job.plan.restore && !d.catch_up && job.plan.max_step < job.committed_step) {
+    fx->events.push_back(fmt::format(
+        "state_lost job={} quorum_id={} committed_step={} max_step={} lost_steps={} reason={}",
+        Q(job.name), job.quorum_id, job.committed_step, job.plan.max_step,
+        job.committed_step - job.plan.max_step,
+        Q("no live member or checkpoint holds the committed state: register checkpoints "
+          "(--ckpt-dir) so that a restore can bring it back")));
   }
   fx->events.push_back(fmt::format(
       "quorum_issued job={} quorum_id={} changed={} members={} healing={} max_step={}{}{}{} "

@@ -364,5 +364,26 @@ TEST_CASE("late: a failed outer step tells the quorum's other members at once") 
   CHECK(h.Answer("a")->quorum_id > q);
 }
 
+// The agents' simulation, seed 23931: a node's kept commit of the earlier round arrived after
+// the round was handed out again; counted as a use of the new round, the retry of the group's
+// other node (whose answer was lost) was taken as a new ask, and the node that had its answer
+// waited in the round for good.
+TEST_CASE("late: a late commit does not use the round handed out now - a retry still gets it") {
+  Harness h;
+  h.Form({"a", "b"});
+  REQUIRE(h.Commit("a", 1, 1).ok());
+  REQUIRE(h.Commit("b", 1, 1).ok());
+  REQUIRE(h.Join("a", 1).ok());
+  REQUIRE(h.Join("b", 1).ok());
+  REQUIRE(h.fx.answers.size() == 2);
+  REQUIRE(h.Answer("a")->quorum_id == 1);
+  REQUIRE(h.Commit("a", 1, 1).ok());  // the kept commit of the round before
+  CHECK(h.HasEvent("commit job=j quorum_id=1 group=a incarnation=i1 node=0 step=1 ok=true "
+                   "committed_step=1 tokens=0 continued=false late=true"));
+  REQUIRE(h.Join("a", 1).ok());
+  REQUIRE(h.Answer("a") != nullptr);
+  CHECK(h.Answer("a")->reason == "retry: current quorum 1");
+}
+
 }  // namespace
 }  // namespace lk::lighthouse::testing

@@ -207,6 +207,86 @@ TEST_CASE("retry: a member re-asking with its quorum step is answered at once") 
   CHECK(h.fx.answers.empty());
 }
 
+// The agents' simulation, seeds 19376 and 24445: a member's answer was lost while the
+// lighthouse was away; it went on with its old quorum and asked again from there, and the others
+// waited in the new quorum's step for it for good.
+TEST_CASE("asked again: a member of the standing quorum that never took its answer loses it") {
+  auto ask = [](Harness& h, const std::string& g, uint32_t step, uint32_t on_quorum) {
+    h.fx = {};
+    JoinInput in{h.job, g, "i1", 0, 1, step, false, true, "addr-" + g};
+    in.on_quorum_id = on_quorum;
+    return h.core.OnJoin(in, h.clock.Now(), &h.fx);
+  };
+  SUBCASE("an ask at or below the quorum's step, not the one it was taken at") {
+    Harness h;
+    h.Form({"a", "b"}, 5);
+    REQUIRE(ask(h, "a", 4, 0).ok());
+    CHECK(h.HasEvent("quorum_abandoned job=j quorum_id=1 group=a incarnation=i1 node=0 step=4 "
+                     "on_quorum_id=0"));
+    CHECK(h.fx.watch_wakeups.count("j") == 1);
+    CHECK(h.fx.persist_jobs.size() == 1);  // a restart must not hand quorum 1 out again
+    REQUIRE(h.core.Watch("j", 1).ok());
+    CHECK(h.core.Watch("j", 1)->lost);
+    // No notice names a: its agent would take it for an eviction.
+    REQUIRE(h.Beat("a", 4).ok());
+    CHECK(h.Beat("a", 4).value().notices.empty());
+    // b fails its step and asks again: the next quorum takes both, a healing.
+    REQUIRE(h.Commit("b", 1, 6, /*ok=*/false).ok());
+    REQUIRE(h.Join("b", 5).ok());
+    REQUIRE(h.Answer("a") != nullptr);
+    CHECK(h.Answer("a")->quorum_id == 2);
+    CHECK(h.Answer("a")->heal);
+    CHECK(h.Answer("b")->quorum_id == 2);
+  }
+  SUBCASE("a quorum lost already (a failed step) is not abandoned again") {
+    Harness h;
+    h.Form({"a", "b"}, 5);
+    REQUIRE(h.Commit("b", 1, 6, /*ok=*/false).ok());
+    REQUIRE(ask(h, "a", 5, 0).ok());
+    CHECK_FALSE(h.HasEvent("quorum_abandoned"));
+  }
+  SUBCASE("an ask ahead from a member on another quorum") {
+    Harness h;
+    h.Form({"a", "b"}, 5);
+    REQUIRE(ask(h, "a", 6, 3).ok());
+    CHECK(h.HasEvent("quorum_abandoned job=j quorum_id=1 group=a incarnation=i1 node=0 step=6 "
+                     "on_quorum_id=3"));
+    CHECK(h.core.Watch("j", 1)->lost);
+  }
+  SUBCASE("an ask ahead from a member on this quorum, or one that does not say, keeps it") {
+    for (uint32_t on : {0u, 1u}) {
+      CAPTURE(on);
+      Harness h;
+      h.Form({"a", "b"}, 5);
+      REQUIRE(ask(h, "a", 6, on).ok());
+      CHECK_FALSE(h.HasEvent("quorum_abandoned"));
+      CHECK_FALSE(h.core.Watch("j", 1)->lost);
+    }
+  }
+  SUBCASE("the same step again is a retry, answered at once") {
+    Harness h;
+    h.Form({"a", "b"}, 5);
+    REQUIRE(ask(h, "a", 5, 1).ok());
+    CHECK_FALSE(h.HasEvent("quorum_abandoned"));
+    REQUIRE(h.Answer("a") != nullptr);
+    CHECK(h.Answer("a")->quorum_id == 1);
+  }
+}
+
+TEST_CASE("state_lost: no live member and no checkpoint holds the committed step") {
+  Harness h;
+  h.Form({"a", "b"});
+  REQUIRE(h.Commit("a", 1, 1).ok());
+  REQUIRE(h.Commit("b", 1, 1).ok());
+  REQUIRE(h.Leave("a").ok());
+  REQUIRE(h.Leave("b").ok());
+  for (const char* g : {"c", "d"}) REQUIRE(h.Beat(g).ok());
+  REQUIRE(h.Join("c", 0, "i1", 0, 1, /*has_state=*/false).ok());
+  REQUIRE(h.Join("d", 0, "i1", 0, 1, /*has_state=*/false).ok());
+  REQUIRE(h.fx.answers.size() == 2);
+  CHECK(h.HasEvent("state_lost job=j quorum_id=2 committed_step=1 max_step=0 lost_steps=1 "));
+}
+
 TEST_CASE("Load: ids continue - loaded members retry and rejoin on the fast path") {
   Harness first;
   first.Form({"a", "b"});

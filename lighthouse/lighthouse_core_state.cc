@@ -422,6 +422,21 @@ void LighthouseCore::Impl::Evict(Group& g, TimePoint now, Effects* fx) {
             now, fx);
 }
 
+void LighthouseCore::Impl::EvictStateLost(Group& g, TimePoint now, Effects* fx) {
+  g.status.mode = GroupMode::kEvicted;
+  g.reason = "state_lost";
+  fx->events.push_back(fmt::format(
+      "group_evicted job={} group={} incarnation={} step={} reason=state_lost", Q(g.job->name),
+      Q(g.status.group_id), Q(g.status.incarnation), g.status.step));
+  LoseMember(g, "state_lost", now, fx);
+  ClearAsks(g,
+            Refuse(Code::kAborted, Reason::kGroupEvicted,
+                   "group {} evicted: state_lost: its nodes hold shards of different steps, and "
+                   "no other member and no checkpoint holds the rest; a new life starts afresh",
+                   g.status.group_id),
+            now, fx);
+}
+
 void LighthouseCore::Impl::SetDeadline(std::optional<TimePoint>& slot, std::optional<TimePoint> at,
                                        DeadlineKind kind, void* who) {
   if (slot == at) return;

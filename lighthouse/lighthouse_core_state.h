@@ -132,6 +132,10 @@ struct LighthouseCore::Impl {
 
   // Loss of a member of the current quorum: notice, watch wakeup, next quorum gets a new id.
   void LoseMember(Group& g, const std::string& reason, TimePoint now, Effects* fx);
+  // A partial group (its nodes' shards from different steps) in a quorum with no whole member
+  // and no checkpoint: nothing can make its state whole, so its life ends (the agent leaves as
+  // evicted) and the next life starts afresh, instead of the quorum hanging on two steps.
+  void EvictStateLost(Group& g, TimePoint now, Effects* fx);
   // Forgets the group's asks; waiting agents get `why`. A member that stops waiting in a round
   // starts its progress clock (rule 8) afresh at `now`: time spent waiting is no stall.
   void ClearAsks(Group& g, const Status& why, TimePoint now, Effects* fx);

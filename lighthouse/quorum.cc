@@ -54,6 +54,11 @@ bool AskHasState(const GroupStatus& group) {
   return true;
 }
 
+bool AnyAskHasState(const GroupStatus& group) {
+  return std::any_of(group.agents.begin(), group.agents.end(),
+                     [](const AgentStatus& a) { return a.asked && a.ask_has_state; });
+}
+
 bool AskShrinkOnly(const GroupStatus& group) {
   for (const AgentStatus& a : group.agents) {
     if (a.asked && a.ask_shrink_only) return true;
@@ -389,21 +394,23 @@ RecoveryPlan PlanRecovery(std::vector<MemberData> members, const std::vector<boo
     // the first on a tie, as the trainers' own state sync picks its donor (diloco/outer.cc
     // PlanStateSync). The first member alone, whatever it held, left a fresh member at step 0
     // answered without a heal beside a max_step above it, and its commits were refused for good.
+    // A partial member (its nodes' shards from different steps) gives nothing while a whole one
+    // is there: as a donor it handed each slot whatever that slot held, a model of two steps.
+    // Its shards that are ahead are then lost with the only copy that was left of the rest.
+    auto rank_of = [&](size_t i) {
+      return std::make_tuple(!members[i].partial, members[i].has_state, members[i].step);
+    };
     size_t source = 0;
     for (size_t i = 1; i < members.size(); ++i) {
-      if (std::make_pair(members[i].has_state, members[i].step) >
-          std::make_pair(members[source].has_state, members[source].step)) {
-        source = i;
-      }
+      if (rank_of(i) > rank_of(source)) source = i;
     }
-    for (size_t i = 0; i < members.size(); ++i) {
-      members[i].heal = i != source;
-      plan.max_step = std::max(plan.max_step, members[i].step);
-    }
+    for (size_t i = 0; i < members.size(); ++i) members[i].heal = i != source;
+    // Every member takes the source's state at the source's step: a healer's own step above it
+    // (a partial member's) is state that no longer exists whole.
+    plan.max_step = members[source].step;
     // Trained state is no first start: the others heal from it as from any donor (and a plan
     // rebuilt after a restart, PlanFromIssued, reads it the same way).
     plan.initial = !members[source].has_state;
-    if (members[source].has_state) plan.max_step = members[source].step;
   }
   Share(std::move(members), &plan);
   return plan;

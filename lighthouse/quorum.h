@@ -75,6 +75,8 @@ bool IsParticipant(const GroupStatus& group);
 // The step its asking agents with state asked with (those without state heal anyway).
 uint32_t AskStep(const GroupStatus& group);
 bool AskHasState(const GroupStatus& group);
+// Whether any of its agents asked with state.
+bool AnyAskHasState(const GroupStatus& group);
 bool AskShrinkOnly(const GroupStatus& group);
 // Every agent of the group said its shape (its trainers per group and whether they mix) in an
 // ask of this incarnation, or the quorum record kept it across a lighthouse restart. A group that

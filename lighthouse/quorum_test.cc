@@ -281,6 +281,7 @@ struct PlanRow {
   std::vector<std::vector<uint32_t>> sources;  // per rank
   uint32_t max_step;
   bool initial;
+  std::vector<bool> partial = {};  // per rank; empty: none
 };
 
 TEST_CASE("PlanRecovery: rule 7 heal flags - striped donors - checkpoint - initial weights") {
@@ -363,6 +364,30 @@ TEST_CASE("PlanRecovery: rule 7 heal flags - striped donors - checkpoint - initi
        {{1}, {}, {1}},
        1,
        false},
+      // The agents' simulation, seed 3576: one node of a group healed to step 6 while the
+      // other's answer was lost, and every member that held step 6 died. As the source the
+      // partial group gave each slot whatever that slot held (shards of steps 6 and 0), and the
+      // outer step never completed. The whole fresh member is the source; step 6 is lost.
+      {"no live state: a partial member (its shards of two steps) is no donor beside a whole one",
+       {6, 0},
+       {0, 0},
+       {},
+       false,
+       "h-",
+       {{1}, {}},
+       0,
+       true,
+       {1, 0}},
+      {"every member partial (the core evicts them before it plans): the furthest",
+       {6, 3},
+       {0, 0},
+       {},
+       false,
+       "-h",
+       {{}, {0}},
+       6,
+       true,
+       {1, 1}},
   };
   for (const PlanRow& row : rows) {
     const std::string name = row.name;
@@ -374,6 +399,7 @@ TEST_CASE("PlanRecovery: rule 7 heal flags - striped donors - checkpoint - initi
       m.incarnation = "i1";
       m.step = row.steps[i];
       m.has_state = row.has_state[i];
+      m.partial = i < row.partial.size() && row.partial[i];
       members.push_back(m);
     }
     std::optional<CheckpointData> newest;

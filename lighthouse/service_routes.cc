@@ -155,7 +155,7 @@ void Service::Impl::HandleQuorum(const Request& req, Responder respond) {
   JoinInput join{in.job(),         in.group_id(), in.incarnation(), in.node_rank(),
                  in.nodes(),       in.step(),     in.shrink_only(), !in.fresh(),
                  in.address(),     in.generation(), in.group_size(),
-                 in.mixed_group_sizes()};
+                 in.mixed_group_sizes(), in.on_quorum_id()};
   Effects fx;
   st = core.OnJoin(join, Now(), &fx, /*evaluate=*/false);
   if (!st.ok()) {

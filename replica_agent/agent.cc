@@ -335,6 +335,7 @@ pb::QuorumRequest Agent::Impl::QuorumRequestFor(const Effect& ask) const {
   q.set_generation(generation.load());
   q.set_group_size(ask.group_size);
   q.set_mixed_group_sizes(ask.mixed_group_sizes);
+  q.set_on_quorum_id(ask.quorum_id);
   return q;
 }
 

@@ -318,6 +318,7 @@ Effect AgentCore::AskEffect() const {
   e.group_size = s_.group_size;
   e.mixed_group_sizes = !s_.trainers.empty();
   for (const auto& [r, t] : s_.trainers) e.mixed_group_sizes &= t.mixed_group_sizes;
+  e.quorum_id = s_.quorum ? s_.quorum->quorum_id : 0;
   return e;
 }
 
@@ -701,9 +702,13 @@ void AgentCore::OnAskResult(const AskResult& in, Effects* fx) {
   // trainer waiting on it: it keeps retrying until they poll.
   // A refusal for a lapsed heartbeat comes from a lighthouse that is there: the quorum is going
   // on without this group, so the ask is retried (the next heartbeat makes the group healthy).
+  // A quorum newer than the trainers' that was lost (one fetched ahead, then lost) says theirs
+  // is superseded: the others went on to a newer one, and trainers going on with the old one
+  // alone would wait in its step for good (the agents' simulation, seed 20147: this node's
+  // trainers continued on the old quorum while the group's other node took the next one).
   if (st.code() == Code::kUnavailable && st.reason() != Reason::kGroupUnhealthy && current &&
       s_.quorum && !s_.draining && a.kind == Ask::Kind::kForTrainers &&
-      !s_.lost_quorums.count(s_.quorum->quorum_id)) {
+      s_.lost_quorums.lower_bound(s_.quorum->quorum_id) == s_.lost_quorums.end()) {
     if (!s_.told_continuing) {
       s_.told_continuing = true;
       fx->push_back(

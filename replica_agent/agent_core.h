@@ -150,7 +150,8 @@ struct Effect {
     kRefusePoll,       // rank: answer its waiting poll with `status`
     kAsk,              // the ask state changed: the quorum thread sends PendingAsk() (an ask
                        // for `step`, serial `id`; the same serial again: the ask in flight
-                       // now answers the trainers, and one held back may go)
+                       // now answers the trainers, and one held back may go; `quorum_id`:
+                       // the one the trainers were last handed, 0 if none)
     kCancelBehindAsk,  // cancel the call of a behind ask in flight
     kQueueCommit,      // a commit or failure report for the outbox (step, quorum_id, ...)
     kPublishBoard,     // put `board_answer` on the board

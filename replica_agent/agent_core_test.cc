@@ -406,6 +406,34 @@ TEST_CASE("no continuing on a lost quorum, during a drain, or without any quorum
   CHECK(fresh.Count(K::kAnswerPoll) == 0);
 }
 
+TEST_CASE("no continuing on a quorum superseded by a newer one that was lost") {
+  Harness h(1, true);
+  h.Start(1);
+  REQUIRE(h.CommitAll(1).ok());
+  h.AskOk(1, Q1(2, 1));  // fetched ahead
+  h.Lost(2);
+  h.PollAll(1);
+  h.fx.clear();
+  h.AskFails(1, Status(Code::kUnavailable, "connection reset"));
+  CHECK(h.Count(K::kAnswerPoll) == 0);
+  CHECK_FALSE(h.Logged("lighthouse_unreachable continuing"));
+  CHECK(h.ask() == Ask::Kind::kForTrainers);  // retried
+}
+
+TEST_CASE("an ask names the quorum the trainers were last handed") {
+  Harness h(1, true);
+  Harness fresh(1);
+  fresh.Hello();
+  fresh.PollAll(0);
+  REQUIRE(fresh.Count(K::kAsk) == 1);
+  CHECK(fresh.Of(K::kAsk)[0].quorum_id == 0);
+  h.Start(3);
+  h.fx.clear();
+  REQUIRE(h.CommitAll(1).ok());
+  REQUIRE(h.Count(K::kAsk) == 1);  // ahead, for step 1
+  CHECK(h.Of(K::kAsk)[0].quorum_id == 3);
+}
+
 TEST_CASE(
     "a continued group asks for its step after all when a heartbeat says round_pending (443c136)") {
   Harness h(1);

@@ -477,7 +477,8 @@ class AgentSim {
                      g.nodes,         ask->step,
                      false,           !ask->fresh,
                      Address(l, n),   node.generation,
-                     ask->group_size, ask->mixed_group_sizes};
+                     ask->group_size, ask->mixed_group_sizes,
+                     ask->quorum_id};
     lh::Effects fx;
     const lh::AgentKey key = Key(l, n);
     // A newer ask of the same agent supersedes the one held (the service answers it 409).
