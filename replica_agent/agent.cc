@@ -64,12 +64,9 @@ void Agent::Drain(const std::string& reason, bool checkpoint, std::function<void
   impl_->Drain(reason, checkpoint, std::move(after_leave));
 }
 void Agent::SignalArrived() {
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->signalled = true;
-    impl_->core->OnSignalArrived();
-  }
-  impl_->cv.notify_all();  // a final-report wait shortens to the quick bound (SendLeave)
+  impl_->signalled = true;
+  boost::asio::post(impl_->ioc, [impl = impl_] { impl->core->OnSignalArrived(); });
+  impl_->Wake();  // a final-report wait shortens to the quick bound (SendLeave)
 }
 const std::string& Agent::incarnation() const { return impl_->options.incarnation; }
 
@@ -216,11 +213,9 @@ Status Agent::Impl::Start() {
       options.advertise = scheme + ip + bound.substr(bound.rfind(':'));
     }
   }
-  {
-    // No input reached the core yet: it starts again knowing whether trainers have a board.
-    std::lock_guard<std::mutex> lock(mu);
-    core = MakeCore(board != nullptr);
-  }
+  // No input reached the core yet, and no thread runs: it starts again knowing whether
+  // trainers have a board.
+  core = MakeCore(board != nullptr);
   StartHelloTimer();
   LK_LOG_INFO("agent_listening socket={} serve={} advertise={} incarnation={} serve_tls={}",
               options.socket, peer_server ? peer_server->LocalAddress() : "", options.advertise,
@@ -235,26 +230,62 @@ Status Agent::Impl::Start() {
 
 int Agent::Impl::Run() {
   ioc.run();
-  // The lighthouse threads may sit in a long-poll: cancelled, they return at once and are
-  // joined, as are the pool's workers and any leave still on its way.
-  {
-    // Under mu: a loop between its predicate check and its wait must not miss this.
-    std::lock_guard<std::mutex> lock(mu);
-    stopping = true;
-  }
-  cv.notify_all();
+  // The io thread is done: a thread handing it an input gets nothing back and ends. The
+  // lighthouse threads may sit in a long-poll: cancelled, they return at once and are joined,
+  // as are the pool's workers and any leave still on its way.
+  io_done = true;
+  stopping = true;
+  Wake();
   if (board) board->RingDoorbell();
   CancelLighthouseClients();
   if (workers) workers->Stop();
   JoinThreads();
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!outbox.empty()) {
-      LK_LOG_WARN("outbox_undelivered pending={} delivered={} dropped={} {}", outbox.size(),
-                  outbox_delivered, outbox.dropped(), outbox.Summary());
-    }
+  // Every thread is joined: this one is the only one left.
+  if (!outbox.empty()) {
+    LK_LOG_WARN("outbox_undelivered pending={} delivered={} dropped={} {}", outbox.size(),
+                outbox_delivered, outbox.dropped(), outbox.Summary());
   }
   return exit_code.load() < 0 ? 0 : exit_code.load();
+}
+
+void Agent::Impl::Wake() {
+  {
+    std::lock_guard<std::mutex> lock(wake_mu);
+    ++wake_seq;
+  }
+  wake_cv.notify_all();
+}
+
+uint64_t Agent::Impl::WakeSeq() {
+  std::lock_guard<std::mutex> lock(wake_mu);
+  return wake_seq;
+}
+
+void Agent::Impl::WaitWake(uint64_t seen, Millis max) {
+  std::unique_lock<std::mutex> lock(wake_mu);
+  wake_cv.wait_for(lock, max, [&] { return wake_seq != seen || stopping.load(); });
+}
+
+void Agent::Impl::SleepUnlessStopping(Millis d) {
+  std::unique_lock<std::mutex> lock(wake_mu);
+  wake_cv.wait_for(lock, d, [&] { return stopping.load(); });
+}
+
+bool Agent::Impl::AwaitOnIo(const std::function<bool()>& pred,
+                            std::chrono::steady_clock::time_point deadline) {
+  while (!stopping) {
+    // Read before asking: a change after the ask bumps it, and the wait below returns at once.
+    const uint64_t seen = WakeSeq();
+    std::optional<bool> holds = OnIo([&] { return pred(); });
+    if (!holds) return false;
+    if (*holds) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    // Woken by every change the io thread makes; the cap only bounds a wait for a change made
+    // by nobody (a time that passes), which none of the predicates is.
+    WaitWake(seen, std::min(std::chrono::duration_cast<Millis>(deadline - now), Millis(1000)));
+  }
+  return false;
 }
 
 void Agent::Impl::StartHelloTimer() {
@@ -262,10 +293,9 @@ void Agent::Impl::StartHelloTimer() {
   hello_timer = std::make_unique<boost::asio::steady_timer>(ioc, options.hello_timeout);
   hello_timer->async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
     if (ec || self->stopping) return;
-    std::lock_guard<std::mutex> lock(self->mu);
     Effects fx;
     self->core->OnTick(std::chrono::steady_clock::now(), &fx);
-    self->ApplyLocked(std::move(fx));
+    self->Apply(std::move(fx));
   });
 }
 
@@ -273,15 +303,18 @@ void Agent::Impl::HeartbeatLoop() {
   auto client = LighthouseClient();
   int failures = 0;
   while (!stopping) {
-    pb::HeartbeatRequest hb;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      // After a drain the group has left: a heartbeat now would only be refused as stale.
-      if (core->state().draining) return;
-      SyncBoardLocked();
-      hb.set_step(core->state().committed_step);
-      hb.set_phase(std::string(PhaseName(core->ReportedPhase())));
-    }
+    // After a drain the group has left: a heartbeat now would only be refused as stale.
+    std::optional<std::optional<pb::HeartbeatRequest>> next = OnIo([&] {
+      std::optional<pb::HeartbeatRequest> hb;
+      if (core->state().draining) return hb;
+      SyncBoard();
+      hb.emplace();
+      hb->set_step(core->state().committed_step);
+      hb->set_phase(std::string(PhaseName(core->ReportedPhase())));
+      return hb;
+    });
+    if (!next || !*next) return;
+    pb::HeartbeatRequest& hb = **next;
     hb.set_job(options.job);
     hb.set_group_id(options.group_id);
     hb.set_incarnation(options.incarnation);
@@ -311,12 +344,14 @@ void Agent::Impl::HeartbeatLoop() {
       if (failures++ == 0) LK_LOG_WARN("heartbeat_failed error={}", Q(st.ToString()));
       wait = std::min(wait, Backoff(failures));
     }
-    std::unique_lock<std::mutex> lock(mu);
-    Effects fx;
-    core->OnHeartbeat(in, &fx);
-    ApplyLocked(std::move(fx));
-    if (core->state().draining) return;
-    cv.wait_for(lock, wait, [&] { return stopping.load(); });
+    std::optional<bool> draining = OnIo([&] {
+      Effects fx;
+      core->OnHeartbeat(in, &fx);
+      Apply(std::move(fx));
+      return core->state().draining;
+    });
+    if (!draining || *draining) return;
+    SleepUnlessStopping(wait);
   }
 }
 
@@ -339,8 +374,8 @@ pb::QuorumRequest Agent::Impl::QuorumRequestFor(const Effect& ask) const {
   return q;
 }
 
-void Agent::Impl::FeedAskLocked(const Effect& ask, const Status& st, pb::QuorumResponse resp) {
-  SyncBoardLocked();
+void Agent::Impl::FeedAsk(const Effect& ask, const Status& st, pb::QuorumResponse resp) {
+  SyncBoard();
   AskResult in;
   in.serial = ask.id;
   in.step = ask.step;
@@ -352,23 +387,23 @@ void Agent::Impl::FeedAskLocked(const Effect& ask, const Status& st, pb::QuorumR
   }
   Effects fx;
   core->OnAskResult(in, &fx);
-  ApplyLocked(std::move(fx));
+  Apply(std::move(fx));
 }
 
 void Agent::Impl::QuorumLoop() {
   auto client = LighthouseClient();
   int failures = 0;
   while (!stopping) {
+    // An ask ahead waits until the node's commit reached the lighthouse, so that a new quorum
+    // never overtakes the commit of the step before it.
     Effect ask;
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      // An ask ahead waits until the node's commit reached the lighthouse, so that a new
-      // quorum never overtakes the commit of the step before it.
-      cv.wait(lock, [&] {
-        return stopping.load() || core->AskMayGo(outbox.Holds(ReportKind::kCommit));
-      });
-      if (stopping) return;
-      ask = *core->PendingAsk(outbox.Holds(ReportKind::kCommit));
+    if (!AwaitOnIo([&] {
+          const bool commit_pending = outbox.Holds(ReportKind::kCommit);
+          if (!core->AskMayGo(commit_pending)) return false;
+          ask = *core->PendingAsk(commit_pending);
+          return true;
+        })) {
+      return;
     }
     const pb::QuorumRequest q = QuorumRequestFor(ask);
     // An ask behind the trainers goes on a client of its own, which a newer ask cancels: the
@@ -376,34 +411,35 @@ void Agent::Impl::QuorumLoop() {
     std::shared_ptr<http::Client> behind_client;
     if (ask.ask_kind == Effect::AskKind::kBehind) {
       behind_client = CancellableLighthouseClient();
-      std::lock_guard<std::mutex> lock(mu);
-      behind_call = behind_client.get();
+      if (!OnIo([&] { behind_call = behind_client.get(); })) return;
     }
     pb::QuorumResponse resp;
     Status st = (behind_client ? behind_client : client)
                     ->Call("POST", "/v1/quorum", q, &resp, options.quorum_timeout + Millis(5000));
-    std::unique_lock<std::mutex> lock(mu);
-    if (behind_client) {
-      behind_call = nullptr;
-      if (core->state().ask.serial != ask.id) continue;  // superseded, and its call cancelled
-    }
     if (st.ok()) {
       failures = 0;
       if (resp.generation() != 0) generation = resp.generation();
     } else if (st.code() != Code::kDeadlineExceeded && failures++ == 0) {
       LK_LOG_WARN("quorum_failed error={}", Q(st.ToString()));
     }
-    FeedAskLocked(ask, st, std::move(resp));
     // Answered, superseded, or gone on without the lighthouse: nothing to retry; an open round
     // (deadline) is asked again at once.
-    const Ask& now = core->state().ask;
-    if (st.ok() || st.code() == Code::kDeadlineExceeded || !now.asking() || now.serial != ask.id) {
-      continue;
-    }
-    const bool was_ahead = ask.ask_kind == Effect::AskKind::kAhead;
-    cv.wait_for(lock, Backoff(failures), [&] {
-      return stopping.load() || (was_ahead && core->state().ask.kind != Ask::Kind::kAhead);
+    std::optional<bool> retry = OnIo([&] {
+      if (behind_client) {
+        behind_call = nullptr;
+        if (core->state().ask.serial != ask.id) return false;  // superseded, its call cancelled
+      }
+      FeedAsk(ask, st, std::move(resp));
+      const Ask& now = core->state().ask;
+      return !st.ok() && st.code() != Code::kDeadlineExceeded && now.asking() &&
+             now.serial == ask.id;
     });
+    if (!retry) return;
+    if (!*retry) continue;
+    // An ask ahead whose trainers came to poll meanwhile is retried at once, for them.
+    const bool was_ahead = ask.ask_kind == Effect::AskKind::kAhead;
+    const auto until = std::chrono::steady_clock::now() + Backoff(failures);
+    AwaitOnIo([&] { return was_ahead && core->state().ask.kind != Ask::Kind::kAhead; }, until);
   }
 }
 
@@ -411,17 +447,16 @@ void Agent::Impl::WatchLoop() {
   auto client = LighthouseClient();
   int failures = 0;
   while (!stopping) {
-    uint32_t qid;
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      // Watch the newest quorum known (fetched ahead, else the trainers') until it is lost;
-      // then wait for the next one.
-      cv.wait(lock, [&] {
-        auto target = core->WatchTarget();
-        return stopping.load() || (target && !core->state().lost_quorums.count(*target));
-      });
-      if (stopping) return;
-      qid = *core->WatchTarget();
+    // Watch the newest quorum known (fetched ahead, else the trainers') until it is lost; then
+    // wait for the next one.
+    uint32_t qid = 0;
+    if (!AwaitOnIo([&] {
+          auto target = core->WatchTarget();
+          if (!target || core->state().lost_quorums.count(*target)) return false;
+          qid = *target;
+          return true;
+        })) {
+      return;
     }
     auto r = client->Do("GET",
                         fmt::format("/v1/watch?job={}&quorum_id={}&timeout_ms=20000",
@@ -432,8 +467,7 @@ void Agent::Impl::WatchLoop() {
     if (st.ok()) st = http::Decode(r->body, http::BodyFormat(r->content_type), &w);
     if (!st.ok()) {
       if (failures++ == 0) LK_LOG_WARN("watch_failed error={}", Q(st.ToString()));
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait_for(lock, Backoff(failures), [&] { return stopping.load(); });
+      SleepUnlessStopping(Backoff(failures));
       continue;
     }
     failures = 0;
@@ -446,38 +480,37 @@ void Agent::Impl::WatchLoop() {
       in.names_this_group = true;
       in.evicted |= n.reason() == "progress_stalled";
     }
-    std::lock_guard<std::mutex> lock(mu);
-    SyncBoardLocked();
-    Effects fx;
-    core->OnQuorumLost(in, &fx);
-    ApplyLocked(std::move(fx));
-    cv.notify_all();
+    if (!OnIo([&] {
+          SyncBoard();
+          Effects fx;
+          core->OnQuorumLost(in, &fx);
+          Apply(std::move(fx));
+        })) {
+      return;
+    }
   }
 }
 
 void Agent::Impl::BoardLoop() {
   while (!stopping) {
     uint32_t seen = board->Doorbell();
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (stopping) return;
-      SyncBoardLocked();
-    }
+    if (!OnIo([&] { SyncBoard(); })) return;
     board->WaitDoorbell(seen, Millis(500));
   }
 }
 
 void Agent::Impl::Drain(const std::string& reason, bool checkpoint,
                         std::function<void()> after) {
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (core->state().draining) return;
-    after_leave = std::move(after);
+  // Posted, not awaited: the caller may be the thread that runs the io context next (a signal's
+  // handler on it, or a test that drives it).
+  boost::asio::post(ioc, [self = shared_from_this(), reason, checkpoint,
+                          after = std::move(after)]() mutable {
+    if (self->core->state().draining) return;
+    self->after_leave = std::move(after);
     Effects fx;
-    core->OnDrain(LeaveReason::kSignal, reason, checkpoint, &fx);
-    ApplyLocked(std::move(fx));
-  }
-  cv.notify_all();
+    self->core->OnDrain(LeaveReason::kSignal, reason, checkpoint, &fx);
+    self->Apply(std::move(fx));
+  });
 }
 
 // Calls `then(all_exited)` on the io thread once every known trainer process has exited, or
@@ -491,14 +524,11 @@ void Agent::Impl::WaitForTrainersThen(std::function<void(bool)> then) {
     std::weak_ptr<std::function<void()>> weak_check = check;
     *check = [self, deadline, then, weak_check] {
       bool alive = false;
-      {
-        std::lock_guard<std::mutex> lock(self->mu);
-        // The pidfd says when a trainer is gone; kill(pid, 0) would still find a zombie that
-        // its launcher has not reaped, so it only serves trainers without a pidfd.
-        for (auto& [r, t] : self->trainers) {
-          if (t.pid <= 0 || t.exited) continue;
-          alive |= t.pidfd ? true : ::kill(t.pid, 0) == 0;
-        }
+      // The pidfd says when a trainer is gone; kill(pid, 0) would still find a zombie that its
+      // launcher has not reaped, so it only serves trainers without a pidfd.
+      for (auto& [r, t] : self->trainers) {
+        if (t.pid <= 0 || t.exited) continue;
+        alive |= t.pidfd ? true : ::kill(t.pid, 0) == 0;
       }
       if (!alive || std::chrono::steady_clock::now() >= deadline) {
         if (alive) LK_LOG_WARN("drain_timeout trainers_still_running=true");
@@ -517,20 +547,19 @@ void Agent::Impl::Finish(int code) {
   LK_LOG_INFO("agent_exit code={}", code);
   exit_code = code;
   stopping = true;
-  cv.notify_all();
+  Wake();
   if (board) board->RingDoorbell();
   boost::asio::post(ioc, [self = shared_from_this()] {
     if (self->socket_server) self->socket_server->Stop();
     if (self->peer_server) self->peer_server->Stop();
     if (self->hello_timer) self->hello_timer->cancel();
-    std::lock_guard<std::mutex> lock(self->mu);
     if (self->board) {
       self->board->Close();
       self->board->Unlink();
     }
     Effects fx;
     self->core->OnStopping(&fx);
-    self->ApplyLocked(std::move(fx));
+    self->Apply(std::move(fx));
     for (auto& [r, t] : self->trainers) {
       if (t.pidfd) t.pidfd->close();
     }

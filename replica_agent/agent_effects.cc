@@ -81,7 +81,7 @@ pb::TrainerPollResponse Agent::Impl::ToWire(const PollAnswer& a) const {
   return r;
 }
 
-void Agent::Impl::QueueCommitLocked(const Effect& e) {
+void Agent::Impl::QueueCommit(const Effect& e) {
   pb::CommitRequest c;
   c.set_job(options.job);
   c.set_group_id(options.group_id);
@@ -100,10 +100,10 @@ void Agent::Impl::QueueCommitLocked(const Effect& e) {
   r.quorum_id = e.quorum_id;
   r.failed = e.failed;
   r.body = c.SerializeAsString();
-  QueueReportLocked(std::move(r));
+  QueueReport(std::move(r));
 }
 
-void Agent::Impl::SyncBoardLocked() {
+void Agent::Impl::SyncBoard() {
   if (!board) return;
   BoardLook look;
   if (auto t = board->Taken()) look.taken = BoardTicket{t->gen, t->step};
@@ -119,10 +119,10 @@ void Agent::Impl::SyncBoardLocked() {
   }
   Effects fx;
   core->OnBoardLook(look, &fx);
-  ApplyLocked(std::move(fx));
+  Apply(std::move(fx));
 }
 
-void Agent::Impl::ApplyLocked(Effects fx, const http::Responder* incoming,
+void Agent::Impl::Apply(Effects fx, const http::Responder* incoming,
                               http::Format incoming_format) {
   for (Effect& e : fx) {
     switch (e.kind) {
@@ -153,7 +153,7 @@ void Agent::Impl::ApplyLocked(Effects fx, const http::Responder* incoming,
         if (behind_call) behind_call->Cancel();
         break;
       case Effect::Kind::kQueueCommit:
-        QueueCommitLocked(e);
+        QueueCommit(e);
         break;
       case Effect::Kind::kPublishBoard: {
         if (!board) break;
@@ -172,7 +172,7 @@ void Agent::Impl::ApplyLocked(Effects fx, const http::Responder* incoming,
         if (board->Withdraw()) {
           LK_LOG_INFO("poll_answer_withdrawn step={} quorum_id={}", e.step, e.quorum_id);
         }
-        SyncBoardLocked();  // a trainer that took it first: the take stands
+        SyncBoard();  // a trainer that took it first: the take stands
         break;
       case Effect::Kind::kTakeFor:
         if (board) board->TakeFor(e.step);
@@ -186,7 +186,7 @@ void Agent::Impl::ApplyLocked(Effects fx, const http::Responder* incoming,
       case Effect::Kind::kCloseBoard:
         if (!board) break;
         board->Close();
-        SyncBoardLocked();
+        SyncBoard();
         break;
       case Effect::Kind::kAnswerNotice: {
         auto it = notice_waiters.find(e.id);
@@ -222,31 +222,32 @@ void Agent::Impl::ApplyLocked(Effects fx, const http::Responder* incoming,
         auto self = shared_from_this();
         Spawn([self, reason = e.text, checkpoint = e.checkpoint] {
           self->SendLeave(reason);
+          // after_leave is set once, on the io thread, before the drain that led here.
           if (checkpoint && self->after_leave) self->after_leave();
-          std::lock_guard<std::mutex> lock(self->mu);
-          Effects next;
-          self->core->OnLeaveDone(&next);
-          self->ApplyLocked(std::move(next));
+          self->OnIo([&] {
+            Effects next;
+            self->core->OnLeaveDone(&next);
+            self->Apply(std::move(next));
+          });
         });
         break;
       }
       case Effect::Kind::kWaitTrainers:
         WaitForTrainersThen([self = shared_from_this()](bool all_exited) {
-          std::lock_guard<std::mutex> lock(self->mu);
           Effects next;
           self->core->OnTrainersGone(all_exited, &next);
-          self->ApplyLocked(std::move(next));
+          self->Apply(std::move(next));
         });
         break;
       case Effect::Kind::kExit:
-        // Finish posts its work to the io thread, which takes mu after this returns.
+        // Finish posts its work to the io thread, which runs it after this returns.
         Finish(e.code);
         break;
     }
   }
   // The threads that wait on the core's state (the quorum, watch and outbox threads, a leave)
   // look again.
-  cv.notify_all();
+  Wake();
   // The lighthouse's answers older than the trainers' quorum are no longer read.
   if (const auto& q = core->state().quorum) {
     uint32_t keep = q->quorum_id;

@@ -2,16 +2,23 @@
 // threads, life cycle), agent_routes.cc (the trainers' socket API), agent_listeners.cc and
 // agent_outbox.cc. The shell does I/O only: it turns what it hears (a request, a lighthouse
 // answer, a process exit, the board) into the core's inputs and applies the effects in order.
-// Thread-safety: `mu` serializes every call into the core and every field below it.
+// Thread-safety: one thread, the io thread (Run), owns the core and every field below `core`:
+// the listeners, timers and pidfds run there, and the threads that block on the lighthouse (the
+// heartbeat, quorum, watch and outbox loops, a leave, the worker pool) hand it their inputs
+// with OnIo and sleep on the wake counter, which guards nothing but itself. No lock guards a
+// decision: the core is only ever called from the io thread.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -57,15 +64,15 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
 
   // ---- feeding the core (agent.cc) ----
   std::unique_ptr<AgentCore> MakeCore(bool with_board) const;
-  // With mu held: applies `fx` in order. `incoming` answers the poll being fed (OnPoll).
-  void ApplyLocked(Effects fx, const http::Responder* incoming = nullptr,
+  // On the io thread: applies `fx` in order. `incoming` answers the poll being fed (OnPoll).
+  void Apply(Effects fx, const http::Responder* incoming = nullptr,
                    http::Format incoming_format = http::Format::kJson);
-  // With mu held: reads what trainers did on the board and feeds it to the core (their taken
+  // On the io thread: reads what trainers did on the board and feeds it to the core (their taken
   // answers, commits and peer waits), as their socket calls would have been fed.
-  void SyncBoardLocked();
+  void SyncBoard();
   pb::TrainerPollResponse ToWire(const PollAnswer& a) const;
   Quorum FromWire(const pb::QuorumResponse& q) const;
-  void QueueCommitLocked(const Effect& e);
+  void QueueCommit(const Effect& e);
 
   // ---- life cycle (agent.cc) ----
   Status Start();
@@ -82,16 +89,19 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   void QuorumLoop();
   // The lighthouse request of the core's pending ask (kAsk).
   pb::QuorumRequest QuorumRequestFor(const Effect& ask) const;
-  // With mu held: the lighthouse's answer to `ask` (or why none came) to the core.
-  void FeedAskLocked(const Effect& ask, const Status& st, pb::QuorumResponse resp);
+  // On the io thread: the lighthouse's answer to `ask` (or why none came) to the core.
+  void FeedAsk(const Effect& ask, const Status& st, pb::QuorumResponse resp);
   void WatchLoop();
   // Delivers the outbox's reports in order, retrying with backoff while the lighthouse is away;
   // a report it refuses is logged and dropped (the lighthouse judged it).
   void OutboxLoop();
+  // On the io thread: the outcome `st` of delivering `r` (the first in line). False: the
+  // lighthouse is away, `r` stays first (failures counts the attempts of this outage).
+  bool Delivered(const Report& r, const Status& st, int* failures);
   // One delivery attempt of `r`; the lighthouse's answer or why none came.
   Status Deliver(http::Client& client, const Report& r);
-  // With mu held: puts `r` in the outbox and logs a report dropped past its bound.
-  void QueueReportLocked(Report r);
+  // On the io thread: puts `r` in the outbox and logs a report dropped past its bound.
+  void QueueReport(Report r);
   // Puts the leave in the outbox and waits until it was delivered or refused, up to the bound
   // (final_report_timeout for a finished group, shorter otherwise); logs what stays undelivered.
   void SendLeave(const std::string& reason);
@@ -127,9 +137,6 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   void HandlePhase(const http::Request& req, http::Responder respond);
   void HandlePoll(const http::Request& req, http::Responder respond);
   void HandleCommit(const http::Request& req, http::Responder respond);
-  // With mu held: a trainer's commit (from the socket or its board slot).
-  Status CommitLocked(Trainer& t, uint32_t step, bool failed, const std::string& state_hash,
-                      uint64_t tokens = 0);
   void HandleNotice(const http::Request& req, http::Responder respond);
   void HandleKv(const http::Request& req, http::Responder respond);
   void HandleStatus(const http::Request& req, http::Responder respond);
@@ -159,8 +166,31 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   // life from an older one.
   std::atomic<uint32_t> generation{0};
 
-  std::mutex mu;
-  std::condition_variable cv;
+  // ---- the io thread's hand-off (agent.cc) ----
+  // From any thread but the io thread: runs `f` there and returns its result, or nullopt once
+  // the io thread has stopped for good (the agent is exiting). A thread that gives up never
+  // sees `f` run later: the io context does not run again.
+  template <class F>
+  auto OnIo(F&& f) -> std::optional<std::conditional_t<std::is_void_v<std::invoke_result_t<F&>>,
+                                                       bool, std::invoke_result_t<F&>>>;
+  // Bumps the wake counter: the io thread's state changed (effects applied), a waiting loop
+  // looks again.
+  void Wake();
+  uint64_t WakeSeq();
+  // Sleeps until the wake counter moves past `seen`, the agent stops, or `max` passes.
+  void WaitWake(uint64_t seen, Millis max);
+  // Sleeps for `d` or until the agent stops.
+  void SleepUnlessStopping(Millis d);
+  // Runs `pred` on the io thread until it holds (true), the agent stops or `deadline` passes
+  // (false), sleeping on the wake counter in between.
+  bool AwaitOnIo(const std::function<bool()>& pred,
+                 std::chrono::steady_clock::time_point deadline =
+                     std::chrono::steady_clock::time_point::max());
+  std::atomic<bool> io_done{false};  // Run's io context returned: OnIo gives up
+  std::mutex wake_mu;                // guards wake_seq only
+  std::condition_variable wake_cv;
+  uint64_t wake_seq = 0;
+
   Outbox outbox;  // declared before `core`: the constructor reads options first
   // Every decision's state (agent_core.h).
   std::unique_ptr<AgentCore> core;
@@ -186,5 +216,31 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   // The poll board (null with --poll-board=false).
   std::unique_ptr<board::Board> board;
 };
+
+template <class F>
+auto Agent::Impl::OnIo(F&& f)
+    -> std::optional<std::conditional_t<std::is_void_v<std::invoke_result_t<F&>>, bool,
+                                        std::invoke_result_t<F&>>> {
+  using R = std::invoke_result_t<F&>;
+  using T = std::conditional_t<std::is_void_v<R>, bool, R>;
+  LK_CHECK(!ioc.get_executor().running_in_this_thread()) << "OnIo on the io thread";
+  if (io_done) return std::nullopt;
+  auto result = std::make_shared<std::promise<T>>();
+  std::future<T> ready = result->get_future();
+  boost::asio::post(ioc, [result, &f] {
+    if constexpr (std::is_void_v<R>) {
+      f();
+      result->set_value(true);
+    } else {
+      result->set_value(f());
+    }
+  });
+  // The caller waits here, so `f` (held by reference) outlives its run; once the io context is
+  // done it never runs, and the handler is destroyed with the context unrun.
+  while (ready.wait_for(Millis(50)) != std::future_status::ready) {
+    if (io_done) return std::nullopt;
+  }
+  return ready.get();
+}
 
 }  // namespace lk::agent

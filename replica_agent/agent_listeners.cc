@@ -151,14 +151,9 @@ void Agent::Impl::HandleCheckpoint(const http::Request& req, http::Responder res
       req.path, [self = shared_from_this(), in, f, shared] {
         // Reports the node made before (the commit of this step, usually) reach the lighthouse
         // first, so that it judges the registration against them.
-        bool away;
-        {
-          std::unique_lock<std::mutex> lock(self->mu);
-          self->cv.wait_for(lock, Millis(10'000), [&] {
-            return self->stopping.load() || self->outbox.empty() || self->outbox_failing;
-          });
-          away = !self->outbox.empty();
-        }
+        self->AwaitOnIo([&] { return self->outbox.empty() || self->outbox_failing; },
+                        std::chrono::steady_clock::now() + Millis(10'000));
+        bool away = self->OnIo([&] { return !self->outbox.empty(); }).value_or(true);
         Status st;
         pb::CheckpointInfo out;
         if (!away) {
@@ -170,16 +165,15 @@ void Agent::Impl::HandleCheckpoint(const http::Request& req, http::Responder res
           // The lighthouse is away: the checkpoint is durable already, and the agent owns the
           // registration from here (the outbox delivers it after the reports before it). The
           // trainer's call succeeds.
-          std::string waiting;
-          {
-            std::lock_guard<std::mutex> lock(self->mu);
-            Report r;
-            r.kind = ReportKind::kCheckpoint;
-            r.step = in.step();
-            r.body = in.SerializeAsString();
-            self->QueueReportLocked(std::move(r));
-            waiting = self->outbox.Summary();
-          }
+          std::string waiting = self->OnIo([&] {
+                                      Report r;
+                                      r.kind = ReportKind::kCheckpoint;
+                                      r.step = in.step();
+                                      r.body = in.SerializeAsString();
+                                      self->QueueReport(std::move(r));
+                                      return self->outbox.Summary();
+                                    })
+                                    .value_or("");
           LK_LOG_INFO("checkpoint_registration_queued step={} location={} {}", in.step(),
                       Q(in.location()), waiting);
           return (*shared)(http::Reply(in, f));
@@ -217,8 +211,7 @@ void Agent::Impl::HandleKv(const http::Request& req, http::Responder respond) {
 
 void Agent::Impl::HandleStatus(const http::Request& req, http::Responder respond) {
   (void)req;
-  std::lock_guard<std::mutex> lock(mu);
-  SyncBoardLocked();
+  SyncBoard();
   auto ready = board ? board->Ready() : std::nullopt;
   const AgentState& s = core->state();
   const bool fetched = s.ask.kind == Ask::Kind::kFetched;

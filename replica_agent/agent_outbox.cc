@@ -50,13 +50,13 @@ Status Agent::Impl::Deliver(http::Client& client, const Report& r) {
   return st;
 }
 
-void Agent::Impl::QueueReportLocked(Report r) {
+void Agent::Impl::QueueReport(Report r) {
   if (auto dropped = outbox.Push(std::move(r))) {
     LK_LOG_WARN("outbox_dropped kind={} step={} quorum_id={} outbox_max={} dropped={}",
                 ReportKindName(dropped->kind), dropped->step, dropped->quorum_id, outbox.max(),
                 outbox.dropped());
   }
-  cv.notify_all();
+  Wake();
 }
 
 void Agent::Impl::OutboxLoop() {
@@ -64,77 +64,83 @@ void Agent::Impl::OutboxLoop() {
   int failures = 0;
   while (!stopping) {
     Report r;
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return stopping.load() || !outbox.empty(); });
-      if (stopping) return;
-      r = outbox.front();
+    if (!AwaitOnIo([&] {
+          if (outbox.empty()) return false;
+          r = outbox.front();
+          return true;
+        })) {
+      return;
     }
     Status st = Deliver(*client, r);
-    std::unique_lock<std::mutex> lock(mu);
     // Cancelled by the agent's exit: the report stays undelivered (and is logged as such).
     if (stopping) return;
-    if (Retryable(st)) {
-      // The lighthouse is away: the report stays first in line; trainers go on meanwhile.
-      if (!outbox_failing) {
-        outbox_failing = true;
-        cv.notify_all();  // a checkpoint registration waiting on the outbox queues instead
-      }
-      // Once per outage, under the event names the agent has always used for these calls.
-      if (failures++ == 0) {
-        switch (r.kind) {
-          case ReportKind::kCommit:
-            LK_LOG_WARN("commit_failed step={} error={} pending={}", r.step, Q(st.ToString()),
-                        outbox.size());
-            break;
-          case ReportKind::kCheckpoint:
-            LK_LOG_WARN("checkpoint_registration_failed step={} error={} pending={}", r.step,
-                        Q(st.ToString()), outbox.size());
-            break;
-          case ReportKind::kLeave:
-            LK_LOG_WARN("leave_failed attempt=0 error={} pending={}", Q(st.ToString()),
-                        outbox.size());
-            break;
-        }
-      }
-      cv.wait_for(lock, Backoff(failures), [&] { return stopping.load(); });
-      continue;
-    }
-    if (failures > 0) {
-      LK_LOG_INFO("outbox_delivering after_failures={} pending={}", failures, outbox.size());
-      failures = 0;
-    }
-    outbox_failing = false;
-    outbox.Done(r.seq);
-    ++outbox_delivered;
-    switch (r.kind) {
-      case ReportKind::kCommit:
-        // A commit for a superseded quorum is moot: the next quorum carries the steps.
-        if (!st.ok()) {
-          LK_LOG_WARN("commit_refused step={} quorum_id={} error={}", r.step, r.quorum_id,
-                      Q(st.ToString()));
-        }
-        break;
-      case ReportKind::kCheckpoint:
-        if (st.ok()) {
-          LK_LOG_INFO("checkpoint_registered step={} late=true", r.step);
-        } else {
-          LK_LOG_WARN("checkpoint_refused step={} error={}", r.step, Q(st.ToString()));
-        }
-        break;
-      case ReportKind::kLeave:
-        LK_LOG_INFO("left reason={} result={}", core->state().drain_reason, Q(st.ToString()));
-        break;
-    }
-    cv.notify_all();  // an ask ahead waits for the commits, a leave for itself
-    if (r.kind == ReportKind::kCommit && st.reason() == Reason::kJobFinished) {
-      // The job finished and this group is in a catch-up quorum that could not bring it to
-      // the final step: no quorum will ever take its steps, so it leaves instead of waiting.
-      Effects fx;
-      core->OnJobFinished(&fx);
-      ApplyLocked(std::move(fx));
-    }
+    std::optional<bool> delivered = OnIo([&] { return Delivered(r, st, &failures); });
+    if (!delivered) return;
+    // The lighthouse is away: the report stays first in line; trainers go on meanwhile.
+    if (!*delivered) SleepUnlessStopping(Backoff(failures));
   }
+}
+
+bool Agent::Impl::Delivered(const Report& r, const Status& st, int* failures) {
+  if (Retryable(st)) {
+    if (!outbox_failing) {
+      outbox_failing = true;
+      Wake();  // a checkpoint registration waiting on the outbox queues instead
+    }
+    // Once per outage, under the event names the agent has always used for these calls.
+    if ((*failures)++ == 0) {
+      switch (r.kind) {
+        case ReportKind::kCommit:
+          LK_LOG_WARN("commit_failed step={} error={} pending={}", r.step, Q(st.ToString()),
+                      outbox.size());
+          break;
+        case ReportKind::kCheckpoint:
+          LK_LOG_WARN("checkpoint_registration_failed step={} error={} pending={}", r.step,
+                      Q(st.ToString()), outbox.size());
+          break;
+        case ReportKind::kLeave:
+          LK_LOG_WARN("leave_failed attempt=0 error={} pending={}", Q(st.ToString()),
+                      outbox.size());
+          break;
+      }
+    }
+    return false;
+  }
+  if (*failures > 0) {
+    LK_LOG_INFO("outbox_delivering after_failures={} pending={}", *failures, outbox.size());
+    *failures = 0;
+  }
+  outbox_failing = false;
+  outbox.Done(r.seq);
+  ++outbox_delivered;
+  switch (r.kind) {
+    case ReportKind::kCommit:
+      // A commit for a superseded quorum is moot: the next quorum carries the steps.
+      if (!st.ok()) {
+        LK_LOG_WARN("commit_refused step={} quorum_id={} error={}", r.step, r.quorum_id,
+                    Q(st.ToString()));
+      }
+      break;
+    case ReportKind::kCheckpoint:
+      if (st.ok()) {
+        LK_LOG_INFO("checkpoint_registered step={} late=true", r.step);
+      } else {
+        LK_LOG_WARN("checkpoint_refused step={} error={}", r.step, Q(st.ToString()));
+      }
+      break;
+    case ReportKind::kLeave:
+      LK_LOG_INFO("left reason={} result={}", core->state().drain_reason, Q(st.ToString()));
+      break;
+  }
+  Wake();  // an ask ahead waits for the commits, a leave for itself
+  if (r.kind == ReportKind::kCommit && st.reason() == Reason::kJobFinished) {
+    // The job finished and this group is in a catch-up quorum that could not bring it to the
+    // final step: no quorum will ever take its steps, so it leaves instead of waiting.
+    Effects fx;
+    core->OnJobFinished(&fx);
+    Apply(std::move(fx));
+  }
+  return true;
 }
 
 void Agent::Impl::SendLeave(const std::string& reason) {
@@ -148,36 +154,42 @@ void Agent::Impl::SendLeave(const std::string& reason) {
                            ? options.final_report_timeout
                            : std::min(options.final_report_timeout, kQuickLeaveWait);
   const auto start = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(mu);
-  Report r;
-  r.kind = ReportKind::kLeave;
-  r.step = core->state().committed_step;
-  r.body = leave.SerializeAsString();
-  QueueReportLocked(std::move(r));
-  const uint64_t seq = outbox.pushed();
-  auto left = [&] { return !outbox.Contains(seq); };
+  std::optional<uint64_t> queued = OnIo([&] {
+    Report r;
+    r.kind = ReportKind::kLeave;
+    r.step = core->state().committed_step;
+    r.body = leave.SerializeAsString();
+    QueueReport(std::move(r));
+    return outbox.pushed();
+  });
+  if (!queued) return;
+  const uint64_t seq = *queued;
+  auto left = [&] { return !outbox.Contains(seq); };  // on the io thread
+  auto pending = [&] { return OnIo([&] { return outbox.size(); }).value_or(0); };
+  auto summary = [&] { return OnIo([&] { return outbox.Summary(); }).value_or(""); };
   // With the lighthouse there, the leave is in within a round trip or a few; the wait is worth
   // a line only once the lighthouse is found away.
-  cv.wait_until(lock, start + std::min(bound, Millis(1000)),
-                [&] { return left() || outbox_failing || stopping.load(); });
-  if (left()) return;
+  AwaitOnIo([&] { return left() || outbox_failing; }, start + std::min(bound, Millis(1000)));
+  if (OnIo(left).value_or(true)) return;
   // The lighthouse is away or has reports to take first: a finished group stays until its
   // final commit and its leave are in (or the bound passes); a signal shortens the wait.
-  LK_LOG_INFO("final_reports_waiting reason={} pending={} bound_ms={} {}", reason, outbox.size(),
-              bound.count(), outbox.Summary());
-  while (!left() && !stopping) {
+  LK_LOG_INFO("final_reports_waiting reason={} pending={} bound_ms={} {}", reason, pending(),
+              bound.count(), summary());
+  bool done = false;
+  while (!done && !stopping) {
     auto deadline = start + (signalled ? std::min(bound, kQuickLeaveWait) : bound);
     if (std::chrono::steady_clock::now() >= deadline) break;
-    cv.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + Millis(200)));
+    // A signal moves the deadline: look again at least every 200 ms.
+    done = AwaitOnIo(left, std::min(deadline, std::chrono::steady_clock::now() + Millis(200)));
   }
-  if (left()) {
+  if (done || OnIo(left).value_or(false)) {
     LK_LOG_INFO("final_reports_delivered reason={} waited_ms={}", reason,
                 ToMillis(std::chrono::steady_clock::now() - start));
     return;
   }
   LK_LOG_WARN("final_reports_undelivered reason={} waited_ms={} bound_ms={} signalled={} {}",
               reason, ToMillis(std::chrono::steady_clock::now() - start), bound.count(),
-              signalled.load(), outbox.Summary());
+              signalled.load(), summary());
 }
 
 }  // namespace lk::agent

@@ -42,14 +42,13 @@ void Agent::Impl::WatchPid(uint32_t rank, int pid) {
   t.pidfd->async_wait(boost::asio::posix::stream_descriptor::wait_read,
                       [self = shared_from_this(), rank, pid](const boost::system::error_code& ec) {
                         if (ec || self->stopping) return;
-                        std::lock_guard<std::mutex> lock(self->mu);
                         auto it = self->trainers.find(rank);
                         if (it != self->trainers.end() && it->second.pid == pid) {
                           it->second.exited = true;
                         }
                         Effects fx;
                         self->core->OnTrainerExited(rank, pid, &fx);
-                        self->ApplyLocked(std::move(fx));
+                        self->Apply(std::move(fx));
                       });
 }
 
@@ -57,7 +56,6 @@ void Agent::Impl::HandleHello(const http::Request& req, http::Responder respond)
   http::Format f = http::ReplyFormat(req);
   pb::TrainerHelloRequest in;
   Status st = DecodeAs(req, &in);
-  std::lock_guard<std::mutex> lock(mu);
   // The pid to watch is the connected process's, from the kernel: a pid in the body is what the
   // caller says, and watching it would let any caller tie the group's life to another process.
   int pid = PeerPid(req);
@@ -67,7 +65,7 @@ void Agent::Impl::HandleHello(const http::Request& req, http::Responder respond)
   }
   Effects fx;
   if (st.ok()) st = core->OnHello(in.group_rank(), in.group_size(), pid, &fx);
-  ApplyLocked(std::move(fx));
+  Apply(std::move(fx));
   if (!st.ok()) return respond(http::ErrorReply(st, f));
   pb::TrainerHelloResponse out;
   out.set_incarnation(options.incarnation);
@@ -83,14 +81,13 @@ void Agent::Impl::HandleGoodbye(const http::Request& req, http::Responder respon
   http::Format f = http::ReplyFormat(req);
   pb::TrainerHelloRequest in;
   Status st = DecodeAs(req, &in);
-  std::lock_guard<std::mutex> lock(mu);
-  SyncBoardLocked();  // its last commit, if it left it on the board, comes before its goodbye
+  SyncBoard();  // its last commit, if it left it on the board, comes before its goodbye
   Effects fx;
   if (st.ok()) st = core->OnGoodbye(in.group_rank(), &fx);
   if (!st.ok()) return respond(http::ErrorReply(st, f));
   respond(http::Reply(pb::Empty(), f));
   // Every trainer of this node is done: the group leaves cleanly and the agent exits 0.
-  ApplyLocked(std::move(fx));
+  Apply(std::move(fx));
 }
 
 void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) {
@@ -98,8 +95,7 @@ void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) 
   pb::TrainerPollRequest in;
   Status st = DecodeAs(req, &in);
   if (!st.ok()) return respond(http::ErrorReply(st, f));
-  std::lock_guard<std::mutex> lock(mu);
-  SyncBoardLocked();
+  SyncBoard();
   PollInput p;
   p.group_rank = in.group_rank();
   p.group_size = in.group_size();
@@ -122,7 +118,7 @@ void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) 
     answered |= e.incoming &&
                 (e.kind == Effect::Kind::kAnswerPoll || e.kind == Effect::Kind::kRefusePoll);
   }
-  if (answered) return ApplyLocked(std::move(fx), &respond, f);
+  if (answered) return Apply(std::move(fx), &respond, f);
   // Registered by now (the core accepted the poll): the responder waits with its trainer.
   // Effects that supersede the rank's earlier poll come first in `fx` and answer that one.
   size_t i = 0;
@@ -134,13 +130,13 @@ void Agent::Impl::HandlePoll(const http::Request& req, http::Responder respond) 
   }
   if (i < fx.size()) {
     Effects first(fx.begin(), fx.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-    ApplyLocked(std::move(first));
+    Apply(std::move(first));
     fx.erase(fx.begin(), fx.begin() + static_cast<std::ptrdiff_t>(i) + 1);
   }
   Trainer& t = trainers[in.group_rank()];
   t.poll_respond = std::move(respond);
   t.poll_format = f;
-  ApplyLocked(std::move(fx));
+  Apply(std::move(fx));
 }
 
 bool Agent::Impl::NamesThisGroup(const pb::FailureNotice& n) const {
@@ -152,8 +148,7 @@ void Agent::Impl::HandleCommit(const http::Request& req, http::Responder respond
   pb::TrainerCommitRequest in;
   Status st = DecodeAs(req, &in);
   if (!st.ok()) return respond(http::ErrorReply(st, f));
-  std::lock_guard<std::mutex> lock(mu);
-  SyncBoardLocked();
+  SyncBoard();
   CommitInput c;
   c.group_rank = in.group_rank();
   c.step = in.step();
@@ -163,7 +158,7 @@ void Agent::Impl::HandleCommit(const http::Request& req, http::Responder respond
   c.tokens = in.tokens();
   Effects fx;
   auto committed = core->OnCommit(c, &fx);
-  ApplyLocked(std::move(fx));
+  Apply(std::move(fx));
   if (!committed.ok()) return respond(http::ErrorReply(committed.status(), f));
   pb::TrainerCommitResponse out;
   out.set_committed_step(*committed);
@@ -178,29 +173,26 @@ void Agent::Impl::HandleNotice(const http::Request& req, http::Responder respond
   if (!qid_or.ok()) return respond(http::ErrorReply(qid_or.status(), f));
   if (!timeout_or.ok()) return respond(http::ErrorReply(timeout_or.status(), f));
   uint32_t qid = *qid_or, timeout_ms = *timeout_or;
-  std::lock_guard<std::mutex> lock(mu);
-  SyncBoardLocked();
+  SyncBoard();
   uint64_t id = next_id++;
   auto timer = std::make_unique<boost::asio::steady_timer>(ioc, Millis(std::min(timeout_ms, 300'000u)));
   timer->async_wait([self = shared_from_this(), id](const boost::system::error_code& ec) {
     if (ec) return;
-    std::lock_guard<std::mutex> lock(self->mu);
     Effects fx;
     self->core->OnNoticeTimeout(id, &fx);
-    self->ApplyLocked(std::move(fx));
+    self->Apply(std::move(fx));
   });
   notice_waiters.emplace(id, NoticeWaiter{id, qid, std::move(respond), f, std::move(timer)});
   Effects fx;
   core->OnNoticeWait(id, qid, &fx);
-  ApplyLocked(std::move(fx));
+  Apply(std::move(fx));
 }
 
 void Agent::Impl::HandlePhase(const http::Request& req, http::Responder respond) {
   http::Format f = http::ReplyFormat(req);
   pb::TrainerPhaseRequest in;
   Status st = DecodeAs(req, &in);
-  std::lock_guard<std::mutex> lock(mu);
-  SyncBoardLocked();
+  SyncBoard();
   // The node waits on peers when every local trainer does; the next heartbeat says so.
   if (st.ok()) st = core->OnPhase(in.group_rank(), in.peer_wait());
   if (!st.ok()) return respond(http::ErrorReply(st, f));
