@@ -205,10 +205,11 @@ TEST_CASE(
   // every member finished the first round (so all are inside the bench).
   for (size_t i = 0; i < 4; ++i) REQUIRE(c.peers[i]->Send("bench 4194304 400"));
   for (size_t i = 0; i < 4; ++i) {
-    REQUIRE_MESSAGE(test::WaitUntil(
-                        [&] { return c.peers[i]->Log().find("bench_round_done") != std::string::npos; },
-                        kAnswerTimeout, "a peer's first bench round"),
-                    "peer ", i, " log:\n", c.peers[i]->Log());
+    REQUIRE_MESSAGE(
+        test::WaitUntil(
+            [&] { return c.peers[i]->Log().find("bench_round_done") != std::string::npos; },
+            kAnswerTimeout, "a peer's first bench round"),
+        "peer ", i, " log:\n", c.peers[i]->Log());
   }
   c.peers[2]->Signal(SIGKILL);
   REQUIRE(c.peers[2]->Wait(10s).has_value());
