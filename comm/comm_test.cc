@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "comm/test_support.h"
+#include "tests/support/wait.h"
 
 namespace lk::comm {
 namespace {
@@ -177,9 +178,9 @@ TEST_CASE("a new quorum_id with a different membership rebuilds and the same id 
 TEST_CASE("Abort during an allreduce returns Aborted at once and the peers fail too") {
   Cluster c(3);
   c.RequireAllOk(c.Reconfigure({0, 1, 2}, c.NewQuorum()));
-  // Peer 0 blocks in a collective that peers 1 and 2 have not joined; the notice comes 300 ms
-  // later.
-  auto aborted = c.All({0}, {"abort_in 300"});
+  // Peer 0 blocks in a collective that peers 1 and 2 have not joined; the notice comes once it
+  // is blocked there.
+  auto aborted = c.All({0}, {"abort_when_blocked"});
   REQUIRE(aborted[0] == "ok");
   auto answer = c.All({0}, {"allreduce f32 sum 100000 1"});
   CHECK_MESSAGE(answer[0].find("err aborted") == 0, answer[0]);
@@ -200,9 +201,16 @@ TEST_CASE(
     "kill -9 of a member fails the survivors' in-flight allreduce and they rebuild without it") {
   Cluster c(4);
   c.RequireAllOk(c.Reconfigure({0, 1, 2, 3}, c.NewQuorum()));
-  // Long enough that the kill lands mid-collective: 400 rounds of 16 MiB.
+  // Long enough that the kill lands mid-collective: 400 rounds of 16 MiB, and the kill comes once
+  // every member finished the first round (so all are inside the bench).
   for (size_t i = 0; i < 4; ++i) REQUIRE(c.peers[i]->Send("bench 4194304 400"));
-  std::this_thread::sleep_for(500ms);
+  for (size_t i = 0; i < 4; ++i) {
+    REQUIRE_MESSAGE(
+        test::WaitUntil(
+            [&] { return c.peers[i]->Log().find("bench_round_done") != std::string::npos; },
+            kAnswerTimeout, "a peer's first bench round"),
+        "peer ", i, " log:\n", c.peers[i]->Log());
+  }
   c.peers[2]->Signal(SIGKILL);
   REQUIRE(c.peers[2]->Wait(10s).has_value());
   auto killed_at = std::chrono::steady_clock::now();
@@ -229,7 +237,7 @@ TEST_CASE("init deadline: a member that never shows up fails Reconfigure and Abo
   }
   // A notice during init ends the wait before the deadline.
   uint32_t q2 = c.NewQuorum();
-  REQUIRE(c.All({0}, {"abort_in 200"})[0] == "ok");
+  REQUIRE(c.All({0}, {"abort_when_blocked"})[0] == "ok");
   auto cut = c.All({0}, {fmt::format("reconfigure {} 0 3", q2)});
   CHECK_MESSAGE(cut[0].find("err aborted") == 0, cut[0]);
   // The two that exist can still form a quorum.
@@ -266,8 +274,8 @@ TEST_CASE("encoded allreduce across processes: 2 and 5 members, every codec, ide
 TEST_CASE("Abort during an encoded allreduce returns Aborted at once and the peers fail too") {
   Cluster c(4, {"--full-mesh"});
   c.RequireAllOk(c.Reconfigure({0, 1, 2, 3}, c.NewQuorum()));
-  // Peers 0 and 1 enter, 2 and 3 do not; peer 0 gets the notice after 300 ms.
-  REQUIRE(c.All({0}, {"abort_in 300"})[0] == "ok");
+  // Peers 0 and 1 enter, 2 and 3 do not; peer 0 gets the notice once it is blocked.
+  REQUIRE(c.All({0}, {"abort_when_blocked"})[0] == "ok");
   auto answers = c.Same({0, 1}, "encoded int8 avg 200000 1");
   CHECK_MESSAGE(answers[0].find("err aborted") == 0, answers[0]);
   CHECK(answers[0].find("test notice") != std::string::npos);

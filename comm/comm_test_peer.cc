@@ -10,14 +10,20 @@
 //                                             checked bit for bit against the reference computed
 //                                             here from every member's inputs; answers the
 //                                             result's FNV-1a hash
-//   abort_in MS                               call Abort from another thread after MS
+//   abort_when_blocked                        call Abort from another thread once the next
+//                                             command is blocked in a wait (its thread asleep in
+//                                             a system call), so that the notice reaches a
+//                                             collective or rendezvous that waits, not one that
+//                                             is still starting
 //   exit
 //
 // Inputs are f(rank, i) = rank + 1 + (i % 5) / 4: exact in bfloat16, and every sum of up to 64
 // of them is exact in float32, so Gloo's result must equal the expected value bit for bit.
-// Logs go to stderr. Thread-safety: single-threaded apart from the abort_in timer.
+// Logs go to stderr; "bench_round_done round=1" says every member is inside the bench. Thread-
+// safety: single-threaded apart from the abort_when_blocked watcher.
 #include <fmt/format.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -35,6 +41,8 @@
 #include "comm/encoded.h"
 #include "comm/reduce.h"
 #include "comm/rendezvous_store.h"
+#include "tests/support/thread_state.h"
+#include "tests/support/wait.h"
 
 #ifdef LK_HAVE_NCCL
 #include <cuda_runtime_api.h>
@@ -102,11 +110,16 @@ class Buffer {
 };
 
 struct Peer {
-  CommManager* comm;
-  Backend backend;
+  CommManager* comm = nullptr;
+  Backend backend = Backend::kGloo;
   uint32_t rank = 0;
   uint32_t world = 1;
   std::vector<std::thread> timers;
+  // The command thread (Peer lives on it), the number of commands it started, and the number of
+  // the one it runs now (0 between commands): what abort_when_blocked watches.
+  const pid_t command_tid = test::CurrentTid();
+  uint64_t commands = 0;
+  std::atomic<uint64_t> running{0};
 
   std::string AllReduce(DType dtype, ReduceOp op, size_t count, int rounds) {
     Buffer buf(backend, count * DTypeBytes(dtype));
@@ -148,6 +161,8 @@ struct Peer {
     for (int round = 0; round < rounds; ++round) {
       Status st = comm->AllReduce(data, count, dtype, op);
       if (!st.ok()) return Err(st);
+      // The first round needed every member: a test that kills one mid-bench waits for this.
+      if (round == 0) LK_LOG_INFO("bench_round_done round=1 rounds={}", rounds);
     }
     auto us = std::chrono::duration_cast<std::chrono::microseconds>(SteadyClock::now() - start);
     return fmt::format("ok bench us={}", us.count());
@@ -234,11 +249,16 @@ struct Peer {
       in >> codec >> op >> count >> rounds;
       return Encoded(codec, op == "avg" ? ReduceOp::kAvg : ReduceOp::kSum, count, rounds);
     }
-    if (cmd == "abort_in") {
-      int ms = 0;
-      in >> ms;
-      timers.emplace_back([this, ms] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    if (cmd == "abort_when_blocked") {
+      timers.emplace_back([this, mine = commands] {
+        // Between commands the thread is asleep too (reading stdin): only a wait that lasts
+        // inside one later command counts. One that never blocks gets the notice at the bound.
+        test::WaitUntil(
+            [&] {
+              const uint64_t r = running.load();
+              return r > mine && test::ThreadAsleep(::getpid(), command_tid) && running == r;
+            },
+            std::chrono::seconds(20), "the next command blocked in a wait");
         comm->Abort("test notice");
       });
       return "ok";
@@ -295,11 +315,16 @@ int Main(int argc, char** argv) {
     return 1;
   }
   Answer("ok ready");
-  Peer peer{comm->get(), backend, 0, 1, {}};
+  Peer peer;
+  peer.comm = comm->get();
+  peer.backend = backend;
   std::string line;
   while (std::getline(std::cin, line)) {
     if (line == "exit") break;
-    Answer(peer.Handle(line));
+    peer.running = ++peer.commands;
+    std::string answer = peer.Handle(line);
+    peer.running = 0;
+    Answer(answer);
   }
   for (auto& t : peer.timers) t.join();
   return 0;

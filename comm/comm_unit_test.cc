@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <future>
@@ -14,11 +15,16 @@
 #include "comm/reduce.h"
 #include "comm/rendezvous_store.h"
 #include "comm/test_support.h"
+#include "tests/support/thread_state.h"
+#include "tests/support/wait.h"
 
 namespace lk::comm {
 namespace {
 
 using namespace std::chrono_literals;
+using test::CurrentTid;
+using test::ThreadAsleep;
+using test::WaitUntil;
 
 TEST_CASE("bfloat16 rounds to nearest even and keeps NaN and infinities") {
   CHECK(FloatToBf16(1.0f) == 0x3f80);
@@ -171,8 +177,18 @@ TEST_CASE("options: bad values are refused with the field named") {
 
 TEST_CASE("file store: a Get waits for the Put and a missing key times out") {
   FileRendezvousStore store(testing::TempDir("filestore"));
-  auto getter = std::async(std::launch::async, [&] { return store.Get(3, "a/b", 5000ms); });
-  std::this_thread::sleep_for(50ms);
+  std::atomic<pid_t> getter_tid{0};
+  auto getter = std::async(std::launch::async, [&] {
+    getter_tid = CurrentTid();
+    return store.Get(3, "a/b", 5000ms);
+  });
+  // The Get looked once and pauses before the next look (its only sleep): the Put comes after.
+  REQUIRE(WaitUntil(
+      [&] {
+        return getter_tid.load() != 0 &&
+               ThreadAsleep(::getpid(), getter_tid.load(), SYS_clock_nanosleep, 0ms);
+      },
+      10s, "the Get waiting for the key"));
   REQUIRE(store.Put(3, "a/b", std::string("x\0y", 3)).ok());
   auto got = getter.get();
   REQUIRE(got.ok());
@@ -294,13 +310,18 @@ TEST_CASE("gloo in one process: Abort wakes a blocked allreduce and the peer fai
   std::vector<float> v(1 << 16, 1.0f);
   // Member 1 never joins the collective, so member 0 blocks until the notice.
   auto start = std::chrono::steady_clock::now();
+  // The notice comes once member 0 is blocked in the collective (its thread asleep in a wait).
+  const pid_t member0 = CurrentTid();
+  bool ordered = false;
   std::thread notice([&] {
-    std::this_thread::sleep_for(200ms);
+    ordered = WaitUntil([&] { return ThreadAsleep(::getpid(), member0); }, 10s,
+                        "member 0 blocked in its allreduce");
     ring.members[0]->Abort("failure notice");
   });
   Status st = ring.members[0]->AllReduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum);
   auto waited = std::chrono::steady_clock::now() - start;
   notice.join();
+  CHECK(ordered);
   CHECK(st.code() == Code::kAborted);
   CHECK(st.message().find("failure notice") != std::string::npos);
   CHECK(waited < 10s);  // the op timeout is 20 s: only a hang gets here
@@ -372,16 +393,27 @@ TEST_CASE("gloo in one process: Abort mid-pipeline of a bfloat16 average fails e
   const size_t count = 300'001;
   std::vector<std::vector<uint16_t>> bufs(3, std::vector<uint16_t>(count, FloatToBf16(1.5f)));
   auto start = std::chrono::steady_clock::now();
+  // The notice comes once both members have gone as far as they can (both threads asleep).
+  const pid_t member0 = CurrentTid();
+  std::atomic<pid_t> member1{0};
+  bool ordered = false;
   std::thread notice([&] {
-    std::this_thread::sleep_for(200ms);
+    ordered = WaitUntil(
+        [&] {
+          return member1.load() != 0 && ThreadAsleep(::getpid(), member0) &&
+                 ThreadAsleep(::getpid(), member1.load());
+        },
+        10s, "members 0 and 1 blocked in their allreduce");
     ring.members[0]->Abort("failure notice");
   });
   auto peer1 = std::async(std::launch::async, [&] {
+    member1 = CurrentTid();
     return ring.members[1]->AllReduce(bufs[1].data(), count, DType::kBFloat16, ReduceOp::kAvg);
   });
   Status st = ring.members[0]->AllReduce(bufs[0].data(), count, DType::kBFloat16, ReduceOp::kAvg);
   auto waited = std::chrono::steady_clock::now() - start;
   notice.join();
+  CHECK(ordered);
   CHECK(st.code() == Code::kAborted);
   CHECK(waited < 10s);  // the op timeout is 20 s: only a hang gets here
   CHECK(peer1.get().code() == Code::kAborted);

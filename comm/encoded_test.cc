@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <future>
@@ -17,6 +18,8 @@
 #include "comm/comm.h"
 #include "comm/rendezvous_store.h"
 #include "comm/test_support.h"
+#include "tests/support/thread_state.h"
+#include "tests/support/wait.h"
 
 namespace lk::comm {
 namespace {
@@ -269,17 +272,29 @@ TEST_CASE("encoded allreduce: Abort wakes a blocked member at once and its peers
   m.Reconfigure(5);
   BlockCodec codec(Codec::kInt8);
   std::vector<float> v0(100'000, 1.0f), v1(100'000, 2.0f), v2(100'000, 3.0f);
-  // Members 0 and 1 enter; member 2 never does, so both block until the notice.
+  // Members 0 and 1 enter; member 2 never does, so both block until the notice, which comes
+  // once both threads are asleep in their wait.
   auto start = std::chrono::steady_clock::now();
+  const pid_t member0 = test::CurrentTid();
+  std::atomic<pid_t> member1{0};
+  bool ordered = false;
   std::thread notice([&] {
-    std::this_thread::sleep_for(300ms);
+    ordered = test::WaitUntil(
+        [&] {
+          return member1.load() != 0 && test::ThreadAsleep(::getpid(), member0) &&
+                 test::ThreadAsleep(::getpid(), member1.load());
+        },
+        10s, "members 0 and 1 blocked in the encoded allreduce");
     m.comms[0]->Abort("failure notice");
   });
-  auto peer1 = std::async(std::launch::async,
-                          [&] { return m.comms[1]->AllReduceEncoded(v1, codec, ReduceOp::kAvg); });
+  auto peer1 = std::async(std::launch::async, [&] {
+    member1 = test::CurrentTid();
+    return m.comms[1]->AllReduceEncoded(v1, codec, ReduceOp::kAvg);
+  });
   Status st = m.comms[0]->AllReduceEncoded(v0, codec, ReduceOp::kAvg);
   auto waited = std::chrono::steady_clock::now() - start;
   notice.join();
+  CHECK(ordered);
   CHECK(st.code() == Code::kAborted);
   CHECK(st.message().find("failure notice") != std::string::npos);
   CHECK(waited < 10s);  // the op timeout is 20 s: only a hang gets here

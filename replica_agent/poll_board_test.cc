@@ -15,6 +15,8 @@
 
 #include "common/log.h"
 #include "tests/support/process.h"
+#include "tests/support/thread_state.h"
+#include "tests/support/wait.h"
 
 namespace lk::board {
 namespace {
@@ -135,16 +137,19 @@ TEST_CASE("a commit left in a slot wakes the agent - the board refuses what the 
   REQUIRE(b.ok());
   CHECK_FALSE((*b)->CommitOf(3).has_value());
   uint32_t seen = (*b)->Doorbell();
+  const pid_t agent = ::getpid(), waiter = test::CurrentTid();
   pid_t child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {
-    // A trainer in slot 3, after the agent went to sleep on the doorbell.
+    // A trainer in slot 3, after the agent went to sleep on the doorbell (its thread asleep in
+    // the futex wait); it commits anyway when that never shows, and says so in its exit code.
     auto v = View::Open(dir + "/c.board", 3);
     if (!v.ok()) _exit(2);
-    std::this_thread::sleep_for(100ms);
+    bool ordered = test::WaitUntil([&] { return test::ThreadAsleep(agent, waiter, SYS_futex); },
+                                   30s, "the agent asleep on the doorbell");
     bool refused = !(*v)->Commit(0, "h") && !(*v)->Commit(9, std::string(kMaxStateHash + 1, 'x'));
     bool done = (*v)->Commit(7, std::string(kMaxStateHash, 'h'));
-    _exit(refused && done ? 0 : 3);
+    _exit(!(refused && done) ? 3 : ordered ? 0 : 4);
   }
   auto t0 = std::chrono::steady_clock::now();
   while ((*b)->Doorbell() == seen && std::chrono::steady_clock::now() - t0 < 30s) {
@@ -161,13 +166,16 @@ TEST_CASE("a commit left in a slot wakes the agent - the board refuses what the 
   CHECK_FALSE((*b)->CommitOf(2).has_value());
   // The agent's own ring (how it stops its waiting thread) wakes a waiter too.
   seen = (*b)->Doorbell();
+  bool ordered = false;
   std::thread ring([&] {
-    std::this_thread::sleep_for(50ms);
+    ordered = test::WaitUntil([&] { return test::ThreadAsleep(agent, waiter, SYS_futex); }, 30s,
+                              "the waiter asleep on the doorbell");
     (*b)->RingDoorbell();
   });
   t0 = std::chrono::steady_clock::now();
   (*b)->WaitDoorbell(seen, 60s);
   ring.join();
+  CHECK(ordered);
   CHECK((*b)->Doorbell() != seen);
   CHECK(std::chrono::steady_clock::now() - t0 < 30s);
 }

@@ -54,6 +54,32 @@ def check_environment():
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
 
 
+def thread_asleep(pid, settle_s=0.02):
+    """Whether process ``pid``'s main thread is asleep in a system call and stays there, never
+    switched in, for ``settle_s`` (python/tests/conftest.py's thread_asleep, for one process):
+    it waits on something that has not come, not on a mutex taken in passing."""
+
+    def look():
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(x.split(":", 1) for x in f.read().splitlines() if ":" in x)
+            with open(f"/proc/{pid}/syscall") as f:
+                call = f.read().split()
+        except OSError:
+            return None
+        nr = int(call[0]) if call and call[0].isdigit() else None
+        switches = sum(int(fields.get(k, "0")) for k in ("voluntary_ctxt_switches",
+                                                          "nonvoluntary_ctxt_switches"))
+        asleep = fields.get("State", "?").strip()[:1] in ("S", "D") and nr is not None
+        return (nr, switches) if asleep else None
+
+    before = look()
+    if before is None:
+        return False
+    time.sleep(settle_s)
+    return look() == before
+
+
 def read_rows(path):
     if not os.path.exists(path):
         return []
@@ -120,9 +146,15 @@ def main(build):
                 break
             time.sleep(0.05)
         expect(any(r["step"] >= 3 for r in read_rows(log0)), "site 0 committed step 3")
-        # Site 0's exchange of the next step is on the link now (it takes longer than the
-        # inner steps around it): the kill lands while it is in flight.
-        time.sleep(0.2)
+        # Site 0's exchange of the next step is on the link (it takes longer than the inner
+        # steps around it) once site 0's trainer has done those and waits for it to land: its
+        # main thread is asleep. The kill then lands while the exchange is in flight.
+        deadline_in_flight = time.time() + 60
+        while not thread_asleep(t0.pid):
+            if time.time() > deadline_in_flight:
+                expect(False, "site 0's trainer waits for its exchange in flight (within 60 s)")
+                break
+            time.sleep(0.005)
         t1.kill()
         t1.wait(30)
         expect(a1.wait(30) == 3, "site 1's agent exits 3 (a trainer of its group died)")

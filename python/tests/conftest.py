@@ -29,6 +29,43 @@ def wait_for(pred, timeout_s, what):
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
+def _look_at_thread(pid, tid):
+    """(state letter, system call number or None, switches so far) of a thread, from /proc;
+    None when it is gone."""
+    d = f"/proc/{pid}/task/{tid}"
+    try:
+        with open(f"{d}/status") as f:
+            status = f.read()
+        with open(f"{d}/syscall") as f:
+            call = f.read().split()
+    except OSError:
+        return None
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    state = fields.get("State", "?").strip()[:1]
+    switches = sum(int(fields.get(k, "0")) for k in ("voluntary_ctxt_switches",
+                                                      "nonvoluntary_ctxt_switches"))
+    nr = int(call[0]) if call and call[0].lstrip("-").isdigit() and int(call[0]) >= 0 else None
+    return state, nr, switches
+
+
+def thread_asleep(pid, tid=None, settle_s=0.02):
+    """Whether thread ``tid`` (default: the main thread) of process ``pid`` is asleep in a
+    system call and stays there, never switched in, for ``settle_s``: it waits on something
+    that has not come (a peer, a key), not on a mutex taken in passing. The Python twin of
+    tests/support/thread_state.h, for ordering a test's next event after a process blocked."""
+    tid = pid if tid is None else tid
+
+    def asleep(look):
+        return look is not None and look[0] in ("S", "D") and look[1] is not None
+
+    before = _look_at_thread(pid, tid)
+    if not asleep(before):
+        return False
+    time.sleep(settle_s)
+    after = _look_at_thread(pid, tid)
+    return asleep(after) and after[1:] == before[1:]
+
+
 class Proc:
     """A child process with its stderr in a log file and its stdout in a file beside it.
 
@@ -156,4 +193,4 @@ def cluster_factory(tmp_dir):
         c.close()
 
 
-__all__ = ["Cluster", "Proc", "wait_for", "signal", "sys"]
+__all__ = ["Cluster", "Proc", "wait_for", "thread_asleep", "signal", "sys"]

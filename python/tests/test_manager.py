@@ -3,11 +3,11 @@ Python trainers (trainers.py) that poll, allreduce and commit."""
 
 import json
 import signal
-import time
 
 import pytest
 
 import lightkeeper
+from conftest import thread_asleep, wait_for
 
 
 def events(proc, name=None):
@@ -107,7 +107,9 @@ def test_failure_notice_raises_quorum_lost_in_a_blocked_allreduce(cluster_factor
     busy = c.trainer("g0", ["allreduce", "--steps", "2", "--timeout-s", "600"])
     idle.wait_log(r'"world": 2', 30)
     busy.wait_log(r'"world": 2', 30)
-    time.sleep(0.5)  # busy is inside its allreduce now (nothing else is left for it to do)
+    # After its poll, busy's main thread has nothing left but its allreduce, which waits on g1
+    # (the rendezvous g1 never joins): once that thread is blocked, busy is inside it.
+    wait_for(lambda: thread_asleep(busy.popen.pid), 30, "busy blocked inside its allreduce")
     idle.signal(signal.SIGKILL)  # g1's agent reports the crash; the lighthouse tells g0
     assert busy.wait(60) == 0, busy.log()
     lost = events(busy, "quorum_lost")

@@ -83,7 +83,7 @@ def mode_idle(args, m):
     allreduce blocks on it (until this process is killed)."""
     q = m.poll(0)
     emit(event="poll", step=0, **quorum_fields(q))
-    time.sleep(3600)
+    time.sleep(3600)  # never joining is what this mode is for, not an order
     return 0
 
 
@@ -260,6 +260,8 @@ def main():
     p.add_argument("--group-size", type=int, default=1)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--numel", type=int, default=4096)
+    # A slow trainer's pace (time for a drain or a kill to land mid-run), not an order: tests
+    # that need one event after another wait for it (conftest.wait_for).
     p.add_argument("--sleep-ms", type=int, default=0)
     p.add_argument("--timeout-s", type=float, default=60)
     p.add_argument("--no-finish", action="store_true")

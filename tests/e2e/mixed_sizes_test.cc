@@ -24,6 +24,7 @@
 
 #include "checkpoint/restore.h"
 #include "tests/e2e/chaos_run.h"
+#include "tests/support/wait.h"
 
 namespace lk::e2e {
 namespace {
@@ -78,11 +79,8 @@ TEST_CASE("mixed groups of 1, 2 and 3 trainers train one model: one global hash 
   Life* g2 = run.StartGroup("g2", TrainerKind::kCpp);
 
   // Kill a trainer of the 3-trainer group once it has committed a few steps with the others.
-  auto deadline = std::chrono::steady_clock::now() + 180s;
-  while (LastStep(g2->logs[0]) < 5 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(100ms);
-  }
-  REQUIRE(LastStep(g2->logs[0]) >= 5);
+  REQUIRE(test::WaitUntil([&] { return LastStep(g2->logs[0]) >= 5; }, 180s,
+                          "step 5 committed in g2's trainer log", 100ms));
   g2->trainers[1]->Signal(SIGKILL);
   run.Reap(g2, 30s);
   // The group comes back with the same size: it heals from the groups of 1 and 2.

@@ -26,6 +26,8 @@
 #include <thread>
 
 #include "tests/e2e/chaos_run.h"
+#include "tests/support/thread_state.h"
+#include "tests/support/wait.h"
 
 namespace lk::e2e {
 namespace {
@@ -35,6 +37,13 @@ std::string Slurp(const std::string& path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// Whether a C++ trainer's main thread is sleeping out the rest of an inner step
+// (--inner-step-min-ms), i.e. it is inside an inner phase: on a healthy run that pacing is the
+// only sleep on its way through an outer step (the others are a failed quorum's backoffs).
+bool InInnerStep(const test::Process& trainer) {
+  return test::ThreadAsleep(trainer.pid(), trainer.pid(), SYS_clock_nanosleep, 0ms);
 }
 
 // (step, group_rank) -> (param_hash, eval_loss) of one group's logs.
@@ -90,9 +99,10 @@ TEST_CASE("overlap: a kill of the slower group mid-step heals and loses nothing"
   Life* g0 = run.StartGroup("g0");
   Life* g1 = run.StartGroup("g1");
   REQUIRE(WaitCommitted(watch, 4, 90s));
-  // A commit is where a group's outer step lands, i.e. between g1's inner phases; 150 ms later
-  // g1 is inside its next phase (at least 8 x 40 ms).
-  std::this_thread::sleep_for(150ms);
+  // A commit is where a group's outer step lands, i.e. between g1's inner phases: the kill waits
+  // until g1 is inside its next phase (at least 8 x 40 ms).
+  REQUIRE(test::WaitUntil([&] { return InInnerStep(*g1->trainers[0]); }, 30s,
+                          "g1's trainer inside an inner step"));
   MESSAGE("kill -9 the trainer of g1 at committed step " << watch.committed());
   g1->trainers[0]->Signal(SIGKILL);
   std::optional<int> code = run.Reap(g1, 30s);
@@ -217,7 +227,9 @@ TEST_CASE("overlap in fragments: three groups of two with int8 agree through a k
   run.StartGroup("g1", TrainerKind::kPython);
   run.StartGroup("g2");
   REQUIRE(WaitCommitted(watch, 4, 120s));
-  std::this_thread::sleep_for(100ms);  // inside the next inner phase, fragments on the wire
+  // Inside the next inner phase, fragments on the wire.
+  REQUIRE(test::WaitUntil([&] { return InInnerStep(*g0->trainers[1]); }, 30s,
+                          "trainer 1 of g0 inside an inner step"));
   // The C++ group is the one killed: it comes back within a second (a Python one takes seconds
   // to import torch).
   MESSAGE("kill -9 trainer 1 of g0 at committed step " << watch.committed());
@@ -287,11 +299,11 @@ TEST_CASE("overlap: groups that cut or encode the exchange differently are refus
   Life* g2 = run.StartGroup("g2");
   const std::string reason = "the cross-group exchange differs";
   auto refused = [&](Life* life) { return life->trainers[0]->Log().find(reason) != std::string::npos; };
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (std::chrono::steady_clock::now() < deadline && !(refused(g0) && refused(g1) && refused(g2))) {
-    std::this_thread::sleep_for(100ms);
-  }
-  std::this_thread::sleep_for(3s);  // a few more attempts, each refused the same way
+  CHECK(test::WaitUntil([&] { return refused(g0) && refused(g1) && refused(g2); }, 60s,
+                        "a refusal in every group's trainer log"));
+  // Kept: a window of time is what is under test, not an order: a few more attempts come, each
+  // refused the same way, and the count below must stay within the backoff's bound for it.
+  std::this_thread::sleep_for(3s);
   for (Life* life : {g0, g1, g2}) {
     INFO("trainer stderr " << life->trainers[0]->log_path());
     const std::string log = life->trainers[0]->Log();
