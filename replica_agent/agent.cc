@@ -304,46 +304,24 @@ void Agent::Impl::HeartbeatLoop() {
   int failures = 0;
   while (!stopping) {
     // After a drain the group has left: a heartbeat now would only be refused as stale.
-    std::optional<std::optional<pb::HeartbeatRequest>> next = OnIo([&] {
-      std::optional<pb::HeartbeatRequest> hb;
-      if (core->state().draining) return hb;
-      SyncBoard();
-      hb.emplace();
-      hb->set_step(core->state().committed_step);
-      hb->set_phase(std::string(PhaseName(core->ReportedPhase())));
-      return hb;
+    std::optional<std::optional<pb::HeartbeatRequest>> hb = OnIo([&] {
+      std::optional<pb::HeartbeatRequest> r;
+      if (!core->state().draining) r = HeartbeatRequestNow();
+      return r;
     });
-    if (!next || !*next) return;
-    pb::HeartbeatRequest& hb = **next;
-    hb.set_job(options.job);
-    hb.set_group_id(options.group_id);
-    hb.set_incarnation(options.incarnation);
-    hb.set_node_rank(options.node_rank);
-    hb.set_nodes(options.nodes);
-    hb.set_address(options.advertise);
-    hb.set_generation(generation.load());
+    if (!hb || !*hb) return;
     pb::HeartbeatResponse resp;
-    Status st = client->Call("POST", "/v1/heartbeat", hb, &resp, Millis(5000));
+    Status st = client->Call("POST", "/v1/heartbeat", **hb, &resp, Millis(5000));
     Millis wait = options.heartbeat_interval;
-    HeartbeatAnswer in;
-    in.ok = st.ok();
-    in.error = st;
     if (st.ok()) {
       if (failures > 0) LK_LOG_INFO("lighthouse_reachable after_failures={}", failures);
       failures = 0;
       if (resp.generation() != 0) generation = resp.generation();
-      for (const auto& n : resp.notices()) {
-        if (!NamesThisGroup(n)) continue;
-        // A lapse of this group's heartbeats is no eviction (revived_from tells of it).
-        if (n.reason() != "heartbeat_timeout") in.names_this_group = true;
-      }
-      in.revived_from = resp.revived_from();
-      in.drain = resp.drain();
-      in.round_pending = resp.round_pending();
     } else if (st.code() != Code::kConflict) {
       if (failures++ == 0) LK_LOG_WARN("heartbeat_failed error={}", Q(st.ToString()));
       wait = std::min(wait, Backoff(failures));
     }
+    const HeartbeatAnswer in = HeartbeatAnswerOf(st, resp);
     std::optional<bool> draining = OnIo([&] {
       Effects fx;
       core->OnHeartbeat(in, &fx);
@@ -353,6 +331,38 @@ void Agent::Impl::HeartbeatLoop() {
     if (!draining || *draining) return;
     SleepUnlessStopping(wait);
   }
+}
+
+pb::HeartbeatRequest Agent::Impl::HeartbeatRequestNow() {
+  SyncBoard();
+  pb::HeartbeatRequest hb;
+  hb.set_step(core->state().committed_step);
+  hb.set_phase(std::string(PhaseName(core->ReportedPhase())));
+  hb.set_job(options.job);
+  hb.set_group_id(options.group_id);
+  hb.set_incarnation(options.incarnation);
+  hb.set_node_rank(options.node_rank);
+  hb.set_nodes(options.nodes);
+  hb.set_address(options.advertise);
+  hb.set_generation(generation.load());
+  return hb;
+}
+
+HeartbeatAnswer Agent::Impl::HeartbeatAnswerOf(const Status& st,
+                                               const pb::HeartbeatResponse& resp) const {
+  HeartbeatAnswer in;
+  in.ok = st.ok();
+  in.error = st;
+  if (!st.ok()) return in;
+  for (const auto& n : resp.notices()) {
+    if (!NamesThisGroup(n)) continue;
+    // A lapse of this group's heartbeats is no eviction (revived_from tells of it).
+    if (n.reason() != "heartbeat_timeout") in.names_this_group = true;
+  }
+  in.revived_from = resp.revived_from();
+  in.drain = resp.drain();
+  in.round_pending = resp.round_pending();
+  return in;
 }
 
 pb::QuorumRequest Agent::Impl::QuorumRequestFor(const Effect& ask) const {
@@ -405,33 +415,18 @@ void Agent::Impl::QuorumLoop() {
         })) {
       return;
     }
-    const pb::QuorumRequest q = QuorumRequestFor(ask);
-    // An ask behind the trainers goes on a client of its own, which a newer ask cancels: the
-    // lighthouse must not keep a step the trainers have left as this group's ask.
-    std::shared_ptr<http::Client> behind_client;
-    if (ask.ask_kind == Effect::AskKind::kBehind) {
-      behind_client = CancellableLighthouseClient();
-      if (!OnIo([&] { behind_call = behind_client.get(); })) return;
-    }
     pb::QuorumResponse resp;
-    Status st = (behind_client ? behind_client : client)
-                    ->Call("POST", "/v1/quorum", q, &resp, options.quorum_timeout + Millis(5000));
-    if (st.ok()) {
-      failures = 0;
-      if (resp.generation() != 0) generation = resp.generation();
-    } else if (st.code() != Code::kDeadlineExceeded && failures++ == 0) {
-      LK_LOG_WARN("quorum_failed error={}", Q(st.ToString()));
-    }
+    std::optional<Status> st = CallQuorum(*client, ask, &resp, &failures);
+    if (!st) return;
     // Answered, superseded, or gone on without the lighthouse: nothing to retry; an open round
     // (deadline) is asked again at once.
     std::optional<bool> retry = OnIo([&] {
-      if (behind_client) {
-        behind_call = nullptr;
-        if (core->state().ask.serial != ask.id) return false;  // superseded, its call cancelled
+      if (ask.ask_kind == Effect::AskKind::kBehind && core->state().ask.serial != ask.id) {
+        return false;  // superseded, and its call cancelled
       }
-      FeedAsk(ask, st, std::move(resp));
+      FeedAsk(ask, *st, std::move(resp));
       const Ask& now = core->state().ask;
-      return !st.ok() && st.code() != Code::kDeadlineExceeded && now.asking() &&
+      return !st->ok() && st->code() != Code::kDeadlineExceeded && now.asking() &&
              now.serial == ask.id;
     });
     if (!retry) return;
@@ -441,6 +436,40 @@ void Agent::Impl::QuorumLoop() {
     const auto until = std::chrono::steady_clock::now() + Backoff(failures);
     AwaitOnIo([&] { return was_ahead && core->state().ask.kind != Ask::Kind::kAhead; }, until);
   }
+}
+
+std::optional<Status> Agent::Impl::CallQuorum(http::Client& client, const Effect& ask,
+                                              pb::QuorumResponse* resp, int* failures) {
+  std::optional<Status> st = SendQuorum(client, ask, resp);
+  if (!st) return st;
+  if (st->ok()) {
+    *failures = 0;
+    if (resp->generation() != 0) generation = resp->generation();
+  } else if (st->code() != Code::kDeadlineExceeded && (*failures)++ == 0) {
+    LK_LOG_WARN("quorum_failed error={}", Q(st->ToString()));
+  }
+  return st;
+}
+
+std::optional<Status> Agent::Impl::SendQuorum(http::Client& client, const Effect& ask,
+                                              pb::QuorumResponse* resp) {
+  const pb::QuorumRequest q = QuorumRequestFor(ask);
+  const Millis wait = options.quorum_timeout + Millis(5000);
+  if (ask.ask_kind != Effect::AskKind::kBehind) {
+    return client.Call("POST", "/v1/quorum", q, resp, wait);
+  }
+  // An ask behind the trainers goes on a client of its own, which a newer ask cancels: the
+  // lighthouse must not keep a step the trainers have left as this group's ask.
+  std::shared_ptr<http::Client> behind = CancellableLighthouseClient();
+  if (!OnIo([&] { behind_call = behind.get(); })) return std::nullopt;
+  Status st = behind->Call("POST", "/v1/quorum", q, resp, wait);
+  // Forgotten before the client goes: the io thread cancels through behind_call.
+  if (!OnIo([&] {
+        if (behind_call == behind.get()) behind_call = nullptr;
+      })) {
+    return std::nullopt;
+  }
+  return st;
 }
 
 void Agent::Impl::WatchLoop() {
@@ -458,13 +487,8 @@ void Agent::Impl::WatchLoop() {
         })) {
       return;
     }
-    auto r = client->Do("GET",
-                        fmt::format("/v1/watch?job={}&quorum_id={}&timeout_ms=20000",
-                                    http::PercentEncode(options.job), qid),
-                        "", http::kProtoType, Millis(25'000));
-    Status st = r.ok() ? http::StatusFromResponse(*r) : r.status();
     pb::WatchResponse w;
-    if (st.ok()) st = http::Decode(r->body, http::BodyFormat(r->content_type), &w);
+    Status st = CallWatch(*client, qid, &w);
     if (!st.ok()) {
       if (failures++ == 0) LK_LOG_WARN("watch_failed error={}", Q(st.ToString()));
       SleepUnlessStopping(Backoff(failures));
@@ -472,14 +496,7 @@ void Agent::Impl::WatchLoop() {
     }
     failures = 0;
     if (!w.lost()) continue;
-    LossInput in;
-    in.quorum_id = qid;
-    for (const auto& n : w.notices()) {
-      in.who += (in.who.empty() ? "" : ",") + n.group_id() + ":" + n.reason();
-      if (!NamesThisGroup(n)) continue;
-      in.names_this_group = true;
-      in.evicted |= n.reason() == "progress_stalled";
-    }
+    const LossInput in = LossOf(qid, w);
     if (!OnIo([&] {
           SyncBoard();
           Effects fx;
@@ -489,6 +506,28 @@ void Agent::Impl::WatchLoop() {
       return;
     }
   }
+}
+
+Status Agent::Impl::CallWatch(http::Client& client, uint32_t qid, pb::WatchResponse* w) {
+  auto r = client.Do("GET",
+                     fmt::format("/v1/watch?job={}&quorum_id={}&timeout_ms=20000",
+                                 http::PercentEncode(options.job), qid),
+                     "", http::kProtoType, Millis(25'000));
+  Status st = r.ok() ? http::StatusFromResponse(*r) : r.status();
+  if (st.ok()) st = http::Decode(r->body, http::BodyFormat(r->content_type), w);
+  return st;
+}
+
+LossInput Agent::Impl::LossOf(uint32_t qid, const pb::WatchResponse& w) const {
+  LossInput in;
+  in.quorum_id = qid;
+  for (const auto& n : w.notices()) {
+    in.who += (in.who.empty() ? "" : ",") + n.group_id() + ":" + n.reason();
+    if (!NamesThisGroup(n)) continue;
+    in.names_this_group = true;
+    in.evicted |= n.reason() == "progress_stalled";
+  }
+  return in;
 }
 
 void Agent::Impl::BoardLoop() {

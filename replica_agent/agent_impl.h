@@ -86,12 +86,27 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
 
   // ---- lighthouse threads (agent.cc; the outbox and the leave: agent_outbox.cc) ----
   void HeartbeatLoop();
+  // On the io thread: the heartbeat to send now (the node's step and phase).
+  pb::HeartbeatRequest HeartbeatRequestNow();
+  // The core's input from a heartbeat's outcome.
+  HeartbeatAnswer HeartbeatAnswerOf(const Status& st, const pb::HeartbeatResponse& resp) const;
   void QuorumLoop();
+  // Sends `ask` and counts the outcome in `failures` (the first failure of a run is logged);
+  // nullopt once the io thread is done.
+  std::optional<Status> CallQuorum(http::Client& client, const Effect& ask,
+                                   pb::QuorumResponse* resp, int* failures);
+  // The call itself; a behind ask on a client of its own that the io thread can cancel.
+  std::optional<Status> SendQuorum(http::Client& client, const Effect& ask,
+                                   pb::QuorumResponse* resp);
   // The lighthouse request of the core's pending ask (kAsk).
   pb::QuorumRequest QuorumRequestFor(const Effect& ask) const;
   // On the io thread: the lighthouse's answer to `ask` (or why none came) to the core.
   void FeedAsk(const Effect& ask, const Status& st, pb::QuorumResponse resp);
   void WatchLoop();
+  // One long-poll of the watch of quorum `qid`.
+  Status CallWatch(http::Client& client, uint32_t qid, pb::WatchResponse* w);
+  // The core's input from a watch that says `qid` was lost.
+  LossInput LossOf(uint32_t qid, const pb::WatchResponse& w) const;
   // Delivers the outbox's reports in order, retrying with backoff while the lighthouse is away;
   // a report it refuses is logged and dropped (the lighthouse judged it).
   void OutboxLoop();
