@@ -531,9 +531,17 @@ LossInput Agent::Impl::LossOf(uint32_t qid, const pb::WatchResponse& w) const {
 }
 
 void Agent::Impl::BoardLoop() {
+  // Posted, not awaited: the trainer that rang is woken first, and this thread goes back to the
+  // doorbell at once. One sync in the io thread's queue at a time covers every ring before it
+  // runs (it reads every slot).
   while (!stopping) {
     uint32_t seen = board->Doorbell();
-    if (!OnIo([&] { SyncBoard(); })) return;
+    if (!board_sync_queued.exchange(true)) {
+      boost::asio::post(ioc, [self = shared_from_this()] {
+        self->board_sync_queued = false;
+        self->SyncBoard();
+      });
+    }
     board->WaitDoorbell(seen, Millis(500));
   }
 }

@@ -202,6 +202,7 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
                  std::chrono::steady_clock::time_point deadline =
                      std::chrono::steady_clock::time_point::max());
   std::atomic<bool> io_done{false};  // Run's io context returned: OnIo gives up
+  std::atomic<bool> board_sync_queued{false};  // BoardLoop's sync waits in the io queue
   std::mutex wake_mu;                // guards wake_seq only
   std::condition_variable wake_cv;
   uint64_t wake_seq = 0;
