@@ -856,13 +856,19 @@ class AgentSim {
   }
 
   // The trainers of a life are one srun step with --kill-on-bad-exit (slurm/script.cc): one that
-  // dies takes the others, on every node, with it.
+  // dies takes the others, on every node, with it; one still starting dies before its hello,
+  // and its agent never hears of it (the hello bound ends that node). Left to start, such a
+  // trainer polled alone on a node whose peer node had left: seed 145389364114.
   void KillStep(int li) {
     Life& l = lives_[li];
     if (l.step_killed) return;
     l.step_killed = true;
     for (SimTrainer& o : l.trainers) {
-      if (o.st != TrainerSt::kGone && o.st != TrainerSt::kStarting) ExitSoon(li, o, true);
+      if (o.st == TrainerSt::kStarting) {
+        o.never_starts = true;
+      } else if (o.st != TrainerSt::kGone) {
+        ExitSoon(li, o, true);
+      }
     }
   }
 
