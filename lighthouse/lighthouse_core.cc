@@ -153,8 +153,7 @@ Status LighthouseCore::OnJoin(const JoinInput& in, TimePoint now, Effects* fx, b
       (in.step <= existing->job->plan.max_step ||
        (in.on_quorum_id != 0 && in.on_quorum_id != existing->job->quorum_id))) {
     Impl::Job& standing = *existing->job;
-    standing.lost = standing.force_new = true;
-    fx->watch_wakeups.insert(standing.name);
+    s.LoseQuorum(standing, fx);
     fx->persist_jobs.push_back(s.Record(standing));
     fx->events.push_back(fmt::format(
         "quorum_abandoned job={} quorum_id={} group={} incarnation={} node={} step={} "
@@ -345,11 +344,7 @@ Result<bool> LighthouseCore::OnCommit(const CommitInput& in, TimePoint now, Effe
     // A failed outer step ends the quorum for every member: the others' step on it cannot
     // complete either (their average waits for this group), so they are told at once, as for a
     // lost member, instead of waiting in it until their communicator times out.
-    job.force_new = true;
-    if (!job.lost) {
-      job.lost = true;
-      fx->watch_wakeups.insert(job.name);
-    }
+    s.LoseQuorum(job, fx);
   }
   // The group's contribution, once per step (every node of the group reports the same count).
   if (current && in.ok && in.tokens > 0) {

@@ -321,6 +321,13 @@ void LighthouseCore::Impl::LoseMember(Group& g, const std::string& reason, TimeP
   RefreshWaits(job, now);
 }
 
+void LighthouseCore::Impl::LoseQuorum(Job& job, Effects* fx) {
+  job.force_new = true;
+  if (job.lost) return;
+  job.lost = true;
+  fx->watch_wakeups.insert(job.name);
+}
+
 void LighthouseCore::Impl::ClearAsks(Group& g, const Status& why, TimePoint now, Effects* fx) {
   if (IsParticipant(g.status)) g.progress_mark = now;
   for (uint32_t rank = 0; rank < g.status.agents.size(); ++rank) {

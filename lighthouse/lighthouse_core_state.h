@@ -132,6 +132,9 @@ struct LighthouseCore::Impl {
 
   // Loss of a member of the current quorum: notice, watch wakeup, next quorum gets a new id.
   void LoseMember(Group& g, const std::string& reason, TimePoint now, Effects* fx);
+  // Ends the job's current quorum for every member without naming one (a failed outer step, a
+  // member that never took it): the next round takes a new id, and the watch says so at once.
+  void LoseQuorum(Job& job, Effects* fx);
   // A partial group (its nodes' shards from different steps) in a quorum with no whole member
   // and no checkpoint: nothing can make its state whole, so its life ends (the agent leaves as
   // evicted) and the next life starts afresh, instead of the quorum hanging on two steps.
