@@ -256,7 +256,7 @@ Status LighthouseCore::OnLeave(const std::string& job, const std::string& group_
   if (why == kLeaveTrainerCrashed && s.CountCrash(state, group_id, incarnation)) {
     fx->persist_jobs.push_back(s.Record(state));
   }
-  if (why == "finished" && state.committed_step > 0 && g->status.step >= state.committed_step &&
+  if (why == kLeaveFinished && state.committed_step > 0 && g->status.step >= state.committed_step &&
       state.finished_step != state.committed_step) {
     state.finished_step = state.committed_step;
     fx->events.push_back(fmt::format("job_finished job={} step={} group={}", Q(job),
@@ -264,7 +264,7 @@ Status LighthouseCore::OnLeave(const std::string& job, const std::string& group_
     fx->persist_jobs.push_back(s.Record(state));
   }
   s.LoseMember(*g, "left: " + why, now, fx);
-  s.ClearAsks(*g, Refuse(Code::kConflict, Reason::kGroupLeft, "group {} left: {}", group_id, why),
+  s.ClearAsks(*g, Refuse(Code::kConflict, Impl::LeftReason(*g), "group {} left: {}", group_id, why),
               now, fx);
   s.DropDeadlines(*g);
   s.RearmCollect(*g, now);
@@ -283,8 +283,8 @@ Result<bool> LighthouseCore::OnCommit(const CommitInput& in, TimePoint now, Effe
   LK_ASSIGN_OR_RETURN(Impl::Group * g, s.FindCurrent(in.job, in.group_id, in.incarnation));
   Impl::Job& job = *g->job;
   if (g->status.mode == GroupMode::kLeft) {
-    return Refuse(Code::kConflict, Reason::kGroupLeft, "incarnation {} of group {} left",
-                  in.incarnation, in.group_id);
+    return Refuse(Code::kConflict, Impl::LeftReason(*g), "incarnation {} of group {} left ({})",
+                  in.incarnation, in.group_id, g->reason);
   }
   if (in.node_rank >= g->status.agents.size()) {
     return InvalidArgument("node_rank={} >= nodes={}", in.node_rank, g->status.agents.size());

@@ -26,6 +26,9 @@ namespace lk::lighthouse {
 inline constexpr const char* kPhasePeerWait = "peer_wait";
 // The leave reason of an agent whose trainer exited outside a drain: counted as a crash.
 inline constexpr const char* kLeaveTrainerCrashed = "trainer_crashed";
+// The leave reason of an agent whose trainers all ended at the final step. A group's nodes
+// leave one by one: the others hear GROUP_FINISHED, not GROUP_LEFT, and finish rather than fail.
+inline constexpr const char* kLeaveFinished = "finished";
 
 struct CoreOptions {
   // Fewest groups a quorum may have (rule 4 and 5).

@@ -487,8 +487,44 @@ TEST_CASE("leave: the remaining groups' quorum forms at once - the leaver is tol
   CHECK(h.Group("c")->state == "left");
   auto r = h.Beat("c");
   CHECK(r.status().message() == "incarnation i1 of group c left (preempted)");
+  CHECK(r.status().reason() == Reason::kGroupLeft);
   REQUIRE(h.Leave("c").ok());  // a repeated leave is fine and changes nothing
   CHECK(h.fx.events.empty());
+}
+
+TEST_CASE("leave finished: the group's other nodes hear GROUP_FINISHED, not GROUP_LEFT") {
+  // Group a runs on two nodes. Node 1's trainers end at the final step first and its agent
+  // leaves the group "finished"; node 0's agent (its trainers still writing the final save)
+  // must learn that the group finished, not that it failed (the Slurm two-node test, where
+  // node 0 exited 3 and srun failed the step).
+  Harness h;
+  for (uint32_t node : {0u, 1u}) REQUIRE(h.Beat("a", 0, "i1", node, 2).ok());
+  REQUIRE(h.Beat("b").ok());
+  REQUIRE(h.Join("a", 0, "i1", 0, 2).ok());
+  REQUIRE(h.Join("b", 0).ok());
+  REQUIRE(h.Join("a", 0, "i1", 1, 2).ok());
+  REQUIRE(h.Answer("b") != nullptr);
+  const uint32_t q = h.Answer("b")->quorum_id;
+  REQUIRE(h.Commit("a", q, 1).ok());
+  REQUIRE(h.Commit("b", q, 1).ok());
+  // Node 0 asks for the next round (its trainers polled once more) before node 1 leaves.
+  REQUIRE(h.Join("a", 1, "i1", 0, 2).ok());
+  h.fx = {};
+  REQUIRE(h.core.OnLeave("j", "a", "i1", "finished", h.clock.Now(), &h.fx).ok());
+  CHECK(h.HasEvent("group_left job=j group=a incarnation=i1 reason=finished"));
+  CHECK(h.HasEvent("job_finished job=j step=1 group=a"));
+  REQUIRE(h.Rejection("a") != nullptr);
+  CHECK(h.Rejection("a")->reason() == Reason::kGroupFinished);
+  auto beat = h.Beat("a", 1, "i1", 0, 2);
+  REQUIRE(!beat.ok());
+  CHECK(beat.status().code() == Code::kConflict);
+  CHECK(beat.status().reason() == Reason::kGroupFinished);
+  CHECK(beat.status().message() == "incarnation i1 of group a left (finished)");
+  Status ask = h.Join("a", 1, "i1", 0, 2);
+  CHECK(ask.reason() == Reason::kGroupFinished);
+  auto commit = h.Commit("a", q, 1);
+  CHECK(commit.status().reason() == Reason::kGroupFinished);
+  CHECK(ReasonName(Reason::kGroupFinished) == "GROUP_FINISHED");
 }
 
 TEST_CASE("checkpoint registry: newest first - bounded - and restored when no state is live") {

@@ -99,7 +99,7 @@ Status LighthouseCore::Impl::CheckIncarnation(const std::string& job, const std:
   }
   if (g->status.incarnation == incarnation) {
     if (g->status.mode == GroupMode::kLeft) {
-      return Refuse(Code::kConflict, Reason::kGroupLeft, "incarnation {} of group {} left ({})",
+      return Refuse(Code::kConflict, LeftReason(*g), "incarnation {} of group {} left ({})",
                     incarnation, group_id, g->reason);
     }
     if (g->status.agents.size() != nodes) {
@@ -319,6 +319,10 @@ void LighthouseCore::Impl::LoseMember(Group& g, const std::string& reason, TimeP
       Q(job.name), job.quorum_id, Q(g.status.group_id), Q(g.status.incarnation), Q(reason)));
   RearmProgress(g);
   RefreshWaits(job, now);
+}
+
+Reason LighthouseCore::Impl::LeftReason(const Group& g) {
+  return g.reason == kLeaveFinished ? Reason::kGroupFinished : Reason::kGroupLeft;
 }
 
 void LighthouseCore::Impl::LoseQuorum(Job& job, Effects* fx) {

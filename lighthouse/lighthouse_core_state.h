@@ -130,6 +130,9 @@ struct LighthouseCore::Impl {
   // whether it moved. Callers refresh the job's waits (RefreshWaits) once after their changes.
   bool AdvanceStep(Group& g, uint32_t step, TimePoint now);
 
+  // The reason code of a refusal to a group that left: GROUP_FINISHED when its trainers ended
+  // at the final step (its other nodes finish too), GROUP_LEFT otherwise.
+  static Reason LeftReason(const Group& g);
   // Loss of a member of the current quorum: notice, watch wakeup, next quorum gets a new id.
   void LoseMember(Group& g, const std::string& reason, TimePoint now, Effects* fx);
   // Ends the job's current quorum for every member without naming one (a failed outer step, a

@@ -580,6 +580,7 @@ void AgentCore::OnTrainerExited(uint32_t group_rank, int pid, Effects* fx) {
 
 void AgentCore::OnHeartbeat(const HeartbeatAnswer& in, Effects* fx) {
   if (!in.ok) {
+    if (in.error.reason() == Reason::kGroupFinished) return OnGroupFinished(in.error.message(), fx);
     // A newer incarnation of this group exists: this life is over.
     if (in.error.code() == Code::kConflict) {
       Fail(LeaveReason::kReplaced, "replaced: " + in.error.message(), fx);
@@ -668,6 +669,7 @@ void AgentCore::OnAskResult(const AskResult& in, Effects* fx) {
     }
     return;
   }
+  if (st.reason() == Reason::kGroupFinished) return OnGroupFinished(st.message(), fx);
   if (st.reason() == Reason::kStaleIncarnation || st.reason() == Reason::kIncarnationReplaced) {
     return Fail(LeaveReason::kReplaced, "replaced: " + st.message(), fx);
   }
@@ -750,6 +752,12 @@ void AgentCore::OnQuorumLost(const LossInput& in, Effects* fx) {
 
 void AgentCore::OnJobFinished(Effects* fx) {
   OnDrain(LeaveReason::kJobFinished, "job_finished", false, fx);
+}
+
+void AgentCore::OnGroupFinished(const std::string& detail, Effects* fx) {
+  if (s_.draining) return;
+  fx->push_back(Log(fmt::format("group_finished_by_peer detail={}", Q(detail))));
+  OnDrain(LeaveReason::kFinished, "finished", false, fx);
 }
 
 // ---- life ----

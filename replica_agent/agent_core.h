@@ -365,6 +365,11 @@ class AgentCore {
   void OnQuorumLost(const LossInput& in, Effects* fx);
   // A commit the lighthouse refused because the job finished.
   void OnJobFinished(Effects* fx);
+  // The lighthouse refused a call with GROUP_FINISHED: another node of this group left it
+  // because its trainers ended at the final step. This node's trainers committed that step
+  // too (the group commits in lockstep) and are ending: the node drains as finished and the
+  // agent exits 0, where a GROUP_LEFT would fail the group.
+  void OnGroupFinished(const std::string& detail, Effects* fx);
 
   // ---- life ----
   void OnDrain(LeaveReason why, const std::string& text, bool checkpoint, Effects* fx);

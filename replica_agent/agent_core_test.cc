@@ -823,6 +823,45 @@ TEST_CASE("every local trainer said goodbye: the group leaves as finished and ex
   CHECK(h.core.OnGoodbye(5, &h.fx).message() == "group_rank 5 never said hello");
 }
 
+TEST_CASE("another node of the group left it finished: this node finishes and exits 0") {
+  // Via a heartbeat's refusal, or the refusal of an ask its trainers made at the final step.
+  for (int via : {0, 1}) {
+    CAPTURE(via);
+    Harness h(1);
+    h.Start(1);
+    h.PollAll(1);
+    h.fx.clear();
+    const Status finished = Refuse(Code::kConflict, Reason::kGroupFinished,
+                                   "incarnation i1 of group g left (finished)");
+    if (via == 0) {
+      HeartbeatAnswer hb;
+      hb.ok = false;
+      hb.error = finished;
+      h.core.OnHeartbeat(hb, &h.fx);
+    } else {
+      h.AskFails(1, finished);
+    }
+    CHECK(h.Logged("group_finished_by_peer"));
+    CHECK_FALSE(h.Logged("group_failed"));
+    CHECK(h.Count(K::kSignalTrainers) == 0);  // its trainers end on their own
+    REQUIRE(h.Count(K::kLeave) == 1);
+    CHECK(h.Of(K::kLeave)[0].text == "finished");
+    // A second refusal (the heartbeat after the ask's) changes nothing.
+    HeartbeatAnswer again;
+    again.ok = false;
+    again.error = finished;
+    h.fx.clear();
+    h.core.OnHeartbeat(again, &h.fx);
+    CHECK(h.fx.empty());
+    h.core.OnLeaveDone(&h.fx);
+    h.core.OnTrainerExited(0, 100, &h.fx);
+    CHECK(h.Logged("trainer_exited group_rank=0 pid=100 during_drain=true"));
+    h.core.OnTrainersGone(true, &h.fx);
+    REQUIRE(h.Count(K::kExit) == 1);
+    CHECK(h.Of(K::kExit)[0].code == 0);
+  }
+}
+
 TEST_CASE("a zombie incarnation: a replaced life fails (heartbeat conflict, ask refusal)") {
   struct Row {
     const char* name;

@@ -139,6 +139,11 @@ bool Agent::Impl::Delivered(const Report& r, const Status& st, int* failures) {
     Effects fx;
     core->OnJobFinished(&fx);
     Apply(std::move(fx));
+  } else if (st.reason() == Reason::kGroupFinished) {
+    // Another node of this group left it finished before this node's report got there.
+    Effects fx;
+    core->OnGroupFinished(st.message(), &fx);
+    Apply(std::move(fx));
   }
   return true;
 }

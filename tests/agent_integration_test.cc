@@ -540,6 +540,45 @@ TEST_CASE("a trainer that finishes says goodbye: the group leaves with reason fi
   for (auto& t : c.groups["a"].trainers) CHECK(t->Wait(10s) == 0);
 }
 
+TEST_CASE("a group on two nodes: the node whose trainer ends last finishes after the other left - "
+          "both exit 0") {
+  // Node 1's trainer says goodbye first and its agent leaves the group finished; node 0's
+  // trainer is still busy at the end (a final save). Its agent hears GROUP_FINISHED from the
+  // lighthouse meanwhile: it must let the trainer end and exit 0, not fail the group (srun
+  // would fail the whole Slurm step on the exit code 3).
+  Cluster c("agent-two-nodes", {"--heartbeat-timeout-ms", "60000", "--join-timeout-ms", "300"});
+  const std::string go = c.dir + "/go";
+  std::vector<std::unique_ptr<Process>> agents, trainers;
+  for (uint32_t node : {0u, 1u}) {
+    const std::string socket = fmt::format("{}/a-n{}.sock", c.dir, node);
+    agents.push_back(std::make_unique<Process>(
+        std::vector<std::string>{BinDir() + "/replica_agent", "--lighthouse", c.lh.url(), "--job",
+                                 "t", "--group-id", "a", "--socket", socket, "--serve",
+                                 "127.0.0.1:0", "--node-rank", std::to_string(node), "--nodes",
+                                 "2", "--incarnation", "two-nodes-1", "--heartbeat-interval-ms",
+                                 "100", "--drain-timeout-ms", "10000"},
+        fmt::format("{}/agent-n{}.log", c.dir, node)));
+    REQUIRE_FALSE(agents.back()->WaitForLog("agent_listening", 10s).empty());
+    const std::string log = fmt::format("{}/trainer-n{}.jsonl", c.dir, node);
+    std::vector<std::string> argv{BinDir() + "/test_trainer", "--group-rank", std::to_string(node),
+                                  "--group-size", "2", "--steps", "4", "--step-sleep-ms", "10",
+                                  "--log", log};
+    if (node == 0) argv.insert(argv.end(), {"--goodbye-after-file", go});
+    trainers.push_back(std::make_unique<Process>(
+        argv, log + ".stderr", std::map<std::string, std::string>{{"LK_AGENT_SOCKET", socket}}));
+  }
+  INFO("logs in " << c.dir);
+  CHECK(trainers[1]->Wait(30s) == std::optional<int>(0));
+  CHECK(agents[1]->Wait(30s) == std::optional<int>(0));
+  CHECK_FALSE(agents[1]->WaitForLog("left reason=finished result=ok", 1s).empty());
+  REQUIRE_FALSE(agents[0]->WaitForLog("group_finished_by_peer", 20s).empty());
+  std::ofstream(go).put('\n');
+  CHECK(trainers[0]->Wait(30s) == std::optional<int>(0));
+  CHECK(agents[0]->Wait(30s) == std::optional<int>(0));
+  CHECK(agents[0]->WaitForLog("group_failed", 0s).empty());
+  CHECK(c.Status().committed_step() == 4);
+}
+
 // Both trainers of a group report a failed join, but one may report after the lighthouse has
 // already formed the next quorum; that late report names the failed quorum and must not fail
 // the one formed to recover.

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 #include <vector>
@@ -23,6 +24,7 @@ int main(int argc, char** argv) {
   uint32_t hang_in_allreduce_step = 0;
   bool hung = false;
   std::string log_path = "trainer.log";
+  std::string goodbye_after_file;
   Flags flags("test_trainer", "allreduce-checking trainer for integration tests");
   flags.Add("group-rank", &group_rank, "rank in the group", "T_GROUP_RANK");
   flags.Add("group-size", &group_size, "trainers in the group", "T_GROUP_SIZE");
@@ -35,6 +37,11 @@ int main(int argc, char** argv) {
             "returns, stop (SIGSTOP) before saying the wait on peers is over: hung inside a "
             "collective its peers finished",
             "T_HANG_IN_ALLREDUCE_STEP");
+  flags.Add("goodbye-after-file", &goodbye_after_file,
+            "after the last step, say goodbye only once this file exists (at most 60 s): a "
+            "trainer still busy at the end (a final save) while the test orders what its agent "
+            "hears meanwhile",
+            "T_GOODBYE_AFTER_FILE");
   if (Status st = flags.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "%s\n", st.message().c_str());
     return 2;
@@ -136,6 +143,13 @@ int main(int argc, char** argv) {
     }
   }
   emit(fmt::format(R"({{"event":"done","step":{}}})", step));
+  if (!goodbye_after_file.empty()) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!std::filesystem::exists(goodbye_after_file) &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
   if (Status st = (*session)->Finish(); !st.ok()) {
     std::fprintf(stderr, "finish: %s\n", st.ToString().c_str());
     return 1;

@@ -84,8 +84,9 @@ enum class Reason : uint16_t {
   kAgentExiting = 42,          // the agent is stopping: its queued calls are not run
   kJobFinished = 43,           // a commit in a catch-up quorum of a finished job
   kGroupSizeMismatch = 44,     // the group's trainer count differs from the quorum's
+  kGroupFinished = 45,         // another node of the group left it finished: this node finishes
 };
-inline constexpr int kReasonCount = 45;
+inline constexpr int kReasonCount = 46;
 
 // "STALE_INCARNATION": the proto enum's name of the reason.
 LK_API std::string_view ReasonName(Reason reason);

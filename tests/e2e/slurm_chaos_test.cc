@@ -497,11 +497,24 @@ TEST_CASE("slurm chaos: two groups as Slurm jobs survive a warning with requeue 
       drawn[r].insert(drawn[r].end(), b.begin(), b.end());
     }
   }
-  REQUIRE(drawn[0].size() % 8 == 0);
-  auto want = UnstoppedBatches(warned, static_cast<uint32_t>(drawn[0].size() / 8));
+  // A kill -9 in the warned group's second life may land between the ranks' log lines of one
+  // step: the killed rank's stream then ends a step short of its peer's. Each rank's stream is
+  // still a prefix of the unstopped run's, and only then may their lengths differ.
+  const bool second_life_killed = killed_lives.count({warned, 1}) > 0;
+  size_t longest = 0;
   for (uint32_t r = 0; r < kGroupSize; ++r) {
-    INFO("rank " << r);
-    REQUIRE(want[r].size() == drawn[r].size());
+    REQUIRE(drawn[r].size() % 8 == 0);
+    longest = std::max(longest, drawn[r].size());
+  }
+  auto want = UnstoppedBatches(warned, static_cast<uint32_t>(longest / 8));
+  for (uint32_t r = 0; r < kGroupSize; ++r) {
+    INFO("rank " << r << (second_life_killed ? " (life 1 killed)" : ""));
+    if (second_life_killed) {
+      REQUIRE(drawn[r].size() + 8 >= longest);
+    } else {
+      REQUIRE(drawn[r].size() == longest);
+    }
+    REQUIRE(want[r].size() == longest);
     for (size_t i = 0; i < drawn[r].size(); ++i) {
       INFO("batch " << i);
       CHECK(drawn[r][i] == want[r][i]);
@@ -509,7 +522,7 @@ TEST_CASE("slurm chaos: two groups as Slurm jobs survive a warning with requeue 
   }
   fmt::print("slurm chaos: {} drew {} batches per rank over the requeue, those of a run that "
              "never stopped; {:.0f} s in all\n",
-             warned, drawn[0].size(), secs());
+             warned, longest, secs());
 }
 
 TEST_SUITE_END();
