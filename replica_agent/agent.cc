@@ -139,36 +139,18 @@ Millis Agent::Impl::Backoff(int attempt) {
 }
 
 Status Agent::Impl::Start() {
+  // main validated them already; a program that embeds the agent gets the same refusals.
+  LK_RETURN_IF_ERROR(options.Validate());
   if (!options.token_file.empty()) {
     LK_ASSIGN_OR_RETURN(token, ReadTokenFile(options.token_file));
   }
-  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
-    return InvalidArgument("--tls-cert-file and --tls-key-file go together");
-  }
-  if (options.workers == 0) return InvalidArgument("--workers must be at least 1");
   lighthouse_client_options.token = token;
   lighthouse_client_options.ca_file = options.ca_file;
   // A bad URL or an unreadable CA file is an error now, not in a thread later.
   LK_RETURN_IF_ERROR(http::Client::Create(options.lighthouse, lighthouse_client_options).status());
   if (token.empty() && !options.serve.empty()) {
-    if (!http::ListensOnLoopback(options.serve) && !options.insecure_no_auth) {
-      return InvalidArgument(
-          "--serve {} reaches beyond this host and there is no --token-file: anyone who reaches "
-          "it could read the group's live state. Give --token-file, serve on a loopback "
-          "address, or pass --insecure-no-auth to serve open on purpose",
-          options.serve);
-    }
     LK_LOG_WARN("agent_serve_open reason=no_token_file detail={}",
                 Q("without --token-file, --serve answers status and shard reads to anyone"));
-  }
-  // Peers are given the advertised address: an unspecified one (0.0.0.0) reaches nobody.
-  if (!options.serve.empty() && options.advertise.empty() &&
-      http::ListensOnUnspecified(options.serve)) {
-    return InvalidArgument(
-        "--serve {} listens on every address of the host, which cannot be given to peers: add "
-        "--advertise HOST:PORT, or an interface name (--advertise ib0) whose address peers "
-        "reach",
-        options.serve);
   }
   workers = std::make_unique<WorkerPool>(options.workers, options.worker_queue_max);
   // Run() is the only thread on ioc, so connections need no strands.

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "replica_agent/agent.h"
 
@@ -36,6 +37,23 @@ TEST_CASE("agent options: a complete set passes, each bad one is refused naming 
          o.node_rank = 2;
        },
        "--node-rank 2 must be below --nodes 2"},
+      {"no workers", [](AgentOptions& o) { o.workers = 0; }, "--workers must be at least 1"},
+      {"a certificate without its key", [](AgentOptions& o) { o.tls_cert_file = "/c.pem"; },
+       "--tls-cert-file and --tls-key-file go together"},
+      {"a key without its certificate", [](AgentOptions& o) { o.tls_key_file = "/k.pem"; },
+       "--tls-cert-file and --tls-key-file go together"},
+      {"an open port beyond this host", [](AgentOptions& o) { o.serve = "10.1.2.3:8470"; },
+       "--serve 10.1.2.3:8470 reaches beyond this host and there is no --token-file: anyone who "
+       "reaches it could read the group's live state. Give --token-file, serve on a loopback "
+       "address, or pass --insecure-no-auth to serve open on purpose"},
+      {"every address, no advertise",
+       [](AgentOptions& o) {
+         o.serve = "0.0.0.0:0";
+         o.token_file = "/token";
+       },
+       "--serve 0.0.0.0:0 listens on every address of the host, which cannot be given to peers: "
+       "add --advertise HOST:PORT, or an interface name (--advertise ib0) whose address peers "
+       "reach"},
   };
   CHECK(Complete().Validate().ok());
   for (const Row& row : rows) {
@@ -46,6 +64,31 @@ TEST_CASE("agent options: a complete set passes, each bad one is refused naming 
     REQUIRE_FALSE(st.ok());
     CHECK(st.code() == Code::kInvalidArgument);
     CHECK(st.message() == row.error);
+  }
+  // The peer port: on loopback open, beyond it with a token or on purpose, on every address
+  // with an address to give peers.
+  for (auto change : std::vector<std::function<void(AgentOptions&)>>{
+           [](AgentOptions& o) { o.serve = "127.0.0.1:0"; },
+           [](AgentOptions& o) {
+             o.serve = "10.1.2.3:8470";
+             o.token_file = "/token";
+           },
+           [](AgentOptions& o) {
+             o.serve = "10.1.2.3:8470";
+             o.insecure_no_auth = true;
+           },
+           [](AgentOptions& o) {
+             o.serve = "0.0.0.0:8470";
+             o.token_file = "/token";
+             o.advertise = "ib0";
+           },
+           [](AgentOptions& o) {
+             o.tls_cert_file = "/c.pem";
+             o.tls_key_file = "/k.pem";
+           }}) {
+    AgentOptions o = Complete();
+    change(o);
+    CHECK(o.Validate().ok());
   }
   // The incarnation is the caller's to derive (from Slurm, or at random for one node).
   AgentOptions last = Complete();
