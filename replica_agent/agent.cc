@@ -176,25 +176,7 @@ Status Agent::Impl::Start() {
     so.base_dir = options.serve_dir;
     shard_server = std::make_unique<ckpt::ShardServer>(so);
   }
-  if (!options.serve.empty()) {
-    http::ServerOptions peer_options = server_options;
-    peer_options.tls_cert_file = options.tls_cert_file;
-    peer_options.tls_key_file = options.tls_key_file;
-    peer_server = std::make_unique<http::Server>(
-        ioc, peer_options, [self](http::Request&& r, http::Responder w) {
-          self->PeerRoute(std::move(r), std::move(w));
-        });
-    LK_RETURN_IF_ERROR(peer_server->Listen(options.serve));
-    const std::string scheme = options.tls_cert_file.empty() ? "" : "https://";
-    if (options.advertise.empty()) {
-      options.advertise = scheme + peer_server->LocalAddress();
-    } else if (options.advertise.find_first_of(":/") == std::string::npos) {
-      // An interface name: its IPv4 address and the port --serve bound.
-      LK_ASSIGN_OR_RETURN(std::string ip, http::InterfaceIPv4(options.advertise));
-      const std::string bound = peer_server->LocalAddress();
-      options.advertise = scheme + ip + bound.substr(bound.rfind(':'));
-    }
-  }
+  LK_RETURN_IF_ERROR(ListenPeers(server_options));
   // No input reached the core yet, and no thread runs: it starts again knowing whether
   // trainers have a board.
   core = MakeCore(board != nullptr);
@@ -207,6 +189,30 @@ Status Agent::Impl::Start() {
   Spawn([self] { self->WatchLoop(); });
   Spawn([self] { self->OutboxLoop(); });
   if (board) Spawn([self] { self->BoardLoop(); });
+  return Status::Ok();
+}
+
+// The --serve port (live state and checkpoint shards for healing peers) and the address peers
+// are given for it: the bound address, or an interface's IPv4 address with the bound port.
+Status Agent::Impl::ListenPeers(const http::ServerOptions& server_options) {
+  if (options.serve.empty()) return Status::Ok();
+  http::ServerOptions peer_options = server_options;
+  peer_options.tls_cert_file = options.tls_cert_file;
+  peer_options.tls_key_file = options.tls_key_file;
+  auto self = shared_from_this();
+  peer_server = std::make_unique<http::Server>(
+      ioc, peer_options, [self](http::Request&& r, http::Responder w) {
+        self->PeerRoute(std::move(r), std::move(w));
+      });
+  LK_RETURN_IF_ERROR(peer_server->Listen(options.serve));
+  const std::string scheme = options.tls_cert_file.empty() ? "" : "https://";
+  if (options.advertise.empty()) {
+    options.advertise = scheme + peer_server->LocalAddress();
+  } else if (options.advertise.find_first_of(":/") == std::string::npos) {
+    LK_ASSIGN_OR_RETURN(std::string ip, http::InterfaceIPv4(options.advertise));
+    const std::string bound = peer_server->LocalAddress();
+    options.advertise = scheme + ip + bound.substr(bound.rfind(':'));
+  }
   return Status::Ok();
 }
 

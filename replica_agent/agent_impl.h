@@ -76,6 +76,7 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
 
   // ---- life cycle (agent.cc) ----
   Status Start();
+  Status ListenPeers(const http::ServerOptions& server_options);
   int Run();
   void Drain(const std::string& reason, bool checkpoint = false,
              std::function<void()> after_leave = {});
