@@ -580,6 +580,7 @@ void AgentCore::OnTrainerExited(uint32_t group_rank, int pid, Effects* fx) {
 
 void AgentCore::OnHeartbeat(const HeartbeatAnswer& in, Effects* fx) {
   if (!in.ok) {
+    if (LeftWhileDraining(in.error, fx)) return;
     if (in.error.reason() == Reason::kGroupFinished) return OnGroupFinished(in.error.message(), fx);
     // A newer incarnation of this group exists: this life is over.
     if (in.error.code() == Code::kConflict) {
@@ -669,6 +670,7 @@ void AgentCore::OnAskResult(const AskResult& in, Effects* fx) {
     }
     return;
   }
+  if (LeftWhileDraining(st, fx)) return;
   if (st.reason() == Reason::kGroupFinished) return OnGroupFinished(st.message(), fx);
   if (st.reason() == Reason::kStaleIncarnation || st.reason() == Reason::kIncarnationReplaced) {
     return Fail(LeaveReason::kReplaced, "replaced: " + st.message(), fx);
@@ -752,6 +754,21 @@ void AgentCore::OnQuorumLost(const LossInput& in, Effects* fx) {
 
 void AgentCore::OnJobFinished(Effects* fx) {
   OnDrain(LeaveReason::kJobFinished, "job_finished", false, fx);
+}
+
+// The answer to a heartbeat or ask that crossed this node's own leave, or another node's leave
+// while this one drains too (a preemption warns every node; the first whose trainers saved
+// leaves first). The drain goes on under its own reason and exit code: failing here would
+// signal trainers in the middle of their save and exit 3 (the Python chaos test's drained
+// group, whose heartbeat answer came back after its leave).
+bool AgentCore::LeftWhileDraining(const Status& st, Effects* fx) {
+  if (!s_.draining) return false;
+  if (st.reason() != Reason::kGroupLeft && st.reason() != Reason::kGroupFinished) return false;
+  if (!s_.left_heard) {
+    s_.left_heard = true;
+    fx->push_back(Log(fmt::format("group_left_during_drain detail={}", Q(st.message()))));
+  }
+  return true;
 }
 
 void AgentCore::OnGroupFinished(const std::string& detail, Effects* fx) {

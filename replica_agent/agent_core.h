@@ -269,6 +269,7 @@ struct AgentState {
   bool had_state = false;  // a trainer committed or healed in this life
   uint32_t committed_step = 0;
   bool draining = false;
+  bool left_heard = false;  // a GROUP_LEFT heard while draining was logged
   bool checkpoint_now = false;
   std::string drain_reason;
   std::optional<Status> refusal;  // the lighthouse refused the group for good
@@ -370,6 +371,9 @@ class AgentCore {
   // too (the group commits in lockstep) and are ending: the node drains as finished and the
   // agent exits 0, where a GROUP_LEFT would fail the group.
   void OnGroupFinished(const std::string& detail, Effects* fx);
+  // A refusal saying this group left, heard while this node drains: true when it is taken as
+  // such (see the definition).
+  bool LeftWhileDraining(const Status& st, Effects* fx);
 
   // ---- life ----
   void OnDrain(LeaveReason why, const std::string& text, bool checkpoint, Effects* fx);

@@ -846,13 +846,14 @@ TEST_CASE("another node of the group left it finished: this node finishes and ex
     CHECK(h.Count(K::kSignalTrainers) == 0);  // its trainers end on their own
     REQUIRE(h.Count(K::kLeave) == 1);
     CHECK(h.Of(K::kLeave)[0].text == "finished");
-    // A second refusal (the heartbeat after the ask's) changes nothing.
+    // A second refusal (the heartbeat after the ask's) changes nothing; it is only logged.
     HeartbeatAnswer again;
     again.ok = false;
     again.error = finished;
     h.fx.clear();
     h.core.OnHeartbeat(again, &h.fx);
-    CHECK(h.fx.empty());
+    REQUIRE(h.fx.size() == 1);
+    CHECK(h.Logged("group_left_during_drain"));
     h.core.OnLeaveDone(&h.fx);
     h.core.OnTrainerExited(0, 100, &h.fx);
     CHECK(h.Logged("trainer_exited group_rank=0 pid=100 during_drain=true"));
@@ -860,6 +861,56 @@ TEST_CASE("another node of the group left it finished: this node finishes and ex
     REQUIRE(h.Count(K::kExit) == 1);
     CHECK(h.Of(K::kExit)[0].code == 0);
   }
+}
+
+TEST_CASE("a GROUP_LEFT heard while draining is the drain's own leave: no failure, exit 0") {
+  // A heartbeat or ask that crossed the node's own leave (the Python chaos test's reference run,
+  // where SIGTERM's drain ended in exit 3), or, in a drain with a save, another node's leave.
+  struct Row {
+    const char* name;
+    bool checkpoint;
+    bool via_ask;
+    Reason reason;
+  };
+  const Row rows[] = {{"leave, heartbeat answer", false, false, Reason::kGroupLeft},
+                      {"leave, ask answer", false, true, Reason::kGroupLeft},
+                      {"save, another node left", true, false, Reason::kGroupLeft},
+                      {"save, another node finished", true, false, Reason::kGroupFinished}};
+  for (const Row& r : rows) {
+    CAPTURE(r.name);
+    Harness h(1);
+    h.Start(1);
+    h.PollAll(1);
+    h.core.OnDrain(LeaveReason::kSignal, r.checkpoint ? "preempted" : "cancelled", r.checkpoint,
+                   &h.fx);
+    h.fx.clear();
+    const Status left = Refuse(Code::kConflict, r.reason, "incarnation i1 of group g left");
+    for (int i = 0; i < 2; ++i) {
+      if (r.via_ask) {
+        h.AskFails(1, left);
+      } else {
+        HeartbeatAnswer hb;
+        hb.ok = false;
+        hb.error = left;
+        h.core.OnHeartbeat(hb, &h.fx);
+      }
+    }
+    CHECK_FALSE(h.Logged("group_failed"));
+    CHECK_FALSE(h.Logged("group_finished_by_peer"));
+    CHECK(h.Count(K::kSignalTrainers) == 0);
+    CHECK(h.core.state().exit_code == -1);
+    // Logged once, however many answers say it.
+    CHECK(h.LogCount("group_left_during_drain") == 1);
+  }
+  // Outside a drain the same refusal still ends the life: another node left the group.
+  Harness h(1);
+  h.Start(1);
+  HeartbeatAnswer hb;
+  hb.ok = false;
+  hb.error = Refuse(Code::kConflict, Reason::kGroupLeft, "incarnation i1 of group g left");
+  h.core.OnHeartbeat(hb, &h.fx);
+  CHECK(h.Logged("group_failed"));
+  CHECK(h.core.state().exit_code == 3);
 }
 
 TEST_CASE("a zombie incarnation: a replaced life fails (heartbeat conflict, ask refusal)") {
