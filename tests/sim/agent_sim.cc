@@ -47,6 +47,7 @@ namespace ag = lk::agent;
 
 enum class Ev : uint8_t {
   kBeat,          // a node heartbeats
+  kBeatArrive,    // the heartbeat reaches the lighthouse, and its answer the node
   kAskDeadline,   // the lighthouse's hold of an ask ran out (504)
   kAskReply,      // an ask's answer (or failure) reaches its node
   kAskRetry,      // the node's quorum loop backed off after a failure
@@ -123,6 +124,7 @@ struct SimNode {
   bool waiting_trainers = false;
   std::set<uint32_t> loss_sent;  // quorums whose loss is on its way to the core
   bool replaced_seen = false;    // the core failed with reason replaced
+  std::string failed;            // the core's first group_failed line
   bool heartbeating = true;
   bool feeding = false;  // an ask's result is being fed: the loop decides what comes next
 };
@@ -285,6 +287,16 @@ class AgentSim {
     node.exited = true;
     node.code = code;
     Trace(fmt::format("agent_exit {} node={} code={}", l.inc, n, code));
+    // A node that drained on purpose (Slurm's signal, its trainers done) exits 0: an answer
+    // that crossed its own leave, or another node's leave, is no failure. Only a real end of
+    // the life meanwhile (a newer life took over, an eviction) makes it one.
+    const std::string& why = node.core->state().drain_reason;
+    if (code != 0 && (why == "preempted" || why == "finished")) {
+      Check(Retired(groups_[l.group], l.inc) ||
+                node.failed.rfind("group_failed reason=evicted", 0) == 0,
+            fmt::format("{} node {} drained ({}) but exited {}: {}", l.inc, n, why, code,
+                        node.failed));
+    }
     // Its trainers are its children: whatever still runs is killed with the job step.
     // (so that a node that exits non-zero takes the whole trainers' step down).
     bool killed = false;
@@ -318,6 +330,8 @@ class AgentSim {
     switch (e.kind) {
       case Ev::kBeat:
         return OnBeat(e.life, e.node);
+      case Ev::kBeatArrive:
+        return OnBeatArrive(e.life, e.node, static_cast<uint32_t>(e.tag));
       case Ev::kAskDeadline:
         return OnAskDeadline(e.life, e.node, e.tag);
       case Ev::kAskReply:
@@ -395,6 +409,16 @@ class AgentSim {
       return;
     }
     Push(now_ + Beat(), Ev::kBeat, li, n);
+    // On its way the node may start a drain and leave (its leave overtaking the heartbeat on
+    // another connection): the answer then speaks of the node's own leave.
+    Push(now_ + Millis(Rand(0, 20)), Ev::kBeatArrive, li, n, 0,
+         node.core->state().committed_step);
+  }
+
+  void OnBeatArrive(int li, int n, uint32_t step) {
+    Life& l = lives_[li];
+    SimNode& node = l.nodes[n];
+    if (node.exited) return;
     ag::HeartbeatAnswer in;
     if (!Reachable(l)) {
       in.ok = false;
@@ -406,7 +430,7 @@ class AgentSim {
                             l.inc,
                             static_cast<uint32_t>(n),
                             g.nodes,
-                            node.core->state().committed_step,
+                            step,
                             std::string(ag::PhaseName(node.core->ReportedPhase())),
                             Address(l, n),
                             node.generation};
@@ -733,9 +757,9 @@ class AgentSim {
         case ag::Effect::Kind::kLog:
           ++stats_->events["agent_" + e.text.substr(0, e.text.find(' '))];
           Trace(fmt::format("{} node={}: {}", l.inc, n, e.text));
-          if (e.text.rfind("group_failed", 0) == 0 &&
-              e.text.find("replaced") != std::string::npos) {
-            node.replaced_seen = true;
+          if (e.text.rfind("group_failed", 0) == 0) {
+            if (node.failed.empty()) node.failed = e.text;
+            if (e.text.find("replaced") != std::string::npos) node.replaced_seen = true;
           }
           break;
         case ag::Effect::Kind::kAnswerPoll:
