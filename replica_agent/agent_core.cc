@@ -763,7 +763,19 @@ void AgentCore::OnJobFinished(Effects* fx) {
 // group, whose heartbeat answer came back after its leave).
 bool AgentCore::LeftWhileDraining(const Status& st, Effects* fx) {
   if (!s_.draining) return false;
-  if (st.reason() != Reason::kGroupLeft && st.reason() != Reason::kGroupFinished) return false;
+  // Every refusal that says this life is over agrees with the drain, which ends it on purpose.
+  // Once the group's leave is recorded the lighthouse may forget the group, and then it names
+  // this life stale rather than left; and a life replaced while it drains must not fail
+  // either, or its launcher would start yet another life over the one that replaced it.
+  switch (st.reason()) {
+    case Reason::kGroupLeft:
+    case Reason::kGroupFinished:
+    case Reason::kStaleIncarnation:
+    case Reason::kIncarnationReplaced:
+      break;
+    default:
+      return false;
+  }
   if (!s_.left_heard) {
     s_.left_heard = true;
     fx->push_back(Log(fmt::format("group_left_during_drain detail={}", Q(st.message()))));

@@ -269,7 +269,7 @@ struct AgentState {
   bool had_state = false;  // a trainer committed or healed in this life
   uint32_t committed_step = 0;
   bool draining = false;
-  bool left_heard = false;  // a GROUP_LEFT heard while draining was logged
+  bool left_heard = false;  // a refusal saying this life ended, heard while draining, was logged
   bool checkpoint_now = false;
   std::string drain_reason;
   std::optional<Status> refusal;  // the lighthouse refused the group for good

@@ -875,7 +875,9 @@ TEST_CASE("a GROUP_LEFT heard while draining is the drain's own leave: no failur
   const Row rows[] = {{"leave, heartbeat answer", false, false, Reason::kGroupLeft},
                       {"leave, ask answer", false, true, Reason::kGroupLeft},
                       {"save, another node left", true, false, Reason::kGroupLeft},
-                      {"save, another node finished", true, false, Reason::kGroupFinished}};
+                      {"save, another node finished", true, false, Reason::kGroupFinished},
+                      {"left, then forgotten", false, false, Reason::kStaleIncarnation},
+                      {"replaced while saving", true, true, Reason::kIncarnationReplaced}};
   for (const Row& r : rows) {
     CAPTURE(r.name);
     Harness h(1);
