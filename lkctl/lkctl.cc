@@ -23,7 +23,7 @@ namespace {
 namespace pb = lightkeeper::v1;
 
 constexpr const char* kUsage =
-    "usage: lkctl [--lighthouse URL] [--token-file F] [--ca-file F] COMMAND ...\n\n"
+    "usage: lkctl [--lighthouse URL] [--token-file F] [--ca-file F] [--proxy URL] COMMAND ...\n\n"
     "commands:\n"
     "  status [--job J] [--json]   jobs, quorums and groups\n"
     "  watch [--job J]             print a line whenever a job's quorum or groups change\n"
@@ -39,6 +39,7 @@ struct Common {
   std::string lighthouse = "http://127.0.0.1:29510";
   std::string token_file;
   std::string ca_file;
+  std::string proxy;
   std::string job;
   bool json = false;
   uint32_t interval_ms = 500;
@@ -47,6 +48,7 @@ struct Common {
 Result<std::unique_ptr<http::Client>> Connect(const Common& c) {
   http::ClientOptions o;
   o.ca_file = c.ca_file;
+  o.proxy = c.proxy.empty() ? http::ProxyFromEnv(c.lighthouse) : c.proxy;
   if (!c.token_file.empty()) {
     LK_ASSIGN_OR_RETURN(o.token, ReadTokenFile(c.token_file));
   }
@@ -161,6 +163,11 @@ int Main(int argc, const char* const* argv) {
   flags.Add("ca-file", &c.ca_file,
             "CA (PEM) that an https lighthouse's certificate must chain to; its host name is "
             "checked too (default: the system's CAs)");
+  flags.Add("proxy", &c.proxy,
+            "HTTP CONNECT proxy to the lighthouse (http://[USER:PASSWORD@]HOST:PORT; TLS stays "
+            "end to end); default: LK_PROXY, else https_proxy/http_proxy, except hosts in "
+            "no_proxy and loopback");
+  flags.MarkSecret("proxy");
   flags.Add("job", &c.job, "only this job", "LKCTL_JOB");
   flags.Add("json", &c.json, "status as JSON", "LKCTL_JSON");
   flags.Add("interval-ms", &c.interval_ms, "watch: how often to look", "LKCTL_INTERVAL_MS");

@@ -146,6 +146,8 @@ Status Agent::Impl::Start() {
   }
   lighthouse_client_options.token = token;
   lighthouse_client_options.ca_file = options.ca_file;
+  lighthouse_client_options.proxy =
+      options.proxy.empty() ? http::ProxyFromEnv(options.lighthouse) : options.proxy;
   // A bad URL or an unreadable CA file is an error now, not in a thread later.
   LK_RETURN_IF_ERROR(http::Client::Create(options.lighthouse, lighthouse_client_options).status());
   if (token.empty() && !options.serve.empty()) {
@@ -181,9 +183,11 @@ Status Agent::Impl::Start() {
   // trainers have a board.
   core = MakeCore(board != nullptr);
   StartHelloTimer();
-  LK_LOG_INFO("agent_listening socket={} serve={} advertise={} incarnation={} serve_tls={}",
-              options.socket, peer_server ? peer_server->LocalAddress() : "", options.advertise,
-              options.incarnation, !options.tls_cert_file.empty());
+  LK_LOG_INFO(
+      "agent_listening socket={} serve={} advertise={} incarnation={} serve_tls={} proxy={}",
+      options.socket, peer_server ? peer_server->LocalAddress() : "", options.advertise,
+      options.incarnation, !options.tls_cert_file.empty(),
+      http::WithoutUserinfo(lighthouse_client_options.proxy));
   Spawn([self] { self->HeartbeatLoop(); });
   Spawn([self] { self->QuorumLoop(); });
   Spawn([self] { self->WatchLoop(); });

@@ -38,6 +38,9 @@ struct AgentOptions {
   std::string socket;       // the trainers' Unix socket
   std::string token_file;   // the job's bearer token: for the lighthouse, and for shard reads
   std::string ca_file;      // CA for an https lighthouse (system CAs if empty)
+  // An HTTP CONNECT proxy for the lighthouse calls ("http://[USER:PASSWORD@]HOST:PORT"); empty:
+  // the environment's (http::ProxyFromEnv: LK_PROXY, https_proxy, no_proxy), else direct.
+  std::string proxy;
   std::string serve;        // HOST:PORT for peers (shards, /healthz); empty: none
   // TLS for --serve (PEM files, both or neither); peers then fetch over https with their CA.
   std::string tls_cert_file;

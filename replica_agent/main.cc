@@ -59,6 +59,11 @@ void AddFlags(Flags& flags, Config* c) {
             "address peers use for --serve: HOST:PORT, or an interface name (ib0: its IPv4 "
             "address and the bound port); default: the bound address, https://HOST:PORT with "
             "--tls-cert-file; required when --serve binds 0.0.0.0");
+  flags.Add("proxy", &o.proxy,
+            "HTTP CONNECT proxy for the lighthouse calls (http://[USER:PASSWORD@]HOST:PORT; TLS "
+            "stays end to end); default: LK_PROXY, else https_proxy/http_proxy, except hosts in "
+            "no_proxy and loopback");
+  flags.MarkSecret("proxy");  // it may carry a password; agent_listening shows it without
   flags.Add("serve-dir", &o.serve_dir, "directory of the trainers' live state to serve to peers");
   flags.Add("heartbeat-interval-ms", &c->heartbeat_interval_ms, "time between heartbeats");
   flags.Add("ask-ahead", &o.ask_ahead,

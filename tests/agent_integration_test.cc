@@ -51,6 +51,8 @@ struct Cluster {
   std::vector<std::string> agent_flags;  // added to every agent's command line
   std::map<std::string, std::string> lighthouse_url;  // per group, instead of the lighthouse's
   std::map<std::string, std::vector<std::string>> trainer_flags;  // per group, added to each
+  std::map<std::string, std::vector<std::string>> group_agent_flags;  // per group, added
+  std::map<std::string, std::map<std::string, std::string>> agent_env;  // per group
 
   Cluster(const std::string& tag, std::vector<std::string> lh_flags) : dir(TempDir(tag)) {
     lh = StartLighthouse(dir + "/data", lh_flags, dir + "/lighthouse.log");
@@ -69,7 +71,9 @@ struct Cluster {
                                   "127.0.0.1:0", "--heartbeat-interval-ms", "100",
                                   "--drain-timeout-ms", "5000"};
     argv.insert(argv.end(), agent_flags.begin(), agent_flags.end());
-    g.agent = std::make_unique<Process>(argv, agent_log);
+    const auto& own = group_agent_flags[name];
+    argv.insert(argv.end(), own.begin(), own.end());
+    g.agent = std::make_unique<Process>(argv, agent_log, agent_env[name]);
     REQUIRE_FALSE(g.agent->WaitForLog("agent_listening", 10s).empty());
     for (uint32_t r = 0; r < trainers; ++r) {
       std::string log = fmt::format("{}/trainer-{}-{}-{}.jsonl", dir, name, n, r);
@@ -353,6 +357,60 @@ TEST_CASE("a lighthouse back at a boundary only one group's ask reaches: the oth
     CHECK(g.agent->Running());
     for (auto& t : g.trainers) CHECK(t->Running());
   }
+}
+
+TEST_CASE("agents behind a CONNECT proxy: the lighthouse by a name only the proxy resolves - "
+          "the run goes on through the proxy's restart") {
+  Cluster c("agent-proxy", {"--heartbeat-timeout-ms", "3000", "--join-timeout-ms", "300"});
+  const std::string port = c.lh.address.substr(c.lh.address.rfind(':'));
+  // base64("user:pass"): the agents must send the proxy URL's credentials.
+  TcpRelay proxy(TcpRelay::ConnectProxy{{{"lighthouse.invalid", "127.0.0.1"}}, "Basic dXNlcjpwYXNz"});
+  const std::string proxy_url = "http://user:pass@" + proxy.address();
+  // Nothing on this host resolves the name: every lighthouse call of theirs went through it.
+  for (const char* g : {"a", "b"}) c.lighthouse_url[g] = "http://lighthouse.invalid" + port;
+  c.group_agent_flags["a"] = {"--proxy", proxy_url};
+  c.agent_env["b"] = {{"LK_PROXY", proxy_url}};
+  c.Start("a", 1, 100000, 20);
+  c.Start("b", 1, 100000, 20);
+  c.WaitForMembers({"a", "b"}, 30s);
+  WaitForStepTogether(c, {"a", "b"});
+  for (const char* g : {"a", "b"}) {
+    CAPTURE(g);
+    const std::string listening = c.groups[g].agent->WaitForLog("agent_listening", 1s);
+    CHECK(listening.find("proxy=http://***@" + proxy.address()) != std::string::npos);
+    CHECK(c.groups[g].agent->Log().find("pass@") == std::string::npos);
+  }
+  for (const auto& t : proxy.Targets()) CHECK(t == "lighthouse.invalid" + port);
+  // The proxy restarts: its tunnels close (the long polls and watches in them end) and new
+  // connections are turned away until it is back.
+  proxy.Cut();
+  for (const char* g : {"a", "b"}) {
+    CAPTURE(g);
+    REQUIRE_FALSE(
+        c.groups[g].agent->WaitForLog("lighthouse_unreachable continuing", 20s).empty());
+  }
+  const size_t tunnels_before = proxy.Targets().size();
+  const uint32_t committed_before = c.Status().committed_step();
+  proxy.Mend();
+  // Through the proxy again: commits reach the lighthouse, in new tunnels.
+  CHECK(WaitUntil([&] { return c.Status().committed_step() >= committed_before + 3; }, 30s,
+                  "3 more commits recorded after the proxy came back"));
+  CHECK(proxy.Targets().size() > tunnels_before);
+  for (auto& [name, g] : c.groups) {
+    CAPTURE(name);
+    CHECK(g.agent->Running());
+    for (auto& t : g.trainers) CHECK(t->Running());
+    CHECK(g.agent->Log().find("group_failed") == std::string::npos);
+  }
+  // lkctl goes the same way.
+  const std::string lkctl_log = c.dir + "/lkctl.log";
+  Process lkctl({BinDir() + "/lkctl", "--lighthouse", "http://lighthouse.invalid" + port,
+                 "--proxy", proxy_url, "status"},
+                lkctl_log);
+  auto code = lkctl.Wait(20s);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  CHECK(lkctl.Log().find("job t ") != std::string::npos);
 }
 
 // Whether the lighthouse's /status shows `group` evicted. Its agent sees the notice naming

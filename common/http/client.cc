@@ -19,6 +19,8 @@
 #include <cstring>
 #include <optional>
 
+#include <fmt/format.h>
+
 #include "common/flags.h"
 #include "common/http/codec.h"
 #include "common/proto/lightkeeper.pb.h"
@@ -61,6 +63,14 @@ class ClientImpl final : public Client {
         port_(std::move(port)),
         unix_path_(std::move(unix_path)) {
     url_ = std::move(url);
+  }
+
+  // Connections go through the CONNECT proxy at proxy_host:proxy_port (auth: the base64 of
+  // USER:PASSWORD, or empty).
+  void SetProxy(std::string proxy_host, std::string proxy_port, std::string auth) {
+    proxy_host_ = std::move(proxy_host);
+    proxy_port_ = std::move(proxy_port);
+    proxy_auth_ = std::move(auth);
   }
 
   Status InitTls() {
@@ -195,8 +205,15 @@ class ClientImpl final : public Client {
     } else {
       tcp::resolver resolver(ioc_);
       beast::error_code ec;
-      auto results = resolver.resolve(host_, port_, ec);
-      if (ec) return Error(Code::kUnavailable, "resolve {}: {}", url_, ec.message());
+      // Through a proxy the proxy resolves the server's name: this host may have no route (or
+      // no DNS) to it at all.
+      const bool proxied = !proxy_host_.empty();
+      auto results = resolver.resolve(proxied ? proxy_host_ : host_, proxied ? proxy_port_ : port_,
+                                      ec);
+      if (ec) {
+        return Error(Code::kUnavailable, "resolve {}: {}", proxied ? ProxyName() : url_,
+                     ec.message());
+      }
       if constexpr (std::is_same_v<Stream, TlsStream>) {
         stream_.emplace(ioc_, *ssl_);
         if (Status st = SetPeerName(stream_->native_handle()); !st.ok()) {
@@ -211,9 +228,15 @@ class ClientImpl final : public Client {
       ec = Run([&](auto h) { low.async_connect(results, h); });
       if (ec) {
         stream_.reset();
-        return cancelled_ ? Cancelled() : FromEc(ec, "connect", url_);
+        return cancelled_ ? Cancelled() : FromEc(ec, "connect", proxied ? ProxyName() : url_);
       }
       low.socket().set_option(tcp::no_delay(true), ec);
+      if (proxied) {
+        if (Status st = Tunnel(low); !st.ok()) {
+          stream_.reset();
+          return cancelled_ ? Cancelled() : st;
+        }
+      }
       if constexpr (std::is_same_v<Stream, TlsStream>) {
         ec = Run([&](auto h) { stream_->async_handshake(asio::ssl::stream_base::client, h); });
         if (ec) {
@@ -231,6 +254,38 @@ class ClientImpl final : public Client {
           return FromEc(ec, "TLS handshake", url_);
         }
       }
+    }
+    return Status::Ok();
+  }
+
+  std::string ProxyName() const { return fmt::format("proxy {}:{}", proxy_host_, proxy_port_); }
+
+  // CONNECT HOST:PORT on the fresh connection to the proxy; on 200 the connection is a byte
+  // pipe to the server, and the request (or the TLS handshake) goes on as if direct.
+  Status Tunnel(beast::tcp_stream& low) {
+    const std::string authority =
+        host_.find(':') != std::string::npos ? fmt::format("[{}]:{}", host_, port_)
+                                             : fmt::format("{}:{}", host_, port_);
+    bhttp::request<bhttp::empty_body> req{bhttp::verb::connect, authority, 11};
+    req.set(bhttp::field::host, authority);
+    if (!proxy_auth_.empty()) req.set(bhttp::field::proxy_authorization, "Basic " + proxy_auth_);
+    auto ec = Run([&](auto h) { bhttp::async_write(low, req, h); });
+    if (ec) return FromEc(ec, "CONNECT " + authority + " via", ProxyName());
+    beast::flat_buffer buf;
+    bhttp::response_parser<bhttp::empty_body> parser;
+    parser.skip(true);  // a CONNECT's answer has no body, whatever its headers say
+    ec = Run([&](auto h) { bhttp::async_read(low, buf, parser, h); });
+    if (ec) return FromEc(ec, "CONNECT " + authority + " via", ProxyName());
+    const unsigned status = parser.get().result_int();
+    if (status != 200) {
+      return Error(Code::kUnavailable, "{} refused CONNECT {}: {} {}", ProxyName(), authority,
+                   status, std::string(parser.get().reason()));
+    }
+    // The server speaks only after the request (HTTP) or the client's hello (TLS): bytes here
+    // came from the proxy, and would be taken for the server's.
+    if (buf.size() != 0) {
+      return Error(Code::kUnavailable, "{} sent {} bytes after its CONNECT answer", ProxyName(),
+                   buf.size());
     }
     return Status::Ok();
   }
@@ -397,12 +452,148 @@ class ClientImpl final : public Client {
   asio::io_context ioc_;
   std::optional<asio::ssl::context> ssl_;
   std::optional<Stream> stream_;
+  std::string proxy_host_, proxy_port_, proxy_auth_;
   beast::flat_buffer buffer_;
   int rcvlowat_ = 1;  // SO_RCVLOWAT of the open connection (WakeAfter)
   std::atomic<bool> cancelled_{false};
 };
 
 }  // namespace
+
+namespace {
+
+// The parts of an http(s) URL (or a bare HOST:PORT, http) a connection needs.
+struct UrlParts {
+  bool tls = false;
+  std::string userinfo;  // USER:PASSWORD before '@', if any
+  std::string host;      // without an IPv6 address's brackets
+  std::string port;
+};
+
+Result<UrlParts> SplitUrl(const std::string& url) {
+  UrlParts u;
+  std::string rest;
+  if (url.rfind("http://", 0) == 0) {
+    rest = url.substr(7);
+  } else if (url.rfind("https://", 0) == 0) {
+    rest = url.substr(8);
+    u.tls = true;
+  } else if (url.find("://") == std::string::npos && url.find(':') != std::string::npos) {
+    rest = url;  // bare HOST:PORT means http
+  } else {
+    return InvalidArgument("URL '{}' must start with http://, https:// or unix:", url);
+  }
+  if (auto slash = rest.find('/'); slash != std::string::npos) rest = rest.substr(0, slash);
+  if (auto at = rest.rfind('@'); at != std::string::npos) {
+    u.userinfo = rest.substr(0, at);
+    rest = rest.substr(at + 1);
+  }
+  auto colon = rest.rfind(':');
+  // The colon of an IPv6 address inside brackets is no port separator.
+  if (colon != std::string::npos && rest.find(']', colon) != std::string::npos) {
+    colon = std::string::npos;
+  }
+  u.host = colon == std::string::npos ? rest : rest.substr(0, colon);
+  u.port = colon == std::string::npos ? (u.tls ? "443" : "80") : rest.substr(colon + 1);
+  if (u.host.size() >= 2 && u.host.front() == '[' && u.host.back() == ']') {
+    u.host = u.host.substr(1, u.host.size() - 2);
+  }
+  if (u.host.empty()) return InvalidArgument("URL '{}' has no host", url);
+  return u;
+}
+
+std::string Base64(std::string_view in) {
+  static constexpr char kDigits[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < in.size(); i += 3) {
+    uint32_t v = static_cast<uint8_t>(in[i]) << 16;
+    if (i + 1 < in.size()) v |= static_cast<uint8_t>(in[i + 1]) << 8;
+    if (i + 2 < in.size()) v |= static_cast<uint8_t>(in[i + 2]);
+    out += kDigits[(v >> 18) & 63];
+    out += kDigits[(v >> 12) & 63];
+    out += i + 1 < in.size() ? kDigits[(v >> 6) & 63] : '=';
+    out += i + 2 < in.size() ? kDigits[v & 63] : '=';
+  }
+  return out;
+}
+
+template <class Impl>
+Result<std::unique_ptr<Client>> WithProxy(std::unique_ptr<Impl> c, const std::string& proxy) {
+  if (!proxy.empty()) {
+    LK_ASSIGN_OR_RETURN(UrlParts p, SplitUrl(proxy));
+    if (p.tls) {
+      return InvalidArgument("proxy '{}': only an http:// proxy is supported (CONNECT; TLS to "
+                             "the server stays end to end inside the tunnel)",
+                             proxy);
+    }
+    c->SetProxy(p.host, p.port, p.userinfo.empty() ? std::string() : Base64(p.userinfo));
+  }
+  return std::unique_ptr<Client>(std::move(c));
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  if (host == "localhost" || host.ends_with(".localhost")) return true;
+  boost::system::error_code ec;
+  auto a = asio::ip::make_address(host, ec);
+  return !ec && a.is_loopback();
+}
+
+// no_proxy's entries: "*"; a host name, which also covers its subdomains (with or without a
+// leading dot); an address, matched exactly. Ports in entries are ignored.
+bool NoProxyNames(const std::string& list, const std::string& host) {
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    std::string e = list.substr(start, end - start);
+    start = end + 1;
+    e.erase(0, e.find_first_not_of(" \t"));
+    e.erase(e.find_last_not_of(" \t") + 1);
+    if (e.empty()) continue;
+    if (e == "*") return true;
+    if (e.front() == '[') {
+      if (auto close = e.find(']'); close != std::string::npos) e = e.substr(1, close - 1);
+    } else if (auto colon = e.rfind(':'); colon != std::string::npos && e.find(':') == colon) {
+      e = e.substr(0, colon);
+    }
+    if (!e.empty() && e.front() == '.') e = e.substr(1);
+    if (host == e) return true;
+    if (host.size() > e.size() && host.ends_with(e) && host[host.size() - e.size() - 1] == '.') {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
+}  // namespace
+
+std::string WithoutUserinfo(const std::string& url) {
+  const size_t scheme = url.find("://");
+  const size_t start = scheme == std::string::npos ? 0 : scheme + 3;
+  const size_t end = url.find('/', start);
+  const size_t at = url.rfind('@', end == std::string::npos ? std::string::npos : end);
+  if (at == std::string::npos || at < start) return url;
+  return url.substr(0, start) + "***" + url.substr(at);
+}
+
+std::string ProxyFromEnv(const std::string& url) {
+  if (url.rfind("unix:", 0) == 0) return "";
+  auto u = SplitUrl(url);
+  if (!u.ok() || IsLoopbackHost(u->host)) return "";
+  for (const char* name : {"no_proxy", "NO_PROXY"}) {
+    if (NoProxyNames(Env(name), u->host)) return "";
+  }
+  std::string proxy = Env("LK_PROXY");
+  if (proxy.empty()) proxy = Env(u->tls ? "https_proxy" : "http_proxy");
+  if (proxy.empty()) proxy = Env(u->tls ? "HTTPS_PROXY" : "HTTP_PROXY");
+  return proxy;
+}
 
 Result<std::unique_ptr<Client>> Client::Create(const std::string& url, ClientOptions options) {
   if (url.rfind("unix:", 0) == 0) {
@@ -412,33 +603,16 @@ Result<std::unique_ptr<Client>> Client::Create(const std::string& url, ClientOpt
     return std::unique_ptr<Client>(
         std::make_unique<ClientImpl<UnixStream>>(url, std::move(options), "localhost", "", path));
   }
-  bool tls = false;
-  std::string rest;
-  if (url.rfind("http://", 0) == 0) {
-    rest = url.substr(7);
-  } else if (url.rfind("https://", 0) == 0) {
-    rest = url.substr(8);
-    tls = true;
-  } else if (url.find("://") == std::string::npos && url.find(':') != std::string::npos) {
-    rest = url;  // bare HOST:PORT means http
-  } else {
-    return InvalidArgument("URL '{}' must start with http://, https:// or unix:", url);
-  }
-  if (auto slash = rest.find('/'); slash != std::string::npos) rest = rest.substr(0, slash);
-  auto colon = rest.rfind(':');
-  std::string host = colon == std::string::npos ? rest : rest.substr(0, colon);
-  std::string port = colon == std::string::npos ? (tls ? "443" : "80") : rest.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  if (host.empty()) return InvalidArgument("URL '{}' has no host", url);
-  if (tls) {
-    auto c = std::make_unique<ClientImpl<TlsStream>>(url, std::move(options), host, port, "");
+  LK_ASSIGN_OR_RETURN(UrlParts u, SplitUrl(url));
+  const std::string proxy = options.proxy;
+  if (u.tls) {
+    auto c = std::make_unique<ClientImpl<TlsStream>>(url, std::move(options), u.host, u.port, "");
     LK_RETURN_IF_ERROR(c->InitTls());
-    return std::unique_ptr<Client>(std::move(c));
+    return WithProxy(std::move(c), proxy);
   }
-  return std::unique_ptr<Client>(
-      std::make_unique<ClientImpl<beast::tcp_stream>>(url, std::move(options), host, port, ""));
+  return WithProxy(
+      std::make_unique<ClientImpl<beast::tcp_stream>>(url, std::move(options), u.host, u.port, ""),
+      proxy);
 }
 
 Status ClientOptionsFromEnv(ClientOptions* options) {

@@ -23,7 +23,20 @@ struct ClientOptions {
   std::string token;     // sent as "Authorization: Bearer TOKEN" when not empty
   std::string ca_file;   // for https: the CA to verify the server against (system CAs if empty)
   bool tls_verify = true;  // chain and host name; false only for tests of the refusal itself
+  // An HTTP CONNECT proxy, "http://[USER:PASSWORD@]HOST:PORT": every TCP connection is a
+  // tunnel through it (TLS stays end to end inside), and this process never connects to the
+  // server itself nor resolves its name. Empty: direct. Ignored for unix: URLs.
+  std::string proxy;
 };
+
+// The proxy for `url` from the environment, as curl reads it: LK_PROXY, else https_proxy or
+// HTTPS_PROXY for an https URL, http_proxy or HTTP_PROXY for an http one; empty (direct) when
+// no_proxy or NO_PROXY names the host ("*", a host, ".domain" or "domain" for its subdomains, an
+// exact address), when the host is loopback (127.0.0.0/8, ::1, localhost: a proxy never serves
+// those) and for unix: URLs.
+std::string ProxyFromEnv(const std::string& url);
+// `url` with its USER:PASSWORD@ (if any) replaced by "***@", for logs.
+std::string WithoutUserinfo(const std::string& url);
 
 // Fills `options` from the environment a trainer or a CLI gets: LK_CA_FILE (the CA for https)
 // and LK_TOKEN_FILE (the job's bearer token, read from that file), each only where set and the

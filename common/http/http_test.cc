@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "common/http/auth.h"
@@ -21,6 +22,7 @@
 #include "common/http/server.h"
 #include "common/proto/lightkeeper.pb.h"
 #include "tests/support/process.h"
+#include "tests/support/tcp_relay.h"
 #include "tests/support/wait.h"
 
 namespace lk::http {
@@ -742,6 +744,166 @@ TEST_CASE("listen addresses: loopback, unspecified, and an interface's IPv4 addr
   auto none = InterfaceIPv4("lk-none0");
   CHECK(none.status().code() == Code::kNotFound);
   CHECK(none.status().message() == "interface lk-none0: no such interface");
+}
+
+
+// Sets environment variables for one scope and restores what was there.
+struct ScopedEnv {
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+  explicit ScopedEnv(const std::vector<std::pair<std::string, std::string>>& vars) {
+    for (const char* name : {"LK_PROXY", "https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY",
+                             "no_proxy", "NO_PROXY"}) {
+      const char* v = std::getenv(name);
+      saved.emplace_back(name, v ? std::optional<std::string>(v) : std::nullopt);
+      ::unsetenv(name);
+    }
+    for (const auto& [k, v] : vars) ::setenv(k.c_str(), v.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    for (const auto& [k, v] : saved) {
+      if (v) {
+        ::setenv(k.c_str(), v->c_str(), 1);
+      } else {
+        ::unsetenv(k.c_str());
+      }
+    }
+  }
+};
+
+TEST_CASE("the proxy from the environment: LK_PROXY, then the scheme's, except no_proxy and loopback") {
+  struct Row {
+    const char* name;
+    std::vector<std::pair<std::string, std::string>> env;
+    const char* url;
+    const char* want;
+  };
+  const Row rows[] = {
+      {"none set", {}, "https://lh.example:1", ""},
+      {"https_proxy for https", {{"https_proxy", "http://p:3128"}}, "https://lh.example:1",
+       "http://p:3128"},
+      {"HTTPS_PROXY too", {{"HTTPS_PROXY", "http://P:3128"}}, "https://lh.example:1",
+       "http://P:3128"},
+      {"lower case first", {{"https_proxy", "http://a:1"}, {"HTTPS_PROXY", "http://b:1"}},
+       "https://lh.example:1", "http://a:1"},
+      {"http_proxy not for https", {{"http_proxy", "http://p:3128"}}, "https://lh.example:1", ""},
+      {"http_proxy for http", {{"http_proxy", "http://p:3128"}}, "http://lh.example:1",
+       "http://p:3128"},
+      {"bare HOST:PORT is http", {{"http_proxy", "http://p:3128"}}, "lh.example:1",
+       "http://p:3128"},
+      {"LK_PROXY first", {{"LK_PROXY", "http://lk:1"}, {"https_proxy", "http://p:1"}},
+       "https://lh.example:1", "http://lk:1"},
+      {"LK_PROXY for http too", {{"LK_PROXY", "http://lk:1"}}, "http://lh.example:1",
+       "http://lk:1"},
+      {"loopback never", {{"LK_PROXY", "http://lk:1"}}, "http://127.0.0.1:1", ""},
+      {"127/8 never", {{"LK_PROXY", "http://lk:1"}}, "http://127.3.2.1:1", ""},
+      {"::1 never", {{"LK_PROXY", "http://lk:1"}}, "http://[::1]:1", ""},
+      {"localhost never", {{"LK_PROXY", "http://lk:1"}}, "http://localhost:1", ""},
+      {"unix never", {{"LK_PROXY", "http://lk:1"}}, "unix:/tmp/a.sock", ""},
+      {"no_proxy exact", {{"LK_PROXY", "http://lk:1"}, {"no_proxy", "lh.example"}},
+       "https://lh.example:1", ""},
+      {"no_proxy domain covers subdomains",
+       {{"LK_PROXY", "http://lk:1"}, {"no_proxy", "example"}}, "https://lh.example:1", ""},
+      {"no_proxy .domain", {{"LK_PROXY", "http://lk:1"}, {"no_proxy", "x, .example"}},
+       "https://lh.example:1", ""},
+      {"no_proxy is no suffix match",
+       {{"LK_PROXY", "http://lk:1"}, {"no_proxy", "ample"}}, "https://lh.example:1",
+       "http://lk:1"},
+      {"no_proxy with a port", {{"LK_PROXY", "http://lk:1"}, {"NO_PROXY", "lh.example:99"}},
+       "https://lh.example:1", ""},
+      {"no_proxy address", {{"LK_PROXY", "http://lk:1"}, {"no_proxy", "10.0.0.5"}},
+       "http://10.0.0.5:1", ""},
+      {"no_proxy other address", {{"LK_PROXY", "http://lk:1"}, {"no_proxy", "10.0.0.5"}},
+       "http://10.0.0.50:1", "http://lk:1"},
+      {"no_proxy *", {{"https_proxy", "http://p:1"}, {"no_proxy", "*"}}, "https://lh.example:1",
+       ""},
+  };
+  for (const Row& r : rows) {
+    CAPTURE(r.name);
+    ScopedEnv env(r.env);
+    CHECK(ProxyFromEnv(r.url) == r.want);
+  }
+}
+
+TEST_CASE("a proxy's password never reaches a log line") {
+  CHECK(WithoutUserinfo("http://u:secret@p:3128") == "http://***@p:3128");
+  CHECK(WithoutUserinfo("http://u:se@cret@p:3128/x") == "http://***@p:3128/x");
+  CHECK(WithoutUserinfo("http://p:3128/a@b") == "http://p:3128/a@b");
+  CHECK(WithoutUserinfo("http://p:3128") == "http://p:3128");
+  CHECK(WithoutUserinfo("") == "");
+}
+
+TEST_CASE("through a CONNECT proxy: a name only the proxy resolves, credentials, its restarts") {
+  TestServer ts;
+  const std::string port = ts.server->LocalAddress().substr(ts.server->LocalAddress().rfind(':'));
+  // "dXNlcjpwYXNz" is base64("user:pass"), as the client must send it.
+  test::TcpRelay proxy(test::TcpRelay::ConnectProxy{{{"lighthouse.invalid", "127.0.0.1"}},
+                                                    "Basic dXNlcjpwYXNz"});
+  ClientOptions co;
+  co.proxy = "http://user:pass@" + proxy.address();
+  auto c = Client::Create("http://lighthouse.invalid" + port, co);
+  REQUIRE(c.ok());
+  pb::HeartbeatRequest req, resp;
+  req.set_step(1);
+  REQUIRE((*c)->Call("POST", "/echo", req, &resp).ok());
+  CHECK(resp.step() == 2);
+  // One tunnel carries the keep-alive connection's requests.
+  REQUIRE((*c)->Call("POST", "/echo", req, &resp).ok());
+  REQUIRE(proxy.Targets().size() == 1);
+  CHECK(proxy.Targets()[0] == "lighthouse.invalid" + port);
+  // The proxy goes away, and comes back: the next call after it is back opens a new tunnel.
+  proxy.Cut();
+  CHECK((*c)->Call("POST", "/echo", req, &resp, Millis(2000)).code() == Code::kUnavailable);
+  proxy.Mend();
+  REQUIRE((*c)->Call("POST", "/echo", req, &resp).ok());
+  CHECK(proxy.Targets().size() == 2);
+  // Without the credentials the proxy refuses, and the error says who refused what.
+  ClientOptions anonymous;
+  anonymous.proxy = "http://" + proxy.address();
+  auto a = Client::Create("http://lighthouse.invalid" + port, anonymous);
+  REQUIRE(a.ok());
+  Status refused = (*a)->Call("POST", "/echo", req, &resp, Millis(2000));
+  CHECK(refused.code() == Code::kUnavailable);
+  CHECK(refused.message().find("refused CONNECT lighthouse.invalid" + port + ": 407") !=
+        std::string::npos);
+  // Without the proxy the name does not resolve at all: the proxy was the only way.
+  auto direct = Client::Create("http://lighthouse.invalid" + port);
+  REQUIRE(direct.ok());
+  CHECK((*direct)->Call("POST", "/echo", req, &resp, Millis(2000)).code() == Code::kUnavailable);
+  // An https proxy URL is refused at once: CONNECT goes to the proxy in the clear.
+  ClientOptions tls_proxy;
+  tls_proxy.proxy = "https://" + proxy.address();
+  CHECK(Client::Create("http://lighthouse.invalid" + port, tls_proxy).status().code() ==
+        Code::kInvalidArgument);
+}
+
+TEST_CASE("TLS through a CONNECT proxy stays end to end: the server's name is verified") {
+  std::string dir = "/tmp/lk_tls_proxy_test_" + std::to_string(getpid());
+  std::string cmd = "mkdir -p " + dir + " && openssl req -x509 -newkey rsa:2048 -nodes -days 1 "
+                    "-subj /CN=lighthouse.invalid -addext subjectAltName=DNS:lighthouse.invalid "
+                    "-keyout " + dir + "/key.pem -out " + dir + "/cert.pem >/dev/null 2>&1";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  ServerOptions opts;
+  opts.tls_cert_file = dir + "/cert.pem";
+  opts.tls_key_file = dir + "/key.pem";
+  TestServer ts(opts);
+  const std::string port = ts.server->LocalAddress().substr(ts.server->LocalAddress().rfind(':'));
+  test::TcpRelay proxy(test::TcpRelay::ConnectProxy{
+      {{"lighthouse.invalid", "127.0.0.1"}, {"other.invalid", "127.0.0.1"}}, ""});
+  ClientOptions co;
+  co.ca_file = dir + "/cert.pem";
+  co.proxy = "http://" + proxy.address();
+  auto c = Client::Create("https://lighthouse.invalid" + port, co);
+  REQUIRE(c.ok());
+  pb::HeartbeatRequest req, resp;
+  req.set_step(4);
+  REQUIRE((*c)->Call("POST", "/echo", req, &resp).ok());
+  CHECK(resp.step() == 5);
+  // The same server under a name its certificate does not carry: the proxy connects, and the
+  // client still refuses it.
+  auto wrong = Client::Create("https://other.invalid" + port, co);
+  REQUIRE(wrong.ok());
+  CHECK((*wrong)->Call("POST", "/echo", req, &resp, Millis(3000)).code() == Code::kUnavailable);
+  std::system(("rm -rf " + dir).c_str());
 }
 
 }  // namespace
