@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import Callable, Dict, List, Optional, Tuple, Type, Union
 
 import torch
+
 from lightkeeper import _native
 from lightkeeper.errors import Error, InvalidArgument
 from lightkeeper.place import task_place_from_env
