@@ -54,6 +54,9 @@ class Session:
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...
+    # Open communicators and DiLoCo objects over it (close() refuses while there are any).
+    @property
+    def users(self) -> int: ...
 
 class Comm:
     def __init__(self, session: Session, backend: str, slot: int, key_prefix: str,

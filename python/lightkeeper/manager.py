@@ -98,6 +98,10 @@ class Manager:
         ``DiLoCo`` context over this Manager first (its exit does)."""
         if self._closed:
             return
+        if self._session.users > len(self._comms):
+            # A DiLoCo object of the library runs on the session: refuse before closing anything.
+            raise InvalidArgument("close() inside a DiLoCo context over this Manager: leave the "
+                                  "DiLoCo context first")
         for comm in self._comms.values():
             comm.close()
         self._comms.clear()

@@ -240,6 +240,7 @@ class Session {
     lk_session_close(s);
   }
   bool closed() const { return s_ == nullptr; }
+  int users() const { return users_; }
   void AddUser() { ++users_; }
   void DropUser() { --users_; }
 
@@ -581,7 +582,8 @@ PYBIND11_MODULE(_native, m) {
       .def("lost_quorum_id", &Session::LostQuorumId)
       .def("drain_noticed", &Session::DrainNoticed)
       .def("close", &Session::Close)
-      .def_property_readonly("closed", &Session::closed);
+      .def_property_readonly("closed", &Session::closed)
+      .def_property_readonly("users", &Session::users);
 
   py::class_<Comm>(m, "Comm")
       .def(py::init<Session&, const std::string&, uint32_t, const std::string&,

@@ -102,6 +102,17 @@ def test_manager_context_close_and_invalid_argument_from_the_library(cluster_fac
                 pass
         assert isinstance(e.value, lightkeeper.InvalidArgument), e.value
         assert "bogus" in str(e.value)
+        with lightkeeper.DiLoCo(m, model, opt, sync_every=1) as d:
+            # The library's DiLoCo object runs on the session: close() refuses, changing nothing.
+            with pytest.raises(lightkeeper.InvalidArgument):
+                m.close()
+            assert not m.closed
+            model(torch.ones(2)).sum().backward()
+            opt.step()
+            d.step()
+            r = d.last_result
+            assert isinstance(r, lightkeeper.SyncResult) and r.committed and r.step == 1
+            assert m.current_step() == 1  # the Manager follows DiLoCo's outer steps
     assert m.closed
     m.close()  # idempotent
     with pytest.raises(lightkeeper.InvalidArgument):
