@@ -282,9 +282,15 @@ class DiLoCo:
             stuck_timeout_ms=0, outer_compress=o["outer_compress"], overlap=o["overlap"],
             outer_fragments=o["outer_fragments"],
             extra_state_bytes_max=self._extra_state_bytes_max)
-        self._call("join")
-        if not self.should_stop and m.group_size > 1 and self._group_pg is None:
-            self._group_pg = m.group_process_group()
+        try:
+            self._call("join")
+            if not self.should_stop and m.group_size > 1 and self._group_pg is None:
+                self._group_pg = m.group_process_group()
+        except BaseException:
+            # No __exit__ follows a failed __enter__: the library's object goes now, so that it
+            # does not outlive the context (nor keep the Manager's session from closing).
+            self._native = None
+            raise
         return self
 
     def __exit__(self, exc_type: Optional[Type[BaseException]],

@@ -89,7 +89,16 @@ class Manager:
 
     def __exit__(self, exc_type: Optional[Type[BaseException]],
                  exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
-        self.close()
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Error:
+            # The exception on its way out says what went wrong; a close that cannot finish
+            # (a DiLoCo object still open over the session) must not replace it. The session
+            # then closes with its last reference.
+            pass
 
     def close(self) -> None:
         """Closes the communicators and the session with the agent. Idempotent; calls after it
