@@ -22,7 +22,7 @@ def bench_allreduce(args, m):
     q = m.poll(0)
     n = args.mib * (1 << 20) // 4
     t = torch.ones(n, dtype=torch.float32)
-    direct = _native.Comm(m._session, "gloo", m.group_rank, "bench/direct/", "127.0.0.1",
+    direct = _native.Comm(m._native_session(), "gloo", m.group_rank, "bench/direct/", "127.0.0.1",
                           30000, 120000, 0)
     direct.reconfigure(q.quorum_id, q.replica_rank, q.replica_world_size)
     m.allreduce(t)  # builds the Manager's communicator; both are warm from here on
@@ -62,11 +62,11 @@ def bench_diloco(args, m):
             t1 = time.perf_counter()
             wall_ms = (t1 - t0) * 1000
             r = d.last_result
-            if r is not prev and r["kind"] == "committed":
-                s = r["stats"]
+            if r is not prev and r is not None and r.committed:
+                s = r.stats
                 step_ms = (t1 - last_commit) * 1000  # commit to commit, inner steps included
                 last_commit = t1
-                rows.append(dict(step=r["step"], wall_ms=wall_ms, step_ms=step_ms, **{k: s[k] for k in (
+                rows.append(dict(step=r.step, wall_ms=wall_ms, step_ms=step_ms, **{k: s[k] for k in (
                     "poll_ms", "join_ms", "allreduce_ms", "gather_ms", "publish_ms",
                     "commit_ms", "outer_ms")}))
     print(json.dumps(dict(mode="diloco", rows=rows, params=sum(p.numel() for p in

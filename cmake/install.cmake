@@ -64,7 +64,7 @@ install(FILES ${PROJECT_SOURCE_DIR}/python/site/CMakeLists.txt
   DESTINATION share/lightkeeper/python-site)
 install(FILES ${PROJECT_SOURCE_DIR}/python/src/module.cc DESTINATION share/lightkeeper/python-site/src)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/lightkeeper/ DESTINATION share/lightkeeper/python-site/lightkeeper
-  FILES_MATCHING PATTERN "*.py")
+  FILES_MATCHING PATTERN "*.py" PATTERN "*.pyi" PATTERN "py.typed")
 
 # The Python package (python/, built into build/python/lightkeeper): the compiled module finds
 # liblightkeeper (if it links it) three levels up, in DIR/lib.
@@ -73,5 +73,5 @@ if(TARGET lightkeeper_python)
   install(TARGETS lightkeeper_python LIBRARY DESTINATION lib/python3/dist-packages/lightkeeper)
   install(DIRECTORY ${PROJECT_BINARY_DIR}/python/lightkeeper/
     DESTINATION lib/python3/dist-packages/lightkeeper
-    FILES_MATCHING PATTERN "*.py")
+    FILES_MATCHING PATTERN "*.py" PATTERN "*.pyi" PATTERN "py.typed")
 endif()

@@ -16,7 +16,7 @@ PKGS=(
   libopenblas0-serial
   slurm-wlm munge
   nginx-light wrk iperf3 fio procps iproute2 openssl
-  python3-torch python3-pytest python3-matplotlib pybind11-dev python3-dev
+  python3-torch python3-pytest python3-matplotlib pybind11-dev python3-dev mypy
   clang-14 libfuzzer-14-dev
   # The portable bundle (scripts/bundle.sh) and its test in an empty root with a static busybox.
   patchelf busybox-static

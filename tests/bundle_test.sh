@@ -99,6 +99,9 @@ if python3 -c 'import pybind11' 2> /dev/null || [ -d /usr/lib/cmake/pybind11 ]; 
     -DPython3_EXECUTABLE=/usr/bin/python3 > "$TMP/py.log" 2>&1 || { cat "$TMP/py.log"; fail "configure the site module"; }
   cmake --build "$TMP/py" > "$TMP/py-build.log" 2>&1 || { cat "$TMP/py-build.log"; fail "build the site module"; }
   cmake --install "$TMP/py" --prefix "$TMP/pyinst" > /dev/null || fail "install the site module"
+  for f in py.typed _native.pyi; do
+    [ -e "$TMP/pyinst/lightkeeper/$f" ] || fail "the site install has no lightkeeper/$f"
+  done
   PYTHONPATH=$TMP/pyinst /usr/bin/python3 - "$PB" <<'PY' || fail "the site module does not import or run"
 import sys
 import lightkeeper

@@ -35,6 +35,14 @@ for f in "$P"/bin/* "$P"/lib/liblightkeeper.so; do
     fail "$f has an RPATH into the build machine: $(readelf -d "$f" | grep -E 'R(UN)?PATH')"
   fi
 done
+# The Python package is typed where it is installed too (PEP 561's marker and the compiled
+# module's stub), in the built package and in the sources a site builds it from.
+if [ -d "$P/lib/python3/dist-packages/lightkeeper" ]; then
+  for f in lib/python3/dist-packages/lightkeeper/py.typed lib/python3/dist-packages/lightkeeper/_native.pyi \
+           share/lightkeeper/python-site/lightkeeper/py.typed share/lightkeeper/python-site/lightkeeper/_native.pyi; do
+    [ -e "$P/$f" ] || fail "$f is not installed"
+  done
+fi
 readelf -d "$P/bin/diloco_trainer" | grep -E 'R(UN)?PATH' | grep -q '\$ORIGIN/../lib' ||
   fail "diloco_trainer has no \$ORIGIN-relative RPATH"
 # The library exports its API and nothing of what it links in statically.

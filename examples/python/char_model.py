@@ -20,10 +20,12 @@ system's libxxhash through ctypes (the same XXH3-64 as outer.cc's StateHash).
 import ctypes
 import ctypes.util
 import math
+from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.utils.clip_grad import clip_grad_norm_
 
 MASK64 = (1 << 64) - 1
 
@@ -45,30 +47,30 @@ EVAL_TAG = 0x65766131
 class SplitMix:
     """splitmix64, as corpus.h's SplitMix."""
 
-    def __init__(self, seed):
+    def __init__(self, seed: int) -> None:
         self.state = seed & MASK64
 
-    def next(self):
+    def next(self) -> int:
         self.state = (self.state + 0x9E3779B97F4A7C15) & MASK64
         z = self.state
         z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
         return z ^ (z >> 31)
 
-    def below(self, n):
+    def below(self, n: int) -> int:
         return self.next() % n
 
 
-def batch_hash(xs):
+def batch_hash(xs: torch.Tensor) -> int:
     """FNV-1a of a batch's input tokens, row-major: local_model.cc's LastBatchHash, so the
     trainers' logs name a batch the same way in both languages."""
     h = 0xCBF29CE484222325
     for token in xs.reshape(-1).tolist():
-        h = ((h ^ (token & MASK64)) * 0x100000001B3) & MASK64
+        h = ((h ^ (int(token) & MASK64)) * 0x100000001B3) & MASK64
     return h
 
 
-def mix_seed(*parts):
+def mix_seed(*parts: int) -> int:
     """corpus.cc's MixSeed."""
     h = 0x243F6A8885A308D3
     for p in parts:
@@ -76,12 +78,12 @@ def mix_seed(*parts):
     return h
 
 
-def std_hash(text):
+def std_hash(text: str) -> int:
     """libstdc++'s std::hash<std::string> on 64-bit targets (_Hash_bytes, seed 0xc70f6907)."""
     data = text.encode()
     mul = (0xC6A4A793 << 32) + 0x5BD1E995
 
-    def shift_mix(v):
+    def shift_mix(v: int) -> int:
         return v ^ (v >> 47)
 
     n = len(data)
@@ -98,14 +100,14 @@ def std_hash(text):
     return shift_mix(h)
 
 
-def make_corpus(size_bytes):
+def make_corpus(size_bytes: int) -> str:
     """About size_bytes characters of text, identical to corpus.cc's MakeCorpus."""
     rng = SplitMix(20240611)
 
-    def pick(words):
+    def pick(words: List[str]) -> str:
         return words[rng.below(len(words))]
 
-    parts = []
+    parts: List[str] = []
     length = 0
     while length < size_bytes:
         plural = rng.below(3) == 0
@@ -136,7 +138,7 @@ def make_corpus(size_bytes):
     return "".join(parts)
 
 
-def encode(text):
+def encode(text: str) -> Tuple[str, torch.Tensor]:
     """The sorted set of characters of text, and the text as indices into it (an int64 tensor)."""
     vocab = "".join(sorted(set(text)))
     index = {c: i for i, c in enumerate(vocab)}
@@ -146,7 +148,7 @@ def encode(text):
 class Attention(nn.Module):
     """Causal multi-head self-attention (local_model.cc's AttentionImpl)."""
 
-    def __init__(self, width, heads, seq_len):
+    def __init__(self, width: int, heads: int, seq_len: int) -> None:
         super().__init__()
         self.heads = heads
         self.qkv = nn.Linear(width, 3 * width)
@@ -154,17 +156,21 @@ class Attention(nn.Module):
         # A buffer, not a parameter: it is not trained and not part of the flat vector.
         self.register_buffer("mask", torch.triu(torch.ones(seq_len, seq_len), 1).to(torch.bool))
 
-    def forward(self, x):
+    mask: torch.Tensor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
         d = c // self.heads
         q, k, v = (y.view(b, t, self.heads, d).transpose(1, 2) for y in self.qkv(x).chunk(3, -1))
         att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
         att = att.masked_fill(self.mask[:t, :t], -math.inf).softmax(-1)
-        return self.proj(torch.matmul(att, v).transpose(1, 2).contiguous().view(b, t, c))
+        y = torch.matmul(att, v).transpose(1, 2).contiguous().view(b, t, c)
+        out: torch.Tensor = self.proj(y)
+        return out
 
 
 class Block(nn.Module):
-    def __init__(self, width, heads, seq_len):
+    def __init__(self, width: int, heads: int, seq_len: int) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(width)
         self.attn = Attention(width, heads, seq_len)
@@ -172,15 +178,16 @@ class Block(nn.Module):
         self.fc = nn.Linear(width, 4 * width)
         self.out = nn.Linear(4 * width, width)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+        out: torch.Tensor = x + self.out(F.gelu(self.fc(self.ln2(x))))
+        return out
 
 
 class Gpt(nn.Module):
     """local_model.cc's GptImpl: the modules are created (and so initialised) in its order."""
 
-    def __init__(self, vocab, width, layers, heads, seq_len):
+    def __init__(self, vocab: int, width: int, layers: int, heads: int, seq_len: int) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, width)
         self.pos = nn.Embedding(seq_len, width)
@@ -188,9 +195,13 @@ class Gpt(nn.Module):
         self.ln = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab)
 
-    def forward(self, idx):
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.tok(idx) + self.pos(torch.arange(idx.size(1)))
-        return self.head(self.ln(self.blocks(x)))
+        out: torch.Tensor = self.head(self.ln(self.blocks(x)))
+        return out
+
+
+_Flag = TypeVar("_Flag")
 
 
 class LocalModel:
@@ -202,8 +213,10 @@ class LocalModel:
     group in the same collective).
     """
 
-    def __init__(self, tokens, vocab_size, seed, width=64, layers=2, heads=4, seq_len=64,
-                 batch=16, inner_lr=3e-3, weight_decay=0.01, grad_clip_norm=1.0):
+    def __init__(self, tokens: torch.Tensor, vocab_size: int, seed: int, width: int = 64,
+                 layers: int = 2, heads: int = 4, seq_len: int = 64, batch: int = 16,
+                 inner_lr: float = 3e-3, weight_decay: float = 0.01,
+                 grad_clip_norm: float = 1.0) -> None:
         torch.manual_seed(seed)
         self.model = Gpt(vocab_size, width, layers, heads, seq_len)
         self.params = list(self.model.parameters())
@@ -219,16 +232,19 @@ class LocalModel:
                 p.add_(0.0)
         self.grads = torch.zeros(self.numel + 2, dtype=torch.float32)
         self.optimizer = self.make_optimizer()
+        self.last_xs = torch.zeros(0, dtype=torch.int64)
+        self.last_batch_hash = 0
 
-    def make_optimizer(self):
+    def make_optimizer(self) -> torch.optim.AdamW:
         # foreach=False: the per-tensor loop, the same operations as LibTorch's C++ AdamW.
-        return torch.optim.AdamW(self.params, lr=self.inner_lr, weight_decay=self.weight_decay,
-                                 foreach=False)
+        # torch 1.13's stub of AdamW lacks foreach (its constructor takes it).
+        return torch.optim.AdamW(self.params, lr=self.inner_lr,  # type: ignore[call-arg]
+                                 weight_decay=self.weight_decay, foreach=False)
 
-    def flatten(self):
+    def flatten(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self.params])
 
-    def batch_loss(self, rng):
+    def batch_loss(self, rng: SplitMix) -> torch.Tensor:
         b, t = self.batch, self.seq_len
         n = self.tokens.numel()
         starts = [rng.below(n - t - 1) for _ in range(b)]
@@ -238,29 +254,34 @@ class LocalModel:
         logits = self.model(xs)
         return F.cross_entropy(logits.view(b * t, logits.size(-1)), ys)
 
-    def inner_step(self, rng, average):
+    def inner_step(self, rng: SplitMix, average: Callable[[torch.Tensor], _Flag]
+                   ) -> Tuple[torch.Tensor, _Flag]:
         """Forward, backward, the group's average of the gradients, clip: everything of an inner
         step but the optimizer's step, which the training loop takes (then DiLoCo.step()).
         Returns (the group-mean loss as a float32 value, what `average` returned)."""
         self.optimizer.zero_grad()
         loss = self.batch_loss(rng)
         self.last_batch_hash = batch_hash(self.last_xs)
-        loss.backward()
+        torch.autograd.backward(loss)  # loss.backward(), which torch 1.13 leaves untyped
         at = 0
         for p in self.params:
-            self.grads[at:at + p.numel()].copy_(p.grad.reshape(-1))
+            grad = p.grad
+            assert grad is not None
+            self.grads[at:at + p.numel()].copy_(grad.reshape(-1))
             at += p.numel()
         self.grads[self.numel] = loss.item()
         self.grads[self.numel + 1] = 0.0
         flag = average(self.grads)
         at = 0
         for p in self.params:
-            p.grad.copy_(self.grads[at:at + p.numel()].view_as(p))
+            grad = p.grad
+            assert grad is not None
+            grad.copy_(self.grads[at:at + p.numel()].view_as(p))
             at += p.numel()
-        torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm)
+        clip_grad_norm_(self.params, self.grad_clip_norm)
         return self.grads[self.numel].clone(), flag
 
-    def eval_loss(self, rng, batches):
+    def eval_loss(self, rng: SplitMix, batches: int) -> torch.Tensor:
         """Mean loss of the current weights on `batches` batches from rng, as a float32 value."""
         if batches == 0:
             return torch.tensor(0.0)
@@ -271,10 +292,10 @@ class LocalModel:
         return torch.tensor(total / batches, dtype=torch.float32)
 
 
-_xxhash = None
+_xxhash: Optional[ctypes.CDLL] = None
 
 
-def state_hash(values):
+def state_hash(values: torch.Tensor) -> str:
     """outer.cc's StateHash: XXH3-64 of a contiguous float32 tensor's bytes, 16 hex digits."""
     global _xxhash
     if _xxhash is None:
@@ -284,4 +305,4 @@ def state_hash(values):
         _xxhash = lib
     values = values.detach().contiguous()
     assert values.dtype == torch.float32
-    return "%016x" % _xxhash.XXH3_64bits(values.data_ptr(), values.numel() * 4)
+    return "%016x" % int(_xxhash.XXH3_64bits(values.data_ptr(), values.numel() * 4))

@@ -25,20 +25,23 @@ import stat
 import struct
 import sys
 import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from torch.nn.utils.convert_parameters import parameters_to_vector, vector_to_parameters
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import char_model  # noqa: E402
 
 try:
     import lightkeeper
+    from lightkeeper import SyncResult
 except ImportError as e:  # the package is built into build/python
     sys.exit(f"diloco_trainer.py: cannot import lightkeeper ({e}); "
              "set PYTHONPATH to the build's python directory")
 
 # (flag, type, default, help): diloco_trainer's flags, with its defaults.
-FLAGS = [
+FLAGS: List[Tuple[str, Callable[[str], Any], Any, str]] = [
     ("group-rank", int, 0, "this trainer's rank inside its group"),
     ("group-size", int, 1, "trainers in this group (groups may differ)"),
     ("inner-steps", int, 20, "H: inner AdamW steps per outer step (with --outer-step-s: the "
@@ -84,7 +87,7 @@ FLAGS = [
 ]
 
 
-def parse_flags(argv):
+def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
     """The flags, each defaulting to its LK_* variable, then to diloco_trainer's default."""
     p = argparse.ArgumentParser(
         prog="diloco_trainer.py",
@@ -114,7 +117,7 @@ def parse_flags(argv):
                         "step's inner steps and lands one step late; the same in every group "
                         "(env LK_OUTER_OVERLAP)")
     a = p.parse_args(argv)
-    problems = []
+    problems: List[str] = []
     if a.group_size < 1 or not 0 <= a.group_rank < a.group_size:
         problems.append(f"--group-rank {a.group_rank} must be below --group-size {a.group_size}")
     if a.inner_steps < 1:
@@ -151,11 +154,11 @@ class Logger:
 
     LEVELS = {"debug": 0, "info": 1, "warn": 2, "error": 3}
 
-    def __init__(self, level, rank):
+    def __init__(self, level: str, rank: int) -> None:
         self.level = self.LEVELS[level]
         self.prefix = f"trainer={rank}"
 
-    def __call__(self, level, event, **fields):
+    def __call__(self, level: str, event: str, **fields: Any) -> None:
         if self.LEVELS[level] < self.level:
             return
         now = time.time()
@@ -168,10 +171,10 @@ class Logger:
         os.write(sys.stderr.fileno(), line.encode())
 
 
-def tcp_sent():
+def tcp_sent() -> Dict[int, int]:
     """{socket inode: tcpi_bytes_sent} over this process's TCP sockets (its communicators'),
     as diloco/net_bytes.cc counts them for the C++ trainer's byte fields."""
-    out = {}
+    out: Dict[int, int] = {}
     for name in os.listdir("/proc/self/fd"):
         try:
             fd = int(name)
@@ -183,7 +186,7 @@ def tcp_sent():
         except OSError:
             continue  # gone meanwhile, or a Unix socket (the agent's): not counted
         if len(info) >= TCPI_BYTES_SENT + 8:
-            out[st.st_ino] = struct.unpack_from("=Q", info, TCPI_BYTES_SENT)[0]
+            out[st.st_ino] = int(struct.unpack_from("=Q", info, TCPI_BYTES_SENT)[0])
     return out
 
 
@@ -191,7 +194,7 @@ def tcp_sent():
 TCP_INFO_SIZE, TCPI_BYTES_SENT = 232, 200
 
 
-def tcp_sent_between(before, after):
+def tcp_sent_between(before: Dict[int, int], after: Dict[int, int]) -> int:
     return sum(max(0, v - before.get(k, 0)) for k, v in after.items())
 
 
@@ -205,30 +208,32 @@ class StepLog:
     STATS = ("poll_ms", "join_ms", "allreduce_ms", "gather_ms", "publish_ms", "commit_ms",
              "outer_ms", "cross_bytes", "sync_bytes", "group_bytes", "wait_ms")
 
-    def __init__(self, path, args):
+    def __init__(self, path: str, args: argparse.Namespace) -> None:
         self.file = open(path, "a") if path else None
         self.args = args
         self.last_commit = time.monotonic()
         self.clear()
 
-    def clear(self):
-        self.sync = dict.fromkeys(self.STATS, 0)
+    def clear(self) -> None:
+        self.sync: Dict[str, float] = dict.fromkeys(self.STATS, 0)
         self.inner_ms = self.discarded_ms = self.eval_ms = 0.0
         self.group_bytes = 0
 
-    def add(self, result):
+    def add(self, result: SyncResult) -> None:
         for k in self.STATS:
             # outer_ms is the committed attempt's own figure, the rest add up.
-            self.sync[k] = result["stats"][k] if k == "outer_ms" else (
-                self.sync[k] + result["stats"][k])
+            value: float = getattr(result.stats, k)
+            self.sync[k] = value if k == "outer_ms" else self.sync[k] + value
 
-    def discard(self):
+    def discard(self) -> None:
         # A heal threw away the inner steps since the last commit: not training that reached
         # the model.
         self.discarded_ms += self.inner_ms
         self.inner_ms = 0.0
 
-    def write(self, r, loss, eval_loss, params, shard, inner_run, inner_step=0, batches=()):
+    def write(self, r: SyncResult, loss: float, eval_loss: Optional[float], params: int,
+              shard: int, inner_run: int, inner_step: int = 0,
+              batches: Sequence[int] = ()) -> None:
         now = time.monotonic()
         step_ms = (now - self.last_commit) * 1000
         self.last_commit = now
@@ -245,14 +250,14 @@ class StepLog:
             '"weighted":%s,"global_hash":"%s","inner_steps_run":%d,"group_id":"%s",'
             '"outer_compress":"%s","overlap":%s,"wait_ms":%.1f,"inner_step":%d,'
             '"batches":[%s]}\n') % (
-                r["step"], r["quorum_id"], r["replica_world_size"], loss, r["state_hash"],
-                "true" if r["healed"] else "false", a.group_rank, int(y["outer_ms"]), evals,
+                r.step, r.quorum_id, r.replica_world_size, loss, r.state_hash,
+                "true" if r.healed else "false", a.group_rank, int(y["outer_ms"]), evals,
                 int(time.time() * 1000), step_ms, y["poll_ms"], y["join_ms"], self.inner_ms,
                 self.discarded_ms, y["allreduce_ms"], y["gather_ms"], y["publish_ms"],
                 y["commit_ms"], self.eval_ms, y["cross_bytes"], y["sync_bytes"],
                 self.group_bytes + y["group_bytes"], params, shard, a.inner_steps,
-                a.group_size, r["tokens"], r["quorum_tokens"],
-                "true" if r["weighted"] else "false", r["global_hash"], inner_run, a.group_id,
+                a.group_size, r.tokens, r.quorum_tokens,
+                "true" if r.weighted else "false", r.global_hash, inner_run, a.group_id,
                 a.outer_compress, "true" if a.outer_overlap else "false", y["wait_ms"],
                 inner_step, ",".join('"%016x"' % h for h in batches))
         self.clear()
@@ -271,11 +276,11 @@ class DataStream:
 
     VERSION = "diloco_trainer.py/1"
 
-    def __init__(self, log):
+    def __init__(self, log: Logger) -> None:
         self.log = log
-        self.rng = None
+        self.rng: Optional[char_model.SplitMix] = None
         self.inner_step = 0
-        self.pending = None  # restored state that waits for the generator
+        self.pending: Optional[Dict[str, Any]] = None  # restored state that waits for the generator
 
     def save(self) -> bytes:
         if self.rng is None:
@@ -286,7 +291,7 @@ class DataStream:
             "python_rng": list(random.getstate()[1]),
         }).encode()
 
-    def load(self, data: bytes):
+    def load(self, data: bytes) -> None:
         state = json.loads(data)
         if state.get("v") != self.VERSION:
             self.log("warn", "extra_state_ignored", bytes=len(data))
@@ -295,13 +300,15 @@ class DataStream:
         if self.rng is not None:
             self.apply()
 
-    def start(self, seed):
-        self.rng = char_model.SplitMix(seed)
+    def start(self, seed: int) -> char_model.SplitMix:
+        self.rng = rng = char_model.SplitMix(seed)
         if self.pending is not None:
             self.apply()
+        return rng
 
-    def apply(self):
+    def apply(self) -> None:
         s, self.pending = self.pending, None
+        assert s is not None and self.rng is not None
         self.rng.state = int(s["rng"])
         self.inner_step = int(s["inner_step"])
         torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(s["torch_rng"])),
@@ -311,16 +318,23 @@ class DataStream:
                  inner_step=self.inner_step)
 
 
-def train(args, log):
+def train(args: argparse.Namespace, log: Logger) -> int:
+    op_timeout = datetime.timedelta(milliseconds=args.op_timeout_ms)
+    init_timeout = datetime.timedelta(milliseconds=args.init_timeout_ms)
+    # The Manager's context closes its communicators and the session with the agent at the end,
+    # after the DiLoCo context said goodbye (or, on an error, without: a crash to the agent).
+    with lightkeeper.Manager(args.group_rank, args.group_size, timeout=op_timeout,
+                             init_timeout=init_timeout, bind_host=args.bind_host) as manager:
+        return train_with(args, log, manager, op_timeout, init_timeout)
+
+
+def train_with(args: argparse.Namespace, log: Logger, manager: lightkeeper.Manager,
+               op_timeout: datetime.timedelta, init_timeout: datetime.timedelta) -> int:
     text = char_model.make_corpus(args.corpus_bytes)
     vocab, tokens = char_model.encode(text)
     lm = char_model.LocalModel(tokens, len(vocab), args.seed, width=args.model_width,
                                layers=args.layers, heads=args.heads, seq_len=args.seq_len,
                                batch=args.batch, inner_lr=args.inner_lr)
-    op_timeout = datetime.timedelta(milliseconds=args.op_timeout_ms)
-    init_timeout = datetime.timedelta(milliseconds=args.init_timeout_ms)
-    manager = lightkeeper.Manager(args.group_rank, args.group_size, timeout=op_timeout,
-                                  init_timeout=init_timeout, bind_host=args.bind_host)
     steps = StepLog(args.log, args)
     eval_seed = char_model.mix_seed(args.seed, char_model.EVAL_TAG)
     data = DataStream(log)
@@ -337,14 +351,14 @@ def train(args, log):
         # Entering joined the job: the model holds the job's global weights (replica_rank 0's
         # initial ones at the very first start, a heal's later).
         joined = diloco.last_result
+        assert joined is not None  # the join's
         steps.add(joined)
         if diloco.should_stop:
-            log("info", "drain", step=diloco.outer_step, reason=joined["reason"])
+            log("info", "drain", step=diloco.outer_step, reason=joined.reason)
             return 0
         group_key = (char_model.std_hash(args.group_id) if args.group_id
-                     else joined["replica_rank"])
-        data.start(char_model.mix_seed(args.seed, group_key, args.group_rank))
-        rng = data.rng
+                     else joined.replica_rank)
+        rng = data.start(char_model.mix_seed(args.seed, group_key, args.group_rank))
         # The group's inner gradients are averaged over a process group of its own (the
         # DiLoCo's agrees on drains at every step): every trainer of the group asks for it
         # here, right after the same join.
@@ -353,14 +367,14 @@ def train(args, log):
         log("info", "trainer_start", params=lm.numel, shard_size=diloco.shard_numel,
             vocab=len(vocab), corpus_bytes=len(text))
 
-        def average(buf):
+        def average(buf: torch.Tensor) -> None:
             # Gradients and the loss in one collective per inner step, summed then divided,
             # as the C++ trainer does.
             if group is not None:
                 group.allreduce([buf]).wait()
                 buf.div_(args.group_size)
 
-        def evaluate():
+        def evaluate() -> Optional[float]:
             # After the commit, so that the commit's latency does not include it; the model
             # holds the new global weights now, identical in every member.
             if args.eval_batches <= 0:
@@ -370,38 +384,37 @@ def train(args, log):
                 # The model carries this group's inner progress on top of the global weights:
                 # the evaluation is of the global weights alone, as every member holds them.
                 with torch.no_grad():
-                    flat = torch.nn.utils.parameters_to_vector(lm.model.parameters())
-                    torch.nn.utils.vector_to_parameters(diloco.global_weights(),
-                                                        lm.model.parameters())
+                    flat = parameters_to_vector(lm.model.parameters())
+                    vector_to_parameters(diloco.global_weights(), lm.model.parameters())
                     value = float(lm.eval_loss(char_model.SplitMix(eval_seed),
                                                args.eval_batches))
-                    torch.nn.utils.vector_to_parameters(flat, lm.model.parameters())
+                    vector_to_parameters(flat, lm.model.parameters())
                 steps.eval_ms += (time.monotonic() - e0) * 1000
                 return value
             value = float(lm.eval_loss(char_model.SplitMix(eval_seed), args.eval_batches))
             steps.eval_ms += (time.monotonic() - e0) * 1000
             return value
 
-        def log_reached_by_heal(r, mean_loss):
+        def log_reached_by_heal(r: SyncResult, mean_loss: float) -> None:
             # A heal that lands on the last step (a group that was behind when the others
             # finished, and restored the final checkpoint) ends the run without a commit of its
             # own: the log still gets that step's line (healed=true), as the C++ trainer's does.
-            if r["kind"] != "received" or r["step"] < args.outer_steps:
+            if r.kind != "received" or r.step < args.outer_steps:
                 return
             steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel, 0,
                         data.inner_step)
-            log("info", "reached_by_heal", step=r["step"], quorum_id=r["quorum_id"],
-                hash=r["state_hash"], source=r["heal_source"])
+            log("info", "reached_by_heal", step=r.step, quorum_id=r.quorum_id,
+                hash=r.state_hash, source=r.heal_source)
 
-        batches = []  # hashes of the batches of the inner steps since the last commit
+        batches: List[int] = []  # hashes of the batches of the inner steps since the last commit
 
-        def log_commit(r, mean_loss, inner_run):
+        def log_commit(r: SyncResult, mean_loss: float, inner_run: int) -> None:
             steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel, inner_run,
                         data.inner_step, batches)
             batches.clear()
-            log("info", "outer_committed", step=r["step"], quorum_id=r["quorum_id"],
-                world=r["replica_world_size"], loss="%.4f" % mean_loss,
-                hash=r["state_hash"], outer_ms=int(r["stats"]["outer_ms"]))
+            log("info", "outer_committed", step=r.step, quorum_id=r.quorum_id,
+                world=r.replica_world_size, loss="%.4f" % mean_loss,
+                hash=r.state_hash, outer_ms=int(r.stats.outer_ms))
 
         log_reached_by_heal(joined, 0.0)
         loss_sum = torch.zeros((), dtype=torch.float32)
@@ -430,46 +443,47 @@ def train(args, log):
             b1 = tcp_sent() if inner == args.inner_steps else None
             diloco.step(tokens=tokens_per_step)
             r = diloco.last_result
-            if r is before:
+            if r is before or r is None:
                 continue  # no outer step at this inner step
             ran, inner = inner, 0
             inner_run += ran
             steps.inner_ms += (t1 - t0) * 1000
             steps.group_bytes += tcp_sent_between(b0, b1 if b1 is not None else tcp_sent())
             steps.add(r)
-            if r["kind"] == "started":
-                log("info", "outer_started", step=r["step"] + 1, quorum_id=r["quorum_id"])
-            elif r["kind"] == "committed":
+            if r.kind == "started":
+                log("info", "outer_started", step=r.step + 1, quorum_id=r.quorum_id)
+            elif r.kind == "committed":
                 log_commit(r, float(loss_sum / max(1, ran)), inner_run)
                 inner_run = 0
-            elif r["kind"] == "received":
+            elif r.kind == "received":
                 steps.discard()
                 batches.clear()
                 inner_run = 0
-                log("info", "state_received", step=r["step"], source=r["heal_source"],
-                    healed=r["healed"])
+                log("info", "state_received", step=r.step, source=r.heal_source,
+                    healed=r.healed)
                 log_reached_by_heal(r, float(loss_sum / max(1, ran)))
             else:
-                log("info", "drain", step=r["step"], checkpoint_now=r["checkpoint_now"],
-                    reason=r["reason"])
+                log("info", "drain", step=r.step, checkpoint_now=r.checkpoint_now,
+                    reason=r.reason)
             last_loss = float(loss_sum / max(1, ran))
             loss_sum.zero_()
             t0, b0 = time.monotonic(), tcp_sent()
             if diloco.outer_step + diloco.in_flight >= args.outer_steps and diloco.in_flight:
                 # The last step's exchange lands without more inner steps.
-                r = diloco.flush()
-                steps.add(r)
-                if r["kind"] == "committed":
-                    log_commit(r, last_loss, 0)
-                elif r["kind"] == "received":
-                    log_reached_by_heal(r, 0.0)
+                landed = diloco.flush()
+                assert landed is not None  # one was in flight
+                steps.add(landed)
+                if landed.kind == "committed":
+                    log_commit(landed, last_loss, 0)
+                elif landed.kind == "received":
+                    log_reached_by_heal(landed, 0.0)
     # Leaving the context after the last outer step ran the final barrier, the final save and
     # the goodbye to the agent; after a drain, the save the agent asked for.
     log("info", "trainer_done", step=diloco.outer_step)
     return 0
 
 
-def main(argv):
+def main(argv: Sequence[str]) -> int:
     args = parse_flags(argv)
     log = Logger(args.log_level, args.group_rank)
     # One intra-op thread: several trainers share a node's cores, and one thread keeps every

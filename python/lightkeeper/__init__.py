@@ -5,13 +5,18 @@ cross-group communicator, the group's process group); ``DiLoCo`` runs the DiLoCo
 the C++ library on a model's parameters. The compiled part
 (``lightkeeper._native``) links no torch: tensors cross as (data pointer, element count, dtype,
 device), so one build serves whatever PyTorch the trainer imports.
+
+The package is typed (``py.typed``, a stub of ``_native``): results are frozen dataclasses
+(``Quorum``, ``SyncResult``), bad arguments raise ``InvalidArgument`` (a ``ValueError`` too),
+and ``mypy --strict`` checks code that uses it.
 """
 
-from lightkeeper.errors import Error, QuorumLost
+from lightkeeper.errors import Error, InvalidArgument, QuorumLost
 from lightkeeper import _native
-from lightkeeper._native import Quorum
+from lightkeeper.results import Quorum, SyncResult, SyncStats
 from lightkeeper.manager import Manager
 from lightkeeper.diloco import DiLoCo
 from lightkeeper.place import TaskPlace, task_place_from_env
 
-__all__ = ["DiLoCo", "Error", "Manager", "Quorum", "QuorumLost", "TaskPlace", "task_place_from_env"]
+__all__ = ["DiLoCo", "Error", "InvalidArgument", "Manager", "Quorum", "QuorumLost",
+           "SyncResult", "SyncStats", "TaskPlace", "task_place_from_env"]

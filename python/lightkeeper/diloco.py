@@ -26,13 +26,17 @@ import ctypes
 import datetime
 import os
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from types import TracebackType
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 import torch
 import torch.distributed as dist
 
 from lightkeeper import _native
-from lightkeeper.errors import Error
+from lightkeeper.errors import Error, InvalidArgument
+from lightkeeper.manager import Manager
+from lightkeeper.results import SyncResult
+from lightkeeper.store import ProcessGroup
 
 
 def _ms(t: datetime.timedelta) -> int:
@@ -60,7 +64,7 @@ class _InnerLayout:
         for (name, p), state in zip(params, probe_state):
             for key in sorted(state):
                 value = state[key]
-                if not torch.is_tensor(value) or not value.is_floating_point():
+                if not isinstance(value, torch.Tensor) or not value.is_floating_point():
                     continue
                 shape = tuple(value.shape)
                 # The C++ example names them the same way (exp_avg/NAME, exp_avg_sq/NAME,
@@ -69,16 +73,17 @@ class _InnerLayout:
                 self.total += max(1, value.numel())
 
     @staticmethod
-    def _probe(optimizer, params) -> List[Dict[str, torch.Tensor]]:
+    def _probe(optimizer: torch.optim.Optimizer,
+               params: List[torch.nn.Parameter]) -> List[Dict[str, Any]]:
         clones = {id(p): torch.zeros_like(p, device="cpu", dtype=torch.float32).requires_grad_()
                   for p in params}
-        groups = []
+        groups: List[Dict[str, Any]] = []
         for g in optimizer.param_groups:
             group = {k: v for k, v in g.items() if k != "params"}
             group["params"] = [clones[id(p)] for p in g["params"] if id(p) in clones]
             groups.append(group)
         groups = [g for g in groups if g["params"]]
-        probe = type(optimizer)(groups, **optimizer.defaults)
+        probe: torch.optim.Optimizer = type(optimizer)(groups, **optimizer.defaults)
         for c in clones.values():
             c.grad = torch.zeros_like(c)
         probe.step()
@@ -88,7 +93,7 @@ class _InnerLayout:
         return [_native.TensorSpec(name, offset, list(shape))
                 for _, name, _, shape, offset in self.entries]
 
-    def save(self, optimizer, out: torch.Tensor) -> None:
+    def save(self, optimizer: torch.optim.Optimizer, out: torch.Tensor) -> None:
         """The optimizer's current state into ``out`` (zeros where it has none yet)."""
         for p, _, key, shape, offset in self.entries:
             n = max(1, int(torch.Size(shape).numel()))
@@ -99,7 +104,7 @@ class _InnerLayout:
             else:
                 dst.copy_(value.detach().reshape(-1).to(torch.float32))
 
-    def load(self, optimizer, flat: torch.Tensor) -> None:
+    def load(self, optimizer: torch.optim.Optimizer, flat: torch.Tensor) -> None:
         """The optimizer's state from ``flat`` (a restore), in each value's own dtype/device."""
         for p, _, key, shape, offset in self.entries:
             n = max(1, int(torch.Size(shape).numel()))
@@ -112,7 +117,7 @@ class _InnerLayout:
                 on = p.device if shape != () else torch.device("cpu")
                 state[key] = src.to(device=on).clone()
 
-    def digest(self, optimizer) -> torch.Tensor:
+    def digest(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
         out = torch.zeros(self.total, dtype=torch.float32)
         self.save(optimizer, out)
         return out
@@ -168,28 +173,29 @@ class DiLoCo:
             more fails the outer step with ``invalid_argument``.
     """
 
-    def __init__(self, manager, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer,
-                 sync_every: int, outer_lr: float = 0.7, outer_momentum: float = 0.9,
+    def __init__(self, manager: Manager, model: torch.nn.Module,
+                 inner_optimizer: torch.optim.Optimizer, sync_every: int, *,
+                 outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  nesterov: bool = True, ckpt_dir: Optional[str] = None, ckpt_every: int = 0,
-                 group_pg=None, live_dir: Optional[str] = None, ckpt_keep: int = 3,
+                 group_pg: Optional[ProcessGroup] = None, live_dir: Optional[str] = None,
+                 ckpt_keep: int = 3,
                  timeout: datetime.timedelta = datetime.timedelta(seconds=120),
                  init_timeout: datetime.timedelta = datetime.timedelta(seconds=30),
                  outer_compress: str = "none", sync_every_s: Optional[float] = None,
                  overlap: bool = False, outer_fragments: int = 1,
                  extra_state: Optional[Callable[[], bytes]] = None,
                  load_extra_state: Optional[Callable[[bytes], None]] = None,
-                 extra_state_bytes_max: int = 4 << 20):
+                 extra_state_bytes_max: int = 4 << 20) -> None:
         if sync_every < 1:
-            raise Error("invalid_argument", f"sync_every must be at least 1, not {sync_every}")
+            raise InvalidArgument(f"sync_every must be at least 1, not {sync_every}")
         if not 1 <= int(outer_fragments) <= 64:
-            raise Error("invalid_argument",
-                        f"outer_fragments must be in [1, 64], not {outer_fragments}")
+            raise InvalidArgument(f"outer_fragments must be in [1, 64], not {outer_fragments}")
         if sync_every_s is not None and not 0 < sync_every_s <= 86400:
-            raise Error("invalid_argument",
-                        f"sync_every_s must be in (0, 86400] or None, not {sync_every_s}")
+            raise InvalidArgument(
+                f"sync_every_s must be in (0, 86400] or None, not {sync_every_s}")
         if not 0 < int(extra_state_bytes_max) <= 64 << 20:
-            raise Error("invalid_argument", "extra_state_bytes_max must be in (0, 64 MiB], "
-                        f"not {extra_state_bytes_max}")
+            raise InvalidArgument("extra_state_bytes_max must be in (0, 64 MiB], "
+                                  f"not {extra_state_bytes_max}")
         self.sync_every_s = sync_every_s
         self._extra_state = extra_state
         self._load_extra_state = load_extra_state
@@ -201,7 +207,7 @@ class DiLoCo:
         self.model = model
         self.inner_optimizer = inner_optimizer
         self.sync_every = sync_every
-        self._options = dict(outer_lr=outer_lr, outer_momentum=outer_momentum,
+        self._options: Dict[str, Any] = dict(outer_lr=outer_lr, outer_momentum=outer_momentum,
                              nesterov=nesterov, ckpt_dir=ckpt_dir or "",
                              ckpt_every=ckpt_every, ckpt_keep=ckpt_keep,
                              live_dir=live_dir if live_dir is not None
@@ -216,7 +222,7 @@ class DiLoCo:
         self._outer_end = time.monotonic()  # when the last outer step ended (sync_every_s)
         self.outer_step = 0
         self.should_stop = False
-        self.last_result: Optional[dict] = None
+        self.last_result: Optional[SyncResult] = None
         self._drained = False
 
     # Layout.
@@ -224,27 +230,28 @@ class DiLoCo:
     def _flatten(self) -> None:
         named = [(n, p) for n, p in self.model.named_parameters()]
         if not named:
-            raise Error("invalid_argument", "the model has no parameters")
+            raise InvalidArgument("the model has no parameters")
         devices = {p.device for _, p in named}
         if len(devices) != 1:
-            raise Error("invalid_argument", f"parameters on several devices: {sorted(map(str, devices))}")
+            raise InvalidArgument(f"parameters on several devices: {sorted(map(str, devices))}")
         for n, p in named:
             if p.dtype != torch.float32:
-                raise Error("invalid_argument", f"parameter {n} is {p.dtype}; DiLoCo's outer "
-                            "state is float32")
+                raise InvalidArgument(f"parameter {n} is {p.dtype}; DiLoCo's outer state is "
+                                      "float32")
         self._device = devices.pop()
         total = sum(p.numel() for _, p in named)
         flat = torch.empty(total, dtype=torch.float32, device=self._device)
-        specs, offset = [], 0
+        specs: List[_native.TensorSpec] = []
+        offset = 0
         with torch.no_grad():
             for name, p in named:
-                n = p.numel()
-                flat[offset:offset + n].copy_(p.reshape(-1))
+                count = p.numel()
+                flat[offset:offset + count].copy_(p.reshape(-1))
                 # The parameter becomes a view into the flat buffer (same Parameter object, so
                 # the optimizer's references stay valid).
-                p.data = flat[offset:offset + n].view_as(p)
+                p.data = flat[offset:offset + count].view_as(p)
                 specs.append(_native.TensorSpec(name, offset, list(p.shape)))
-                offset += n
+                offset += count
         self._flat = flat
         # The library works on host memory: a CUDA model is copied through a host buffer at
         # each outer step (pinned, so the copies run at the bus's speed).
@@ -266,18 +273,30 @@ class DiLoCo:
         m = self.manager
         o = self._options
         self._native = _native.Diloco(
-            m._session, m.group_rank, m.group_size, self._specs, self._inner.specs(), save_inner,
-            o["outer_lr"], o["outer_momentum"], o["nesterov"], o["ckpt_dir"], o["ckpt_every"],
-            o["ckpt_keep"], o["live_dir"], m._bind_host, o["init_timeout_ms"], o["timeout_ms"], 0,
-            o["outer_compress"], o["overlap"], o["outer_fragments"], self._extra_state_bytes_max)
-        self._call("join")
-        if not self.should_stop and m.group_size > 1 and self._group_pg is None:
-            self._group_pg = m.group_process_group()
+            m._native_session(), group_rank=m.group_rank, group_size=m.group_size,
+            params=self._specs, inner_state=self._inner.specs(), inner_save=save_inner,
+            outer_lr=o["outer_lr"], outer_momentum=o["outer_momentum"], nesterov=o["nesterov"],
+            ckpt_dir=o["ckpt_dir"], ckpt_every=o["ckpt_every"], ckpt_keep=o["ckpt_keep"],
+            live_dir=o["live_dir"], bind_host=m.bind_host,
+            init_timeout_ms=o["init_timeout_ms"], op_timeout_ms=o["timeout_ms"],
+            stuck_timeout_ms=0, outer_compress=o["outer_compress"], overlap=o["overlap"],
+            outer_fragments=o["outer_fragments"],
+            extra_state_bytes_max=self._extra_state_bytes_max)
+        try:
+            self._call("join")
+            if not self.should_stop and m.group_size > 1 and self._group_pg is None:
+                self._group_pg = m.group_process_group()
+        except BaseException:
+            # No __exit__ follows a failed __enter__: the library's object goes now, so that it
+            # does not outlive the context (nor keep the Manager's session from closing).
+            self._native = None
+            raise
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type: Optional[Type[BaseException]],
+                 exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
         if self._native is None:
-            return False
+            return
         try:
             if exc_type is None and not self._drained and self._native.in_flight:
                 self.flush()  # the model gets the last step's weights (overlap)
@@ -294,7 +313,6 @@ class DiLoCo:
                     pass
         finally:
             self._native = None  # closes the library's object before the Manager's session
-        return False
 
     # The loop.
 
@@ -306,11 +324,11 @@ class DiLoCo:
         passes them, or none does: then it is the plain average). At any call it stops the loop
         (``should_stop``) when the agent drains the group."""
         if self._native is None:
-            raise Error("invalid_argument", "DiLoCo.step() outside its context")
+            raise InvalidArgument("DiLoCo.step() outside its context")
         if self.should_stop:
             return
         if tokens < 0:
-            raise Error("invalid_argument", f"tokens must not be negative, not {tokens}")
+            raise InvalidArgument(f"tokens must not be negative, not {tokens}")
         self._inner_steps += 1
         self._tokens += int(tokens)
         drain, budget_spent = self._agree()
@@ -321,7 +339,8 @@ class DiLoCo:
         """Whether any trainer of the group saw a drain, and whether group rank 0 found the
         time budget spent: all of them must stop after the same inner step (one stopping alone
         would leave the others in the next collective)."""
-        noticed = self._native.drain_requested()
+        native = self._live()
+        noticed = native.drain_requested()
         spent = (self.sync_every_s is not None and self.manager.group_rank == 0 and
                  time.monotonic() - self._outer_end >= self.sync_every_s)
         if self.manager.group_size == 1:
@@ -330,13 +349,13 @@ class DiLoCo:
                             dtype=torch.float32)
         if self._group_pg is not None:
             on = flag.to(self._device) if _is_nccl(self._group_pg) else flag
-            dist.all_reduce(on, group=self._group_pg)
+            _all_reduce(on, group=self._group_pg)
             flag = on.cpu()
         else:
-            self._native.group_allreduce_sum(flag.data_ptr(), 2)
+            native.group_allreduce_sum(flag.data_ptr(), 2)
         drain = flag[0].item() > 0
         if drain and not noticed:
-            self._native.request_drain()
+            native.request_drain()
         return drain, flag[1].item() > 0
 
     def _hand_extra_state(self) -> None:
@@ -344,39 +363,45 @@ class DiLoCo:
             return
         data = self._extra_state()
         if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise Error("invalid_argument",
-                        f"extra_state() must return bytes, not {type(data).__name__}")
-        self._native.set_extra_state(bytes(data))
+            raise InvalidArgument(f"extra_state() must return bytes, not {type(data).__name__}")
+        self._live().set_extra_state(bytes(data))
 
-    def _call(self, what: str) -> dict:
+    def _live(self) -> "_native.Diloco":
+        if self._native is None:
+            raise InvalidArgument("DiLoCo is used outside its context")
+        return self._native
+
+    def _call(self, what: str) -> SyncResult:
+        native = self._live()
         if what != "flush":
             self._hand_extra_state()
         if self._host is not self._flat:
             self._host.copy_(self._flat)
         if what == "join":
-            r = self._native.join(self._host.data_ptr(), self._host.numel())
+            raw = native.join(self._host.data_ptr(), self._host.numel())
         elif what == "flush":
-            r = self._native.flush(self._host.data_ptr(), self._host.numel())
+            raw = native.flush(self._host.data_ptr(), self._host.numel())
         else:
-            r = self._native.sync(self._host.data_ptr(), self._host.numel(), self._tokens)
+            raw = native.sync(self._host.data_ptr(), self._host.numel(), self._tokens)
         if self._host is not self._flat:
             self._flat.copy_(self._host)
+        r = SyncResult._from_native(raw)
         self.last_result = r
-        self.outer_step = r["step"]
-        self.manager._note_quorum(r["quorum_id"], r["replica_rank"], r["replica_world_size"])
-        if r["step"] > self.manager._step:
-            self.manager._step = r["step"]
-        if r["inner"] == "reset":
+        self.outer_step = r.step
+        # The Manager's poll(), allreduce() and current_step() go on from this outer step.
+        self.manager._observe_outer_step(r.step, r.quorum_id, r.replica_rank,
+                                         r.replica_world_size)
+        if r.inner == "reset":
             self.inner_optimizer.state.clear()
-        elif r["inner"] == "restored":
-            state = torch.frombuffer(bytearray(self._native.restored_inner_state()),
+        elif r.inner == "restored":
+            state = torch.frombuffer(bytearray(native.restored_inner_state()),
                                      dtype=torch.float32)
             self._inner.load(self.inner_optimizer, state)
-        if r.get("extra_state_restored"):
-            self.restored_extra_state = self._native.restored_extra_state()
+        if r.extra_state_restored:
+            self.restored_extra_state = native.restored_extra_state()
             if self._load_extra_state is not None and self.restored_extra_state is not None:
                 self._load_extra_state(self.restored_extra_state)
-        if r["kind"] == "drained":
+        if r.kind == "drained":
             self.should_stop = True
             self._drained = True
         self._inner_steps = 0  # the next outer step counts its inner steps afresh
@@ -384,13 +409,13 @@ class DiLoCo:
         self._outer_end = time.monotonic()
         return r
 
-    def flush(self) -> Optional[dict]:
+    def flush(self) -> Optional[SyncResult]:
         """With ``overlap``: lands the outer step in flight (after the loop's last ``step()``),
         as the next outer step would but without starting another one; the model gets the new
         global weights. Returns the result (``last_result``), or None when nothing was in
         flight."""
         if self._native is None:
-            raise Error("invalid_argument", "DiLoCo.flush() outside its context")
+            raise InvalidArgument("DiLoCo.flush() outside its context")
         if self.should_stop or not self._native.in_flight:
             return None
         return self._call("flush")
@@ -420,8 +445,13 @@ class DiLoCo:
         return self._native.shard_numel if self._native is not None else 0
 
 
-def _is_nccl(pg) -> bool:
+# torch 1.13's torch.distributed functions carry no annotations, and mypy --strict refuses an
+# untyped call from typed code; the alias gives the one the package calls a type.
+_all_reduce: Callable[..., Any] = dist.all_reduce
+
+
+def _is_nccl(pg: Any) -> bool:
     try:
-        return pg.name().lower() == "nccl"
+        return bool(pg.name().lower() == "nccl")
     except Exception:  # noqa: BLE001 - ProcessGroup wrappers without name()
         return False

@@ -10,7 +10,7 @@ import dataclasses
 import os
 from typing import Mapping, Optional
 
-from lightkeeper.errors import Error
+from lightkeeper.errors import InvalidArgument
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +26,7 @@ def _number(env: Mapping[str, str], name: str) -> Optional[int]:
         return None
     value = env[name]
     if not value.isdigit():
-        raise Error("invalid_argument", f"{name}={value} is not a rank or size (a number)")
+        raise InvalidArgument(f"{name}={value} is not a rank or size (a number)")
     return int(value)
 
 
@@ -37,17 +37,18 @@ def _place(env: Mapping[str, str], rank_var: str, size_var: str, local_var: str,
         return None
     if rank is None or size is None:
         have, missing = (rank_var, size_var) if rank is not None else (size_var, rank_var)
-        raise Error("invalid_argument",
-                    f"{have} is set without {missing}: cannot place this trainer in its group")
+        raise InvalidArgument(
+            f"{have} is set without {missing}: cannot place this trainer in its group")
     if size == 0 or rank >= size:
-        raise Error("invalid_argument", f"{rank_var}={rank} is not below {size_var}={size}")
+        raise InvalidArgument(f"{rank_var}={rank} is not below {size_var}={size}")
     return TaskPlace(rank, size, local, source)
 
 
 def task_place_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[TaskPlace]:
     """The place the environment names (``os.environ`` by default), ``None`` when it names none.
-    A variable that is set but not a number, or a rank not below the size, raises ``Error``
-    (code ``invalid_argument``) naming it: a trainer must not guess its rank."""
+    A variable that is set but not a number, or a rank not below the size, raises
+    ``InvalidArgument`` (an ``Error`` with code ``invalid_argument``, and a ``ValueError``)
+    naming it: a trainer must not guess its rank."""
     env = os.environ if env is None else env
     return (_place(env, "RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun")
             or _place(env, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "slurm"))

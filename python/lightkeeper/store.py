@@ -7,10 +7,20 @@ was made in; that is enough for a process group, which needs its store only to c
 
 import datetime
 import re
+from typing import TYPE_CHECKING, Any, List, Optional, Union
 
 import torch.distributed as dist
 
-from lightkeeper.errors import Error
+from lightkeeper import _native
+from lightkeeper.errors import Error, InvalidArgument
+
+if TYPE_CHECKING:
+    # torch 1.13 declares these in its stub of the C extension only; torch.distributed
+    # re-exports them at run time (when distributed is available), invisibly to mypy.
+    from torch._C._distributed_c10d import ProcessGroup, Store
+else:
+    ProcessGroup = dist.ProcessGroup
+    Store = dist.Store
 
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9_./-]+$")
 
@@ -20,14 +30,14 @@ def _encode_key(key: str) -> str:
     return key if _SAFE_KEY.match(key) else "x" + key.encode().hex()
 
 
-class AgentStore(dist.Store):
+class AgentStore(Store):
     """torch.distributed's Store over the agent's KV, under ``prefix`` in ``quorum_id``.
 
     It supports what process groups use to connect (set, get, wait, check). The KV has no atomic
     add or delete, so ``add``, ``compare_set``, ``delete_key`` and ``num_keys`` raise."""
 
-    def __init__(self, session, quorum_id: int, prefix: str,
-                 timeout: datetime.timedelta = datetime.timedelta(minutes=5)):
+    def __init__(self, session: "_native.Session", quorum_id: int, prefix: str,
+                 timeout: datetime.timedelta = datetime.timedelta(minutes=5)) -> None:
         super().__init__()
         self._session = session
         self._quorum_id = quorum_id
@@ -37,19 +47,19 @@ class AgentStore(dist.Store):
     def _key(self, key: str) -> str:
         return self._prefix + _encode_key(key)
 
-    def _timeout_ms(self, timeout=None) -> int:
+    def _timeout_ms(self, timeout: Optional[datetime.timedelta] = None) -> int:
         t = self._timeout if timeout is None else timeout
         return max(1, int(t.total_seconds() * 1000))
 
-    def set(self, key, value):
+    def set(self, key: str, value: Union[str, bytes]) -> None:
         if isinstance(value, str):
             value = value.encode()
         self._session.kv_put(self._quorum_id, self._key(key), bytes(value))
 
-    def get(self, key):
+    def get(self, key: str) -> bytes:
         return self._session.kv_get(self._quorum_id, self._key(key), self._timeout_ms())
 
-    def check(self, keys):
+    def check(self, keys: List[str]) -> bool:
         for key in keys:
             try:
                 self._session.kv_get(self._quorum_id, self._key(key), 0)
@@ -59,33 +69,38 @@ class AgentStore(dist.Store):
                 raise
         return True
 
-    def wait(self, keys, timeout=None):
+    def wait(self, keys: List[str],
+             timeout: Optional[datetime.timedelta] = None) -> None:
         for key in keys:
             self._session.kv_get(self._quorum_id, self._key(key), self._timeout_ms(timeout))
 
-    def set_timeout(self, timeout):
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
         self._timeout = timeout
 
-    def add(self, key, value):
-        raise Error("invalid_argument", "the lighthouse KV has no atomic add")
+    def add(self, key: str, value: int) -> int:
+        raise InvalidArgument("the lighthouse KV has no atomic add")
 
-    def compare_set(self, key, expected, desired):
-        raise Error("invalid_argument", "the lighthouse KV has no compare-and-set")
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        raise InvalidArgument("the lighthouse KV has no compare-and-set")
 
-    def delete_key(self, key):
-        raise Error("invalid_argument", "the lighthouse KV does not delete keys")
+    def delete_key(self, key: str) -> bool:
+        raise InvalidArgument("the lighthouse KV does not delete keys")
 
-    def num_keys(self):
-        raise Error("invalid_argument", "the lighthouse KV does not count keys")
+    def num_keys(self) -> int:
+        raise InvalidArgument("the lighthouse KV does not count keys")
 
 
-def gloo_process_group(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta,
-                       bind_host: str = "127.0.0.1") -> dist.ProcessGroup:
+def gloo_process_group(store: Store, rank: int, size: int, timeout: datetime.timedelta,
+                       bind_host: str = "127.0.0.1") -> ProcessGroup:
     """ProcessGroupGloo over ``store``, without init_process_group (no global default group)."""
-    opts = dist.ProcessGroupGloo._Options()
+    # torch 1.13's stub has neither ProcessGroupGloo._Options nor the constructor that takes
+    # them (the one that binds the device to bind_host), so this one call goes untyped.
+    gloo: Any = dist.ProcessGroupGloo
+    opts = gloo._Options()
     opts._timeout = timeout
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=bind_host)]
-    return dist.ProcessGroupGloo(store, rank, size, opts)
+    opts._devices = [gloo.create_device(hostname=bind_host)]
+    pg: ProcessGroup = gloo(store, rank, size, opts)
+    return pg
 
 
-__all__ = ["AgentStore", "gloo_process_group"]
+__all__ = ["AgentStore", "ProcessGroup", "Store", "gloo_process_group"]

@@ -45,16 +45,17 @@ const char* CodeName(int code) {
   return "unknown";
 }
 
-// The exception types of lightkeeper.errors, looked up once at import; they live as long as
-// the interpreter (never destroyed, so no Python object outlives it in a static destructor).
-py::object* g_error_type = nullptr;
+// lightkeeper.errors' factory of exceptions (error_of: InvalidArgument for invalid_argument,
+// else Error) and its QuorumLost type, looked up once at import; they live as long as the
+// interpreter (never destroyed, so no Python object outlives it in a static destructor).
+py::object* g_error_of = nullptr;
 py::object* g_quorum_lost_type = nullptr;
 
 [[noreturn]] void RaiseCode(int code, const std::string& message, bool quorum_lost,
                             const char* reason = "UNSPECIFIED") {
-  py::object& type = quorum_lost ? *g_quorum_lost_type : *g_error_type;
-  py::object exc = type(CodeName(code), message, reason);
-  PyErr_SetObject(type.ptr(), exc.ptr());
+  py::object exc = quorum_lost ? (*g_quorum_lost_type)(CodeName(code), message, reason)
+                               : (*g_error_of)(CodeName(code), message, reason);
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
   throw py::error_already_set();
 }
 
@@ -133,6 +134,7 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   Quorum Poll(uint32_t step) {
+    raw();  // raises InvalidArgument once closed
     lk_poll_result r{};
     Call([&] { return lk_session_poll(s_, step, &r); });
     Quorum q;
@@ -163,29 +165,36 @@ class Session {
   }
 
   void Commit(uint32_t step, bool ok, const std::string& hash, uint64_t tokens) {
+    raw();  // raises InvalidArgument once closed
     Call([&] {
       return lk_session_commit_tokens(s_, step, ok ? 1 : 0, hash.empty() ? nullptr : hash.c_str(),
                                       tokens);
     });
   }
   void Finish() {
+    raw();  // raises InvalidArgument once closed
     Call([&] { return lk_session_finish(s_); });
   }
   void SetMixedGroupSizes(bool on) {
+    raw();  // raises InvalidArgument once closed
     Call([&] { return lk_session_set_mixed_group_sizes(s_, on ? 1 : 0); });
   }
   void SetPeerWait(bool waiting) {
+    raw();  // raises InvalidArgument once closed
     Call([&] { return lk_session_set_peer_wait(s_, waiting ? 1 : 0); });
   }
   void RegisterCheckpoint(uint32_t step, const std::string& location, const std::string& digest) {
+    raw();  // raises InvalidArgument once closed
     Call([&] {
       return lk_session_register_checkpoint(s_, step, location.c_str(), digest.c_str());
     });
   }
   void KvPut(uint32_t quorum_id, const std::string& key, const std::string& value) {
+    raw();  // raises InvalidArgument once closed
     Call([&] { return lk_kv_put(s_, quorum_id, key.c_str(), value.data(), value.size()); });
   }
   py::bytes KvGet(uint32_t quorum_id, const std::string& key, uint32_t timeout_ms) {
+    raw();  // raises InvalidArgument once closed
     std::string buf(64 << 10, '\0');
     size_t len = 0;
     Call([&] { return lk_kv_get(s_, quorum_id, key.c_str(), buf.data(), buf.size(), &len, timeout_ms); });
@@ -216,7 +225,29 @@ class Session {
     return notices_->drain;
   }
 
-  lk_session* raw() const { return s_; }
+  // Closes the connection to the agent (Manager.close); later calls raise InvalidArgument.
+  // The library's communicators and DiLoCo objects hold the session's pointer, so it refuses
+  // while any of them is open instead of leaving them a dangling one.
+  void Close() {
+    if (s_ == nullptr) return;
+    if (users_ > 0) {
+      RaiseInvalid("close the session's communicators and DiLoCo objects first (" +
+                   std::to_string(users_) + " open)");
+    }
+    lk_session* s = s_;
+    s_ = nullptr;
+    py::gil_scoped_release release;
+    lk_session_close(s);
+  }
+  bool closed() const { return s_ == nullptr; }
+  int users() const { return users_; }
+  void AddUser() { ++users_; }
+  void DropUser() { --users_; }
+
+  lk_session* raw() const {
+    if (s_ == nullptr) RaiseInvalid("the session is closed (Manager.close())");
+    return s_;
+  }
 
  private:
   std::string ReadString(int (*fn)(lk_session*, char*, size_t, size_t*)) {
@@ -232,6 +263,7 @@ class Session {
   }
 
   lk_session* s_ = nullptr;
+  int users_ = 0;  // open communicators and DiLoCo objects over it (the GIL guards it)
   std::unique_ptr<NoticeRecord> notices_;
 };
 
@@ -263,27 +295,45 @@ class Comm {
     o.device_index = device_index;
     c_ = lk_comm_create(session.raw(), &o);
     if (c_ == nullptr) RaiseLast();
+    session_ = &session;
+    session_->AddUser();
   }
-  ~Comm() { lk_comm_close(c_); }
+  ~Comm() { Close(); }
+  // Idempotent; later calls raise InvalidArgument (Manager.close closes its communicators).
+  void Close() {
+    if (c_ == nullptr) return;
+    lk_comm* c = c_;
+    c_ = nullptr;
+    session_->DropUser();
+    py::gil_scoped_release release;
+    lk_comm_close(c);
+  }
+  lk_comm* live() const {
+    if (c_ == nullptr) RaiseInvalid("the communicator is closed");
+    return c_;
+  }
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
 
   void Reconfigure(uint32_t quorum_id, uint32_t replica_rank, uint32_t world) {
+    live();
     Call([&] { return lk_comm_reconfigure(c_, quorum_id, replica_rank, world); }, true);
   }
   void AllReduce(uintptr_t data, size_t count, const std::string& dtype, const std::string& op) {
+    live();
     int dt = ParseDType(dtype), ro = ParseOp(op);
     Call([&] { return lk_comm_allreduce(c_, reinterpret_cast<void*>(data), count, dt, ro); },
          true);
   }
-  void Abort(const std::string& reason) { lk_comm_abort(c_, reason.c_str()); }
+  void Abort(const std::string& reason) { lk_comm_abort(live(), reason.c_str()); }
   void AbortQuorum(uint32_t quorum_id, const std::string& reason) {
-    lk_comm_abort_quorum(c_, quorum_id, reason.c_str());
+    lk_comm_abort_quorum(live(), quorum_id, reason.c_str());
   }
-  uint32_t quorum_id() const { return lk_comm_quorum_id(c_); }
+  uint32_t quorum_id() const { return lk_comm_quorum_id(live()); }
 
  private:
   lk_comm* c_ = nullptr;
+  Session* session_ = nullptr;  // kept alive by py::keep_alive
 };
 
 // One named tensor of a flat float32 buffer, as Python describes it.
@@ -377,8 +427,13 @@ class Diloco {
     ext.extra_state_bytes_max = extra_state_bytes_max;
     d_ = lk_diloco_create_ext(session.raw(), &o, &ext);
     if (d_ == nullptr) RaiseLast();
+    session_ = &session;
+    session_->AddUser();
   }
-  ~Diloco() { lk_diloco_close(d_); }
+  ~Diloco() {
+    lk_diloco_close(d_);
+    if (session_ != nullptr) session_->DropUser();
+  }
   Diloco(const Diloco&) = delete;
   Diloco& operator=(const Diloco&) = delete;
 
@@ -466,6 +521,7 @@ class Diloco {
   }
 
   lk_diloco* d_ = nullptr;
+  Session* session_ = nullptr;  // kept alive by py::keep_alive
   std::vector<Spec> params_, inner_;  // the C specs point into these names and shapes
   std::function<void(uintptr_t, size_t)> inner_save_;
 };
@@ -475,7 +531,7 @@ class Diloco {
 PYBIND11_MODULE(_native, m) {
   m.doc() = "Lightkeeper's trainer client (compiled part; use the lightkeeper package)";
   py::module_ errors = py::module_::import("lightkeeper.errors");
-  g_error_type = new py::object(errors.attr("Error"));
+  g_error_of = new py::object(errors.attr("error_of"));
   g_quorum_lost_type = new py::object(errors.attr("QuorumLost"));
   m.attr("nccl_built") = py::bool_(LK_NCCL_BUILT != 0);
 
@@ -524,17 +580,24 @@ PYBIND11_MODULE(_native, m) {
       .def("kv_get", &Session::KvGet)
       .def("notices", &Session::Notices)
       .def("lost_quorum_id", &Session::LostQuorumId)
-      .def("drain_noticed", &Session::DrainNoticed);
+      .def("drain_noticed", &Session::DrainNoticed)
+      .def("close", &Session::Close)
+      .def_property_readonly("closed", &Session::closed)
+      .def_property_readonly("users", &Session::users);
 
   py::class_<Comm>(m, "Comm")
       .def(py::init<Session&, const std::string&, uint32_t, const std::string&,
                     const std::string&, uint32_t, uint32_t, int>(),
+           py::arg("session"), py::arg("backend"), py::arg("slot"), py::arg("key_prefix"),
+           py::arg("bind_host"), py::arg("init_timeout_ms"), py::arg("op_timeout_ms"),
+           py::arg("device_index") = 0,
            py::keep_alive<1, 2>())  // the session outlives its communicators
       .def("reconfigure", &Comm::Reconfigure)
       .def("allreduce", &Comm::AllReduce)
       .def("abort", &Comm::Abort)
       .def("abort_quorum", &Comm::AbortQuorum)
-      .def_property_readonly("quorum_id", &Comm::quorum_id);
+      .def_property_readonly("quorum_id", &Comm::quorum_id)
+      .def("close", &Comm::Close);
 
   py::class_<Spec>(m, "TensorSpec")
       .def(py::init([](std::string name, size_t offset, std::vector<int64_t> shape) {
@@ -551,6 +614,18 @@ PYBIND11_MODULE(_native, m) {
                     const std::string&, uint32_t, uint32_t, const std::string&,
                     const std::string&, uint32_t, uint32_t, uint32_t, const std::string&,
                     bool, uint32_t, uint64_t>(),
+           // Keyword-only after the session: twenty options by position were a trap (two
+           // swapped timeouts or counts still type-check).
+           py::arg("session"), py::kw_only(), py::arg("group_rank"), py::arg("group_size"),
+           py::arg("params"), py::arg("inner_state"), py::arg("inner_save"),
+           py::arg("outer_lr") = 0.7f, py::arg("outer_momentum") = 0.9f,
+           py::arg("nesterov") = true, py::arg("ckpt_dir") = "", py::arg("ckpt_every") = 0u,
+           py::arg("ckpt_keep") = 3u, py::arg("live_dir") = "",
+           py::arg("bind_host") = "127.0.0.1", py::arg("init_timeout_ms") = 30000u,
+           py::arg("op_timeout_ms") = 120000u, py::arg("stuck_timeout_ms") = 0u,
+           py::arg("outer_compress") = "none", py::arg("overlap") = false,
+           py::arg("outer_fragments") = 1u,
+           py::arg("extra_state_bytes_max") = uint64_t{4} << 20,
            py::keep_alive<1, 2>())  // the session outlives the DiLoCo object
       .def("join", &Diloco::Join)
       .def("sync", &Diloco::Sync, py::arg("params"), py::arg("count"), py::arg("tokens") = 0)

@@ -167,9 +167,9 @@ def mode_diloco(args, m):
         nonlocal_x = [torch.zeros(1)]  # the last batch drawn
         r = d.last_result
         inner = hashlib.sha256(d.inner_state_vector().numpy().tobytes()).hexdigest()[:16]
-        emit(event="joined", kind=r["kind"], step=d.outer_step, inner=r["inner"],
-             inner_hash=inner, model_hash=flat_hash(model), heal_source=r["heal_source"],
-             extra_restored=r["extra_state_restored"],
+        emit(event="joined", kind=r.kind, step=d.outer_step, inner=r.inner,
+             inner_hash=inner, model_hash=flat_hash(model), heal_source=r.heal_source,
+             extra_restored=r.extra_state_restored,
              extra_hash=hashlib.sha256(d.restored_extra_state).hexdigest()[:16]
              if d.restored_extra_state is not None else None,
              views=all(p.data_ptr() >= d._flat.data_ptr() and
@@ -178,12 +178,12 @@ def mode_diloco(args, m):
         def outer_event(r, ran, loss):
             x = nonlocal_x[0]
             inner = hashlib.sha256(d.inner_state_vector().numpy().tobytes()).hexdigest()[:16]
-            emit(event="outer", kind=r["kind"], step=d.outer_step, quorum_id=r["quorum_id"],
-                 world=r["replica_world_size"], state_hash=r["state_hash"],
-                 model_hash=flat_hash(model), inner=r["inner"], inner_hash=inner,
-                 saved=r["saved"], healed=r["healed"], loss=float(loss), ran=ran,
-                 tokens=r["tokens"], quorum_tokens=r["quorum_tokens"],
-                 weighted=r["weighted"], global_hash=r["global_hash"],
+            emit(event="outer", kind=r.kind, step=d.outer_step, quorum_id=r.quorum_id,
+                 world=r.replica_world_size, state_hash=r.state_hash,
+                 model_hash=flat_hash(model), inner=r.inner, inner_hash=inner,
+                 saved=r.saved, healed=r.healed, loss=float(loss), ran=ran,
+                 tokens=r.tokens, quorum_tokens=r.quorum_tokens,
+                 weighted=r.weighted, global_hash=r.global_hash,
                  extra_hash=handed.get("last"), x_hash=hashlib.sha256(
                      x.numpy().tobytes()).hexdigest()[:16],
                  global_weights_hash=hashlib.sha256(
@@ -232,7 +232,7 @@ def mode_readme(args, m):
     with lightkeeper.DiLoCo(m, model, opt, sync_every=args.sync_every, group_pg=pg,
                             ckpt_dir=args.ckpt_dir or None, ckpt_every=args.ckpt_every) as d:
         r = d.last_result
-        emit(event="joined", kind=r["kind"], step=d.outer_step, model_hash=flat_hash(model))
+        emit(event="joined", kind=r.kind, step=d.outer_step, model_hash=flat_hash(model))
         while d.outer_step < args.steps and not d.should_stop:
             x = torch.randn(16, 8, generator=gen)
             loss = (net(x) - x @ target).pow(2).mean()
@@ -243,9 +243,9 @@ def mode_readme(args, m):
             d.step()
             r = d.last_result
             if r is not prev:
-                emit(event="outer", kind=r["kind"], step=d.outer_step,
-                     quorum_id=r["quorum_id"], world=r["replica_world_size"],
-                     healed=r["healed"], global_hash=r["global_hash"],
+                emit(event="outer", kind=r.kind, step=d.outer_step,
+                     quorum_id=r.quorum_id, world=r.replica_world_size,
+                     healed=r.healed, global_hash=r.global_hash,
                      model_hash=flat_hash(model))
             if args.sleep_ms:
                 time.sleep(args.sleep_ms / 1000)
@@ -253,9 +253,45 @@ def mode_readme(args, m):
     return 0
 
 
+def mode_torchft(args, m):
+    """The order torchft users write: the Manager (made in main), then DistributedDataParallel
+    over manager.group_process_group() with no poll before it, then the DiLoCo context. Each
+    group's trainers start from different weights: DDP's broadcast makes the group agree."""
+    pg = m.group_process_group()
+    emit(event="pg", quorum_id=m.quorum.quorum_id if m.quorum is not None else 0)
+    torch.manual_seed(args.init_seed + m.group_rank)
+    model = TinyModel()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
+    emit(event="built", model_hash=flat_hash(model))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(1000 + m.group_rank)  # each rank its own data
+    target = torch.randn(8, 4, generator=torch.Generator().manual_seed(5))
+    with lightkeeper.DiLoCo(m, model, opt, sync_every=args.sync_every, group_pg=pg) as d:
+        r = d.last_result
+        assert isinstance(r, lightkeeper.SyncResult)
+        emit(event="joined", kind=r.kind, step=d.outer_step, model_hash=flat_hash(model))
+        while d.outer_step < args.steps and not d.should_stop:
+            x = torch.randn(16, 8, generator=gen)
+            loss = (ddp(x) - x @ target).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            prev = d.last_result
+            d.step()
+            r = d.last_result
+            if r is not prev:
+                emit(event="outer", kind=r.kind, step=d.outer_step, committed=r.committed,
+                     old_form_kind=r["kind"], world=r.replica_world_size,
+                     global_hash=r.global_hash, model_hash=flat_hash(model))
+    emit(event="finished", step=d.outer_step, model_hash=flat_hash(model),
+         current_step=m.current_step())
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["allreduce", "idle", "ddp", "diloco", "sizes", "readme"])
+    p.add_argument("mode", choices=["allreduce", "idle", "ddp", "diloco", "sizes", "readme",
+                                    "torchft"])
     p.add_argument("--group-rank", type=int, default=0)
     p.add_argument("--group-size", type=int, default=1)
     p.add_argument("--steps", type=int, default=5)
@@ -286,13 +322,17 @@ def main():
     if args.perturb_at_step:
         os.environ["LK_TEST_PERTURB_STEP"] = str(args.perturb_at_step)
     import datetime
-    m = lightkeeper.Manager(args.group_rank, args.group_size,
-                            timeout=datetime.timedelta(seconds=args.timeout_s))
-    if args.no_finish:
-        m.finish = lambda: None  # exit as if the process died after its last step
     mode = {"allreduce": mode_allreduce, "idle": mode_idle, "ddp": mode_ddp,
-            "diloco": mode_diloco, "sizes": mode_sizes, "readme": mode_readme}[args.mode]
-    return mode(args, m)
+            "diloco": mode_diloco, "sizes": mode_sizes, "readme": mode_readme,
+            "torchft": mode_torchft}[args.mode]
+    with lightkeeper.Manager(args.group_rank, args.group_size,
+                             timeout=datetime.timedelta(seconds=args.timeout_s)) as m:
+        if args.no_finish:
+            m.finish = lambda: None  # exit as if the process died after its last step
+        rc = mode(args, m)
+    assert m.closed
+    m.close()  # idempotent
+    return rc
 
 
 if __name__ == "__main__":
