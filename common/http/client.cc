@@ -539,8 +539,42 @@ bool IsLoopbackHost(const std::string& host) {
   return !ec && a.is_loopback();
 }
 
+// Whether `host` is an address inside `cidr` ("10.0.0.0/8", "fd00::/8").
+bool InCidr(const std::string& host, const std::string& cidr) {
+  const size_t slash = cidr.find('/');
+  boost::system::error_code ec1, ec2;
+  auto a = asio::ip::make_address(host, ec1);
+  auto net = asio::ip::make_address(cidr.substr(0, slash), ec2);
+  uint32_t bits = 0;
+  const std::string len = cidr.substr(slash + 1);
+  if (ec1 || ec2 || a.is_v4() != net.is_v4() || len.empty() || len.size() > 3 ||
+      len.find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
+  bits = static_cast<uint32_t>(std::stoul(len));
+  auto bytes = [](const asio::ip::address& x) {
+    std::vector<uint8_t> b;
+    if (x.is_v4()) {
+      auto v = x.to_v4().to_bytes();
+      b.assign(v.begin(), v.end());
+    } else {
+      auto v = x.to_v6().to_bytes();
+      b.assign(v.begin(), v.end());
+    }
+    return b;
+  };
+  const auto ab = bytes(a), nb = bytes(net);
+  if (bits > ab.size() * 8) return false;
+  for (uint32_t i = 0; i < bits; ++i) {
+    const uint8_t mask = static_cast<uint8_t>(0x80u >> (i % 8));
+    if ((ab[i / 8] & mask) != (nb[i / 8] & mask)) return false;
+  }
+  return true;
+}
+
 // no_proxy's entries: "*"; a host name, which also covers its subdomains (with or without a
-// leading dot); an address, matched exactly. Ports in entries are ignored.
+// leading dot); an address, matched exactly; a network ("10.0.0.0/8"), as curl takes it. Ports
+// in entries are ignored.
 bool NoProxyNames(const std::string& list, const std::string& host) {
   size_t start = 0;
   while (start <= list.size()) {
@@ -552,6 +586,10 @@ bool NoProxyNames(const std::string& list, const std::string& host) {
     e.erase(e.find_last_not_of(" \t") + 1);
     if (e.empty()) continue;
     if (e == "*") return true;
+    if (e.find('/') != std::string::npos) {
+      if (InCidr(host, e)) return true;
+      continue;
+    }
     if (e.front() == '[') {
       if (auto close = e.find(']'); close != std::string::npos) e = e.substr(1, close - 1);
     } else if (auto colon = e.rfind(':'); colon != std::string::npos && e.find(':') == colon) {

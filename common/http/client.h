@@ -32,7 +32,7 @@ struct ClientOptions {
 // The proxy for `url` from the environment, as curl reads it: LK_PROXY, else https_proxy or
 // HTTPS_PROXY for an https URL, http_proxy or HTTP_PROXY for an http one; empty (direct) when
 // no_proxy or NO_PROXY names the host ("*", a host, ".domain" or "domain" for its subdomains, an
-// exact address), when the host is loopback (127.0.0.0/8, ::1, localhost: a proxy never serves
+// exact address, a network "10.0.0.0/8"), when the host is loopback (127.0.0.0/8, ::1, localhost: a proxy never serves
 // those) and for unix: URLs.
 std::string ProxyFromEnv(const std::string& url);
 // `url` with its USER:PASSWORD@ (if any) replaced by "***@", for logs.

@@ -816,6 +816,16 @@ TEST_CASE("the proxy from the environment: LK_PROXY, then the scheme's, except n
        "http://10.0.0.50:1", "http://lk:1"},
       {"no_proxy *", {{"https_proxy", "http://p:1"}, {"no_proxy", "*"}}, "https://lh.example:1",
        ""},
+      {"no_proxy network", {{"LK_PROXY", "http://lk:1"}, {"no_proxy", "x,10.1.0.0/16"}},
+       "http://10.1.200.3:1", ""},
+      {"no_proxy other network", {{"LK_PROXY", "http://lk:1"}, {"no_proxy", "10.1.0.0/16"}},
+       "http://10.2.0.3:1", "http://lk:1"},
+      {"no_proxy /0 and odd bits", {{"LK_PROXY", "http://lk:1"}, {"no_proxy", "10.0.0.0/33"}},
+       "http://10.0.0.1:1", "http://lk:1"},
+      {"no_proxy v6 network", {{"LK_PROXY", "http://lk:1"}, {"no_proxy", "fd00::/8"}},
+       "http://[fd12::5]:1", ""},
+      {"no_proxy a name is no network", {{"LK_PROXY", "http://lk:1"}, {"no_proxy", "10.0.0.0/8"}},
+       "http://lh.example:1", "http://lk:1"},
   };
   for (const Row& r : rows) {
     CAPTURE(r.name);
