@@ -1,6 +1,9 @@
 #include "comm/comm.h"
 
+#include <net/if.h>
+
 #include "comm/backends.h"
+#include "common/http/server.h"
 
 namespace lk::comm {
 
@@ -28,6 +31,14 @@ bool BackendBuilt(Backend backend) {
 #else
   return backend == Backend::kGloo;
 #endif
+}
+
+Result<std::string> ResolveBindHost(const std::string& bind_host) {
+  if (bind_host.empty() || bind_host.size() >= IF_NAMESIZE ||
+      ::if_nametoindex(bind_host.c_str()) == 0) {
+    return bind_host;
+  }
+  return http::InterfaceIPv4(bind_host);
 }
 
 Status CommOptions::Validate() const {

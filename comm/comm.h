@@ -70,11 +70,19 @@ size_t DTypeBytes(DType dtype);
 // True when this build has the backend (NCCL needs CUDA and NCCL at build time).
 bool BackendBuilt(Backend backend);
 
+// The address `bind_host` stands for: the IPv4 address of the network interface of that name
+// when this host has one (an error when it has no IPv4 address), else `bind_host` as it is (an
+// address or a host name). A cluster's nodes share interface names, not addresses, so one
+// command line serves every node.
+Result<std::string> ResolveBindHost(const std::string& bind_host);
+
 struct CommOptions {
   // The cross-group slot (usually the trainer's group_rank). Every KV key carries it, so the
   // slots of one quorum rendezvous independently.
   uint32_t slot = 0;
-  // Gloo: the address this member listens on and publishes to its peers.
+  // Gloo: the address this member listens on and publishes to its peers: an address, a host
+  // name, or the name of one of this host's network interfaces (ib0), which stands for its
+  // IPv4 address (ResolveBindHost).
   std::string bind_host = "127.0.0.1";
   // Reconfigure: the whole rendezvous + connect must finish within this, or the attempt is
   // aborted with kDeadlineExceeded.

@@ -175,6 +175,34 @@ TEST_CASE("options: bad values are refused with the field named") {
   CHECK(CommManager::Create(Backend::kGloo, &store, o).status().code() == Code::kInvalidArgument);
 }
 
+TEST_CASE("bind_host: an interface's name stands for its IPv4 address, anything else for itself") {
+  CHECK(*ResolveBindHost("lo") == "127.0.0.1");
+  CHECK(*ResolveBindHost("127.0.0.7") == "127.0.0.7");
+  CHECK(*ResolveBindHost("node17.cluster") == "node17.cluster");
+  CHECK(*ResolveBindHost("lk-none0") == "lk-none0");  // no such interface: a host name
+  // A ring whose members bind by interface name reaches the same peers.
+  FileRendezvousStore store(testing::TempDir("iface"));
+  std::vector<std::unique_ptr<CommManager>> members;
+  for (int r = 0; r < 2; ++r) {
+    CommOptions o;
+    o.bind_host = r == 0 ? "lo" : "127.0.0.1";
+    o.init_timeout = Millis(10'000);
+    auto c = CommManager::Create(Backend::kGloo, &store, o);
+    REQUIRE(c.ok());
+    members.push_back(std::move(*c));
+  }
+  std::vector<std::future<float>> fs;
+  for (uint32_t r = 0; r < 2; ++r) {
+    fs.push_back(std::async(std::launch::async, [&, r] {
+      REQUIRE(members[r]->Reconfigure(1, r, 2).ok());
+      float v = static_cast<float>(r + 1);
+      REQUIRE(members[r]->AllReduce(&v, 1, DType::kFloat32, ReduceOp::kSum).ok());
+      return v;
+    }));
+  }
+  for (auto& f : fs) CHECK(f.get() == 3.0f);
+}
+
 TEST_CASE("file store: a Get waits for the Put and a missing key times out") {
   FileRendezvousStore store(testing::TempDir("filestore"));
   std::atomic<pid_t> getter_tid{0};

@@ -414,9 +414,10 @@ Result<std::unique_ptr<CommManager>> CreateGlooCommManager(RendezvousStore* stor
   // device loop thread, started here, inherits a mask with SIGPIPE blocked (see sigpipe.h).
   ScopedSigpipeBlock no_sigpipe;
   std::shared_ptr<gloo::transport::Device> device;
+  LK_ASSIGN_OR_RETURN(std::string host, ResolveBindHost(options.bind_host));
   try {
     gloo::transport::tcp::attr attr;
-    attr.hostname = options.bind_host;
+    attr.hostname = host;
     device = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
     return Error(Code::kUnavailable, "gloo device on {}: {}", options.bind_host, e.what());

@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
             "(its --serve-dir); empty: none, healing peers get state over the communicator");
   flags.Add("bind-host", &o.bind_host,
             "the address this trainer's communicators listen on and give their peers (the "
-            "node's address that the other groups reach)");
+            "node's address that the other groups reach), or an interface name (ib0: its IPv4 "
+            "address)");
   flags.Add("log", &o.log_path, "JSON lines, one per committed outer step");
   flags.Add("eval-batches", &o.eval_batches,
             "after every commit, the loss of the new global weights on this many batches drawn "

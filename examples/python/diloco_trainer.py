@@ -61,7 +61,8 @@ FLAGS: List[Tuple[str, Callable[[str], Any], Any, str]] = [
                           "peers (its --serve-dir); empty: none"),
     ("bind-host", str, "127.0.0.1", "the address this trainer's communicators listen on and "
                                     "give their peers (the node's address that the other "
-                                    "groups reach)"),
+                                    "groups reach), or an interface name (ib0: its IPv4 "
+                                    "address)"),
     ("log", str, "", "JSON lines, one per committed outer step"),
     ("eval-batches", int, 0, "after every commit, the loss of the new global weights on this "
                              "many fixed batches, logged as eval_loss; 0: none"),

@@ -19,7 +19,7 @@ import torch
 
 from lightkeeper import _native
 from lightkeeper.errors import Error, InvalidArgument
-from lightkeeper.place import task_place_from_env
+from lightkeeper.place import resolve_bind_host, task_place_from_env
 from lightkeeper.results import Quorum
 from lightkeeper.store import AgentStore, ProcessGroup, gloo_process_group
 
@@ -43,8 +43,9 @@ class Manager:
         timeout: the deadline of one collective (the cross-group one waits for the slowest
             group); past it the collective raises ``QuorumLost``.
         init_timeout: the deadline of a communicator's rendezvous and connect.
-        bind_host: the address this trainer's communicators listen on; ``None`` takes
-            ``$LK_BIND_HOST``, else 127.0.0.1 (one node).
+        bind_host: the address this trainer's communicators listen on, or the name of a
+            network interface (``ib0``: its IPv4 address); ``None`` takes ``$LK_BIND_HOST``,
+            else 127.0.0.1 (one node).
     """
 
     def __init__(self, group_rank: Optional[int] = None, group_size: Optional[int] = None,
@@ -52,7 +53,8 @@ class Manager:
                  timeout: datetime.timedelta = datetime.timedelta(seconds=120),
                  init_timeout: datetime.timedelta = datetime.timedelta(seconds=30),
                  bind_host: Optional[str] = None) -> None:
-        self._bind_host = bind_host or os.environ.get("LK_BIND_HOST") or "127.0.0.1"
+        self._bind_host = resolve_bind_host(bind_host or os.environ.get("LK_BIND_HOST")
+                                            or "127.0.0.1")
         if group_rank is None or group_size is None:
             place = task_place_from_env()
             if group_rank is None:

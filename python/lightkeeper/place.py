@@ -7,7 +7,10 @@ torchrun per replica group, so the launcher's rank is the rank inside the group.
 """
 
 import dataclasses
+import fcntl
 import os
+import socket
+import struct
 from typing import Mapping, Optional
 
 from lightkeeper.errors import InvalidArgument
@@ -52,3 +55,24 @@ def task_place_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[Tas
     env = os.environ if env is None else env
     return (_place(env, "RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun")
             or _place(env, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "slurm"))
+
+
+def resolve_bind_host(bind_host: str) -> str:
+    """The address ``bind_host`` stands for, by the C++ library's rule (``ResolveBindHost``).
+
+    The name of one of this host's network interfaces (``ib0``) stands for its IPv4 address, so
+    that one command line serves every node of a cluster; anything else (an address, a host
+    name) is returned as it is. An interface without an IPv4 address raises InvalidArgument.
+    """
+    if not bind_host or len(bind_host) >= 16:
+        return bind_host
+    if bind_host not in {name for _, name in socket.if_nameindex()}:
+        return bind_host
+    siocgifaddr = 0x8915  # Linux's ioctl for an interface's IPv4 address
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            ifreq = fcntl.ioctl(s.fileno(), siocgifaddr,
+                                struct.pack("256s", bind_host.encode()))
+        except OSError as e:
+            raise InvalidArgument(f"interface {bind_host}: no IPv4 address ({e.strerror})") from e
+    return socket.inet_ntoa(ifreq[20:24])

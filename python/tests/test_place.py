@@ -41,3 +41,14 @@ def test_manager_takes_its_place_from_slurm(monkeypatch):
     with pytest.raises(lightkeeper.Error) as e:
         lightkeeper.Manager(socket="/nonexistent/agent.sock")
     assert "SLURM_PROCID=7" in str(e.value)
+
+
+@pytest.mark.parametrize("given,address", [
+    ("lo", "127.0.0.1"),                  # an interface's name: its IPv4 address
+    ("127.0.0.9", "127.0.0.9"),           # an address as it is
+    ("node17.cluster", "node17.cluster"),  # a host name as it is
+    ("lk-none0", "lk-none0"),              # no such interface: taken for a host name
+])
+def test_bind_host_takes_an_interface_name(given, address):
+    from lightkeeper.place import resolve_bind_host
+    assert resolve_bind_host(given) == address
