@@ -129,7 +129,8 @@ struct DilocoOptions {
   // The node-local directory the agent serves to healing peers (its --serve-dir); "": peers
   // that heal get this group's state over the slot communicator instead.
   std::string live_dir;
-  std::string bind_host = "127.0.0.1";  // Gloo: the address this trainer listens on, or an interface name (ib0)
+  // Gloo: the address this trainer listens on, or an interface name (ib0: its IPv4 address).
+  std::string bind_host = "127.0.0.1";
   Millis init_timeout{30'000};          // communicator rendezvous + connect
   Millis op_timeout{120'000};           // one collective; the outer one waits for the slowest group
   // How long a failed quorum may last before Sync gives up with kDeadlineExceeded: long enough

@@ -148,7 +148,8 @@ typedef struct lk_comm_options {
   const char* backend;    /* "gloo" (host buffers) or "nccl" (device buffers); NULL: "gloo" */
   uint32_t slot;          /* the cross-group slot, usually the trainer's group_rank */
   const char* key_prefix; /* put before every KV key, so communicators never share keys; NULL: "" */
-  const char* bind_host;  /* Gloo: the address to listen on, or an interface name (ib0); NULL: "127.0.0.1" */
+  /* Gloo: the address to listen on, or an interface name (ib0); NULL: "127.0.0.1" */
+  const char* bind_host;
   uint32_t init_timeout_ms; /* rendezvous + connect; 0: 30000 */
   uint32_t op_timeout_ms;   /* one collective; 0: 60000 */
   int device_index;         /* NCCL: the CUDA device */
