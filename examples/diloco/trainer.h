@@ -44,6 +44,10 @@ struct TrainerOptions {
   OuterCompress outer_compress = OuterCompress::kNone;  // the cross-group exchange's encoding
   bool overlap = false;  // overlapped outer steps (DilocoOptions::overlap)
   uint32_t outer_fragments = 1;  // DilocoOptions::outer_fragments
+  // The dtype the model's weights are held in (DilocoOptions::param_dtype). bf16/fp16: the
+  // weights are rounded to it after every inner step (the compute stays float32), so the model
+  // is what a 16-bit model would hold, and the library gets the 16-bit buffer. Default float32.
+  ParamDType param_dtype = ParamDType::kFloat32;
   Millis init_timeout{30'000};  // communicator rendezvous + connect
   Millis op_timeout{120'000};   // one collective; the outer one waits for the slowest group
   Status Validate() const;

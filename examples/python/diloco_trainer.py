@@ -81,10 +81,17 @@ FLAGS: List[Tuple[str, Callable[[str], Any], Any, str]] = [
     ("outer-compress", str, "none", "encoding of the cross-group pseudo-gradients: none "
                                     "(float32), bf16, int8 or int4 (blockwise scales, error "
                                     "feedback); the same in every group"),
+    ("param-dtype", str, "float32", "the dtype of the model's parameters: float32, bf16 or fp16 "
+                                    "(the model is cast to it and trains in it; the outer "
+                                    "state stays float32 and the new global weights come back "
+                                    "rounded, the same bits in every member)"),
     ("outer-fragments", int, 1, "with --outer-overlap: the exchange goes on the link in this "
                                 "many fragments spread over the next inner steps (1: one "
                                 "burst); the same in every group"),
 ]
+
+
+PARAM_DTYPES = {"float32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
@@ -142,6 +149,8 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
         problems.append(f"--outer-fragments {a.outer_fragments} needs --outer-overlap")
     if a.outer_compress not in ("none", "bf16", "int8", "int4"):
         problems.append(f"bad --outer-compress {a.outer_compress} (none, bf16, int8 or int4)")
+    if a.param_dtype not in PARAM_DTYPES:
+        problems.append(f"bad --param-dtype {a.param_dtype} (float32, bf16 or fp16)")
     if a.log_level not in ("debug", "info", "warn", "error"):
         problems.append(f"bad --log-level {a.log_level}")
     if problems:
@@ -233,7 +242,8 @@ class StepLog:
 
     def write(self, r: SyncResult, loss: float, eval_loss: Optional[float], params: int,
               shard: int, inner_run: int, inner_step: int = 0,
-              batches: Sequence[int] = ()) -> None:
+              batches: Sequence[int] = (), model_bytes: int = 0, outer_state_bytes: int = 0,
+              model_hash: str = "") -> None:
         now = time.monotonic()
         step_ms = (now - self.last_commit) * 1000
         self.last_commit = now
@@ -249,6 +259,7 @@ class StepLog:
             '"shard":%d,"inner_steps":%d,"group_size":%d,"tokens":%d,"quorum_tokens":%d,'
             '"weighted":%s,"global_hash":"%s","inner_steps_run":%d,"group_id":"%s",'
             '"outer_compress":"%s","overlap":%s,"wait_ms":%.1f,"inner_step":%d,'
+            '"param_dtype":"%s","model_bytes":%d,"outer_state_bytes":%d,"model_hash":"%s",'
             '"batches":[%s]}\n') % (
                 r.step, r.quorum_id, r.replica_world_size, loss, r.state_hash,
                 "true" if r.healed else "false", a.group_rank, int(y["outer_ms"]), evals,
@@ -259,7 +270,8 @@ class StepLog:
                 a.group_size, r.tokens, r.quorum_tokens,
                 "true" if r.weighted else "false", r.global_hash, inner_run, a.group_id,
                 a.outer_compress, "true" if a.outer_overlap else "false", y["wait_ms"],
-                inner_step, ",".join('"%016x"' % h for h in batches))
+                inner_step, a.param_dtype, model_bytes, outer_state_bytes, model_hash,
+                ",".join('"%016x"' % h for h in batches))
         self.clear()
         if self.file is not None:
             self.file.write(line)
@@ -335,6 +347,10 @@ def train_with(args: argparse.Namespace, log: Logger, manager: lightkeeper.Manag
     lm = char_model.LocalModel(tokens, len(vocab), args.seed, width=args.model_width,
                                layers=args.layers, heads=args.heads, seq_len=args.seq_len,
                                batch=args.batch, inner_lr=args.inner_lr)
+    if args.param_dtype != "float32":
+        # A 16-bit model: its parameters (the same Parameter objects) and so AdamW's moments
+        # are in that dtype, as `model.to(torch.bfloat16)` makes them.
+        lm.model.to(PARAM_DTYPES[args.param_dtype])
     steps = StepLog(args.log, args)
     eval_seed = char_model.mix_seed(args.seed, char_model.EVAL_TAG)
     data = DataStream(log)
@@ -385,7 +401,7 @@ def train_with(args: argparse.Namespace, log: Logger, manager: lightkeeper.Manag
                 # the evaluation is of the global weights alone, as every member holds them.
                 with torch.no_grad():
                     flat = parameters_to_vector(lm.model.parameters())
-                    vector_to_parameters(diloco.global_weights(), lm.model.parameters())
+                    vector_to_parameters(diloco.global_weights().to(flat.dtype), lm.model.parameters())
                     value = float(lm.eval_loss(char_model.SplitMix(eval_seed),
                                                args.eval_batches))
                     vector_to_parameters(flat, lm.model.parameters())
@@ -402,15 +418,27 @@ def train_with(args: argparse.Namespace, log: Logger, manager: lightkeeper.Manag
             if r.kind != "received" or r.step < args.outer_steps:
                 return
             steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel, 0,
-                        data.inner_step)
+                        data.inner_step, (), *sizes())
             log("info", "reached_by_heal", step=r.step, quorum_id=r.quorum_id,
                 hash=r.state_hash, source=r.heal_source)
+
+        def sizes() -> Tuple[int, int, str]:
+            # model_bytes, outer_state_bytes and the hash of the model's weights in their own
+            # dtype's bytes (the C++ trainer's model_hash: the 16-bit bytes read as float32
+            # pairs, an odd tail padded with zero).
+            flat = parameters_to_vector(lm.model.parameters()).detach()
+            raw = flat.view(torch.int16) if flat.element_size() == 2 else flat
+            if raw.dtype == torch.int16:
+                if raw.numel() % 2:
+                    raw = torch.cat([raw, torch.zeros(1, dtype=torch.int16)])
+                raw = raw.view(torch.float32)
+            return diloco.model_bytes, diloco.outer_state_bytes, char_model.state_hash(raw)
 
         batches: List[int] = []  # hashes of the batches of the inner steps since the last commit
 
         def log_commit(r: SyncResult, mean_loss: float, inner_run: int) -> None:
             steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel, inner_run,
-                        data.inner_step, batches)
+                        data.inner_step, batches, *sizes())
             batches.clear()
             log("info", "outer_committed", step=r.step, quorum_id=r.quorum_id,
                 world=r.replica_world_size, loss="%.4f" % mean_loss,
