@@ -85,6 +85,10 @@ int main(int argc, char** argv) {
             "the dtype the model's weights are held in: float32, bf16 or fp16 (rounded to nearest "
             "even after every inner step; the outer state stays float32 and the new global "
             "weights come back rounded, the same bits in every member)");
+  flags.Add("inner-master", &o.inner_master,
+            "with a 16-bit --param-dtype: AdamW updates a float32 master copy of the weights and "
+            "the model holds its rounding (mixed precision); false: AdamW's updates land in the "
+            "16-bit weights themselves (pure 16-bit training)");
   bool keep_denormals = false;
   flags.Add("keep-denormals", &keep_denormals,
             "compute the inner steps with IEEE denormals; the default flushes them to zero, "

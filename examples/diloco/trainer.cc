@@ -79,8 +79,14 @@ class Trainer {
   Status SaveExtraState();
   void RestoreExtraState(uint32_t step);
   bool half() const { return o_.param_dtype != ParamDType::kFloat32; }
-  // A 16-bit model: rounds the model's weights to its dtype (params_ gets them too).
+  // A 16-bit model after an inner step: the step's update goes into the float32 master copy
+  // (--inner-master) or stays in the weights, and the model's weights are rounded to the dtype
+  // (params_ gets them too).
   void RoundModel();
+  // The model's weights (params_) were replaced by the outer step: the master copy follows.
+  void ResetMaster() {
+    if (half() && o_.inner_master) master_ = params_;
+  }
   // The library's calls on the model's buffer: params_ itself for float32, else its 16-bit
   // copy (params16_), whose result is widened back into params_.
   enum class Call { kJoin, kSync, kFlush };
@@ -94,6 +100,8 @@ class Trainer {
   std::optional<SplitMix> rng_;
   std::vector<float> params_;
   std::vector<uint16_t> params16_;  // a 16-bit model's weights (--param-dtype bf16/fp16)
+  // --inner-master: the float32 weights AdamW's updates accumulate in, and a scratch buffer.
+  std::vector<float> master_, stepped_;
   std::FILE* log_ = nullptr;
   StepStats stats_;
   float loss_ = 0;
@@ -137,6 +145,7 @@ Status Trainer::Init() {
   model_->Flatten(params_);
   if (half()) {
     params16_.resize(params_.size());
+    if (o_.inner_master) master_ = params_;
     RoundModel();
   }
   if (!o_.log_path.empty()) {
@@ -153,6 +162,7 @@ void Trainer::Apply(const SyncResult& r) {
   if (r.kind == SyncKind::kCommitted || r.kind == SyncKind::kReceived ||
       r.kind == SyncKind::kJoined || r.kind == SyncKind::kStarted) {
     model_->Load(params_);
+    ResetMaster();
   }
   if (r.kind == SyncKind::kReceived) {
     // Inner work since the last commit went into the pseudo-gradient thrown away here: it is
@@ -206,7 +216,7 @@ Result<bool> Trainer::InnerSteps() {
   for (; ran < o_.inner_steps && !drain && !budget_spent; ++ran) {
     auto step_t0 = Clock::now();
     LK_ASSIGN_OR_RETURN(float loss, model_->InnerStep(*rng_, average));
-    if (half()) RoundModel();  // AdamW's update lands in 16-bit weights, as on a 16-bit model
+    if (half()) RoundModel();  // the model holds 16-bit weights, as a 16-bit model does
     loss_sum += loss;
     ++inner_step_;
     batch_hashes_.push_back(fmt::format("{:016x}", model_->LastBatchHash()));
@@ -225,6 +235,17 @@ Result<bool> Trainer::InnerSteps() {
 }
 
 void Trainer::RoundModel() {
+  if (o_.inner_master) {
+    // The model stepped from params_ (the rounding of master_); the same update applied to the
+    // master keeps what the rounding would drop.
+    stepped_.resize(params_.size());
+    model_->Flatten(stepped_);
+    for (size_t i = 0; i < master_.size(); ++i) master_[i] += stepped_[i] - params_[i];
+    NarrowParams(o_.param_dtype, master_, params16_);
+    WidenParams(o_.param_dtype, params16_, params_);
+    model_->Load(params_);
+    return;
+  }
   model_->Flatten(params_);
   NarrowParams(o_.param_dtype, params_, params16_);
   WidenParams(o_.param_dtype, params16_, params_);
