@@ -442,8 +442,10 @@ class DiLoCo:
 
     def global_weights(self) -> torch.Tensor:
         """With ``overlap``: the global weights of the last commit (or received state) in the
-        flat layout of the model's parameters, a copy (the model itself carries the inner
-        progress made since). Without overlap the model holds them after each commit."""
+        flat layout of the model's parameters, a float32 copy (the model itself carries the
+        inner progress made since). Without overlap the model holds them after each commit
+        (rounded to its dtype for a 16-bit model), and this is a copy of the model's flat
+        buffer in its dtype."""
         raw = self._native.global_weights() if self._native is not None else b""
         if not raw:
             return self._flat.detach().cpu().clone()
