@@ -318,6 +318,42 @@ TEST_CASE("diloco a group that joins mid-run heals from the others and then matc
   }
 }
 
+TEST_CASE("diloco groups of float32 and bf16 weights train one job, and a bf16 group that joins "
+          "mid-run heals from them and then matches their hashes") {
+  constexpr uint32_t kSteps = 30;
+  Run run("diloco-bf16-join", 2, 1, kSteps);
+  run.StartGroup("g0");  // float32
+  run.StartGroup("g1", {"--param-dtype", "bf16"});
+  REQUIRE_FALSE(run.groups["g0"].trainers[0]->WaitForLog("outer_committed step=2", 40s).empty());
+  run.StartGroup("g2", {"--param-dtype", "bf16"});
+  run.WaitAll(90s);
+  std::vector<LogLine> joiner = ReadLog(run.groups["g2"].logs[0]);
+  REQUIRE_FALSE(joiner.empty());
+  CHECK(joiner.front().step > 2);
+  CHECK(joiner.front().healed);
+  CHECK(joiner.back().step == kSteps);
+  // The float32 outer state is one across the dtypes: shard hashes and global hashes agree.
+  CHECK(run.CheckHashesAgree() == kSteps);
+  std::map<uint32_t, std::set<std::string>> global, model16;
+  std::map<std::string, std::map<uint32_t, HalfLine>> lines;
+  for (const char* g : {"g0", "g1", "g2"}) lines[g] = ReadHalfLog(run.groups[g].logs[0]);
+  for (const auto& [g, by_step] : lines) {
+    for (const auto& [step, h] : by_step) {
+      global[step].insert(h.global_hash);
+      if (g != "g0") model16[step].insert(h.model_hash);
+      CHECK(h.param_dtype == (g == "g0" ? "float32" : "bf16"));
+    }
+  }
+  size_t both16 = 0;
+  for (uint32_t step = 1; step <= kSteps; ++step) {
+    INFO("step " << step);
+    CHECK(global[step].size() == 1);
+    CHECK(model16[step].size() == 1);  // the bf16 groups hold the same bf16 weights
+    both16 += lines["g2"].count(step);
+  }
+  CHECK(both16 > 0);
+}
+
 TEST_CASE("diloco a group that comes back after the job finished catches up and exits 0") {
   // Its earlier life saved the final step into the same checkpoint root; the new life restores
   // the final checkpoint, and its own final save finds that step committed already: the run's
