@@ -12,9 +12,11 @@
 # trainer and the library hold (model_bytes, outer_state_bytes). Timing is reported, never
 # asserted.
 #
-#   bench/bf16_bench.sh [BUILD_DIR] [STEPS] [DTYPE]     (build, 10, bf16)
+#   bench/bf16_bench.sh [BUILD_DIR] [STEPS] [DTYPE] [TRAINER]     (build, 10, bf16, cpp)
 #
-# Build first: ninja -C BUILD_DIR diloco_trainer replica_agent lighthouse
+# TRAINER python runs examples/python/diloco_trainer.py instead (the model cast to DTYPE and
+# trained in it; with the master, MasterAdamW). Build first: ninja -C BUILD_DIR diloco_trainer
+# replica_agent lighthouse (and lightkeeper_python for python).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=bench/lib.sh
@@ -22,6 +24,13 @@ source "$root/bench/lib.sh"
 build=$(cd "${1:-$root/build}" && pwd)
 steps=${2:-10}
 dtype=${3:-bf16}
+trainer=${4:-cpp}
+if [ "$trainer" = python ]; then
+  program=(/usr/bin/python3 "$root/examples/python/diloco_trainer.py")
+  export PYTHONPATH="$build/python"
+else
+  program=("$build/bin/diloco_trainer")
+fi
 dir=$(mktemp -d "${TMPDIR:-/tmp}/lk-bf16-bench-XXXXXX")
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -38,7 +47,7 @@ run_job() {  # $1 name, $2 param dtype, then more trainer flags
   done
   for g in g0 g1; do
     for _ in $(seq 1 100); do [ -S "$d/$g.sock" ] && break; sleep 0.1; done
-    LK_AGENT_SOCKET="$d/$g.sock" LK_GROUP_ID=$g "$build/bin/diloco_trainer" --group-rank 0 \
+    LK_AGENT_SOCKET="$d/$g.sock" LK_GROUP_ID=$g "${program[@]}" --group-rank 0 \
       --group-size 1 --outer-steps "$steps" --seed 7 --eval-batches 8 --param-dtype "$pd" \
       --log "$d/$g.jsonl" "$@" 2> "$d/$g.stderr" &
     pids+=($!)
@@ -51,9 +60,9 @@ run_job float32 float32
 run_job "$dtype" "$dtype"
 run_job "$dtype-pure" "$dtype" --inner-master=false
 
-/usr/bin/python3 - "$dir" "$dtype" "$load0" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PY'
+/usr/bin/python3 - "$dir" "$dtype" "$load0" "$(cut -d' ' -f1-3 /proc/loadavg)" "$trainer" <<'PY'
 import json, os, sys
-d, dtype, load0, load1 = sys.argv[1:5]
+d, dtype, load0, load1, trainer = sys.argv[1:6]
 runs = ["float32", dtype, dtype + "-pure"]
 def rows(run, g):
     return {r["step"]: r for r in map(json.loads, open(os.path.join(d, run, g + ".jsonl")))}
@@ -62,7 +71,7 @@ steps = sorted(R["float32"]["g0"])
 train = lambda run, s: (R[run]["g0"][s]["loss"] + R[run]["g1"][s]["loss"]) / 2
 evals = lambda run, s: R[run]["g0"][s]["eval_loss"]
 names = {"float32": "float32", dtype: f"{dtype}, f32 master", dtype + "-pure": f"{dtype}, pure"}
-print(f"# two groups of one diloco_trainer, default model, H=20, T={len(steps)}; load average "
+print(f"# two groups of one {'diloco_trainer.py' if trainer == 'python' else 'diloco_trainer'}, default model, H=20, T={len(steps)}; load average "
       f"{load0} before, {load1} after; logs in {d}\n")
 head = "| step | " + " | ".join(f"train {names[r]}" for r in runs) + " | " + \
        " | ".join(f"eval {names[r]}" for r in runs) + " |"

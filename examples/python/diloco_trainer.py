@@ -18,6 +18,7 @@ import argparse
 import base64
 import datetime
 import json
+import math
 import os
 import random
 import socket
@@ -117,6 +118,13 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
                         "the optimizer state of rarely used parameters decays into that range "
                         "and every operation on it is slow; the outer step always flushes "
                         "(env LK_KEEP_DENORMALS)")
+    master_env = os.environ.get("LK_INNER_MASTER", "true")
+    p.add_argument("--inner-master", default=master_env.lower() in ("1", "true", "yes"),
+                   type=lambda v: v.lower() in ("1", "true", "yes"), nargs="?", const=True,
+                   help="with a 16-bit --param-dtype: AdamW updates a float32 master copy of "
+                        "the weights and the model holds its rounding (mixed precision, the "
+                        "C++ trainer's --inner-master); false: torch's AdamW on the 16-bit "
+                        "parameters (pure 16-bit training) (env LK_INNER_MASTER)")
     overlap_env = os.environ.get("LK_OUTER_OVERLAP", "")
     p.add_argument("--outer-overlap", action="store_true",
                    default=overlap_env.lower() in ("1", "true", "yes"),
@@ -156,6 +164,52 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
     if problems:
         p.error("; ".join(problems))
     return a
+
+
+class MasterAdamW(torch.optim.Optimizer):
+    """AdamW over a float32 master copy of each (16-bit) parameter: torch 1.13's single-tensor
+    AdamW arithmetic on the master, the parameter set to its rounding (``copy_`` rounds to
+    nearest even, as the library does). The state lives under the model's parameters ("step",
+    "exp_avg", "exp_avg_sq", "master"), so DiLoCo saves and restores it like any optimizer's.
+    When the parameter no longer is the master's rounding (an outer step replaced the
+    weights), the master starts again from the parameter."""
+
+    def __init__(self, params: Any, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.01) -> None:
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                # A restore loads state it had none of in the parameter's dtype (DiLoCo's rule
+                # for torch's optimizers): this one keeps it in float32.
+                for key in ("master", "exp_avg", "exp_avg_sq"):
+                    if key in st and st[key].dtype != torch.float32:
+                        st[key] = st[key].to(torch.float32)
+                master = st.get("master")
+                if master is None or not torch.equal(master.to(p.dtype), p):
+                    master = p.detach().to(torch.float32).clone()
+                    st["master"] = master
+                if "exp_avg" not in st:
+                    st["step"] = torch.zeros((), dtype=torch.float32)
+                    st["exp_avg"] = torch.zeros_like(master)
+                    st["exp_avg_sq"] = torch.zeros_like(master)
+                grad = p.grad.to(torch.float32)
+                st["step"] += 1
+                step = float(st["step"].item())
+                master.mul_(1 - lr * wd)
+                st["exp_avg"].mul_(beta1).add_(grad, alpha=1 - beta1)
+                st["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                bias1, bias2 = 1 - beta1 ** step, 1 - beta2 ** step
+                denom = (st["exp_avg_sq"].sqrt() / math.sqrt(bias2)).add_(eps)
+                master.addcdiv_(st["exp_avg"], denom, value=-lr / bias1)
+                p.copy_(master)
 
 
 class Logger:
@@ -351,6 +405,8 @@ def train_with(args: argparse.Namespace, log: Logger, manager: lightkeeper.Manag
         # A 16-bit model: its parameters (the same Parameter objects) and so AdamW's moments
         # are in that dtype, as `model.to(torch.bfloat16)` makes them.
         lm.model.to(PARAM_DTYPES[args.param_dtype])
+        if args.inner_master:
+            lm.optimizer = MasterAdamW(lm.params, lr=args.inner_lr, weight_decay=lm.weight_decay)
     steps = StepLog(args.log, args)
     eval_seed = char_model.mix_seed(args.seed, char_model.EVAL_TAG)
     data = DataStream(log)
