@@ -2,9 +2,10 @@
 // protocol, one file per mechanism: diloco.cc (options, communicators, the public face),
 // diloco_step.cc (the poll loop and the blocking outer step), diloco_overlap.cc (the overlapped
 // exchange on its own thread), diloco_save.cc (durable saves, drain and finish), diloco_join.cc
-// (joining a quorum: heal, slot state sync, the group's agreement) and diloco_compress.cc (the
-// cross-group exchange). The protocol's own state and rules are diloco/core.h's (ProtocolState,
-// HeldPolls): this class holds one of each and acts on their decisions. Internal to the library.
+// (joining a quorum: heal, slot state sync, the group's agreement), diloco_compress.cc (the
+// cross-group exchange) and diloco_param16.cc (a 16-bit model staged through float32). The
+// protocol's own state and rules are diloco/core.h's (ProtocolState, HeldPolls): this class
+// holds one of each and acts on their decisions. Internal to the library.
 // Thread-safety: as Diloco; the NoticeSink is shared with the session's notice thread.
 #pragma once
 
