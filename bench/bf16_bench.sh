@@ -71,7 +71,8 @@ steps = sorted(R["float32"]["g0"])
 train = lambda run, s: (R[run]["g0"][s]["loss"] + R[run]["g1"][s]["loss"]) / 2
 evals = lambda run, s: R[run]["g0"][s]["eval_loss"]
 names = {"float32": "float32", dtype: f"{dtype}, f32 master", dtype + "-pure": f"{dtype}, pure"}
-print(f"# two groups of one {'diloco_trainer.py' if trainer == 'python' else 'diloco_trainer'}, default model, H=20, T={len(steps)}; load average "
+program = "diloco_trainer.py" if trainer == "python" else "diloco_trainer"
+print(f"# two groups of one {program}, default model, H=20, T={len(steps)}; load average "
       f"{load0} before, {load1} after; logs in {d}\n")
 head = "| step | " + " | ".join(f"train {names[r]}" for r in runs) + " | " + \
        " | ".join(f"eval {names[r]}" for r in runs) + " |"
@@ -101,7 +102,8 @@ for r in runs[1:]:
 last = {r: R[r]["g0"][steps[-1]] for r in runs}
 print(f"- params {last['float32']['params']}: model_bytes " +
       ", ".join(f"{names[r]} {last[r]['model_bytes']}" for r in runs) +
-      "; outer_state_bytes " + ", ".join(f"{names[r]} {last[r]['outer_state_bytes']}" for r in runs))
+      "; outer_state_bytes " +
+      ", ".join(f"{names[r]} {last[r]['outer_state_bytes']}" for r in runs))
 mean = lambda run, k: sum(x[k] for x in R[run]["g0"].values()) / len(steps)
 print("- g0's mean per outer step: inner_ms " +
       ", ".join(f"{names[r]} {mean(r, 'inner_ms'):.0f}" for r in runs) + "; outer_ms " +

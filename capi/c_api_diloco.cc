@@ -392,8 +392,9 @@ int lk_dtype_convert(const void* in, int in_dtype, void* out, int out_dtype, siz
     return 0;
   }
   if (to == ParamDType::kFloat32) {
-    lk::diloco::WidenParams(from, std::span<const uint16_t>(static_cast<const uint16_t*>(in), count),
-                            std::span<float>(static_cast<float*>(out), count));
+    lk::diloco::WidenParams(
+        from, std::span<const uint16_t>(static_cast<const uint16_t*>(in), count),
+        std::span<float>(static_cast<float*>(out), count));
     return 0;
   }
   return Fail(lk::InvalidArgument("no conversion between two 16-bit dtypes"));

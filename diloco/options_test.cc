@@ -3,7 +3,6 @@
 // another dtype than the options' is pinned through the C API, which calls the same C++ methods
 // (tests/c_diloco.c, "a DiLoCo trainer in C ..." in agent_integration_test).
 #include <doctest/doctest.h>
-
 #include <lightkeeper/diloco.h>
 
 namespace lk::diloco {

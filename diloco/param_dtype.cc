@@ -1,17 +1,21 @@
 #include "diloco/param_dtype.h"
 
+#include <lightkeeper/check.h>
+
 #include <bit>
 
-#include <lightkeeper/check.h>
 #include "comm/reduce.h"
 
 namespace lk::diloco {
 
 std::string_view ParamDTypeName(ParamDType dtype) {
   switch (dtype) {
-    case ParamDType::kFloat32: return "float32";
-    case ParamDType::kBfloat16: return "bf16";
-    case ParamDType::kFloat16: return "fp16";
+    case ParamDType::kFloat32:
+      return "float32";
+    case ParamDType::kBfloat16:
+      return "bf16";
+    case ParamDType::kFloat16:
+      return "fp16";
   }
   return "unknown";
 }
@@ -38,7 +42,7 @@ uint16_t FloatToFp16(float f) {
   const uint32_t x = std::bit_cast<uint32_t>(f);
   const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
   const uint32_t a = x & 0x7fffffffu;
-  if (a > 0x7f800000u) return sign | 0x7e00u;  // NaN: quiet, sign kept (PyTorch's rule)
+  if (a > 0x7f800000u) return sign | 0x7e00u;   // NaN: quiet, sign kept (PyTorch's rule)
   if (a >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 (half-way past 65504): infinity
   if (a >= 0x38800000u) {
     // A normal half (>= 2^-14): drop 13 mantissa bits, rounding to nearest even; a carry moves

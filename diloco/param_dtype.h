@@ -10,11 +10,11 @@
 // sign (bf16 keeps its top payload bits, as the cross-group bf16 codec does).
 #pragma once
 
+#include <lightkeeper/diloco.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
-
-#include <lightkeeper/diloco.h>
 
 namespace lk::diloco {
 

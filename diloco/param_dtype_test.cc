@@ -1,14 +1,14 @@
 // Table tests of the 16-bit parameter conversions (diloco/param_dtype.h): ties to even,
 // overflow, subnormals, signed zeros, infinities and NaN, and the round trip of every 16-bit
 // pattern. python/tests/test_bf16.py checks the same functions against torch bit for bit.
+#include "diloco/param_dtype.h"
+
 #include <doctest/doctest.h>
 
 #include <bit>
 #include <cmath>
 #include <limits>
 #include <vector>
-
-#include "diloco/param_dtype.h"
 
 namespace lk::diloco {
 namespace {
@@ -100,8 +100,8 @@ TEST_CASE("every 16-bit pattern widens exactly and narrows back to itself (NaN t
     int mismatches = 0;
     for (uint32_t i = 0; i < 65536; ++i) {
       if (std::isnan(wide[i])) {
-        const float again = dtype == ParamDType::kBfloat16 ? Bf16ParamToFloat(back[i])
-                                                           : Fp16ToFloat(back[i]);
+        const float again =
+            dtype == ParamDType::kBfloat16 ? Bf16ParamToFloat(back[i]) : Fp16ToFloat(back[i]);
         if (!std::isnan(again)) ++mismatches;
       } else if (back[i] != all[i]) {
         ++mismatches;

@@ -457,7 +457,8 @@ def train_with(args: argparse.Namespace, log: Logger, manager: lightkeeper.Manag
                 # the evaluation is of the global weights alone, as every member holds them.
                 with torch.no_grad():
                     flat = parameters_to_vector(lm.model.parameters())
-                    vector_to_parameters(diloco.global_weights().to(flat.dtype), lm.model.parameters())
+                    vector_to_parameters(diloco.global_weights().to(flat.dtype),
+                                         lm.model.parameters())
                     value = float(lm.eval_loss(char_model.SplitMix(eval_seed),
                                                args.eval_batches))
                     vector_to_parameters(flat, lm.model.parameters())

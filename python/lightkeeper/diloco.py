@@ -20,8 +20,9 @@ library's (``lk_diloco_*``); this module only lays the model's parameters out fo
 buffer of the model's dtype (float32, bfloat16 or float16) with every parameter a view into it,
 so that the library reads and writes the weights where they are. The outer state is float32
 whatever the model's dtype: a bf16 or fp16 model's new global weights come back rounded to it
-(to nearest even, as ``.to(torch.bfloat16)`` rounds), the same bits in every member. It also carries the inner optimizer's state into durable checkpoints and
-back out of them, and makes the group's trainers agree on a drain at every inner step.
+(to nearest even, as ``.to(torch.bfloat16)`` rounds), the same bits in every member. It also
+carries the inner optimizer's state into durable checkpoints and back out of them, and makes
+the group's trainers agree on a drain at every inner step.
 """
 
 import ctypes
