@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include <lightkeeper/diloco.h>
+#include "diloco/param_dtype.h"
 #include "diloco/prefixed_store.h"
 #include "capi/c_api_internal.h"
 #include "client/session_store.h"
@@ -84,13 +85,42 @@ void FillResult(const diloco::SyncResult& r, lk_diloco_result* out) {
 
 enum class Call { kJoin, kSync, kFlush };
 
-int Run(lk_diloco* d, float* params, size_t count, lk_diloco_result* out, Call call,
-        uint64_t tokens = 0) {
-  if (params == nullptr && count > 0) return Fail(InvalidArgument("params is NULL"));
-  std::span<float> p(params, count);
-  auto r = call == Call::kJoin   ? d->diloco->Join(p)
+bool DTypeOf(int c, diloco::ParamDType* out) {
+  switch (c) {
+    case LK_DTYPE_FLOAT32: *out = diloco::ParamDType::kFloat32; return true;
+    case LK_DTYPE_BFLOAT16: *out = diloco::ParamDType::kBfloat16; return true;
+    case LK_DTYPE_FLOAT16: *out = diloco::ParamDType::kFloat16; return true;
+    default: return false;
+  }
+}
+
+// One call over a buffer of `dtype`: the float32 overloads for LK_DTYPE_FLOAT32, the 16-bit
+// ones otherwise (each refuses a dtype that is not the options').
+Result<diloco::SyncResult> Call16Or32(lk_diloco* d, void* params, size_t count, int dtype,
+                                      Call call, uint64_t tokens) {
+  diloco::ParamDType t;
+  if (!DTypeOf(dtype, &t)) return InvalidArgument("unknown parameter dtype {}", dtype);
+  if (t == diloco::ParamDType::kFloat32) {
+    std::span<float> p(static_cast<float*>(params), count);
+    return call == Call::kJoin   ? d->diloco->Join(p)
            : call == Call::kSync ? d->diloco->Sync(p, tokens)
                                  : d->diloco->Flush(p);
+  }
+  if (t != d->diloco->param_dtype()) {
+    return InvalidArgument("the parameter buffer is {} but the options' param_dtype is {}",
+                           diloco::ParamDTypeName(t),
+                           diloco::ParamDTypeName(d->diloco->param_dtype()));
+  }
+  std::span<uint16_t> p(static_cast<uint16_t*>(params), count);
+  return call == Call::kJoin   ? d->diloco->Join(p)
+         : call == Call::kSync ? d->diloco->Sync(p, tokens)
+                               : d->diloco->Flush(p);
+}
+
+int Run(lk_diloco* d, void* params, size_t count, lk_diloco_result* out, Call call,
+        uint64_t tokens = 0, int dtype = LK_DTYPE_FLOAT32) {
+  if (params == nullptr && count > 0) return Fail(InvalidArgument("params is NULL"));
+  auto r = Call16Or32(d, params, count, dtype, call, tokens);
   if (!r.ok()) return Fail(r.status());
   d->last_tokens = lk_diloco_tokens{};
   d->last_tokens.tokens = r->tokens;
@@ -223,6 +253,13 @@ lk_diloco* lk_diloco_create_ext(lk_session* s, const lk_diloco_options* options,
         ext->extra_state_bytes_max > 0) {
       d.extra_state_bytes_max = ext->extra_state_bytes_max;
     }
+    if (has(offsetof(lk_diloco_ext_options, param_dtype), sizeof(ext->param_dtype)) &&
+        !lk::capi::DTypeOf(ext->param_dtype, &d.param_dtype)) {
+      Fail(lk::InvalidArgument("unknown param_dtype {} (LK_DTYPE_FLOAT32, LK_DTYPE_BFLOAT16 or "
+                               "LK_DTYPE_FLOAT16)",
+                               ext->param_dtype));
+      return nullptr;
+    }
   }
   lk::diloco::InnerStateHooks hooks;
   if (o.inner_save != nullptr) {
@@ -322,5 +359,55 @@ const void* lk_diloco_restored_extra_state(const lk_diloco* d, size_t* size) {
 uint32_t lk_diloco_step(const lk_diloco* d) { return d->diloco->step(); }
 size_t lk_diloco_numel(const lk_diloco* d) { return d->diloco->numel(); }
 size_t lk_diloco_shard_numel(const lk_diloco* d) { return d->diloco->shard_numel(); }
+
+int lk_diloco_join_typed(lk_diloco* d, void* params, size_t count, int dtype,
+                         lk_diloco_result* out) {
+  return lk::capi::Run(d, params, count, out, lk::capi::Call::kJoin, 0, dtype);
+}
+
+int lk_diloco_sync_typed(lk_diloco* d, void* params, size_t count, int dtype, uint64_t tokens,
+                         lk_diloco_result* out) {
+  return lk::capi::Run(d, params, count, out, lk::capi::Call::kSync, tokens, dtype);
+}
+
+int lk_diloco_flush_typed(lk_diloco* d, void* params, size_t count, int dtype,
+                          lk_diloco_result* out) {
+  return lk::capi::Run(d, params, count, out, lk::capi::Call::kFlush, 0, dtype);
+}
+
+int lk_dtype_convert(const void* in, int in_dtype, void* out, int out_dtype, size_t count) {
+  lk::diloco::ParamDType from, to;
+  if (!lk::capi::DTypeOf(in_dtype, &from) || !lk::capi::DTypeOf(out_dtype, &to)) {
+    return Fail(lk::InvalidArgument("unknown dtype {} or {}", in_dtype, out_dtype));
+  }
+  if (count > 0 && (in == nullptr || out == nullptr)) return Fail(lk::InvalidArgument("NULL"));
+  using lk::diloco::ParamDType;
+  if (from == to) {
+    if (count > 0) std::memmove(out, in, count * lk::diloco::ParamDTypeBytes(from));
+    return 0;
+  }
+  if (from == ParamDType::kFloat32) {
+    lk::diloco::NarrowParams(to, std::span<const float>(static_cast<const float*>(in), count),
+                             std::span<uint16_t>(static_cast<uint16_t*>(out), count));
+    return 0;
+  }
+  if (to == ParamDType::kFloat32) {
+    lk::diloco::WidenParams(
+        from, std::span<const uint16_t>(static_cast<const uint16_t*>(in), count),
+        std::span<float>(static_cast<float*>(out), count));
+    return 0;
+  }
+  return Fail(lk::InvalidArgument("no conversion between two 16-bit dtypes"));
+}
+
+int lk_diloco_param_dtype(const lk_diloco* d) {
+  switch (d->diloco->param_dtype()) {
+    case lk::diloco::ParamDType::kBfloat16: return LK_DTYPE_BFLOAT16;
+    case lk::diloco::ParamDType::kFloat16: return LK_DTYPE_FLOAT16;
+    default: return LK_DTYPE_FLOAT32;
+  }
+}
+
+uint64_t lk_diloco_outer_state_bytes(const lk_diloco* d) { return d->diloco->outer_state_bytes(); }
 
 }  // extern "C"

@@ -97,6 +97,11 @@ class ErrorFeedback {
   void Reset(size_t count);
   std::span<const float> residual() const { return residual_; }
   std::span<const float> result_residual() const { return result_; }
+  // Bytes its buffers hold (the library's outer-state accounting).
+  size_t bytes() const {
+    return (residual_.capacity() + staged_.capacity() + result_.capacity() +
+            result_staged_.capacity() + result_work_.capacity()) * sizeof(float);
+  }
 
  private:
   std::vector<float> residual_, staged_, result_, result_staged_, result_work_;

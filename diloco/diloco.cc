@@ -74,6 +74,9 @@ Status DilocoOptions::Validate() const {
   if (OuterCompress parsed; !ParseOuterCompress(OuterCompressName(outer_compress), &parsed)) {
     return InvalidArgument("unknown outer_compress {}", static_cast<int>(outer_compress));
   }
+  if (ParamDType parsed; !ParseParamDType(ParamDTypeName(param_dtype), &parsed)) {
+    return InvalidArgument("unknown param_dtype {}", static_cast<int>(param_dtype));
+  }
   if (extra_state_bytes_max > kExtraStateBytesLimit) {
     return InvalidArgument("extra_state_bytes_max {} is above {} bytes", extra_state_bytes_max,
                            kExtraStateBytesLimit);
@@ -208,20 +211,33 @@ Diloco::~Diloco() = default;
 // The calls that compute on the shared state do so in a fixed floating-point mode, whatever the
 // caller's thread has set (common/float_env.h): every member must end with the same bits.
 Result<SyncResult> Diloco::Join(std::span<float> params) {
+  LK_RETURN_IF_ERROR(impl_->CheckDType(ParamDType::kFloat32));
   FixedFloatEnv env;
   return impl_->Join(params);
 }
-Result<SyncResult> Diloco::Sync(std::span<float> params) {
-  FixedFloatEnv env;
-  return impl_->Sync(params, 0);
-}
+Result<SyncResult> Diloco::Sync(std::span<float> params) { return Sync(params, 0); }
 Result<SyncResult> Diloco::Sync(std::span<float> params, uint64_t tokens) {
+  LK_RETURN_IF_ERROR(impl_->CheckDType(ParamDType::kFloat32));
   FixedFloatEnv env;
   return impl_->Sync(params, tokens);
 }
 Result<SyncResult> Diloco::Flush(std::span<float> params) {
+  LK_RETURN_IF_ERROR(impl_->CheckDType(ParamDType::kFloat32));
   FixedFloatEnv env;
   return impl_->Flush(params);
+}
+Result<SyncResult> Diloco::Join(std::span<uint16_t> params) {
+  FixedFloatEnv env;
+  return impl_->Staged(Impl::Call::kJoin, params, 0);
+}
+Result<SyncResult> Diloco::Sync(std::span<uint16_t> params) { return Sync(params, 0); }
+Result<SyncResult> Diloco::Sync(std::span<uint16_t> params, uint64_t tokens) {
+  FixedFloatEnv env;
+  return impl_->Staged(Impl::Call::kSync, params, tokens);
+}
+Result<SyncResult> Diloco::Flush(std::span<uint16_t> params) {
+  FixedFloatEnv env;
+  return impl_->Staged(Impl::Call::kFlush, params, 0);
 }
 bool Diloco::in_flight() const { return impl_->in_flight(); }
 std::span<const float> Diloco::global_weights() const { return impl_->global_weights(); }
@@ -244,5 +260,7 @@ size_t Diloco::numel() const { return impl_->numel(); }
 size_t Diloco::shard_numel() const { return impl_->shard_numel(); }
 size_t Diloco::inner_numel() const { return impl_->inner_numel(); }
 std::string Diloco::state_hash() const { return impl_->hash(); }
+ParamDType Diloco::param_dtype() const { return impl_->param_dtype(); }
+uint64_t Diloco::outer_state_bytes() const { return impl_->OuterStateBytes(); }
 
 }  // namespace lk::diloco

@@ -74,6 +74,10 @@ Status Diloco::Impl::CrossAllReduce(std::span<float> values, comm::ReduceOp op, 
   return st;
 }
 
-void Diloco::Impl::ResetResidual() { feedback_.Reset(layout_.shard_numel); }
+// Only a codec uses the residuals: without one they would be two shards of zeros held for
+// nothing (outer_state_bytes counts what is held).
+void Diloco::Impl::ResetResidual() {
+  feedback_.Reset(codec_ != nullptr ? layout_.shard_numel : 0);
+}
 
 }  // namespace lk::diloco

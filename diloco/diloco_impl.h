@@ -2,9 +2,10 @@
 // protocol, one file per mechanism: diloco.cc (options, communicators, the public face),
 // diloco_step.cc (the poll loop and the blocking outer step), diloco_overlap.cc (the overlapped
 // exchange on its own thread), diloco_save.cc (durable saves, drain and finish), diloco_join.cc
-// (joining a quorum: heal, slot state sync, the group's agreement) and diloco_compress.cc (the
-// cross-group exchange). The protocol's own state and rules are diloco/core.h's (ProtocolState,
-// HeldPolls): this class holds one of each and acts on their decisions. Internal to the library.
+// (joining a quorum: heal, slot state sync, the group's agreement), diloco_compress.cc (the
+// cross-group exchange) and diloco_param16.cc (a 16-bit model staged through float32). The
+// protocol's own state and rules are diloco/core.h's (ProtocolState, HeldPolls): this class
+// holds one of each and acts on their decisions. Internal to the library.
 // Thread-safety: as Diloco; the NoticeSink is shared with the session's notice thread.
 #pragma once
 
@@ -90,6 +91,14 @@ class Diloco::Impl {
   Result<SyncResult> Join(std::span<float> params);
   Result<SyncResult> Sync(std::span<float> params, uint64_t tokens);
   Result<SyncResult> Flush(std::span<float> params);
+  // A 16-bit model's calls (diloco_param16.cc): the same protocol on the float32 staging
+  // buffer, widened from the caller's buffer before and rounded back into it after.
+  enum class Call { kJoin, kSync, kFlush };
+  Result<SyncResult> Staged(Call call, std::span<uint16_t> params, uint64_t tokens);
+  // The refusal of a buffer whose dtype is not DilocoOptions::param_dtype (ok when it is).
+  Status CheckDType(ParamDType given) const;
+  uint64_t OuterStateBytes() const;
+  ParamDType param_dtype() const { return o_.param_dtype; }
   bool in_flight() const { return ov_.in_flight != nullptr; }
   std::span<const float> global_weights() const { return ov_.global_full; }
   Status GroupSum(std::span<float> v);
@@ -337,6 +346,9 @@ class Diloco::Impl {
     std::vector<float> start, stand_in, tentative;
   };
   Overlap ov_;
+  // A 16-bit model's float32 staging buffer (the whole flat parameter vector), allocated at
+  // the first call; empty for a float32 model (diloco/README.md, "16-bit parameters").
+  std::vector<float> stage_;
 };
 
 }  // namespace lk::diloco

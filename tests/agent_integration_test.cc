@@ -927,6 +927,7 @@ TEST_CASE("a DiLoCo trainer in C gets back the extra state it handed with the st
     REQUIRE(code.has_value());
     CHECK_MESSAGE(*code == 0, trainer.Log());
     CHECK_FALSE(trainer.WaitForLog("bound ok", 1s).empty());
+    CHECK_FALSE(trainer.WaitForLog("dtypes ok", 1s).empty());
     CHECK_FALSE(trainer.WaitForLog("done", 1s).empty());
     g.agent->Signal(SIGKILL);  // a whole-job restart: no live state anywhere
     (void)g.agent->Wait(5s);

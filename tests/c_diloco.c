@@ -30,6 +30,38 @@ static int check_refusals(lk_diloco* d) {
   return 0;
 }
 
+/* Parameter dtypes: an unknown one is refused at create, a buffer of another dtype than the
+ * options' at every call (before anything is sent), and a bf16 object refuses a float buffer. */
+static int check_dtypes(lk_session* s, const lk_diloco_options* o, lk_diloco* d) {
+  lk_diloco_ext_options ext;
+  memset(&ext, 0, sizeof(ext));
+  ext.struct_size = sizeof(ext);
+  ext.param_dtype = 7;
+  if (lk_diloco_create_ext(s, o, &ext) != NULL) return fail("param_dtype 7 taken");
+  if (strstr(lk_last_error(), "unknown param_dtype 7") == NULL) return fail("param_dtype reason");
+  uint16_t half[4] = {0x3f80, 0x4000, 0x4040, 0x4080};
+  lk_diloco_result r;
+  if (lk_diloco_join_typed(d, half, 4, LK_DTYPE_BFLOAT16, &r) == 0) return fail("bf16 into f32");
+  if (strstr(lk_last_error(), "is bf16 but") == NULL) return fail("bf16 into f32 reason");
+  if (lk_diloco_join_typed(d, half, 4, 9, &r) == 0) return fail("dtype 9 taken");
+  if (half[0] != 0x3f80) return fail("a refused call changed the buffer");
+  if (lk_diloco_param_dtype(d) != LK_DTYPE_FLOAT32) return fail("param_dtype of d");
+  if (lk_diloco_outer_state_bytes(d) != 4 * 4 * 2) return fail("outer_state_bytes of d");
+  ext.param_dtype = LK_DTYPE_BFLOAT16;
+  lk_diloco* b = lk_diloco_create_ext(s, o, &ext);
+  if (b == NULL) return fail("create bf16");
+  float f[4] = {1, 2, 3, 4};
+  if (lk_diloco_join(b, f, 4, &r) == 0) return fail("float into bf16");
+  if (strstr(lk_last_error(), "is float32 but DilocoOptions::param_dtype is bf16") == NULL) {
+    return fail("float into bf16 reason");
+  }
+  if (lk_diloco_join_typed(b, half, 4, LK_DTYPE_FLOAT16, &r) == 0) return fail("fp16 into bf16");
+  if (lk_diloco_param_dtype(b) != LK_DTYPE_BFLOAT16) return fail("param_dtype of b");
+  lk_diloco_close(b);
+  printf("dtypes ok\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc != 4) {
     fprintf(stderr, "usage: c_diloco SOCKET CKPT_DIR STEPS\n");
@@ -56,6 +88,7 @@ int main(int argc, char** argv) {
   lk_diloco* d = lk_diloco_create_ext(s, &o, &ext);
   if (d == NULL) return fail("create");
   if (check_refusals(d) != 0) return 1;
+  if (check_dtypes(s, &o, d) != 0) return 1;
   float params[4] = {1, 2, 3, 4};
   lk_diloco_result r;
   if (lk_diloco_join(d, params, 4, &r) != 0) return fail("join");

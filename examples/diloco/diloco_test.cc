@@ -189,6 +189,102 @@ TEST_CASE("diloco two groups of two trainers: each shard identical across groups
   }
 }
 
+// The bf16 fields of every line of one trainer's log: step -> (global_hash, model_hash).
+struct HalfLine {
+  std::string global_hash, model_hash, param_dtype;
+  uint64_t model_bytes = 0, outer_state_bytes = 0, params = 0, shard = 0;
+};
+std::map<uint32_t, HalfLine> ReadHalfLog(const std::string& path) {
+  std::map<uint32_t, HalfLine> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    boost::json::object o = boost::json::parse(line).as_object();
+    HalfLine h;
+    h.global_hash = std::string(o.at("global_hash").as_string());
+    h.model_hash = std::string(o.at("model_hash").as_string());
+    h.param_dtype = std::string(o.at("param_dtype").as_string());
+    h.model_bytes = static_cast<uint64_t>(o.at("model_bytes").to_number<int64_t>());
+    h.outer_state_bytes = static_cast<uint64_t>(o.at("outer_state_bytes").to_number<int64_t>());
+    h.params = static_cast<uint64_t>(o.at("params").to_number<int64_t>());
+    h.shard = static_cast<uint64_t>(o.at("shard").to_number<int64_t>());
+    out[static_cast<uint32_t>(o.at("step").to_number<int64_t>())] = h;
+  }
+  return out;
+}
+
+// Two groups of two trainers holding bf16 weights (optionally with more flags): after every
+// commit every trainer of every group holds the same float32 global weights (global_hash) and
+// the same bf16 model weights (model_hash), each shard of the float32 state equal across
+// groups, and the log's byte counts are the bf16 model's and the float32 outer state's.
+void CheckHalfJob(const std::string& tag, const char* dtype, std::vector<std::string> extra) {
+  const uint32_t steps = 4;
+  Run run(tag, 2, 2, steps);
+  extra.insert(extra.end(), {"--param-dtype", dtype});
+  run.StartGroup("g0", extra);
+  run.StartGroup("g1", extra);
+  run.WaitAll(60s);
+  CHECK(run.CheckHashesAgree() == 2 * steps);
+  std::map<uint32_t, std::set<std::string>> global, model;
+  for (auto& [name, g] : run.groups) {
+    for (const std::string& log : g.logs) {
+      std::map<uint32_t, HalfLine> lines = ReadHalfLog(log);
+      CHECK(lines.size() == steps);
+      for (const auto& [step, h] : lines) {
+        global[step].insert(h.global_hash);
+        model[step].insert(h.model_hash);
+        CHECK(h.param_dtype == dtype);
+        CHECK(h.model_bytes == h.params * 2);
+        // The float32 shard of global weights and momentum, and the float32 staging buffer.
+        CHECK(h.outer_state_bytes >= (2 * h.shard + h.params) * 4);
+      }
+    }
+  }
+  REQUIRE(global.size() == steps);
+  for (uint32_t step = 1; step <= steps; ++step) {
+    INFO("step " << step);
+    CHECK(global[step].size() == 1);
+    CHECK(model[step].size() == 1);
+    CHECK_FALSE(global[step].begin()->empty());
+  }
+  // 16-bit weights differ from the float32 global weights they are rounded from.
+  CHECK(*global[steps].begin() != *model[steps].begin());
+  auto [first, last] = FirstLastLoss(ReadLog(run.groups["g0"].logs[0]));
+  CHECK(last < 0.9 * first);
+}
+
+TEST_CASE("diloco bf16 weights: two groups of two hold bitwise-equal float32 global and bf16 "
+          "model weights after every commit") {
+  CheckHalfJob("diloco-bf16", "bf16", {});
+}
+
+TEST_CASE("diloco fp16 weights with int8 exchange and overlap: every member equal at every "
+          "commit") {
+  // With overlap the model carries the stand-in step, so the model hash is compared after the
+  // final Flush only through the global hash; the float32 global weights agree at every commit.
+  const uint32_t steps = 4;
+  Run run("diloco-fp16-ov", 2, 1, steps);
+  std::vector<std::string> extra = {"--param-dtype", "fp16", "--outer-compress", "int8",
+                                    "--outer-overlap"};
+  run.StartGroup("g0", extra);
+  run.StartGroup("g1", extra);
+  run.WaitAll(60s);
+  CHECK(run.CheckHashesAgree() == steps);
+  std::map<uint32_t, std::set<std::string>> global;
+  for (auto& [name, g] : run.groups) {
+    for (const auto& [step, h] : ReadHalfLog(g.logs[0])) {
+      global[step].insert(h.global_hash);
+      CHECK(h.param_dtype == "fp16");
+      CHECK(h.model_bytes == h.params * 2);
+    }
+  }
+  REQUIRE(global.size() == steps);
+  for (const auto& [step, hashes] : global) {
+    INFO("step " << step);
+    CHECK(hashes.size() == 1);
+  }
+}
+
 TEST_CASE("diloco a group that joins mid-run heals from the others and then matches their hashes") {
   // Enough steps that the joiner (a second or two of LibTorch start-up on a loaded CI machine)
   // arrives while the others still run; otherwise it finds the job finished and catches up
@@ -220,6 +316,42 @@ TEST_CASE("diloco a group that joins mid-run heals from the others and then matc
   for (const char* g : {"g0", "g1", "g2"}) {
     CHECK(std::ifstream(run.dir + "/ckpt-" + g + "/step-000000000040/MANIFEST").good());
   }
+}
+
+TEST_CASE("diloco groups of float32 and bf16 weights train one job, and a bf16 group that joins "
+          "mid-run heals from them and then matches their hashes") {
+  constexpr uint32_t kSteps = 30;
+  Run run("diloco-bf16-join", 2, 1, kSteps);
+  run.StartGroup("g0");  // float32
+  run.StartGroup("g1", {"--param-dtype", "bf16"});
+  REQUIRE_FALSE(run.groups["g0"].trainers[0]->WaitForLog("outer_committed step=2", 40s).empty());
+  run.StartGroup("g2", {"--param-dtype", "bf16"});
+  run.WaitAll(90s);
+  std::vector<LogLine> joiner = ReadLog(run.groups["g2"].logs[0]);
+  REQUIRE_FALSE(joiner.empty());
+  CHECK(joiner.front().step > 2);
+  CHECK(joiner.front().healed);
+  CHECK(joiner.back().step == kSteps);
+  // The float32 outer state is one across the dtypes: shard hashes and global hashes agree.
+  CHECK(run.CheckHashesAgree() == kSteps);
+  std::map<uint32_t, std::set<std::string>> global, model16;
+  std::map<std::string, std::map<uint32_t, HalfLine>> lines;
+  for (const char* g : {"g0", "g1", "g2"}) lines[g] = ReadHalfLog(run.groups[g].logs[0]);
+  for (const auto& [g, by_step] : lines) {
+    for (const auto& [step, h] : by_step) {
+      global[step].insert(h.global_hash);
+      if (g != "g0") model16[step].insert(h.model_hash);
+      CHECK(h.param_dtype == (g == "g0" ? "float32" : "bf16"));
+    }
+  }
+  size_t both16 = 0;
+  for (uint32_t step = 1; step <= kSteps; ++step) {
+    INFO("step " << step);
+    CHECK(global[step].size() == 1);
+    CHECK(model16[step].size() == 1);  // the bf16 groups hold the same bf16 weights
+    both16 += lines["g2"].count(step);
+  }
+  CHECK(both16 > 0);
 }
 
 TEST_CASE("diloco a group that comes back after the job finished catches up and exits 0") {

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   uint32_t op_timeout_ms = static_cast<uint32_t>(o.op_timeout.count());
   std::string log_level = "info";
   std::string outer_compress = "none";
+  std::string param_dtype = "float32";
   Flags flags("diloco_trainer",
               "A DiLoCo trainer: a small GPT-style character model on LibTorch (CPU, one thread).\n"
               "Runs --inner-steps AdamW steps, then an outer step that averages this trainer's\n"
@@ -81,6 +82,14 @@ int main(int argc, char** argv) {
   flags.Add("outer-fragments", &o.outer_fragments,
             "with --outer-overlap: the exchange goes on the link in this many fragments spread "
             "over the next inner steps (1: one burst); the same in every group");
+  flags.Add("param-dtype", &param_dtype,
+            "the dtype the model's weights are held in: float32, bf16 or fp16 (rounded to nearest "
+            "even after every inner step; the outer state stays float32 and the new global "
+            "weights come back rounded, the same bits in every member)");
+  flags.Add("inner-master", &o.inner_master,
+            "with a 16-bit --param-dtype: AdamW updates a float32 master copy of the weights and "
+            "the model holds its rounding (mixed precision); false: AdamW's updates land in the "
+            "16-bit weights themselves (pure 16-bit training)");
   bool keep_denormals = false;
   flags.Add("keep-denormals", &keep_denormals,
             "compute the inner steps with IEEE denormals; the default flushes them to zero, "
@@ -101,6 +110,9 @@ int main(int argc, char** argv) {
   if (st.ok() && !ParseLogLevel(log_level, &level)) st = InvalidArgument("bad --log-level {}", log_level);
   if (st.ok() && !diloco::ParseOuterCompress(outer_compress, &o.outer_compress)) {
     st = InvalidArgument("bad --outer-compress {} (none, bf16, int8 or int4)", outer_compress);
+  }
+  if (st.ok() && !diloco::ParseParamDType(param_dtype, &o.param_dtype)) {
+    st = InvalidArgument("bad --param-dtype {} (float32, bf16 or fp16)", param_dtype);
   }
   // The launcher's place for what the flags did not say (one Slurm job or torchrun per group).
   std::string place_source = "flags";

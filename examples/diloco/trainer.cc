@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 #include <thread>
 
@@ -13,6 +14,7 @@
 #include <lightkeeper/diloco.h>
 #include "diloco/net_bytes.h"
 #include "diloco/outer.h"
+#include "diloco/param_dtype.h"
 #include <lightkeeper/session.h>
 
 namespace lk::diloco {
@@ -63,6 +65,9 @@ class Trainer {
   // Applies what a Sync or Join did to the weights to the model and its optimizer.
   void Apply(const SyncResult& r);
   void WriteLogLine(const SyncResult& r);
+  // XXH3 of the weights the model holds, in its own dtype's bytes: after a commit (without
+  // overlap) the same in every member of the job.
+  std::string ModelHash() const;
   // The eval loss of the model's current weights, for the next log line.
   void Evaluate();
   // Logs the step that a heal reached when it is the last one (the run ends there).
@@ -73,6 +78,19 @@ class Trainer {
   // would have drawn next. Restore takes them back after a durable restore.
   Status SaveExtraState();
   void RestoreExtraState(uint32_t step);
+  bool half() const { return o_.param_dtype != ParamDType::kFloat32; }
+  // A 16-bit model after an inner step: the step's update goes into the float32 master copy
+  // (--inner-master) or stays in the weights, and the model's weights are rounded to the dtype
+  // (params_ gets them too).
+  void RoundModel();
+  // The model's weights (params_) were replaced by the outer step: the master copy follows.
+  void ResetMaster() {
+    if (half() && o_.inner_master) master_ = params_;
+  }
+  // The library's calls on the model's buffer: params_ itself for float32, else its 16-bit
+  // copy (params16_), whose result is widened back into params_.
+  enum class Call { kJoin, kSync, kFlush };
+  Result<SyncResult> CallLibrary(Call call);
 
   TrainerOptions o_;
   std::unique_ptr<client::Session> session_;
@@ -81,6 +99,9 @@ class Trainer {
   std::unique_ptr<Diloco> diloco_;
   std::optional<SplitMix> rng_;
   std::vector<float> params_;
+  std::vector<uint16_t> params16_;  // a 16-bit model's weights (--param-dtype bf16/fp16)
+  // --inner-master: the float32 weights AdamW's updates accumulate in, and a scratch buffer.
+  std::vector<float> master_, stepped_;
   std::FILE* log_ = nullptr;
   StepStats stats_;
   float loss_ = 0;
@@ -113,6 +134,7 @@ Status Trainer::Init() {
   d.outer_compress = o_.outer_compress;
   d.overlap = o_.overlap;
   d.outer_fragments = o_.outer_fragments;
+  d.param_dtype = o_.param_dtype;
   InnerStateHooks hooks;
   hooks.save = [this](std::span<float> out) {
     model_->ExportOptimizer(out);
@@ -121,6 +143,11 @@ Status Trainer::Init() {
   LK_ASSIGN_OR_RETURN(diloco_, Diloco::Create(session_.get(), std::move(d), std::move(hooks)));
   params_.resize(model_->numel());
   model_->Flatten(params_);
+  if (half()) {
+    params16_.resize(params_.size());
+    if (o_.inner_master) master_ = params_;
+    RoundModel();
+  }
   if (!o_.log_path.empty()) {
     log_ = std::fopen(o_.log_path.c_str(), "a");
     if (log_ == nullptr) return InvalidArgument("cannot open --log {}", o_.log_path);
@@ -135,6 +162,7 @@ void Trainer::Apply(const SyncResult& r) {
   if (r.kind == SyncKind::kCommitted || r.kind == SyncKind::kReceived ||
       r.kind == SyncKind::kJoined || r.kind == SyncKind::kStarted) {
     model_->Load(params_);
+    ResetMaster();
   }
   if (r.kind == SyncKind::kReceived) {
     // Inner work since the last commit went into the pseudo-gradient thrown away here: it is
@@ -188,6 +216,7 @@ Result<bool> Trainer::InnerSteps() {
   for (; ran < o_.inner_steps && !drain && !budget_spent; ++ran) {
     auto step_t0 = Clock::now();
     LK_ASSIGN_OR_RETURN(float loss, model_->InnerStep(*rng_, average));
+    if (half()) RoundModel();  // the model holds 16-bit weights, as a 16-bit model does
     loss_sum += loss;
     ++inner_step_;
     batch_hashes_.push_back(fmt::format("{:016x}", model_->LastBatchHash()));
@@ -203,6 +232,39 @@ Result<bool> Trainer::InnerSteps() {
   model_->Flatten(params_);
   if (drain) diloco_->RequestDrain();
   return !drain;
+}
+
+void Trainer::RoundModel() {
+  if (o_.inner_master) {
+    // The model stepped from params_ (the rounding of master_); the same update applied to the
+    // master keeps what the rounding would drop.
+    stepped_.resize(params_.size());
+    model_->Flatten(stepped_);
+    for (size_t i = 0; i < master_.size(); ++i) master_[i] += stepped_[i] - params_[i];
+    NarrowParams(o_.param_dtype, master_, params16_);
+    WidenParams(o_.param_dtype, params16_, params_);
+    model_->Load(params_);
+    return;
+  }
+  model_->Flatten(params_);
+  NarrowParams(o_.param_dtype, params_, params16_);
+  WidenParams(o_.param_dtype, params16_, params_);
+  model_->Load(params_);
+}
+
+Result<SyncResult> Trainer::CallLibrary(Call call) {
+  if (!half()) {
+    return call == Call::kJoin   ? diloco_->Join(params_)
+           : call == Call::kSync ? diloco_->Sync(params_, tokens_)
+                                 : diloco_->Flush(params_);
+  }
+  // params_ holds 16-bit values exactly (RoundModel after every inner step), so this is exact.
+  NarrowParams(o_.param_dtype, params_, params16_);
+  Result<SyncResult> r = call == Call::kJoin   ? diloco_->Join(params16_)
+                         : call == Call::kSync ? diloco_->Sync(params16_, tokens_)
+                                               : diloco_->Flush(params16_);
+  WidenParams(o_.param_dtype, params16_, params_);
+  return r;
 }
 
 Status Trainer::SaveExtraState() {
@@ -239,7 +301,16 @@ void Trainer::Evaluate() {
   // the last call; the evaluation is of the global weights alone.
   std::span<const float> global = diloco_->global_weights();
   if (o_.overlap && global.size() == params_.size()) {
-    model_->Load(global);
+    if (half()) {
+      // The global weights as the model would hold them: rounded to its dtype.
+      std::vector<uint16_t> g16(global.size());
+      std::vector<float> rounded(global.size());
+      NarrowParams(o_.param_dtype, global, g16);
+      WidenParams(o_.param_dtype, g16, rounded);
+      model_->Load(rounded);
+    } else {
+      model_->Load(global);
+    }
     eval_loss_ = model_->Eval(eval_rng, o_.eval_batches);
     model_->Load(params_);
     stats_.eval_ms += MsSince(eval_t0);
@@ -258,6 +329,14 @@ void Trainer::LogReachedByHeal(const SyncResult& r) {
   WriteLogLine(r);
   LK_LOG_INFO("reached_by_heal step={} quorum_id={} hash={} source={}", r.step, r.quorum_id,
               r.state_hash, Q(r.heal_source));
+}
+
+std::string Trainer::ModelHash() const {
+  if (!half()) return StateHash(params_);
+  // The 16-bit bytes, read as floats two at a time (an odd tail padded with zero).
+  std::vector<float> packed((params16_.size() + 1) / 2, 0.0f);
+  std::memcpy(packed.data(), params16_.data(), params16_.size() * sizeof(uint16_t));
+  return StateHash(packed);
 }
 
 void Trainer::WriteLogLine(const SyncResult& r) {
@@ -288,7 +367,9 @@ void Trainer::WriteLogLine(const SyncResult& r) {
                   "\"shard\":{},\"inner_steps\":{},\"group_size\":{},\"tokens\":{},"
                   "\"quorum_tokens\":{},\"weighted\":{},\"global_hash\":\"{}\","
                   "\"inner_steps_run\":{},\"group_id\":\"{}\",\"outer_compress\":\"{}\","
-                  "\"overlap\":{},\"wait_ms\":{:.1f},\"inner_step\":{},\"batches\":[{}]}}\n",
+                  "\"overlap\":{},\"wait_ms\":{:.1f},\"inner_step\":{},\"param_dtype\":\"{}\","
+                  "\"model_bytes\":{},\"outer_state_bytes\":{},\"model_hash\":\"{}\","
+                  "\"batches\":[{}]}}\n",
                   r.step, r.quorum_id, r.replica_world_size, loss_, r.state_hash,
                   r.healed ? "true" : "false", o_.group_rank, static_cast<int64_t>(y.outer_ms),
                   eval, t_ms, step_ms, y.poll_ms, y.join_ms, s.inner_ms, s.discarded_ms,
@@ -297,7 +378,10 @@ void Trainer::WriteLogLine(const SyncResult& r) {
                   diloco_->shard_numel(), o_.inner_steps, o_.group_size, r.tokens,
                   r.quorum_tokens, r.weighted ? "true" : "false", r.global_hash, inner_run,
                   o_.group_id, OuterCompressName(o_.outer_compress),
-                  o_.overlap ? "true" : "false", y.wait_ms, inner_step_, batches)
+                  o_.overlap ? "true" : "false", y.wait_ms, inner_step_,
+                  ParamDTypeName(o_.param_dtype),
+                  diloco_->numel() * ParamDTypeBytes(o_.param_dtype), diloco_->outer_state_bytes(),
+                  ModelHash(), batches)
           .c_str(),
       log_);
   std::fflush(log_);
@@ -308,7 +392,7 @@ int Trainer::Run() {
     LK_LOG_ERROR("trainer_init_failed error={}", Q(st.ToString()));
     return 1;
   }
-  auto joined = diloco_->Join(params_);
+  auto joined = CallLibrary(Call::kJoin);
   if (!joined.ok()) {
     LK_LOG_ERROR("join_failed error={}", Q(joined.status().ToString()));
     if (joined.status().reason() == Reason::kGroupSizeMismatch) {
@@ -329,7 +413,7 @@ int Trainer::Run() {
     const bool land_last = diloco_->in_flight() && diloco_->step() + 1 >= o_.outer_steps;
     Result<SyncResult> r = Status(Code::kInternal, "no outer step ran");
     if (land_last) {
-      r = diloco_->Flush(params_);
+      r = CallLibrary(Call::kFlush);
     } else {
       // The inner steps come before the poll: the agent asked the lighthouse for this step's
       // round as soon as the last step was committed, so the round ran during them and the
@@ -345,7 +429,7 @@ int Trainer::Run() {
         LK_LOG_ERROR("extra_state_failed error={}", Q(st.ToString()));
         return 1;
       }
-      r = diloco_->Sync(params_, tokens_);
+      r = CallLibrary(Call::kSync);
       // Overlap: each call reports the tokens since the previous call, committed or not.
       if (o_.overlap) tokens_ = 0;
     }

@@ -44,6 +44,16 @@ struct TrainerOptions {
   OuterCompress outer_compress = OuterCompress::kNone;  // the cross-group exchange's encoding
   bool overlap = false;  // overlapped outer steps (DilocoOptions::overlap)
   uint32_t outer_fragments = 1;  // DilocoOptions::outer_fragments
+  // The dtype the model's weights are held in (DilocoOptions::param_dtype). bf16/fp16: the
+  // weights are rounded to it after every inner step (the compute stays float32), so the model
+  // is what a 16-bit model would hold, and the library gets the 16-bit buffer. Default float32.
+  ParamDType param_dtype = ParamDType::kFloat32;
+  // With a 16-bit param_dtype: AdamW updates a float32 master copy of the weights and the model
+  // holds its rounding (mixed precision, how 16-bit models are usually trained; the master is
+  // reset to the model's weights whenever the outer step replaces them). false: AdamW's update
+  // lands in the 16-bit weights themselves (pure 16-bit training: updates below half a unit in
+  // the last place are lost). Default true.
+  bool inner_master = true;
   Millis init_timeout{30'000};  // communicator rendezvous + connect
   Millis op_timeout{120'000};   // one collective; the outer one waits for the slowest group
   Status Validate() const;

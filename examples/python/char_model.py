@@ -231,7 +231,7 @@ class LocalModel:
             for p in self.params:
                 p.add_(0.0)
         self.grads = torch.zeros(self.numel + 2, dtype=torch.float32)
-        self.optimizer = self.make_optimizer()
+        self.optimizer: torch.optim.Optimizer = self.make_optimizer()
         self.last_xs = torch.zeros(0, dtype=torch.int64)
         self.last_batch_hash = 0
 

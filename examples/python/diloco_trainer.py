@@ -18,6 +18,7 @@ import argparse
 import base64
 import datetime
 import json
+import math
 import os
 import random
 import socket
@@ -82,10 +83,17 @@ FLAGS: List[Tuple[str, Callable[[str], Any], Any, str]] = [
     ("outer-compress", str, "none", "encoding of the cross-group pseudo-gradients: none "
                                     "(float32), bf16, int8 or int4 (blockwise scales, error "
                                     "feedback); the same in every group"),
+    ("param-dtype", str, "float32", "the dtype of the model's parameters: float32, bf16 or fp16 "
+                                    "(the model is cast to it and trains in it; the outer "
+                                    "state stays float32 and the new global weights come back "
+                                    "rounded, the same bits in every member)"),
     ("outer-fragments", int, 1, "with --outer-overlap: the exchange goes on the link in this "
                                 "many fragments spread over the next inner steps (1: one "
                                 "burst); the same in every group"),
 ]
+
+
+PARAM_DTYPES = {"float32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
@@ -111,6 +119,13 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
                         "the optimizer state of rarely used parameters decays into that range "
                         "and every operation on it is slow; the outer step always flushes "
                         "(env LK_KEEP_DENORMALS)")
+    master_env = os.environ.get("LK_INNER_MASTER", "true")
+    p.add_argument("--inner-master", default=master_env.lower() in ("1", "true", "yes"),
+                   type=lambda v: v.lower() in ("1", "true", "yes"), nargs="?", const=True,
+                   help="with a 16-bit --param-dtype: AdamW updates a float32 master copy of "
+                        "the weights and the model holds its rounding (mixed precision, the "
+                        "C++ trainer's --inner-master); false: torch's AdamW on the 16-bit "
+                        "parameters (pure 16-bit training) (env LK_INNER_MASTER)")
     overlap_env = os.environ.get("LK_OUTER_OVERLAP", "")
     p.add_argument("--outer-overlap", action="store_true",
                    default=overlap_env.lower() in ("1", "true", "yes"),
@@ -143,11 +158,59 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
         problems.append(f"--outer-fragments {a.outer_fragments} needs --outer-overlap")
     if a.outer_compress not in ("none", "bf16", "int8", "int4"):
         problems.append(f"bad --outer-compress {a.outer_compress} (none, bf16, int8 or int4)")
+    if a.param_dtype not in PARAM_DTYPES:
+        problems.append(f"bad --param-dtype {a.param_dtype} (float32, bf16 or fp16)")
     if a.log_level not in ("debug", "info", "warn", "error"):
         problems.append(f"bad --log-level {a.log_level}")
     if problems:
         p.error("; ".join(problems))
     return a
+
+
+class MasterAdamW(torch.optim.Optimizer):
+    """AdamW over a float32 master copy of each (16-bit) parameter: torch 1.13's single-tensor
+    AdamW arithmetic on the master, the parameter set to its rounding (``copy_`` rounds to
+    nearest even, as the library does). The state lives under the model's parameters ("step",
+    "exp_avg", "exp_avg_sq", "master"), so DiLoCo saves and restores it like any optimizer's.
+    When the parameter no longer is the master's rounding (an outer step replaced the
+    weights), the master starts again from the parameter."""
+
+    def __init__(self, params: Any, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.01) -> None:
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                # A restore loads state it had none of in the parameter's dtype (DiLoCo's rule
+                # for torch's optimizers): this one keeps it in float32.
+                for key in ("master", "exp_avg", "exp_avg_sq"):
+                    if key in st and st[key].dtype != torch.float32:
+                        st[key] = st[key].to(torch.float32)
+                master = st.get("master")
+                if master is None or not torch.equal(master.to(p.dtype), p):
+                    master = p.detach().to(torch.float32).clone()
+                    st["master"] = master
+                if "exp_avg" not in st:
+                    st["step"] = torch.zeros((), dtype=torch.float32)
+                    st["exp_avg"] = torch.zeros_like(master)
+                    st["exp_avg_sq"] = torch.zeros_like(master)
+                grad = p.grad.to(torch.float32)
+                st["step"] += 1
+                step = float(st["step"].item())
+                master.mul_(1 - lr * wd)
+                st["exp_avg"].mul_(beta1).add_(grad, alpha=1 - beta1)
+                st["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                bias1, bias2 = 1 - beta1 ** step, 1 - beta2 ** step
+                denom = (st["exp_avg_sq"].sqrt() / math.sqrt(bias2)).add_(eps)
+                master.addcdiv_(st["exp_avg"], denom, value=-lr / bias1)
+                p.copy_(master)
 
 
 class Logger:
@@ -234,7 +297,8 @@ class StepLog:
 
     def write(self, r: SyncResult, loss: float, eval_loss: Optional[float], params: int,
               shard: int, inner_run: int, inner_step: int = 0,
-              batches: Sequence[int] = ()) -> None:
+              batches: Sequence[int] = (), model_bytes: int = 0, outer_state_bytes: int = 0,
+              model_hash: str = "") -> None:
         now = time.monotonic()
         step_ms = (now - self.last_commit) * 1000
         self.last_commit = now
@@ -250,6 +314,7 @@ class StepLog:
             '"shard":%d,"inner_steps":%d,"group_size":%d,"tokens":%d,"quorum_tokens":%d,'
             '"weighted":%s,"global_hash":"%s","inner_steps_run":%d,"group_id":"%s",'
             '"outer_compress":"%s","overlap":%s,"wait_ms":%.1f,"inner_step":%d,'
+            '"param_dtype":"%s","model_bytes":%d,"outer_state_bytes":%d,"model_hash":"%s",'
             '"batches":[%s]}\n') % (
                 r.step, r.quorum_id, r.replica_world_size, loss, r.state_hash,
                 "true" if r.healed else "false", a.group_rank, int(y["outer_ms"]), evals,
@@ -260,7 +325,8 @@ class StepLog:
                 a.group_size, r.tokens, r.quorum_tokens,
                 "true" if r.weighted else "false", r.global_hash, inner_run, a.group_id,
                 a.outer_compress, "true" if a.outer_overlap else "false", y["wait_ms"],
-                inner_step, ",".join('"%016x"' % h for h in batches))
+                inner_step, a.param_dtype, model_bytes, outer_state_bytes, model_hash,
+                ",".join('"%016x"' % h for h in batches))
         self.clear()
         if self.file is not None:
             self.file.write(line)
@@ -336,6 +402,12 @@ def train_with(args: argparse.Namespace, log: Logger, manager: lightkeeper.Manag
     lm = char_model.LocalModel(tokens, len(vocab), args.seed, width=args.model_width,
                                layers=args.layers, heads=args.heads, seq_len=args.seq_len,
                                batch=args.batch, inner_lr=args.inner_lr)
+    if args.param_dtype != "float32":
+        # A 16-bit model: its parameters (the same Parameter objects) and so AdamW's moments
+        # are in that dtype, as `model.to(torch.bfloat16)` makes them.
+        lm.model.to(PARAM_DTYPES[args.param_dtype])
+        if args.inner_master:
+            lm.optimizer = MasterAdamW(lm.params, lr=args.inner_lr, weight_decay=lm.weight_decay)
     steps = StepLog(args.log, args)
     eval_seed = char_model.mix_seed(args.seed, char_model.EVAL_TAG)
     data = DataStream(log)
@@ -386,7 +458,8 @@ def train_with(args: argparse.Namespace, log: Logger, manager: lightkeeper.Manag
                 # the evaluation is of the global weights alone, as every member holds them.
                 with torch.no_grad():
                     flat = parameters_to_vector(lm.model.parameters())
-                    vector_to_parameters(diloco.global_weights(), lm.model.parameters())
+                    vector_to_parameters(diloco.global_weights().to(flat.dtype),
+                                         lm.model.parameters())
                     value = float(lm.eval_loss(char_model.SplitMix(eval_seed),
                                                args.eval_batches))
                     vector_to_parameters(flat, lm.model.parameters())
@@ -403,15 +476,27 @@ def train_with(args: argparse.Namespace, log: Logger, manager: lightkeeper.Manag
             if r.kind != "received" or r.step < args.outer_steps:
                 return
             steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel, 0,
-                        data.inner_step)
+                        data.inner_step, (), *sizes())
             log("info", "reached_by_heal", step=r.step, quorum_id=r.quorum_id,
                 hash=r.state_hash, source=r.heal_source)
+
+        def sizes() -> Tuple[int, int, str]:
+            # model_bytes, outer_state_bytes and the hash of the model's weights in their own
+            # dtype's bytes (the C++ trainer's model_hash: the 16-bit bytes read as float32
+            # pairs, an odd tail padded with zero).
+            flat = parameters_to_vector(lm.model.parameters()).detach()
+            raw = flat.view(torch.int16) if flat.element_size() == 2 else flat
+            if raw.dtype == torch.int16:
+                if raw.numel() % 2:
+                    raw = torch.cat([raw, torch.zeros(1, dtype=torch.int16)])
+                raw = raw.view(torch.float32)
+            return diloco.model_bytes, diloco.outer_state_bytes, char_model.state_hash(raw)
 
         batches: List[int] = []  # hashes of the batches of the inner steps since the last commit
 
         def log_commit(r: SyncResult, mean_loss: float, inner_run: int) -> None:
             steps.write(r, mean_loss, evaluate(), lm.numel, diloco.shard_numel, inner_run,
-                        data.inner_step, batches)
+                        data.inner_step, batches, *sizes())
             batches.clear()
             log("info", "outer_committed", step=r.step, quorum_id=r.quorum_id,
                 world=r.replica_world_size, loss="%.4f" % mean_loss,

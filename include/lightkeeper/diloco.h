@@ -94,6 +94,17 @@ enum class OuterCompress { kNone, kBf16, kInt8, kInt4 };
 LK_API std::string_view OuterCompressName(OuterCompress codec);  // "none", "bf16", "int8", "int4"
 LK_API bool ParseOuterCompress(std::string_view name, OuterCompress* out);
 
+// The dtype of the model's parameters, the buffer that Join, Sync and Flush take. The outer
+// state (global weights, outer momentum, the exchange) is float32 whatever it is, as the DiLoCo
+// papers and torchft keep it: the pseudo-gradient is the float32 global weights minus the
+// up-cast local weights, and the new global weights go back into the model rounded to its
+// dtype (to nearest, ties to even, as torch's `.to(torch.bfloat16)` and `.half()`; NaN and
+// infinities kept). diloco/README.md, "16-bit parameters", has the design.
+enum class ParamDType { kFloat32, kBfloat16, kFloat16 };
+LK_API std::string_view ParamDTypeName(ParamDType dtype);  // "float32", "bf16", "fp16"
+// Takes "float32", "bf16" or "fp16" (and "float", "bfloat16", "float16", "half").
+LK_API bool ParseParamDType(std::string_view name, ParamDType* out);
+
 inline constexpr uint64_t kExtraStateBytesLimit = uint64_t{64} << 20;
 
 struct DilocoOptions {
@@ -104,6 +115,13 @@ struct DilocoOptions {
   // The model's parameters inside the flat parameter buffer that Join and Sync take. Every
   // trainer of every group passes the same list (names, shapes, order).
   std::vector<TensorSpec> params;
+  // The dtype of the parameter buffer (offsets and shapes count elements of it). Default
+  // kFloat32: Join/Sync/Flush over std::span<float>. kBfloat16 or kFloat16: the overloads over
+  // std::span<uint16_t> (the 16-bit bit patterns), and the float ones refuse with
+  // kInvalidArgument, as the 16-bit ones do for kFloat32. Every member of a job holds the same
+  // float32 global weights and, after each commit, the same 16-bit weights; groups of one job
+  // may differ in it (the exchange is float32 either way).
+  ParamDType param_dtype = ParamDType::kFloat32;
   // The inner optimizer's state (e.g. AdamW's moments and step count) inside a flat float32
   // buffer of its own, saved with durable checkpoints and restored from them (the same on every
   // trainer of the group; diloco/README.md, "The inner optimizer's state"). Empty (default):
@@ -239,6 +257,10 @@ class Diloco {
   // (kDrained). Errors: a poll failed (the agent is gone) or no quorum could be joined within
   // stuck_timeout.
   LK_API Result<SyncResult> Join(std::span<float> params);
+  // The same for a 16-bit model (DilocoOptions::param_dtype kBfloat16 or kFloat16): `params`
+  // holds the bit patterns of that dtype, widened to float32 for the outer step and rounded
+  // back on return. On an error the caller's buffer is left as it was.
+  LK_API Result<SyncResult> Join(std::span<uint16_t> params);
 
   // The outer step after the inner steps: `params` holds the local weights on entry and the new
   // global weights on return (kCommitted), or the state another member gave (kReceived), or is
@@ -252,6 +274,9 @@ class Diloco {
   // the cross-group average weights each group's pseudo-gradient by it. A retry after a lost
   // member keeps the count; a heal drops it with the pseudo-gradient.
   LK_API Result<SyncResult> Sync(std::span<float> params, uint64_t tokens);
+  // The same for a 16-bit model (see Join(std::span<uint16_t>)).
+  LK_API Result<SyncResult> Sync(std::span<uint16_t> params);
+  LK_API Result<SyncResult> Sync(std::span<uint16_t> params, uint64_t tokens);
 
   // Overlap: lands the exchange in flight, as the next Sync would but without starting another
   // one (after the last Sync, before Finish): params get the new global weights plus the inner
@@ -259,6 +284,7 @@ class Diloco {
   // kJoined with params unchanged when nothing was in flight. Finish lands it too, into a
   // buffer of its own, when the caller did not.
   LK_API Result<SyncResult> Flush(std::span<float> params);
+  LK_API Result<SyncResult> Flush(std::span<uint16_t> params);  // a 16-bit model's
   // Overlap: an exchange is in flight (started by the last Sync, not landed). A loop that runs
   // to T outer steps runs `while (step() + in_flight() < T)` and calls Flush after it.
   LK_API bool in_flight() const;
@@ -324,6 +350,12 @@ class Diloco {
   LK_API size_t shard_numel() const;      // elements of this trainer's shard of the outer state
   LK_API size_t inner_numel() const;      // elements of the inner_state buffer
   LK_API std::string state_hash() const;  // of this trainer's shard of the global weights
+  LK_API ParamDType param_dtype() const;  // DilocoOptions::param_dtype
+  // Bytes of outer state the library holds for this trainer now: its shard of the global
+  // weights and outer momentum, the error-feedback residuals, the pseudo-gradient kept for a
+  // retry, the overlap pipeline's buffers and, for a 16-bit model, the float32 staging buffer
+  // (diloco/README.md, "16-bit parameters"). Not the model, which is the caller's.
+  LK_API uint64_t outer_state_bytes() const;
 
  private:
   class Impl;

@@ -141,7 +141,9 @@ void lk_session_on_notice_ex(lk_session* s, lk_notice_ex_fn fn, void* user);
 
 typedef struct lk_comm lk_comm;
 
-enum { LK_DTYPE_FLOAT32 = 0, LK_DTYPE_BFLOAT16 = 1 };
+/* Element types. lk_comm_allreduce takes FLOAT32 and BFLOAT16; the DiLoCo parameter buffer
+ * (lk_diloco_ext_options.param_dtype) all three. */
+enum { LK_DTYPE_FLOAT32 = 0, LK_DTYPE_BFLOAT16 = 1, LK_DTYPE_FLOAT16 = 2 };
 enum { LK_REDUCE_SUM = 0, LK_REDUCE_AVG = 1 };
 
 typedef struct lk_comm_options {
@@ -265,6 +267,11 @@ typedef struct lk_diloco_ext_options {
   /* The most bytes lk_diloco_set_extra_state takes (DilocoOptions::extra_state_bytes_max);
    * 0: 4 MiB. At most 64 MiB. */
   uint64_t extra_state_bytes_max;
+  /* The model's parameter dtype (DilocoOptions::param_dtype): LK_DTYPE_FLOAT32 (0, the default),
+   * LK_DTYPE_BFLOAT16 or LK_DTYPE_FLOAT16; anything else fails lk_diloco_create_ext. A 16-bit
+   * model calls lk_diloco_join_typed, lk_diloco_sync_typed and lk_diloco_flush_typed; the outer
+   * state stays float32 and the new global weights come back rounded to nearest even. */
+  int param_dtype;
 } lk_diloco_ext_options;
 
 /* lk_diloco_create with the options of `ext` too; ext NULL: all unset. */
@@ -324,6 +331,28 @@ const void* lk_diloco_restored_extra_state(const lk_diloco* d, size_t* size);
 uint32_t lk_diloco_step(const lk_diloco* d);
 size_t lk_diloco_numel(const lk_diloco* d);
 size_t lk_diloco_shard_numel(const lk_diloco* d);
+/* lk_diloco_join, lk_diloco_sync_tokens and lk_diloco_flush over a parameter buffer of `count`
+ * elements of `dtype` (LK_DTYPE_*), which must be the param_dtype d was created with (else they
+ * fail, lk_last_error naming both, and the buffer is untouched). For FLOAT32 they are the plain
+ * calls. On a failure a 16-bit buffer is left as it was. */
+int lk_diloco_join_typed(lk_diloco* d, void* params, size_t count, int dtype,
+                         lk_diloco_result* out);
+int lk_diloco_sync_typed(lk_diloco* d, void* params, size_t count, int dtype, uint64_t tokens,
+                         lk_diloco_result* out);
+int lk_diloco_flush_typed(lk_diloco* d, void* params, size_t count, int dtype,
+                          lk_diloco_result* out);
+/* Converts `count` elements from in_dtype to out_dtype (LK_DTYPE_*: float32 to bf16 or fp16 and
+ * back, or a copy) with the DiLoCo library's rounding: to nearest, ties to even, as torch's
+ * .to(torch.bfloat16) and .half(); infinities kept, a NaN stays a NaN. For bindings that lay a
+ * model out themselves, and for tests against a reference. Returns 0, or non-zero for an
+ * unknown pair (lk_last_error says which). */
+int lk_dtype_convert(const void* in, int in_dtype, void* out, int out_dtype, size_t count);
+/* The param_dtype of d (LK_DTYPE_*). */
+int lk_diloco_param_dtype(const lk_diloco* d);
+/* Bytes of outer state the library holds for this trainer (Diloco::outer_state_bytes): its shard
+ * of the float32 global weights and momentum, residuals, retry and overlap buffers and a 16-bit
+ * model's float32 staging buffer; not the caller's model. */
+uint64_t lk_diloco_outer_state_bytes(const lk_diloco* d);
 
 #pragma GCC visibility pop
 

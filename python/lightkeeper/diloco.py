@@ -17,9 +17,12 @@ and lands one step late; the loop then counts the step in flight and lands the l
 The outer step itself (poll, join, heal, pseudo-gradient, cross-group average, outer Nesterov
 update, in-group all-gather and agreement, live state, commit, drain, final barrier) is the C++
 library's (``lk_diloco_*``); this module only lays the model's parameters out for it: one flat
-float32 buffer with every parameter a view into it, so that the library reads and writes the
-weights where they are. It also carries the inner optimizer's state into durable checkpoints and
-back out of them, and makes the group's trainers agree on a drain at every inner step.
+buffer of the model's dtype (float32, bfloat16 or float16) with every parameter a view into it,
+so that the library reads and writes the weights where they are. The outer state is float32
+whatever the model's dtype: a bf16 or fp16 model's new global weights come back rounded to it
+(to nearest even, as ``.to(torch.bfloat16)`` rounds), the same bits in every member. It also
+carries the inner optimizer's state into durable checkpoints and back out of them, and makes
+the group's trainers agree on a drain at every inner step.
 """
 
 import ctypes
@@ -114,8 +117,11 @@ class _InnerLayout:
             if old is not None:
                 state[key] = src.to(dtype=old.dtype, device=old.device).clone()
             else:
+                # torch's optimizers keep a parameter's moments in its dtype (a bf16 model's
+                # AdamW moments are bf16); scalars such as the step count stay float32.
                 on = p.device if shape != () else torch.device("cpu")
-                state[key] = src.to(device=on).clone()
+                dtype = p.dtype if shape != () else torch.float32
+                state[key] = src.to(device=on, dtype=dtype).clone()
 
     def digest(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
         out = torch.zeros(self.total, dtype=torch.float32)
@@ -128,7 +134,10 @@ class DiLoCo:
 
     Args (torchft's names where the concept is the same):
         manager: this trainer's ``lightkeeper.Manager``.
-        model: the model; its float32 parameters become views into one flat buffer.
+        model: the model; its parameters become views into one flat buffer. They are all
+            float32, all bfloat16 or all float16 (a mix, or another dtype, raises
+            ``InvalidArgument`` naming the parameter, before anything is sent); the outer state
+            is float32 in every case.
         inner_optimizer: the inner optimizer (e.g. AdamW); its state goes into durable
             checkpoints and comes back from them.
         sync_every: inner steps (calls of ``step()``) per outer step; with ``sync_every_s``
@@ -234,13 +243,19 @@ class DiLoCo:
         devices = {p.device for _, p in named}
         if len(devices) != 1:
             raise InvalidArgument(f"parameters on several devices: {sorted(map(str, devices))}")
+        first_name, first = named[0]
+        if first.dtype not in _PARAM_DTYPES:
+            raise InvalidArgument(f"parameter {first_name} is {first.dtype}; DiLoCo takes "
+                                  "float32, bfloat16 or float16 parameters")
         for n, p in named:
-            if p.dtype != torch.float32:
-                raise InvalidArgument(f"parameter {n} is {p.dtype}; DiLoCo's outer state is "
-                                      "float32")
+            if p.dtype != first.dtype:
+                raise InvalidArgument(
+                    f"parameter {n} is {p.dtype} but {first_name} is {first.dtype}; DiLoCo "
+                    "takes parameters of one dtype (float32, bfloat16 or float16)")
+        self._dtype = first.dtype
         self._device = devices.pop()
         total = sum(p.numel() for _, p in named)
-        flat = torch.empty(total, dtype=torch.float32, device=self._device)
+        flat = torch.empty(total, dtype=self._dtype, device=self._device)
         specs: List[_native.TensorSpec] = []
         offset = 0
         with torch.no_grad():
@@ -256,7 +271,7 @@ class DiLoCo:
         # The library works on host memory: a CUDA model is copied through a host buffer at
         # each outer step (pinned, so the copies run at the bus's speed).
         self._host = flat if flat.device.type == "cpu" else torch.empty(
-            total, dtype=torch.float32, pin_memory=True)
+            total, dtype=self._dtype, pin_memory=True)
         self._specs = specs
         self._named = named
 
@@ -281,7 +296,8 @@ class DiLoCo:
             init_timeout_ms=o["init_timeout_ms"], op_timeout_ms=o["timeout_ms"],
             stuck_timeout_ms=0, outer_compress=o["outer_compress"], overlap=o["overlap"],
             outer_fragments=o["outer_fragments"],
-            extra_state_bytes_max=self._extra_state_bytes_max)
+            extra_state_bytes_max=self._extra_state_bytes_max,
+            param_dtype=_PARAM_DTYPES[self._dtype])
         try:
             self._call("join")
             if not self.should_stop and m.group_size > 1 and self._group_pg is None:
@@ -427,8 +443,10 @@ class DiLoCo:
 
     def global_weights(self) -> torch.Tensor:
         """With ``overlap``: the global weights of the last commit (or received state) in the
-        flat layout of the model's parameters, a copy (the model itself carries the inner
-        progress made since). Without overlap the model holds them after each commit."""
+        flat layout of the model's parameters, a float32 copy (the model itself carries the
+        inner progress made since). Without overlap the model holds them after each commit
+        (rounded to its dtype for a 16-bit model), and this is a copy of the model's flat
+        buffer in its dtype."""
         raw = self._native.global_weights() if self._native is not None else b""
         if not raw:
             return self._flat.detach().cpu().clone()
@@ -443,6 +461,28 @@ class DiLoCo:
     @property
     def shard_numel(self) -> int:
         return self._native.shard_numel if self._native is not None else 0
+
+    @property
+    def param_dtype(self) -> str:
+        """The model's parameter dtype as the library names it: "float32", "bf16" or "fp16"."""
+        return _PARAM_DTYPES[self._dtype]
+
+    @property
+    def model_bytes(self) -> int:
+        """Bytes of parameters this trainer holds (the flat buffer)."""
+        return int(self._flat.numel() * self._flat.element_size())
+
+    @property
+    def outer_state_bytes(self) -> int:
+        """Bytes of outer state the library holds for this trainer (its float32 shard of the
+        global weights and momentum, retry and overlap buffers, and a 16-bit model's float32
+        staging buffer); 0 outside the context."""
+        return self._native.outer_state_bytes if self._native is not None else 0
+
+
+# The parameter dtypes the library takes, by the names its options use.
+_PARAM_DTYPES: Dict[torch.dtype, str] = {
+    torch.float32: "float32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 # torch 1.13's torch.distributed functions carry no annotations, and mypy --strict refuses an

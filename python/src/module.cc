@@ -383,6 +383,14 @@ py::dict ResultDict(const lk_diloco_result& r) {
   return d;
 }
 
+// "float32", "bf16" or "fp16" as the C API's LK_DTYPE_*; anything else raises InvalidArgument.
+int DTypeCode(const std::string& name) {
+  if (name == "float32") return LK_DTYPE_FLOAT32;
+  if (name == "bf16") return LK_DTYPE_BFLOAT16;
+  if (name == "fp16") return LK_DTYPE_FLOAT16;
+  RaiseInvalid("unknown param_dtype '" + name + "' (float32, bf16 or fp16)");
+}
+
 // The DiLoCo outer step of the C++ library. `inner_save(address, count)` (Python) fills the
 // float32 buffer at address with the inner optimizer's state before a durable save.
 class Diloco {
@@ -393,8 +401,10 @@ class Diloco {
          uint32_t ckpt_every, uint32_t ckpt_keep, const std::string& live_dir,
          const std::string& bind_host, uint32_t init_timeout_ms, uint32_t op_timeout_ms,
          uint32_t stuck_timeout_ms, const std::string& outer_compress, bool overlap,
-         uint32_t outer_fragments, uint64_t extra_state_bytes_max)
-      : params_(std::move(params)), inner_(std::move(inner_state)),
+         uint32_t outer_fragments, uint64_t extra_state_bytes_max,
+         const std::string& param_dtype)
+      : dtype_(DTypeCode(param_dtype)),
+        params_(std::move(params)), inner_(std::move(inner_state)),
         inner_save_(std::move(inner_save)) {
     std::vector<lk_tensor_spec> p = CSpecs(params_), i = CSpecs(inner_);
     lk_diloco_options o{};
@@ -425,6 +435,7 @@ class Diloco {
     ext.overlap = overlap ? 1 : 0;
     ext.outer_fragments = outer_fragments;
     ext.extra_state_bytes_max = extra_state_bytes_max;
+    ext.param_dtype = dtype_;
     d_ = lk_diloco_create_ext(session.raw(), &o, &ext);
     if (d_ == nullptr) RaiseLast();
     session_ = &session;
@@ -439,7 +450,9 @@ class Diloco {
 
   py::dict Join(uintptr_t params, size_t count) {
     lk_diloco_result r{};
-    Call([&] { return lk_diloco_join(d_, reinterpret_cast<float*>(params), count, &r); });
+    Call([&] {
+      return lk_diloco_join_typed(d_, reinterpret_cast<void*>(params), count, dtype_, &r);
+    });
     return WithTokens(ResultDict(r));
   }
   // The result's token weights and global hash (lk_diloco_last_tokens).
@@ -459,13 +472,15 @@ class Diloco {
   py::dict Sync(uintptr_t params, size_t count, uint64_t tokens) {
     lk_diloco_result r{};
     Call([&] {
-      return lk_diloco_sync_tokens(d_, reinterpret_cast<float*>(params), count, tokens, &r);
+      return lk_diloco_sync_typed(d_, reinterpret_cast<void*>(params), count, dtype_, tokens, &r);
     });
     return WithTokens(ResultDict(r));
   }
   py::dict Flush(uintptr_t params, size_t count) {
     lk_diloco_result r{};
-    Call([&] { return lk_diloco_flush(d_, reinterpret_cast<float*>(params), count, &r); });
+    Call([&] {
+      return lk_diloco_flush_typed(d_, reinterpret_cast<void*>(params), count, dtype_, &r);
+    });
     return WithTokens(ResultDict(r));
   }
   bool in_flight() const { return lk_diloco_in_flight(d_) != 0; }
@@ -505,6 +520,7 @@ class Diloco {
   uint32_t step() const { return lk_diloco_step(d_); }
   size_t numel() const { return lk_diloco_numel(d_); }
   size_t shard_numel() const { return lk_diloco_shard_numel(d_); }
+  uint64_t outer_state_bytes() const { return lk_diloco_outer_state_bytes(d_); }
 
  private:
   // Runs on the trainer's thread inside lk_diloco_sync/finish, which released the GIL.
@@ -520,6 +536,7 @@ class Diloco {
     }
   }
 
+  int dtype_ = LK_DTYPE_FLOAT32;  // the parameter buffer's (LK_DTYPE_*)
   lk_diloco* d_ = nullptr;
   Session* session_ = nullptr;  // kept alive by py::keep_alive
   std::vector<Spec> params_, inner_;  // the C specs point into these names and shapes
@@ -613,7 +630,7 @@ PYBIND11_MODULE(_native, m) {
                     std::function<void(uintptr_t, size_t)>, float, float, bool,
                     const std::string&, uint32_t, uint32_t, const std::string&,
                     const std::string&, uint32_t, uint32_t, uint32_t, const std::string&,
-                    bool, uint32_t, uint64_t>(),
+                    bool, uint32_t, uint64_t, const std::string&>(),
            // Keyword-only after the session: twenty options by position were a trap (two
            // swapped timeouts or counts still type-check).
            py::arg("session"), py::kw_only(), py::arg("group_rank"), py::arg("group_size"),
@@ -626,6 +643,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("outer_compress") = "none", py::arg("overlap") = false,
            py::arg("outer_fragments") = 1u,
            py::arg("extra_state_bytes_max") = uint64_t{4} << 20,
+           py::arg("param_dtype") = "float32",
            py::keep_alive<1, 2>())  // the session outlives the DiLoCo object
       .def("join", &Diloco::Join)
       .def("sync", &Diloco::Sync, py::arg("params"), py::arg("count"), py::arg("tokens") = 0)
@@ -641,5 +659,20 @@ PYBIND11_MODULE(_native, m) {
       .def("restored_extra_state", &Diloco::RestoredExtraState)
       .def_property_readonly("step", &Diloco::step)
       .def_property_readonly("numel", &Diloco::numel)
-      .def_property_readonly("shard_numel", &Diloco::shard_numel);
+      .def_property_readonly("shard_numel", &Diloco::shard_numel)
+      .def_property_readonly("outer_state_bytes", &Diloco::outer_state_bytes);
+
+  // The library's rounding between float32 and a 16-bit dtype (lk_dtype_convert), over raw
+  // buffers: for tests against torch.
+  m.def("convert_dtype",
+        [](uintptr_t in, const std::string& in_dtype, uintptr_t out, const std::string& out_dtype,
+           size_t count) {
+          const int from = DTypeCode(in_dtype), to = DTypeCode(out_dtype);
+          Call([&] {
+            return lk_dtype_convert(reinterpret_cast<const void*>(in), from,
+                                    reinterpret_cast<void*>(out), to, count);
+          });
+        },
+        py::arg("src"), py::arg("src_dtype"), py::arg("dst"), py::arg("dst_dtype"),
+        py::arg("count"));
 }

@@ -6,6 +6,8 @@ import signal
 import subprocess
 from collections import defaultdict
 
+import pytest
+
 from conftest import BIN_DIR, Cluster
 from test_manager import events
 
@@ -116,12 +118,15 @@ def test_drain_sets_should_stop_and_the_context_exits_cleanly(cluster_factory):
     assert agent.wait(30) == 0
 
 
-def test_durable_restore_resumes_the_inner_optimizer(cluster_factory, tmp_dir):
+@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+def test_durable_restore_resumes_the_inner_optimizer(cluster_factory, tmp_dir, dtype):
+    # bf16: the model and torch's AdamW moments are bf16, the checkpoint float32; the restore
+    # gives back the same bf16 weights and moments.
     c = cluster_factory()
     ckpt = str(tmp_dir / "ckpt-g0")
     c.agent("g0")
     first = c.trainer("g0", ["diloco", "--steps", "4", "--sync-every", "3",
-                             "--ckpt-dir", ckpt, "--ckpt-every", "2"])
+                             "--ckpt-dir", ckpt, "--ckpt-every", "2", "--param-dtype", dtype])
     assert first.wait(120) == 0, first.log()
     saved = [e for e in outer_commits(first) if e["saved"]]
     assert [e["step"] for e in saved] == [2, 4], first.log()
@@ -145,7 +150,7 @@ def test_durable_restore_resumes_the_inner_optimizer(cluster_factory, tmp_dir):
     c.agents["g0"].wait(30)
     c.agent("g0")
     second = c.trainer("g0", ["diloco", "--steps", "6", "--sync-every", "3",
-                              "--ckpt-dir", ckpt])
+                              "--ckpt-dir", ckpt, "--param-dtype", dtype])
     assert second.wait(120) == 0, second.log()
     joined = events(second, "joined")[0]
     assert joined["step"] == 4, second.log()

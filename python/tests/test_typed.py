@@ -30,6 +30,8 @@ def stub_classes():
                                            and n.name == "__init__")}
         elif isinstance(node, ast.AnnAssign):
             names.add(node.target.id)
+        elif isinstance(node, ast.FunctionDef):  # a module-level function (convert_dtype)
+            names.add(node.name)
     return classes, names
 
 

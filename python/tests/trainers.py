@@ -130,9 +130,14 @@ class TinyModel(torch.nn.Module):
         return self.head(torch.tanh(self.embed(x)))
 
 
+def raw_bytes(t):
+    """A tensor's bytes, 16-bit dtypes included (numpy has no bfloat16)."""
+    t = t.detach().contiguous()
+    return (t.view(torch.int16) if t.element_size() == 2 else t).numpy().tobytes()
+
+
 def flat_hash(model):
-    return hashlib.sha256(b"".join(p.detach().contiguous().numpy().tobytes()
-                                   for p in model.parameters())).hexdigest()[:16]
+    return hashlib.sha256(b"".join(raw_bytes(p) for p in model.parameters())).hexdigest()[:16]
 
 
 def mode_diloco(args, m):
@@ -140,6 +145,9 @@ def mode_diloco(args, m):
     the whole model (the global weights after the commit) and of the inner optimizer state."""
     torch.manual_seed(7)  # the same initial weights everywhere; replica_rank 0's win anyway
     model = TinyModel()
+    dtype = {"float32": torch.float32, "bf16": torch.bfloat16,
+             "fp16": torch.float16}[args.param_dtype]
+    model.to(dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(1000 + zlib.crc32(args.data_seed.encode()) % 1000 + m.group_rank)
     target = torch.randn(8, 4, generator=torch.Generator().manual_seed(5))
@@ -187,12 +195,13 @@ def mode_diloco(args, m):
                  extra_hash=handed.get("last"), x_hash=hashlib.sha256(
                      x.numpy().tobytes()).hexdigest()[:16],
                  global_weights_hash=hashlib.sha256(
-                     d.global_weights().numpy().tobytes()).hexdigest()[:16])
+                     raw_bytes(d.global_weights())).hexdigest()[:16])
 
         # With --overlap the step in flight counts (README's "Overlapped outer steps").
         while d.outer_step + d.in_flight < args.steps and not d.should_stop:
             nonlocal_x[0] = x = torch.randn(16, 8, generator=gen)
-            loss = (model(x) - x @ target).pow(2).mean()
+            xd = x.to(dtype)  # the batch in the model's dtype (x itself, for float32)
+            loss = (model(xd) - xd @ target.to(dtype)).pow(2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -313,6 +322,7 @@ def main():
     p.add_argument("--outer-fragments", type=int, default=1)
     p.add_argument("--extra-state-bytes", type=int, default=0)
     p.add_argument("--init-seed", type=int, default=7)
+    p.add_argument("--param-dtype", default="float32")
     # A test hook: the library perturbs this trainer's shard of the global weights once, right
     # after the outer update of step N and before its commit (LK_TEST_PERTURB_STEP, read by
     # the C++ library), so that the lighthouse's divergence check and the heal that follows
