@@ -203,6 +203,12 @@ Status Gateway::Start() {
   LK_RETURN_IF_ERROR(s.options.Validate());
   LK_ASSIGN_OR_RETURN(s.tokens, http::LoadTokens(s.options.token_file, ""));
   s.client_options.ca_file = s.options.ca_file;
+  if (!s.options.gateway_token_file.empty()) {
+    // The agents' own Lk-Gateway headers are never passed on (Relay forwards named fields
+    // only): this is the only one the lighthouse sees from here.
+    LK_ASSIGN_OR_RETURN(std::string credential, ReadTokenFile(s.options.gateway_token_file));
+    s.client_options.headers.emplace_back("Lk-Gateway", credential + " " + s.options.site);
+  }
   s.client_options.proxy =
       s.options.proxy.empty() ? http::ProxyFromEnv(s.options.lighthouse) : s.options.proxy;
   // A bad URL or an unreadable CA file is an error now, not in a relay later.
@@ -214,12 +220,14 @@ Status Gateway::Start() {
     LK_LOG_WARN("gateway_open reason=no_token_file detail={}",
                 Q("without --token-file, every call that reaches --listen is relayed"));
   }
-  LK_LOG_INFO("gateway_listening site={} listen={} lighthouse={} proxy={} tls={} jobs={}",
+  LK_LOG_INFO("gateway_listening site={} listen={} lighthouse={} proxy={} tls={} jobs={} "
+              "vouches={}",
               s.options.site, s.server->LocalAddress(), s.options.lighthouse,
               http::WithoutUserinfo(s.client_options.proxy), !s.options.http.tls_cert_file.empty(),
               s.tokens.enabled ? std::to_string(s.tokens.per_job.size()) +
                                      (s.tokens.any_job.empty() ? "" : "+all")
-                               : "any");
+                               : "any",
+              !s.client_options.headers.empty());
   return Status::Ok();
 }
 

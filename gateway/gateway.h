@@ -36,6 +36,10 @@ struct GatewayOptions {
   // loopback unless insecure_no_auth.
   std::string token_file;
   bool insecure_no_auth = false;
+  // The gateway's own credential at the lighthouse (a "role=gateway TOKEN" line of its token
+  // file): with it, every relayed call says which site it came through (the Lk-Gateway header)
+  // and the lighthouse's /status shows the site per group. Empty: calls arrive as the agents'.
+  std::string gateway_token_file;
   // An HTTP CONNECT proxy for the calls to the lighthouse; empty: the environment's
   // (http::ProxyFromEnv: LK_PROXY, https_proxy, no_proxy), else direct.
   std::string proxy;

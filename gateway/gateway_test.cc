@@ -2,6 +2,7 @@
 // relays and for which job (ClassifyCall), which token covers which job (AuthorizeCall), and the
 // target it sends on. The real binaries are in tests/gateway_integration_test.cc.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <functional>
 #include <string>
@@ -218,6 +219,31 @@ TEST_CASE("authorize: a job token covers its job only, a bare token every job") 
 TEST_CASE("upstream target: the decoded path and query are encoded again") {
   http::Request r = Get("/v1/kv/j/3/a key?#", {{"timeout_ms", "5"}, {"x y", "1&2"}});
   CHECK(UpstreamTarget(r) == "/v1/kv/j/3/a%20key%3F%23?timeout_ms=5&x%20y=1%262");
+}
+
+}  // namespace
+}  // namespace lk::gateway
+
+namespace lk::gateway {
+namespace {
+
+TEST_CASE("token file: role=gateway lines are a gateway's credentials, apart from every role") {
+  char path[] = "/tmp/lk-gateway-tokens-XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  const std::string text = "# a site's tokens\nt tok-t\nrole=gateway tok-gw\ntok-all\n";
+  REQUIRE(write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  close(fd);
+  auto t = http::LoadTokens(path, "");
+  unlink(path);
+  REQUIRE(t.ok());
+  CHECK(t->gateway == std::vector<std::string>{"tok-gw"});
+  CHECK(t->any_job == std::vector<std::string>{"tok-all"});
+  CHECK(t->per_job.at("t") == std::vector<std::string>{"tok-t"});
+  // A gateway's credential relays nothing by itself.
+  http::Request r;
+  r.authorization = "Bearer tok-gw";
+  CHECK(AuthorizeCall(*t, r, "t").reason() == Reason::kTokenInvalid);
 }
 
 }  // namespace

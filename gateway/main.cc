@@ -43,6 +43,9 @@ void AddFlags(Flags& flags, Config* c) {
   flags.Add("insecure-no-auth", &o.insecure_no_auth,
             "listen beyond loopback without --token-file (every call that reaches --listen is "
             "relayed); refused otherwise");
+  flags.Add("gateway-token-file", &o.gateway_token_file,
+            "this gateway's own credential at the lighthouse (a 'role=gateway TOKEN' line of its "
+            "token file): the lighthouse then shows, per group, the site it heartbeats through");
   flags.Add("proxy", &o.proxy,
             "HTTP CONNECT proxy for the calls to the lighthouse (http://[USER:PASSWORD@]HOST:PORT; "
             "TLS stays end to end); default: LK_PROXY, else https_proxy/http_proxy, except hosts "

@@ -34,6 +34,7 @@ Result<HeartbeatResult> LighthouseCore::OnHeartbeat(const HeartbeatInput& in, Ti
   const size_t events_before = fx->events.size();
   Impl::Group& g = s.Admit(in.job, in.group_id, in.incarnation, in.nodes, now, fx);
   s.Touch(g, in.node_rank, in.step, in.address, in.phase, now, fx);
+  g.gateway = in.gateway;
   Impl::Job& job = *g.job;
   // A plain heartbeat (no event: nothing but freshness changed) cannot make a quorum ready.
   if (fx->events.size() != events_before) s.Evaluate(job, now, fx);

@@ -164,6 +164,9 @@ struct HeartbeatInput {
   uint32_t node_rank = 0, nodes = 1, step = 0;
   std::string phase, address;
   uint32_t generation = 0;  // what the agent was told (HeartbeatResult::generation); 0: nothing
+  // The site of the lk_gateway it came through, as the shell checked its credential; empty:
+  // directly.
+  std::string gateway;
 };
 
 struct JoinInput {
@@ -293,6 +296,7 @@ struct GroupView {
   // Over all its lives in this job (GroupLivesData).
   uint32_t crashes = 0, requeue_refusals = 0;
   std::string last_event;
+  std::string gateway;  // the site of the gateway its last heartbeat came through
 };
 
 struct JobView {

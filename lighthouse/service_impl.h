@@ -113,6 +113,10 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
   static std::string_view RoleName(Role r);
   bool TokenSeesJob(const Request& req, const std::string& job) const;
   Status RequireJob(const Request& req, const std::string& job) const;
+  // The site an lk_gateway vouches for in the request's Lk-Gateway header ("TOKEN SITE"), ""
+  // when there is none; a credential that is no role=gateway token is refused (TOKEN_INVALID),
+  // so no agent can claim a gateway it is not behind.
+  Result<std::string> GatewayOf(const Request& req) const;
   Status RequireRead(const Request& req, const std::string& job) const;
   Status RequireAllJobsRead(const Request& req) const;
   Status RequireAdmin(const Request& req) const;

@@ -72,6 +72,22 @@ Status Service::Impl::RequireJob(const Request& req, const std::string& job) con
   if (role == Role::kJob || role == Role::kAllJobs || role == Role::kAdmin) return Status::Ok();
   return Unauthorized(req, job, role);
 }
+Result<std::string> Service::Impl::GatewayOf(const Request& req) const {
+  if (req.gateway.empty()) return std::string();
+  std::string_view v = req.gateway;
+  auto space = v.find(' ');
+  std::string_view tok = v.substr(0, space);
+  std::string site(space == std::string_view::npos ? "" : v.substr(space + 1));
+  LK_RETURN_IF_ERROR(ValidName("Lk-Gateway site", site));
+  if (!tokens.enabled) return site;  // no auth: every claim is taken, as every token is
+  bool known = false;
+  for (const auto& t : tokens.gateway) known |= http::ConstantTimeEquals(tok, t);
+  if (!known) {
+    return Refuse(Code::kUnauthenticated, Reason::kTokenInvalid,
+                  "Lk-Gateway credential is no role=gateway token of this lighthouse");
+  }
+  return site;
+}
 // A read of `job` that changes nothing (the checkpoint list): the read-only role may.
 Status Service::Impl::RequireRead(const Request& req, const std::string& job) const {
   Role role = RoleFor(req, job);

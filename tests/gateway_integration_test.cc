@@ -23,6 +23,7 @@ namespace pb = lightkeeper::v1;
 constexpr const char* kToken = "tok-t-0123456789";
 constexpr const char* kOtherToken = "tok-other-0123456789";
 constexpr const char* kAdminToken = "tok-admin-0123456789";
+constexpr const char* kGatewayToken = "tok-gateway-0123456789";
 
 void WriteFile(const std::string& path, const std::string& text) {
   std::ofstream(path) << text;
@@ -35,12 +36,13 @@ struct GatewayProcess {
 
 // Starts lk_gateway and waits for its gateway_listening line (the `occurrence`th in its log).
 GatewayProcess StartGateway(const std::string& lighthouse_url, const std::string& token_file,
-                            const std::string& log, const std::string& listen,
-                            size_t occurrence = 1) {
+                            const std::string& credential_file, const std::string& log,
+                            const std::string& listen, size_t occurrence = 1) {
   GatewayProcess g;
   g.process = std::make_unique<Process>(
       std::vector<std::string>{BinDir() + "/lk_gateway", "--site", "site-a", "--lighthouse",
-                               lighthouse_url, "--listen", listen, "--token-file", token_file},
+                               lighthouse_url, "--listen", listen, "--token-file", token_file,
+                               "--gateway-token-file", credential_file},
       log);
   std::string line = g.process->WaitForLog("gateway_listening", 20s, occurrence);
   REQUIRE_MESSAGE(!line.empty(), "lk_gateway did not start: " << g.process->Log());
@@ -79,9 +81,12 @@ struct Site {
   GatewayProcess gw;
   std::string gateway_tokens = dir + "/gateway-tokens";
   std::string agent_token = dir + "/agent-token";
+  std::string credential = dir + "/gateway-credential";
 
   Site() {
-    WriteFile(dir + "/lh-tokens", fmt::format("t {}\nother {}\n", kToken, kOtherToken));
+    WriteFile(dir + "/lh-tokens", fmt::format("t {}\nother {}\nrole=gateway {}\n", kToken,
+                                              kOtherToken, kGatewayToken));
+    WriteFile(credential, kGatewayToken);
     WriteFile(dir + "/admin-token", kAdminToken);
     WriteFile(gateway_tokens, fmt::format("# the jobs this site relays for\nt {}\n", kToken));
     WriteFile(agent_token, kToken);
@@ -90,7 +95,7 @@ struct Site {
                           dir + "/admin-token", "--heartbeat-timeout-ms", "10000",
                           "--join-timeout-ms", "300"},
                          dir + "/lighthouse.log");
-    gw = StartGateway(lh.url(), gateway_tokens, dir + "/gateway.log", "127.0.0.1:0");
+    gw = StartGateway(lh.url(), gateway_tokens, credential, dir + "/gateway.log", "127.0.0.1:0");
   }
 };
 
@@ -137,6 +142,12 @@ TEST_CASE(
         return j.members_size() == 2 && j.committed_step() >= 3;
       },
       60s, "two members committing through the gateway"));
+  // The lighthouse knows the site each group is behind (the gateway's vouched header).
+  const pb::JobStatus running = JobStatus(site.lh.url(), "t");
+  for (const auto& g : running.groups()) {
+    CAPTURE(g.group_id());
+    CHECK(g.gateway() == "site-a");
+  }
   site.gw.process->Signal(SIGKILL);
   REQUIRE(site.gw.process->Wait(10s).has_value());
   // The groups go on without the lighthouse, as in its outage.
@@ -147,8 +158,8 @@ TEST_CASE(
   }
   const uint32_t before = JobStatus(site.lh.url(), "t").committed_step();
   // The gateway back on the same port: the agents' calls reach the lighthouse again.
-  site.gw = StartGateway(site.lh.url(), site.gateway_tokens, site.dir + "/gateway.log",
-                         site.gw.address, 2);
+  site.gw = StartGateway(site.lh.url(), site.gateway_tokens, site.credential,
+                         site.dir + "/gateway.log", site.gw.address, 2);
   REQUIRE(WaitUntil([&] { return JobStatus(site.lh.url(), "t").committed_step() > before; }, 60s,
                     "a commit after the gateway's restart"));
   for (auto& [name, g] : groups) {
@@ -179,16 +190,23 @@ TEST_CASE(
   Site site;
   auto client = http::Client::Create("http://" + site.gw.address);
   REQUIRE(client.ok());
-  auto beat = [&](const std::string& job, const std::string& token) {
+  // A heartbeat of group `group` to `url` (the gateway unless given), with `token` and an
+  // Lk-Gateway header `claim` when not empty.
+  auto beat = [&](const std::string& job, const std::string& token,
+                  const std::string& group = "g0", std::string url = "",
+                  const std::string& claim = "") {
+    if (url.empty()) url = "http://" + site.gw.address;
+    http::ClientOptions o;
+    o.token = token;
+    auto c = http::Client::Create(url, o);
+    REQUIRE(c.ok());
     pb::HeartbeatRequest hb;
     hb.set_job(job);
-    hb.set_group_id("g0");
+    hb.set_group_id(group);
     hb.set_incarnation("i0");
     hb.set_nodes(1);
-    std::string auth = token.empty() ? "" : "Bearer " + token;
-    auto r = (*client)->Do("POST", "/v1/heartbeat", http::Encode(hb, http::Format::kProto),
-                           http::kProtoType, Millis(5000),
-                           token.empty() ? "" : "Authorization", auth);
+    auto r = (*c)->Do("POST", "/v1/heartbeat", http::Encode(hb, http::Format::kProto),
+                      http::kProtoType, Millis(5000), claim.empty() ? "" : "Lk-Gateway", claim);
     REQUIRE(r.ok());
     return *r;
   };
@@ -209,6 +227,7 @@ TEST_CASE(
       {"another job with its own token", "other", kOtherToken, 401, "TOKEN_INVALID"},
       {"another job with this job's token", "other", kToken, 401, "TOKEN_INVALID"},
       {"the admin token", "t", kAdminToken, 401, "TOKEN_INVALID"},
+      {"the gateway's own credential", "t", kGatewayToken, 401, "TOKEN_INVALID"},
   };
   for (const Row& row : rows) {
     CAPTURE(row.name);
@@ -240,7 +259,25 @@ TEST_CASE(
   CHECK(ok.status == 200);
   pb::HeartbeatResponse resp;
   CHECK(http::Decode(ok.body, http::BodyFormat(ok.content_type), &resp).ok());
-  CHECK(JobStatus(site.lh.url(), "t").groups_size() == 1);
+  pb::JobStatus job = JobStatus(site.lh.url(), "t");
+  REQUIRE(job.groups_size() == 1);
+  CHECK(job.groups(0).gateway() == "site-a");
+  // An agent's own Lk-Gateway header is never passed on: the gateway's credential speaks.
+  CHECK(beat("t", kToken, "g0", "", "forged site-z").status == 200);
+  CHECK(JobStatus(site.lh.url(), "t").groups(0).gateway() == "site-a");
+  // Straight to the lighthouse: no header is no gateway, and a claim without a gateway's
+  // credential is refused.
+  CHECK(beat("t", kToken, "g1", site.lh.url()).status == 200);
+  http::Response forged = beat("t", kToken, "g2", site.lh.url(), "guessed site-z");
+  CHECK(forged.status == 401);
+  CHECK(reason(forged) == "TOKEN_INVALID");
+  // A gateway's credential is no job token.
+  CHECK(beat("t", kGatewayToken, "g3", site.lh.url()).status == 401);
+  job = JobStatus(site.lh.url(), "t");
+  REQUIRE(job.groups_size() == 2);
+  CHECK(job.groups(0).group_id() == "g0");
+  CHECK(job.groups(1).group_id() == "g1");
+  CHECK(job.groups(1).gateway().empty());
 }
 
 TEST_CASE("a gateway listening beyond loopback without --token-file refuses to start") {

@@ -44,8 +44,10 @@ Result<Tokens> LoadTokens(const std::string& token_file, const std::string& admi
         t.read_only.push_back(b);
       } else if (a == "role=all-jobs") {
         t.any_job.push_back(b);
+      } else if (a == "role=gateway") {
+        t.gateway.push_back(b);
       } else {
-        return InvalidArgument("token file {} line {}: unknown {} (read-only or all-jobs)",
+        return InvalidArgument("token file {} line {}: unknown {} (read-only, all-jobs or gateway)",
                                token_file, n, a);
       }
     } else {

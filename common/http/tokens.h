@@ -25,6 +25,9 @@ struct Tokens {
   std::vector<std::string> any_job;
   std::vector<std::string> read_only;
   std::map<std::string, std::vector<std::string>> per_job;
+  // lk_gateway credentials (role=gateway): they vouch for the site in a call's Lk-Gateway
+  // header and may do nothing else (no job, no read).
+  std::vector<std::string> gateway;
   std::string admin;
 };
 
@@ -34,6 +37,7 @@ struct Tokens {
 //   JOB TOKEN             a token for JOB only
 //   role=read-only TOKEN  a read-only token (/status and /metrics of every job)
 //   role=all-jobs TOKEN   the same as a bare TOKEN
+//   role=gateway TOKEN    an lk_gateway's credential (Tokens::gateway)
 // "role=" cannot start a job name ('=' is outside the name alphabet), so the forms never clash.
 Result<Tokens> LoadTokens(const std::string& token_file, const std::string& admin_file);
 
