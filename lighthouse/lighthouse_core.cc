@@ -23,6 +23,15 @@ LighthouseCore::LighthouseCore(CoreOptions options)
   LK_CHECK(st.ok()) << st.ToString();
 }
 
+void LighthouseCore::NoteGateway(const std::string& job, const std::string& group_id,
+                                 const std::string& incarnation, const std::string& site) {
+  auto j = impl_->jobs.find(job);
+  if (j == impl_->jobs.end()) return;
+  auto it = j->second.groups.find(group_id);
+  if (it == j->second.groups.end() || it->second.status.incarnation != incarnation) return;
+  it->second.gateway = site;
+}
+
 Result<HeartbeatResult> LighthouseCore::OnHeartbeat(const HeartbeatInput& in, TimePoint now,
                                                     Effects* fx) {
   Impl& s = *impl_;
@@ -34,7 +43,6 @@ Result<HeartbeatResult> LighthouseCore::OnHeartbeat(const HeartbeatInput& in, Ti
   const size_t events_before = fx->events.size();
   Impl::Group& g = s.Admit(in.job, in.group_id, in.incarnation, in.nodes, now, fx);
   s.Touch(g, in.node_rank, in.step, in.address, in.phase, now, fx);
-  g.gateway = in.gateway;
   Impl::Job& job = *g.job;
   // A plain heartbeat (no event: nothing but freshness changed) cannot make a quorum ready.
   if (fx->events.size() != events_before) s.Evaluate(job, now, fx);

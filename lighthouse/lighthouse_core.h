@@ -164,9 +164,6 @@ struct HeartbeatInput {
   uint32_t node_rank = 0, nodes = 1, step = 0;
   std::string phase, address;
   uint32_t generation = 0;  // what the agent was told (HeartbeatResult::generation); 0: nothing
-  // The site of the lk_gateway it came through, as the shell checked its credential; empty:
-  // directly.
-  std::string gateway;
 };
 
 struct JoinInput {
@@ -335,6 +332,11 @@ class LighthouseCore {
   // GROUPS_MAX). An incarnation never heard of, without a generation, is a new life of the
   // group: it replaces the current one and gets the next generation.
   Result<HeartbeatResult> OnHeartbeat(const HeartbeatInput& in, TimePoint now, Effects* fx);
+  // After an accepted heartbeat: the site of the lk_gateway it came through, as the shell
+  // checked the gateway's credential ("" for directly). Shown in the view only (GroupView::
+  // gateway); not persisted, decides nothing. A group or incarnation it does not hold is ignored.
+  void NoteGateway(const std::string& job, const std::string& group_id,
+                   const std::string& incarnation, const std::string& site);
 
   // Records the ask. When the quorum can be issued now, fx->answers holds an answer for every
   // waiting agent of every member (including this one); otherwise the caller keeps the agent

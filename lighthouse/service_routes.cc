@@ -98,10 +98,11 @@ void Service::Impl::HandleHeartbeat(const Request& req, Responder respond) {
   Result<std::string> gateway = st.ok() ? GatewayOf(req) : Result<std::string>(st);
   if (!gateway.ok()) return respond(http::ErrorReply(gateway.status(), f));
   HeartbeatInput hb{in.job(),   in.group_id(), in.incarnation(), in.node_rank(), in.nodes(),
-                    in.step(),  in.phase(),    in.address(),     in.generation(), *gateway};
+                    in.step(),  in.phase(),    in.address(),     in.generation()};
   Effects fx;
   auto r = core.OnHeartbeat(hb, Now(), &fx);
   if (!r.ok()) return respond(http::ErrorReply(r.status(), f));
+  core.NoteGateway(in.job(), in.group_id(), in.incarnation(), *gateway);
   pb::HeartbeatResponse out;
   out.set_quorum_id(r->quorum_id);
   out.set_drain(r->drain);

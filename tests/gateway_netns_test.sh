@@ -4,7 +4,7 @@
 # ("site", 10.77.2.0/24) share no link and no route; the gateway's namespace has a leg in each
 # and does not forward. Two groups (agents started with --gateway, tokens on everywhere) train a
 # short job to the end through the gateway, and the lighthouse's /status shows every step
-# committed and both groups finished. It first checks that the site cannot reach the lighthouse
+# committed and both groups finished behind the gateway's site. It first checks that the site cannot reach the lighthouse
 # directly, so nothing can have gone around the gateway. Without root or ip netns it prints
 # LK_TEST_SKIPPED and passes.
 #   gateway_netns_test.sh BUILD_DIR
@@ -63,7 +63,9 @@ in_ns gw sysctl -qw net.ipv4.ip_forward=0
 
 token=tok-t-$RANDOM$RANDOM
 admin=tok-admin-$RANDOM$RANDOM
-printf 't %s\n' "$token" > "$out/lh-tokens"
+credential=tok-gateway-$RANDOM$RANDOM
+printf 't %s\nrole=gateway %s\n' "$token" "$credential" > "$out/lh-tokens"
+printf '%s\n' "$credential" > "$out/gateway-credential"
 printf '%s\n' "$admin" > "$out/admin-token"
 printf 't %s\n' "$token" > "$out/gateway-tokens"
 printf '%s\n' "$token" > "$out/token"
@@ -80,7 +82,8 @@ if in_ns site timeout 3 bash -c "echo > /dev/tcp/${lh%:*}/${lh#*:}" 2>/dev/null;
 fi
 
 in_ns gw "$build/bin/lk_gateway" --site site-a --lighthouse "http://$lh" --listen 10.77.2.1:0 \
-  --token-file "$out/gateway-tokens" > "$out/gateway.log" 2>&1 &
+  --token-file "$out/gateway-tokens" --gateway-token-file "$out/gateway-credential" \
+  > "$out/gateway.log" 2>&1 &
 wait_for 200 grep -q 'gateway_listening' "$out/gateway.log" || fail "lk_gateway did not start"
 gw=$(grep gateway_listening "$out/gateway.log" | grep -o ' listen=[^ ]*' | head -1 | cut -d= -f2)
 # The same probe reaches the gateway: the check above can fail.
@@ -116,7 +119,8 @@ import json, sys
 j = json.load(sys.stdin)["jobs"][0]
 groups = j.get("groups", [])
 ok = int(j.get("committed_step", 0)) == int(sys.argv[1]) and len(groups) == 2 and all(
-    g.get("state") == "left" and g.get("reason") == "finished" for g in groups)
+    g.get("state") == "left" and g.get("reason") == "finished" and g.get("gateway") == "site-a"
+    for g in groups)
 sys.exit(0 if ok else 1)' "$steps"
 }
 wait_for 300 finished || fail "the lighthouse's status is not the finished run: $(status)"
