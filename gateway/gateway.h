@@ -52,8 +52,10 @@ struct GatewayOptions {
   // the agent retries; more costs a thread's stack (mostly untouched) each.
   uint32_t relays_max = 1024;
   // How long a call that is not a long poll may take at the lighthouse; a long poll gets its own
-  // wait (its timeout_ms, capped at long_poll_max) plus this.
-  Millis upstream_timeout{15'000};
+  // wait (its timeout_ms, capped at long_poll_max) plus this. Below the agent's own margin over
+  // each wait (5 s), so that a lighthouse the gateway cannot reach (a black-holed WAN) is
+  // answered 503 LIGHTHOUSE_UNREACHABLE before the agent gives up on its own deadline.
+  Millis upstream_timeout{4'000};
   Millis long_poll_max{300'000};
 
   // kInvalidArgument naming the first flag out of range (a required one empty, an open listener

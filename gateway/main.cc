@@ -60,7 +60,8 @@ void AddFlags(Flags& flags, Config* c) {
             "relayed calls in flight at once (a long poll holds one while it waits; an agent "
             "holds about three); more are answered 503 WORKERS_BUSY and retried by the agent");
   flags.Add("upstream-timeout-ms", &c->upstream_timeout_ms,
-            "how long a call may take at the lighthouse beyond its own long-poll wait");
+            "how long a call may take at the lighthouse beyond its own long-poll wait; keep it "
+            "below the agents' 5 s margin so they hear LIGHTHOUSE_UNREACHABLE first");
   flags.Add("idle-timeout-ms", &c->idle_timeout_ms, "close keep-alive connections idle this long");
   flags.Add("request-timeout-ms", &c->request_timeout_ms,
             "a request must arrive in full within this once it started");

@@ -280,6 +280,44 @@ TEST_CASE(
   CHECK(job.groups(1).gateway().empty());
 }
 
+TEST_CASE(
+    "a lighthouse the gateway cannot reach: 503 LIGHTHOUSE_UNREACHABLE, logged once, and "
+    "relayed again when it is back") {
+  Site site;
+  http::ClientOptions o;
+  o.token = kToken;
+  auto client = http::Client::Create("http://" + site.gw.address, o);
+  REQUIRE(client.ok());
+  pb::HeartbeatRequest hb;
+  hb.set_job("t");
+  hb.set_group_id("g0");
+  hb.set_incarnation("i0");
+  hb.set_nodes(1);
+  auto beat = [&] {
+    auto r = (*client)->Do("POST", "/v1/heartbeat", http::Encode(hb, http::Format::kProto),
+                           http::kProtoType, Millis(5000));
+    REQUIRE(r.ok());
+    return *r;
+  };
+  CHECK(beat().status == 200);
+  site.lh.process->Signal(SIGKILL);
+  REQUIRE(site.lh.process->Wait(10s).has_value());
+  for (int i = 0; i < 3; ++i) {
+    http::Response r = beat();
+    CHECK(r.status == 503);
+    CHECK(ReasonName(http::StatusFromResponse(r).reason()) == "LIGHTHOUSE_UNREACHABLE");
+  }
+  std::string down = site.gw.process->WaitForLog("lighthouse_unreachable site=site-a", 5s);
+  CHECK_FALSE(down.empty());
+  CHECK(site.gw.process->WaitForLog("lighthouse_unreachable", 1s, 2).empty());  // once
+  site.lh = StartLighthouse(site.dir + "/data",
+                            {"--token-file", site.dir + "/lh-tokens", "--admin-token-file",
+                             site.dir + "/admin-token"},
+                            site.dir + "/lighthouse.log", site.lh.address);
+  CHECK(beat().status == 200);
+  CHECK_FALSE(site.gw.process->WaitForLog("lighthouse_reachable site=site-a", 5s).empty());
+}
+
 TEST_CASE("a gateway listening beyond loopback without --token-file refuses to start") {
   std::string dir = TempDir("gateway-open");
   Process p({BinDir() + "/lk_gateway", "--site", "s", "--lighthouse", "http://127.0.0.1:9",
