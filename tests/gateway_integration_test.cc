@@ -262,6 +262,12 @@ TEST_CASE(
   pb::JobStatus job = JobStatus(site.lh.url(), "t");
   REQUIRE(job.groups_size() == 1);
   CHECK(job.groups(0).gateway() == "site-a");
+  // The operator sees it too.
+  Process lkctl({BinDir() + "/lkctl", "--lighthouse", site.lh.url(), "--token-file",
+                 site.dir + "/admin-token", "status"},
+                site.dir + "/lkctl.log");
+  REQUIRE(lkctl.Wait(20s).has_value());
+  CHECK(lkctl.Log().find("via gateway site-a") != std::string::npos);
   // An agent's own Lk-Gateway header is never passed on: the gateway's credential speaks.
   CHECK(beat("t", kToken, "g0", "", "forged site-z").status == 200);
   CHECK(JobStatus(site.lh.url(), "t").groups(0).gateway() == "site-a");
