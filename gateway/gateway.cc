@@ -73,8 +73,8 @@ void Gateway::Impl::Route(Request&& req, Responder respond) {
   auto call = ClassifyCall(req, Millis(30'000));
   Status st = call.ok() ? AuthorizeCall(tokens, req, call->job) : call.status();
   if (!st.ok()) {
-    LK_LOG_INFO("relay_refused peer={} method={} path={} code={} reason={}", req.peer,
-                req.method, Q(req.path), ReasonName(st.reason()), Q(st.message()));
+    LK_LOG_INFO("relay_refused peer={} method={} path={} code={} reason={}", req.peer, req.method,
+                Q(req.path), ReasonName(st.reason()), Q(st.message()));
     return respond(http::ErrorReply(st, f));
   }
   Millis timeout = std::min(call->long_poll, options.long_poll_max) + options.upstream_timeout;
@@ -84,11 +84,10 @@ void Gateway::Impl::Route(Request&& req, Responder respond) {
   });
   if (!taken) {
     std::lock_guard<std::mutex> lock(mu);
-    Status busy = stopping ? Status(Code::kUnavailable, "gateway shutting down",
-                                    Reason::kShuttingDown)
-                           : Refuse(Code::kUnavailable, Reason::kWorkersBusy,
-                                    "{} relays in flight (--relays-max); retry later",
-                                    options.relays_max);
+    Status busy =
+        stopping ? Status(Code::kUnavailable, "gateway shutting down", Reason::kShuttingDown)
+                 : Refuse(Code::kUnavailable, Reason::kWorkersBusy,
+                          "{} relays in flight (--relays-max); retry later", options.relays_max);
     respond(http::ErrorReply(busy, f));
   }
 }
@@ -194,9 +193,7 @@ void Gateway::Impl::NoteReachable(bool ok, const Status& error) {
 Gateway::Gateway(boost::asio::io_context& ioc, GatewayOptions options)
     : impl_(std::make_shared<Impl>(ioc, std::move(options))) {}
 
-Gateway::~Gateway() {
-  Join();
-}
+Gateway::~Gateway() { Join(); }
 
 Status Gateway::Start() {
   Impl& s = *impl_;
@@ -220,20 +217,19 @@ Status Gateway::Start() {
     LK_LOG_WARN("gateway_open reason=no_token_file detail={}",
                 Q("without --token-file, every call that reaches --listen is relayed"));
   }
-  LK_LOG_INFO("gateway_listening site={} listen={} lighthouse={} proxy={} tls={} jobs={} "
-              "vouches={}",
-              s.options.site, s.server->LocalAddress(), s.options.lighthouse,
-              http::WithoutUserinfo(s.client_options.proxy), !s.options.http.tls_cert_file.empty(),
-              s.tokens.enabled ? std::to_string(s.tokens.per_job.size()) +
-                                     (s.tokens.any_job.empty() ? "" : "+all")
-                               : "any",
-              !s.client_options.headers.empty());
+  LK_LOG_INFO(
+      "gateway_listening site={} listen={} lighthouse={} proxy={} tls={} jobs={} "
+      "vouches={}",
+      s.options.site, s.server->LocalAddress(), s.options.lighthouse,
+      http::WithoutUserinfo(s.client_options.proxy), !s.options.http.tls_cert_file.empty(),
+      s.tokens.enabled
+          ? std::to_string(s.tokens.per_job.size()) + (s.tokens.any_job.empty() ? "" : "+all")
+          : "any",
+      !s.client_options.headers.empty());
   return Status::Ok();
 }
 
-std::string Gateway::address() const {
-  return impl_->server ? impl_->server->LocalAddress() : "";
-}
+std::string Gateway::address() const { return impl_->server ? impl_->server->LocalAddress() : ""; }
 
 void Gateway::Stop() {
   Impl& s = *impl_;

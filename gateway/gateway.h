@@ -10,16 +10,16 @@
 // while it waits); Stop from the io thread, Join after the io_context returned.
 #pragma once
 
-#include <boost/asio/io_context.hpp>
+#include <lightkeeper/clock.h>
+#include <lightkeeper/status.h>
 
+#include <boost/asio/io_context.hpp>
 #include <cstdint>
 #include <memory>
 #include <string>
 
-#include <lightkeeper/clock.h>
 #include "common/http/http.h"
 #include "common/http/server.h"
-#include <lightkeeper/status.h>
 
 namespace lk::gateway {
 

@@ -1,8 +1,7 @@
 // GatewayOptions::Validate: the refusals of lk_gateway's flags, apart from the binary so that
 // main stays parse, validate, log, run, and a table test can check each one.
-#include "gateway/gateway.h"
-
 #include "common/http/tokens.h"
+#include "gateway/gateway.h"
 
 namespace lk::gateway {
 

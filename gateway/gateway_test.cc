@@ -1,6 +1,8 @@
 // lk_gateway's rules as tables: the flags' refusals (GatewayOptions::Validate), which calls it
 // relays and for which job (ClassifyCall), which token covers which job (AuthorizeCall), and the
 // target it sends on. The real binaries are in tests/gateway_integration_test.cc.
+#include "gateway/gateway.h"
+
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -9,7 +11,6 @@
 
 #include "common/http/codec.h"
 #include "common/proto/lightkeeper.pb.h"
-#include "gateway/gateway.h"
 #include "gateway/relay_rules.h"
 
 namespace lk::gateway {
@@ -38,13 +39,12 @@ TEST_CASE("gateway options: a complete set passes, each bad one is refused namin
        "--site 'a/b' has a character outside [A-Za-z0-9-_.:@+]"},
       {"no lighthouse", [](GatewayOptions& o) { o.lighthouse.clear(); },
        "--lighthouse is required (the lighthouse's URL, http://HOST:PORT)"},
-      {"no listen", [](GatewayOptions& o) { o.listen.clear(); }, "--listen is required (HOST:PORT)"},
+      {"no listen", [](GatewayOptions& o) { o.listen.clear(); },
+       "--listen is required (HOST:PORT)"},
       {"a certificate without its key", [](GatewayOptions& o) { o.http.tls_cert_file = "/c"; },
        "--tls-cert-file and --tls-key-file go together"},
-      {"no relays", [](GatewayOptions& o) { o.relays_max = 0; },
-       "--relays-max must be at least 1"},
-      {"open beyond this host",
-       [](GatewayOptions& o) { o.listen = "0.0.0.0:29520"; },
+      {"no relays", [](GatewayOptions& o) { o.relays_max = 0; }, "--relays-max must be at least 1"},
+      {"open beyond this host", [](GatewayOptions& o) { o.listen = "0.0.0.0:29520"; },
        "--listen 0.0.0.0:29520 reaches beyond this host and there is no --token-file: anyone "
        "who reaches it could act for every job through this gateway. Give --token-file (the "
        "jobs it relays for, 'JOB TOKEN' lines), listen on a loopback address, or pass "

@@ -3,7 +3,6 @@
 // flight (503 SHUTTING_DOWN) and exit 0. Every flag is also an LK_* environment variable.
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
-
 #include <csignal>
 #include <cstdio>
 
@@ -31,7 +30,8 @@ struct Config {
 void AddFlags(Flags& flags, Config* c) {
   GatewayOptions& o = c->o;
   flags.Add("site", &o.site, "this site's name (e.g. alps), for logs; required");
-  flags.Add("lighthouse", &o.lighthouse, "the lighthouse's URL (http://HOST:PORT or https://...); "
+  flags.Add("lighthouse", &o.lighthouse,
+            "the lighthouse's URL (http://HOST:PORT or https://...); "
             "required");
   flags.Add("listen", &o.listen,
             "HOST:PORT where this site's agents reach the gateway (replica_agent --gateway); "
@@ -51,7 +51,8 @@ void AddFlags(Flags& flags, Config* c) {
             "TLS stays end to end); default: LK_PROXY, else https_proxy/http_proxy, except hosts "
             "in no_proxy and loopback");
   flags.MarkSecret("proxy");  // it may carry a password; gateway_listening shows it without
-  flags.Add("ca-file", &o.ca_file, "CA (PEM) that an https lighthouse's certificate must chain "
+  flags.Add("ca-file", &o.ca_file,
+            "CA (PEM) that an https lighthouse's certificate must chain "
             "to; its host name is checked too (default: the system's CAs)");
   flags.Add("tls-cert-file", &o.http.tls_cert_file,
             "TLS certificate chain (PEM) for --listen (agents then use --gateway https://...)");

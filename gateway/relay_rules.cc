@@ -98,8 +98,7 @@ Result<RelayCall> ClassifyCall(const http::Request& req, Millis quorum_wait_defa
   return st.reason() == Reason::kUnspecified ? st.WithReason(DefaultReason(st.code())) : st;
 }
 
-Status AuthorizeCall(const http::Tokens& tokens, const http::Request& req,
-                     const std::string& job) {
+Status AuthorizeCall(const http::Tokens& tokens, const http::Request& req, const std::string& job) {
   if (!tokens.enabled) return Status::Ok();
   std::string_view tok = http::BearerToken(req.authorization);
   if (tok.empty()) {

@@ -5,12 +5,13 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <lightkeeper/clock.h>
+#include <lightkeeper/status.h>
+
 #include <string>
 
-#include <lightkeeper/clock.h>
 #include "common/http/http.h"
 #include "common/http/tokens.h"
-#include <lightkeeper/status.h>
 
 namespace lk::gateway {
 

@@ -25,9 +25,7 @@ constexpr const char* kOtherToken = "tok-other-0123456789";
 constexpr const char* kAdminToken = "tok-admin-0123456789";
 constexpr const char* kGatewayToken = "tok-gateway-0123456789";
 
-void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
+void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 struct GatewayProcess {
   std::unique_ptr<Process> process;
@@ -84,17 +82,17 @@ struct Site {
   std::string credential = dir + "/gateway-credential";
 
   Site() {
-    WriteFile(dir + "/lh-tokens", fmt::format("t {}\nother {}\nrole=gateway {}\n", kToken,
-                                              kOtherToken, kGatewayToken));
+    WriteFile(dir + "/lh-tokens",
+              fmt::format("t {}\nother {}\nrole=gateway {}\n", kToken, kOtherToken, kGatewayToken));
     WriteFile(credential, kGatewayToken);
     WriteFile(dir + "/admin-token", kAdminToken);
     WriteFile(gateway_tokens, fmt::format("# the jobs this site relays for\nt {}\n", kToken));
     WriteFile(agent_token, kToken);
-    lh = StartLighthouse(dir + "/data",
-                         {"--token-file", dir + "/lh-tokens", "--admin-token-file",
-                          dir + "/admin-token", "--heartbeat-timeout-ms", "10000",
-                          "--join-timeout-ms", "300"},
-                         dir + "/lighthouse.log");
+    lh = StartLighthouse(
+        dir + "/data",
+        {"--token-file", dir + "/lh-tokens", "--admin-token-file", dir + "/admin-token",
+         "--heartbeat-timeout-ms", "10000", "--join-timeout-ms", "300"},
+        dir + "/lighthouse.log");
     gw = StartGateway(lh.url(), gateway_tokens, credential, dir + "/gateway.log", "127.0.0.1:0");
   }
 };
@@ -110,8 +108,8 @@ Group StartGroup(const Site& site, const std::string& name, uint32_t steps) {
   const std::string socket = fmt::format("{}/{}.sock", site.dir, name);
   g.agent = std::make_unique<Process>(
       std::vector<std::string>{BinDir() + "/replica_agent", "--gateway", site.gw.address,
-                               "--token-file", site.agent_token, "--job", "t", "--group-id",
-                               name, "--socket", socket, "--heartbeat-interval-ms", "100",
+                               "--token-file", site.agent_token, "--job", "t", "--group-id", name,
+                               "--socket", socket, "--heartbeat-interval-ms", "100",
                                "--drain-timeout-ms", "5000", "--backoff-max-ms", "300"},
       fmt::format("{}/agent-{}.log", site.dir, name));
   std::string listening = g.agent->WaitForLog("agent_listening", 10s);
@@ -119,9 +117,9 @@ Group StartGroup(const Site& site, const std::string& name, uint32_t steps) {
   CHECK(listening.find("gateway=" + site.gw.address) != std::string::npos);
   g.trainer_log = fmt::format("{}/trainer-{}.jsonl", site.dir, name);
   g.trainer = std::make_unique<Process>(
-      std::vector<std::string>{BinDir() + "/test_trainer", "--group-rank", "0", "--group-size",
-                               "1", "--steps", std::to_string(steps), "--step-sleep-ms", "30",
-                               "--log", g.trainer_log},
+      std::vector<std::string>{BinDir() + "/test_trainer", "--group-rank", "0", "--group-size", "1",
+                               "--steps", std::to_string(steps), "--step-sleep-ms", "30", "--log",
+                               g.trainer_log},
       g.trainer_log + ".stderr", std::map<std::string, std::string>{{"LK_AGENT_SOCKET", socket}});
   return g;
 }
@@ -168,7 +166,8 @@ TEST_CASE(
     REQUIRE_MESSAGE(code.has_value(), name << "'s trainer did not finish");
     CHECK(*code == 0);
     CHECK(LogHas(g.trainer_log, [&](const std::string& line) {
-      return JsonField(line, "event") == "done" && JsonField(line, "step") == std::to_string(kSteps);
+      return JsonField(line, "event") == "done" &&
+             JsonField(line, "step") == std::to_string(kSteps);
     }));
     auto agent = g.agent->Wait(60s);
     REQUIRE(agent.has_value());
@@ -192,9 +191,8 @@ TEST_CASE(
   REQUIRE(client.ok());
   // A heartbeat of group `group` to `url` (the gateway unless given), with `token` and an
   // Lk-Gateway header `claim` when not empty.
-  auto beat = [&](const std::string& job, const std::string& token,
-                  const std::string& group = "g0", std::string url = "",
-                  const std::string& claim = "") {
+  auto beat = [&](const std::string& job, const std::string& token, const std::string& group = "g0",
+                  std::string url = "", const std::string& claim = "") {
     if (url.empty()) url = "http://" + site.gw.address;
     http::ClientOptions o;
     o.token = token;
@@ -316,10 +314,10 @@ TEST_CASE(
   std::string down = site.gw.process->WaitForLog("lighthouse_unreachable site=site-a", 5s);
   CHECK_FALSE(down.empty());
   CHECK(site.gw.process->WaitForLog("lighthouse_unreachable", 1s, 2).empty());  // once
-  site.lh = StartLighthouse(site.dir + "/data",
-                            {"--token-file", site.dir + "/lh-tokens", "--admin-token-file",
-                             site.dir + "/admin-token"},
-                            site.dir + "/lighthouse.log", site.lh.address);
+  site.lh = StartLighthouse(
+      site.dir + "/data",
+      {"--token-file", site.dir + "/lh-tokens", "--admin-token-file", site.dir + "/admin-token"},
+      site.dir + "/lighthouse.log", site.lh.address);
   CHECK(beat().status == 200);
   CHECK_FALSE(site.gw.process->WaitForLog("lighthouse_reachable site=site-a", 5s).empty());
 }

@@ -36,7 +36,8 @@ Result<Tokens> LoadTokens(const std::string& token_file, const std::string& admi
     std::string a, b, extra;
     fields >> a >> b >> extra;
     if (a.empty() || a[0] == '#') continue;
-    if (!extra.empty()) return InvalidArgument("token file {} line {}: more than two fields", token_file, n);
+    if (!extra.empty())
+      return InvalidArgument("token file {} line {}: more than two fields", token_file, n);
     if (b.empty()) {
       t.any_job.push_back(a);
     } else if (a.rfind("role=", 0) == 0) {

@@ -4,12 +4,12 @@
 // Thread-safety: pure functions over plain values.
 #pragma once
 
+#include <lightkeeper/status.h>
+
 #include <map>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <lightkeeper/status.h>
 
 namespace lk::http {
 
