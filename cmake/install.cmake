@@ -1,5 +1,5 @@
 # Install rules: a relocatable tree (every path inside it is relative to the tree).
-#   DIR/bin/{lighthouse,replica_agent,lkctl,diloco_trainer}
+#   DIR/bin/{lighthouse,replica_agent,lk_gateway,lkctl,diloco_trainer}
 #   DIR/lib/liblightkeeper.so*             the C API, the Session and the DiLoCo library
 #   DIR/include/lightkeeper/*.h             its public headers: #include <lightkeeper/session.h>
 #   DIR/lib/cmake/Lightkeeper/             find_package(Lightkeeper) -> Lightkeeper::client
@@ -13,7 +13,7 @@ include(CMakePackageConfigHelpers)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/lightkeeper DESTINATION include
   FILES_MATCHING PATTERN "*.h")
 
-foreach(bin lighthouse replica_agent lkctl diloco_trainer)
+foreach(bin lighthouse replica_agent lk_gateway lkctl diloco_trainer)
   if(TARGET ${bin})
     install(TARGETS ${bin} RUNTIME DESTINATION bin)
   endif()

@@ -37,7 +37,7 @@ std::string_view ReasonName(Reason reason) {
       "REQUEST_SUPERSEDED", "JOB_FORGOTTEN", "NO_ENDPOINT", "METHOD_NOT_ALLOWED",
       "KEY_NOT_FOUND", "INTERNAL", "NOT_ON_THIS_LISTENER", "PEER_UID_MISMATCH",
       "NO_PEER_CREDENTIALS", "WORKERS_BUSY", "AGENT_EXITING", "JOB_FINISHED",
-      "GROUP_SIZE_MISMATCH", "GROUP_FINISHED"};
+      "GROUP_SIZE_MISMATCH", "GROUP_FINISHED", "LIGHTHOUSE_UNREACHABLE"};
   auto i = static_cast<size_t>(reason);
   return i < std::size(kNames) ? kNames[i] : "UNSPECIFIED";
 }

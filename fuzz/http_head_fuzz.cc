@@ -17,7 +17,8 @@ bool SameHead(const lk::http::Head& a, const lk::http::Head& b) {
   return a.method == b.method && a.target == b.target && a.version == b.version &&
          a.keep_alive == b.keep_alive && a.expect_continue == b.expect_continue &&
          a.content_length == b.content_length && a.content_type == b.content_type &&
-         a.accept == b.accept && a.authorization == b.authorization && a.range == b.range;
+         a.accept == b.accept && a.authorization == b.authorization && a.range == b.range &&
+         a.gateway == b.gateway;
 }
 
 }  // namespace

@@ -108,6 +108,7 @@ void ToProto(const JobView& v, pb::JobStatus* out) {
     gs->set_crashes(g.crashes);
     gs->set_requeue_refusals(g.requeue_refusals);
     gs->set_last_event(g.last_event);
+    gs->set_gateway(g.gateway);
     gs->set_group_size(g.group_size);
     gs->set_mixed_group_sizes(g.mixed_group_sizes);
   }

@@ -23,6 +23,15 @@ LighthouseCore::LighthouseCore(CoreOptions options)
   LK_CHECK(st.ok()) << st.ToString();
 }
 
+void LighthouseCore::NoteGateway(const std::string& job, const std::string& group_id,
+                                 const std::string& incarnation, const std::string& site) {
+  auto j = impl_->jobs.find(job);
+  if (j == impl_->jobs.end()) return;
+  auto it = j->second.groups.find(group_id);
+  if (it == j->second.groups.end() || it->second.status.incarnation != incarnation) return;
+  it->second.gateway = site;
+}
+
 Result<HeartbeatResult> LighthouseCore::OnHeartbeat(const HeartbeatInput& in, TimePoint now,
                                                     Effects* fx) {
   Impl& s = *impl_;

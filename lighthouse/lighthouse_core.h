@@ -293,6 +293,7 @@ struct GroupView {
   // Over all its lives in this job (GroupLivesData).
   uint32_t crashes = 0, requeue_refusals = 0;
   std::string last_event;
+  std::string gateway;  // the site of the gateway its last heartbeat came through
 };
 
 struct JobView {
@@ -331,6 +332,11 @@ class LighthouseCore {
   // GROUPS_MAX). An incarnation never heard of, without a generation, is a new life of the
   // group: it replaces the current one and gets the next generation.
   Result<HeartbeatResult> OnHeartbeat(const HeartbeatInput& in, TimePoint now, Effects* fx);
+  // After an accepted heartbeat: the site of the lk_gateway it came through, as the shell
+  // checked the gateway's credential ("" for directly). Shown in the view only (GroupView::
+  // gateway); not persisted, decides nothing. A group or incarnation it does not hold is ignored.
+  void NoteGateway(const std::string& job, const std::string& group_id,
+                   const std::string& incarnation, const std::string& site);
 
   // Records the ask. When the quorum can be issued now, fx->answers holds an answer for every
   // waiting agent of every member (including this one); otherwise the caller keeps the agent

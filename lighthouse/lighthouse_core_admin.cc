@@ -325,6 +325,7 @@ std::vector<JobView> LighthouseCore::View(TimePoint now) const {
       gv.reason = g.reason;
       gv.group_size = g.status.group_size;
       gv.mixed_group_sizes = MixesGroupSizes(g.status);
+      gv.gateway = g.gateway;
       if (auto t = job.tokens.find(id); t != job.tokens.end()) {
         gv.tokens = t->second.tokens;
         gv.tokens_step = t->second.step;

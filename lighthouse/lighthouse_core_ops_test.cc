@@ -667,3 +667,26 @@ TEST_CASE("scale: 10 jobs x 1 000 groups - and one round of 1 024 groups") {
 
 }  // namespace
 }  // namespace lk::lighthouse
+
+namespace lk::lighthouse {
+namespace {
+
+TEST_CASE("NoteGateway: the view shows the site a group's heartbeats come through, per life") {
+  testing::Harness h;
+  REQUIRE(h.Beat("a").ok());
+  CHECK(h.Group("a")->gateway.empty());  // directly
+  h.core.NoteGateway(h.job, "a", "i1", "alps");
+  CHECK(h.Group("a")->gateway == "alps");
+  // Another life's note, an unknown group or job: nothing changes.
+  h.core.NoteGateway(h.job, "a", "i0", "lumi");
+  h.core.NoteGateway(h.job, "b", "i1", "lumi");
+  h.core.NoteGateway("other", "a", "i1", "lumi");
+  CHECK(h.Group("a")->gateway == "alps");
+  CHECK(h.Group("b") == nullptr);
+  // A heartbeat straight to the lighthouse says so.
+  h.core.NoteGateway(h.job, "a", "i1", "");
+  CHECK(h.Group("a")->gateway.empty());
+}
+
+}  // namespace
+}  // namespace lk::lighthouse

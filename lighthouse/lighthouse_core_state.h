@@ -31,6 +31,7 @@ struct Group {
   // The heartbeat_timeout it came back from, until a heartbeat reports it (revived_from): an
   // ask or a commit may be what revives it, and its agent must hear of the lapse all the same.
   std::string lapsed_from;
+  std::string gateway;  // the site of the lk_gateway its last heartbeat came through; not persisted
   bool alive = false;         // cached IsAlive, moved only by inputs and timeouts (for events)
   bool in_quorum = false;     // this incarnation is a member of the job's current quorum
   bool lost = false;          // ... and has been lost from it (notice given)

@@ -38,7 +38,8 @@ void AddFlags(Flags& flags, Config* c) {
   flags.Add("data-dir", &c->data_dir, "directory of the RocksDB state (created if missing)");
   flags.Add("token-file", &o.token_file,
             "tokens, one per line: 'TOKEN' (all jobs), 'JOB TOKEN' (that job), "
-            "'role=read-only TOKEN' (/status and /metrics of every job, changes nothing); "
+            "'role=read-only TOKEN' (/status and /metrics of every job, changes nothing), "
+            "'role=gateway TOKEN' (an lk_gateway's credential: the site it relays for); "
             "empty = no auth");
   flags.Add("admin-token-file", &o.admin_token_file, "file holding the admin token");
   flags.Add("insecure-no-auth", &o.insecure_no_auth,

@@ -18,6 +18,7 @@
 
 #include "common/http/auth.h"
 #include "common/http/codec.h"
+#include "common/http/tokens.h"
 #include "common/log.h"
 #include "lighthouse/convert.h"
 #include "lighthouse/dashboard.h"
@@ -35,12 +36,10 @@ using http::Response;
 
 namespace service_internal {
 
-constexpr size_t kNameBytesMax = 128;
+using http::kNameBytesMax;
 constexpr size_t kKvKeyBytesMax = 256;
 
-// Job, group and incarnation names go into RocksDB keys, logs and metric labels: keep them to a
-// safe alphabet, and never '/', which separates key parts.
-Status ValidName(std::string_view what, std::string_view v, size_t max = kNameBytesMax);
+using http::ValidName;
 Status ValidAgent(std::string_view job, std::string_view group, std::string_view inc);
 
 using http::ParseU32;
@@ -49,17 +48,8 @@ using http::ParseU32;
 // nothing; a job token speaks for its one job; an all-jobs token for every job; admin for all.
 enum class Role { kNone, kReadOnly, kJob, kAllJobs, kAdmin };
 
-struct Tokens {
-  bool enabled = false;
-  std::vector<std::string> any_job;
-  std::vector<std::string> read_only;
-  std::map<std::string, std::vector<std::string>> per_job;
-  std::string admin;
-};
-
-// Reads the job token file and the admin token file (format in service_tokens.cc); both empty
-// leaves auth off.
-Result<Tokens> LoadTokens(const std::string& token_file, const std::string& admin_file);
+using http::Tokens;
+using http::LoadTokens;
 
 }  // namespace service_internal
 
@@ -123,6 +113,10 @@ struct Service::Impl : std::enable_shared_from_this<Service::Impl> {
   static std::string_view RoleName(Role r);
   bool TokenSeesJob(const Request& req, const std::string& job) const;
   Status RequireJob(const Request& req, const std::string& job) const;
+  // The site an lk_gateway vouches for in the request's Lk-Gateway header ("TOKEN SITE"), ""
+  // when there is none; a credential that is no role=gateway token is refused (TOKEN_INVALID),
+  // so no agent can claim a gateway it is not behind.
+  Result<std::string> GatewayOf(const Request& req) const;
   Status RequireRead(const Request& req, const std::string& job) const;
   Status RequireAllJobsRead(const Request& req) const;
   Status RequireAdmin(const Request& req) const;

@@ -95,12 +95,14 @@ void Service::Impl::HandleHeartbeat(const Request& req, Responder respond) {
   Status st = DecodeAs(req, &in);
   if (st.ok()) st = ValidAgent(in.job(), in.group_id(), in.incarnation());
   if (st.ok()) st = RequireJob(req, in.job());
-  if (!st.ok()) return respond(http::ErrorReply(st, f));
+  Result<std::string> gateway = st.ok() ? GatewayOf(req) : Result<std::string>(st);
+  if (!gateway.ok()) return respond(http::ErrorReply(gateway.status(), f));
   HeartbeatInput hb{in.job(),   in.group_id(), in.incarnation(), in.node_rank(), in.nodes(),
                     in.step(),  in.phase(),    in.address(),     in.generation()};
   Effects fx;
   auto r = core.OnHeartbeat(hb, Now(), &fx);
   if (!r.ok()) return respond(http::ErrorReply(r.status(), f));
+  core.NoteGateway(in.job(), in.group_id(), in.incarnation(), *gateway);
   pb::HeartbeatResponse out;
   out.set_quorum_id(r->quorum_id);
   out.set_drain(r->drain);

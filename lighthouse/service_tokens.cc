@@ -1,74 +1,16 @@
-// The lighthouse's edge checks: the names a request may carry, the token files, the role a bearer
-// token has for a job, and the refusal (401 or 403, with a reason code) of a token too weak.
-#include <sstream>
-
-#include "common/flags.h"
+// The lighthouse's edge checks: the names an agent's request carries, the role a bearer token
+// has for a job, and the refusal (401 or 403, with a reason code) of a token too weak. The name
+// alphabet and the token file's parser are common/http/tokens.h, shared with lk_gateway.
 #include "lighthouse/service_impl.h"
 
 namespace lk::lighthouse {
 
 namespace service_internal {
 
-Status ValidName(std::string_view what, std::string_view v, size_t max) {
-  if (v.empty()) return InvalidArgument("{} is missing", what);
-  if (v.size() > max) return InvalidArgument("{} is longer than {} bytes", what, max);
-  for (char c : v) {
-    bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ||
-              c == ':' || c == '@' || c == '+';
-    if (!ok) return InvalidArgument("{} '{}' has a character outside [A-Za-z0-9-_.:@+]", what, v);
-  }
-  return Status::Ok();
-}
-
 Status ValidAgent(std::string_view job, std::string_view group, std::string_view inc) {
   LK_RETURN_IF_ERROR(ValidName("job", job));
   LK_RETURN_IF_ERROR(ValidName("group_id", group));
   return ValidName("incarnation", inc);
-}
-
-// The token file, one token per line (blank lines and '#' comments skipped):
-//   TOKEN                 an all-jobs token
-//   JOB TOKEN             a token for JOB only
-//   role=read-only TOKEN  a read-only token (/status and /metrics of every job)
-//   role=all-jobs TOKEN   the same as a bare TOKEN
-// "role=" cannot start a job name ('=' is outside the name alphabet), so the forms never clash.
-Result<Tokens> LoadTokens(const std::string& token_file, const std::string& admin_file) {
-  Tokens t;
-  if (!admin_file.empty()) {
-    LK_ASSIGN_OR_RETURN(t.admin, ReadTokenFile(admin_file));
-    t.enabled = true;
-  }
-  if (token_file.empty()) return t;
-  LK_ASSIGN_OR_RETURN(std::string text, ReadTokenFile(token_file));
-  std::istringstream in(text);
-  std::string line;
-  int n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    std::istringstream fields(line);
-    std::string a, b, extra;
-    fields >> a >> b >> extra;
-    if (a.empty() || a[0] == '#') continue;
-    if (!extra.empty()) return InvalidArgument("token file {} line {}: more than two fields", token_file, n);
-    if (b.empty()) {
-      t.any_job.push_back(a);
-    } else if (a.rfind("role=", 0) == 0) {
-      if (a == "role=read-only") {
-        t.read_only.push_back(b);
-      } else if (a == "role=all-jobs") {
-        t.any_job.push_back(b);
-      } else {
-        return InvalidArgument("token file {} line {}: unknown {} (read-only or all-jobs)",
-                               token_file, n, a);
-      }
-    } else {
-      Status name = ValidName("job", a);
-      if (!name.ok()) return name.WithContext(fmt::format("token file {} line {}", token_file, n));
-      t.per_job[a].push_back(b);
-    }
-  }
-  t.enabled = true;
-  return t;
 }
 
 }  // namespace service_internal
@@ -129,6 +71,22 @@ Status Service::Impl::RequireJob(const Request& req, const std::string& job) con
   Role role = RoleFor(req, job);
   if (role == Role::kJob || role == Role::kAllJobs || role == Role::kAdmin) return Status::Ok();
   return Unauthorized(req, job, role);
+}
+Result<std::string> Service::Impl::GatewayOf(const Request& req) const {
+  if (req.gateway.empty()) return std::string();
+  std::string_view v = req.gateway;
+  auto space = v.find(' ');
+  std::string_view tok = v.substr(0, space);
+  std::string site(space == std::string_view::npos ? "" : v.substr(space + 1));
+  LK_RETURN_IF_ERROR(ValidName("Lk-Gateway site", site));
+  if (!tokens.enabled) return site;  // no auth: every claim is taken, as every token is
+  bool known = false;
+  for (const auto& t : tokens.gateway) known |= http::ConstantTimeEquals(tok, t);
+  if (!known) {
+    return Refuse(Code::kUnauthenticated, Reason::kTokenInvalid,
+                  "Lk-Gateway credential is no role=gateway token of this lighthouse");
+  }
+  return site;
 }
 // A read of `job` that changes nothing (the checkpoint list): the read-only role may.
 Status Service::Impl::RequireRead(const Request& req, const std::string& job) const {

@@ -89,6 +89,7 @@ void PrintStatus(const pb::StatusResponse& st) {
                              g.tokens_step(), g.share(), g.tokens_total());
       }
       if (g.state() == "refused") extra += "  " + g.reason();
+      if (!g.gateway().empty()) extra += "  via gateway " + g.gateway();
       if (g.crashes() > 0) extra += fmt::format("  crashes {}", g.crashes());
       if (g.requeue_refusals() > 0) {
         extra += fmt::format("  requeue refusals {} ({})", g.requeue_refusals(), g.last_event());

@@ -90,7 +90,7 @@ Status Agent::ReportEvent(const std::string& event, const std::string& detail, M
 }
 
 std::shared_ptr<http::Client> Agent::Impl::CancellableLighthouseClient() {
-  auto c = http::Client::Create(options.lighthouse, lighthouse_client_options);
+  auto c = http::Client::Create(lighthouse_url, lighthouse_client_options);
   LK_CHECK(c.ok()) << c.status().ToString();  // the URL and CA were validated at start
   http::Client* raw = c->release();
   std::lock_guard<std::mutex> lock(clients_mu);
@@ -146,10 +146,14 @@ Status Agent::Impl::Start() {
   }
   lighthouse_client_options.token = token;
   lighthouse_client_options.ca_file = options.ca_file;
-  lighthouse_client_options.proxy =
-      options.proxy.empty() ? http::ProxyFromEnv(options.lighthouse) : options.proxy;
+  lighthouse_url = options.LighthouseUrl();
+  // The site's gateway is inside the site: the environment's proxy (for the way out) is not for
+  // it, only an explicit --proxy.
+  lighthouse_client_options.proxy = !options.proxy.empty()   ? options.proxy
+                                    : options.gateway.empty() ? http::ProxyFromEnv(lighthouse_url)
+                                                              : "";
   // A bad URL or an unreadable CA file is an error now, not in a thread later.
-  LK_RETURN_IF_ERROR(http::Client::Create(options.lighthouse, lighthouse_client_options).status());
+  LK_RETURN_IF_ERROR(http::Client::Create(lighthouse_url, lighthouse_client_options).status());
   if (token.empty() && !options.serve.empty()) {
     LK_LOG_WARN("agent_serve_open reason=no_token_file detail={}",
                 Q("without --token-file, --serve answers status and shard reads to anyone"));
@@ -184,10 +188,12 @@ Status Agent::Impl::Start() {
   core = MakeCore(board != nullptr);
   StartHelloTimer();
   LK_LOG_INFO(
-      "agent_listening socket={} serve={} advertise={} incarnation={} serve_tls={} proxy={}",
+      "agent_listening socket={} serve={} advertise={} incarnation={} serve_tls={} proxy={} "
+      "lighthouse={} gateway={}",
       options.socket, peer_server ? peer_server->LocalAddress() : "", options.advertise,
       options.incarnation, !options.tls_cert_file.empty(),
-      http::WithoutUserinfo(lighthouse_client_options.proxy));
+      http::WithoutUserinfo(lighthouse_client_options.proxy),
+      options.gateway.empty() ? lighthouse_url : "", options.gateway);
   Spawn([self] { self->HeartbeatLoop(); });
   Spawn([self] { self->QuorumLoop(); });
   Spawn([self] { self->WatchLoop(); });

@@ -26,8 +26,16 @@ class io_context;
 
 namespace lk::agent {
 
+inline constexpr const char* kDefaultLighthouse = "http://127.0.0.1:29510";
+
 struct AgentOptions {
-  std::string lighthouse = "http://127.0.0.1:29510";
+  // The lighthouse's URL; empty: kDefaultLighthouse, unless `gateway` is set.
+  std::string lighthouse;
+  // This site's lk_gateway ("HOST:PORT", or "https://HOST:PORT" when it serves TLS): every
+  // lighthouse call goes through it and the agent needs no route out of the site. Excludes
+  // `lighthouse` (the gateway knows it). The environment's proxy is not used for it (the
+  // gateway is inside the site); an explicit `proxy` still is.
+  std::string gateway;
   std::string job;
   std::string group_id;
   // Same on every node of one group life. Default: derived from the Slurm job id and restart
@@ -86,6 +94,8 @@ struct AgentOptions {
   // below nodes); the messages name the agent's flags, which set these fields one for one. An
   // empty incarnation passes: the caller derives one (MakeIncarnation) where that is possible.
   Status Validate() const;
+  // Where the lighthouse calls go: the gateway's URL, else the lighthouse's (or its default).
+  std::string LighthouseUrl() const;
 };
 
 class Agent {

@@ -167,6 +167,7 @@ struct Agent::Impl : std::enable_shared_from_this<Agent::Impl> {
   AgentOptions options;
   std::string token;
   http::ClientOptions lighthouse_client_options;  // the token and the CA
+  std::string lighthouse_url;  // options.LighthouseUrl(): the lighthouse, or the site's gateway
   // The rendezvous KV and checkpoint registration: bounded, beyond its queue a 503.
   std::unique_ptr<WorkerPool> workers;
   boost::asio::io_context ioc{1};

@@ -14,6 +14,12 @@ Status AgentOptions::Validate() const {
   if (node_rank >= nodes) {
     return InvalidArgument("--node-rank {} must be below --nodes {}", node_rank, nodes);
   }
+  if (!gateway.empty() && !lighthouse.empty()) {
+    return InvalidArgument(
+        "--gateway {} and --lighthouse {} exclude each other: an agent behind a gateway reaches "
+        "the lighthouse only through it (the gateway has its own --lighthouse); drop one",
+        gateway, lighthouse);
+  }
   if (workers == 0) return InvalidArgument("--workers must be at least 1");
   if (tls_cert_file.empty() != tls_key_file.empty()) {
     return InvalidArgument("--tls-cert-file and --tls-key-file go together");
@@ -36,6 +42,13 @@ Status AgentOptions::Validate() const {
         serve);
   }
   return Status::Ok();
+}
+
+std::string AgentOptions::LighthouseUrl() const {
+  if (!gateway.empty()) {
+    return gateway.find("://") == std::string::npos ? "http://" + gateway : gateway;
+  }
+  return lighthouse.empty() ? std::string(kDefaultLighthouse) : lighthouse;
 }
 
 }  // namespace lk::agent

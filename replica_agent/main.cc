@@ -34,7 +34,13 @@ struct Config {
 
 void AddFlags(Flags& flags, Config* c) {
   AgentOptions& o = c->o;
-  flags.Add("lighthouse", &o.lighthouse, "lighthouse URL (http://HOST:PORT or https://...)");
+  flags.Add("lighthouse", &o.lighthouse,
+            "lighthouse URL (http://HOST:PORT or https://...); default http://127.0.0.1:29510 "
+            "unless --gateway is given");
+  flags.Add("gateway", &o.gateway,
+            "this site's lk_gateway, HOST:PORT (https://HOST:PORT when it serves TLS): every "
+            "lighthouse call goes through it, so the node needs no route out of the site; "
+            "excludes --lighthouse");
   flags.Add("job", &o.job, "the training job (lighthouse namespace)");
   flags.Add("group-id", &o.group_id, "this replica group, stable across restarts (e.g. jupiter-0)");
   flags.Add("incarnation", &o.incarnation,

@@ -6,7 +6,7 @@
 #
 # Prints what it does, and as its last line the tarball's path:
 #   OUT_DIR/lightkeeper-VERSION-linux-x86_64.tar.gz, one top-level folder lightkeeper-VERSION/:
-#     bin/           lighthouse, replica_agent, lkctl, diloco_trainer (lk_gateway once it exists):
+#     bin/           lighthouse, replica_agent, lk_gateway, lkctl, diloco_trainer:
 #                    small sh scripts that start the program below with the bundle's own loader
 #     libexec/lightkeeper/   the programs themselves
 #     lib/           liblightkeeper.so and every shared library the programs need, found from the
@@ -45,7 +45,7 @@ echo "bundle: installing $BUILD into $ROOT"
 cmake --install "$BUILD" --prefix "$ROOT" > "$WORK/install.log"
 mkdir -p "$ROOT/libexec/lightkeeper" "$ROOT/lib/glibc"
 
-# The programs: every binary cmake installed, and lk_gateway when the build has it.
+# The programs: every binary cmake installed.
 PROGRAMS=()
 for p in lighthouse replica_agent lkctl diloco_trainer lk_gateway; do
   if [ -x "$ROOT/bin/$p" ]; then
@@ -57,7 +57,7 @@ for p in lighthouse replica_agent lkctl diloco_trainer lk_gateway; do
   fi
   PROGRAMS+=("$p")
 done
-for p in lighthouse replica_agent lkctl; do
+for p in lighthouse replica_agent lk_gateway lkctl; do
   [ -x "$ROOT/libexec/lightkeeper/$p" ] || { echo "bundle: $p is not built in $BUILD" >&2; exit 1; }
 done
 
@@ -159,8 +159,8 @@ PYVER=$(basename "${PYMOD:-none}" | sed -n 's/.*cpython-\([0-9]\)\([0-9]*\)-.*/\
 cat > "$ROOT/BUNDLE.md" <<EOF
 # Lightkeeper $VERSION, portable bundle (linux-x86_64)
 
-Unpack anywhere and run \`bin/lighthouse\`, \`bin/replica_agent\`, \`bin/lkctl\`,
-\`bin/diloco_trainer\`: nothing needs to be installed, as any user, on any x86_64 Linux with a
+Unpack anywhere and run \`bin/lighthouse\`, \`bin/replica_agent\`, \`bin/lk_gateway\`,
+\`bin/lkctl\`, \`bin/diloco_trainer\`: nothing needs to be installed, as any user, on any x86_64 Linux with a
 kernel from RHEL 8 on. Each \`bin/\` entry is a POSIX sh script that starts the program in
 \`libexec/lightkeeper/\` with the bundle's own loader, C library (glibc $GLIBC, in \`lib/glibc/\`)
 and libraries (\`lib/\`); nothing of the host is used but its kernel.

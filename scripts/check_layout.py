@@ -17,6 +17,7 @@ STACK = ["common", "checkpoint", "slurm", "comm", "client", "diloco", "capi"]
 BESIDE = {
     "lighthouse": ["common", "checkpoint", "slurm"],
     "replica_agent": ["common", "checkpoint", "slurm"],
+    "gateway": ["common"],
     "lkctl": ["common", "checkpoint", "slurm"],
     "python": STACK,
     "examples": STACK + ["examples"],

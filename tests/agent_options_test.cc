@@ -37,6 +37,14 @@ TEST_CASE("agent options: a complete set passes, each bad one is refused naming 
          o.node_rank = 2;
        },
        "--node-rank 2 must be below --nodes 2"},
+      {"both a gateway and a lighthouse",
+       [](AgentOptions& o) {
+         o.gateway = "10.0.0.2:29520";
+         o.lighthouse = "http://lh.example:29510";
+       },
+       "--gateway 10.0.0.2:29520 and --lighthouse http://lh.example:29510 exclude each other: an "
+       "agent behind a gateway reaches the lighthouse only through it (the gateway has its own "
+       "--lighthouse); drop one"},
       {"no workers", [](AgentOptions& o) { o.workers = 0; }, "--workers must be at least 1"},
       {"a certificate without its key", [](AgentOptions& o) { o.tls_cert_file = "/c.pem"; },
        "--tls-cert-file and --tls-key-file go together"},
@@ -90,6 +98,17 @@ TEST_CASE("agent options: a complete set passes, each bad one is refused naming 
     change(o);
     CHECK(o.Validate().ok());
   }
+  // Where the lighthouse calls go: the gateway (as a URL), else the lighthouse or its default.
+  AgentOptions via = Complete();
+  via.gateway = "10.0.0.2:29520";
+  CHECK(via.Validate().ok());
+  CHECK(via.LighthouseUrl() == "http://10.0.0.2:29520");
+  via.gateway = "https://gw.site:29520";
+  CHECK(via.LighthouseUrl() == "https://gw.site:29520");
+  CHECK(Complete().LighthouseUrl() == kDefaultLighthouse);
+  via = Complete();
+  via.lighthouse = "http://lh:1";
+  CHECK(via.LighthouseUrl() == "http://lh:1");
   // The incarnation is the caller's to derive (from Slurm, or at random for one node).
   AgentOptions last = Complete();
   last.nodes = 4;

@@ -55,7 +55,7 @@ TOP=$(ls "$ROOT/opt")
 B=/opt/$TOP
 [ -d "$ROOT$B/lib/glibc" ] || fail "no lib/glibc in the bundle"
 if ls "$ROOT$B/lib"/libc.so.* > /dev/null 2>&1; then fail "the C library is in lib/, where an RPATH reaches it"; fi
-for p in lighthouse replica_agent lkctl diloco_trainer; do
+for p in lighthouse replica_agent lk_gateway lkctl diloco_trainer; do
   sed -n 1p "$ROOT$B/bin/$p" | grep -q '^#!/bin/sh' || fail "bin/$p is not a sh script"
 done
 # Nothing the root holds but busybox, the nodes and the bundle: no library of the host.

@@ -22,7 +22,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 cmake --install "$BUILD" --prefix "$TMP/stage" > "$TMP/install.log"
 mv "$TMP/stage" "$TMP/moved"
 P=$TMP/moved
-for f in bin/lighthouse bin/replica_agent bin/lkctl bin/diloco_trainer lib/liblightkeeper.so \
+for f in bin/lighthouse bin/replica_agent bin/lk_gateway bin/lkctl bin/diloco_trainer lib/liblightkeeper.so \
          lib/cmake/Lightkeeper/LightkeeperConfig.cmake lib/pkgconfig/lightkeeper.pc \
          include/lightkeeper/lightkeeper.h include/lightkeeper/session.h include/lightkeeper/diloco.h; do
   [ -e "$P/$f" ] || fail "$f is not installed"

@@ -305,6 +305,7 @@ class ClientImpl final : public Client {
       req.set(bhttp::field::content_type, beast::string_view(content_type.data(), content_type.size()));
       req.set(bhttp::field::accept, beast::string_view(content_type.data(), content_type.size()));
     }
+    for (const auto& [name, value] : options_.headers) req.set(name, value);
     if (!extra_name.empty()) {
       req.set(beast::string_view(extra_name.data(), extra_name.size()),
               beast::string_view(extra_value.data(), extra_value.size()));

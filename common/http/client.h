@@ -12,6 +12,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <lightkeeper/clock.h>
 #include "common/http/http.h"
@@ -27,6 +29,8 @@ struct ClientOptions {
   // tunnel through it (TLS stays end to end inside), and this process never connects to the
   // server itself nor resolves its name. Empty: direct. Ignored for unix: URLs.
   std::string proxy;
+  // Headers sent with every request (lk_gateway's Lk-Gateway credential).
+  std::vector<std::pair<std::string, std::string>> headers;
 };
 
 // The proxy for `url` from the environment, as curl reads it: LK_PROXY, else https_proxy or

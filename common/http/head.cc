@@ -108,6 +108,8 @@ std::string ParseHead(std::string_view text, Head* h) {
       h->authorization = value;
     } else if (IEquals(name, "range")) {
       h->range = value;
+    } else if (IEquals(name, "lk-gateway")) {
+      h->gateway = value;
     } else if (IEquals(name, "expect")) {
       if (!IEquals(value, "100-continue")) return "unsupported Expect";
       h->expect_continue = true;
@@ -134,6 +136,7 @@ std::string FormatHead(const Head& h) {
   add("Accept", h.accept);
   add("Authorization", h.authorization);
   add("Range", h.range);
+  add("Lk-Gateway", h.gateway);
   return out + "\r\n";
 }
 

@@ -18,6 +18,7 @@ struct Head {
   bool expect_continue = false;
   uint64_t content_length = 0;
   std::string_view content_type, accept, authorization, range;
+  std::string_view gateway;  // Lk-Gateway: an lk_gateway's credential and site (request.h)
 };
 
 // Parses "METHOD SP TARGET SP HTTP/1.x CRLF (NAME: VALUE CRLF)* CRLF" (`text` ends after the

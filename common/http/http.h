@@ -30,6 +30,10 @@ struct Request {
   std::string accept;
   std::string authorization;
   std::string range;  // the Range header, for shard transfers
+  // The Lk-Gateway header, "TOKEN SITE": an lk_gateway's own credential (a role=gateway token
+  // of the lighthouse) and the site it relays for. Only the lighthouse reads it, and believes
+  // the site only with a valid credential; a gateway never passes its agents' one on.
+  std::string gateway;
   std::string body;
   std::string peer;  // remote address, for logs
   // Set on Unix-socket connections only.

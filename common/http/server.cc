@@ -330,6 +330,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     req.accept = std::string(h.accept);
     req.authorization = std::string(h.authorization);
     req.range = std::string(h.range);
+    req.gateway = std::string(h.gateway);
     req.body = std::string(data.substr(head_bytes_, h.content_length));
     req.peer = peer_;
     req.credentials = credentials_;

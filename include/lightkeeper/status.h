@@ -85,8 +85,9 @@ enum class Reason : uint16_t {
   kJobFinished = 43,           // a commit in a catch-up quorum of a finished job
   kGroupSizeMismatch = 44,     // the group's trainer count differs from the quorum's
   kGroupFinished = 45,         // another node of the group left it finished: this node finishes
+  kLighthouseUnreachable = 46,  // lk_gateway could not reach the lighthouse for this call
 };
-inline constexpr int kReasonCount = 46;
+inline constexpr int kReasonCount = 47;
 
 // "STALE_INCARNATION": the proto enum's name of the reason.
 LK_API std::string_view ReasonName(Reason reason);
