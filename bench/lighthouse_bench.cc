@@ -112,15 +112,7 @@ int Main(int argc, char** argv) {
             "LK_BENCH_RESTART_GROUPS_PER_JOB");
   flags.Add("free-port", &free_port, "print a free TCP port on 127.0.0.1 and exit",
             "LK_BENCH_FREE_PORT");
-  Status st = flags.Parse(argc, argv);
-  if (flags.help_requested()) {
-    std::fputs(flags.Help().c_str(), stdout);
-    return 0;
-  }
-  if (!st.ok()) {
-    std::fprintf(stderr, "lighthouse_bench: %s\n", st.message().c_str());
-    return 2;
-  }
+  if (auto code = flags.ParseCommandLine(argc, argv)) return *code;
   if (free_port) {
     asio::io_context ioc;
     tcp::acceptor a(ioc, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));

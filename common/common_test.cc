@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
+#include <optional>
 
 #include <lightkeeper/clock.h>
 #include "common/flags.h"
@@ -122,6 +124,33 @@ TEST_CASE("Flags: command line beats environment beats default - errors name the
   CHECK(n == 7);
   const char* argv3[] = {"prog", "--nope"};
   CHECK(bad.Parse(2, argv3).message().find("unknown flag --nope") != std::string::npos);
+}
+
+TEST_CASE("Flags::ParseCommandLine: 0 for --help, 2 for a bad flag or a refused check, else go on") {
+  uint32_t n = 1;
+  int resolved = 0;
+  auto make = [&] {
+    auto f = std::make_unique<Flags>("prog", "test");
+    f->Add("n", &n, "a number");
+    return f;
+  };
+  auto check = [&] {
+    ++resolved;
+    return n > 5 ? InvalidArgument("--n {} is over 5", n) : Status::Ok();
+  };
+  const char* help[] = {"prog", "--help"};
+  CHECK(make()->ParseCommandLine(2, help, check) == std::optional<int>(0));
+  CHECK(resolved == 0);  // --help runs no check
+  const char* bad[] = {"prog", "--n", "x"};
+  CHECK(make()->ParseCommandLine(3, bad, check) == std::optional<int>(2));
+  CHECK(resolved == 0);  // nor does a flag that did not parse
+  const char* over[] = {"prog", "--n", "9"};
+  CHECK(make()->ParseCommandLine(3, over, check) == std::optional<int>(2));
+  CHECK(resolved == 1);
+  const char* ok[] = {"prog", "--n", "4"};
+  CHECK(make()->ParseCommandLine(3, ok, check) == std::nullopt);
+  CHECK(n == 4);
+  CHECK(make()->ParseCommandLine(3, ok) == std::nullopt);  // no check of its own
 }
 
 TEST_CASE("ReadTokenFile trims whitespace and rejects empty or missing files") {

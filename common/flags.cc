@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -171,6 +172,21 @@ Status Flags::Parse(int argc, const char* const* argv, int first) {
     LK_RETURN_IF_ERROR(Assign(*f, value, "flag"));
   }
   return Status::Ok();
+}
+
+std::optional<int> Flags::ParseCommandLine(int argc, const char* const* argv,
+                                           const std::function<Status()>& resolve, int first,
+                                           std::string_view usage) {
+  Status st = Parse(argc, argv, first);
+  if (help_requested_) {
+    std::fputs(Help().c_str(), stdout);
+    return 0;
+  }
+  if (st.ok() && resolve) st = resolve();
+  if (st.ok()) return std::nullopt;
+  std::fprintf(stderr, "%s: %s\n", program_.c_str(), st.message().c_str());
+  if (!usage.empty()) std::fprintf(stderr, "\n%.*s", static_cast<int>(usage.size()), usage.data());
+  return 2;
 }
 
 std::string Flags::Help() const {

@@ -5,7 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -30,6 +33,16 @@ class Flags {
   // parse are errors naming the flag. Arguments that are not flags, and everything after "--",
   // are kept as positional().
   Status Parse(int argc, const char* const* argv, int first = 1);
+
+  // The command line as a program's main meets it: Parse, then `resolve` (the program's own
+  // checks of what the flags set). Returns the exit code the program leaves with when it is not
+  // to go on: 0 after printing the help to stdout for --help, 2 after printing
+  // "PROGRAM: reason" (and `usage`, when given) to stderr for a flag, a value or a check that
+  // failed. nullopt: go on. One rule for every binary, so that scripts can tell a refused
+  // command line (2) from a failure at run time (1).
+  std::optional<int> ParseCommandLine(int argc, const char* const* argv,
+                                      const std::function<Status()>& resolve = {},
+                                      int first = 1, std::string_view usage = {});
 
   bool help_requested() const { return help_requested_; }
   std::string Help() const;

@@ -127,15 +127,8 @@ int main(int argc, char** argv) {
               "site's agents (replica_agent --gateway HOST:PORT) send their lighthouse calls here\n"
               "and it relays them to --lighthouse, only for the jobs whose token it holds.");
   AddFlags(flags, &c);
-  Status st = flags.Parse(argc, argv);
-  if (flags.help_requested()) {
-    std::fputs(flags.Help().c_str(), stdout);
-    return 0;
-  }
-  if (st.ok()) st = Resolve(flags, &c);
-  if (!st.ok()) {
-    std::fprintf(stderr, "lk_gateway: %s\n", st.message().c_str());
-    return 2;
+  if (auto code = flags.ParseCommandLine(argc, argv, [&] { return Resolve(flags, &c); })) {
+    return *code;
   }
   SetLogLevel(c.level);
   SetLogPrefix(fmt::format("gateway={}", c.o.site));

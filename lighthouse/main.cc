@@ -142,15 +142,8 @@ int main(int argc, char** argv) {
               "quorum each outer step, keeps step numbers, hands out recovery plans and a\n"
               "rendezvous store. State is kept in RocksDB under --data-dir; a restart loses nothing.");
   AddFlags(flags, &c);
-  Status st = flags.Parse(argc, argv);
-  if (flags.help_requested()) {
-    std::fputs(flags.Help().c_str(), stdout);
-    return 0;
-  }
-  if (st.ok()) st = Validate(flags, &c);
-  if (!st.ok()) {
-    std::fprintf(stderr, "lighthouse: %s\n", st.message().c_str());
-    return 2;
+  if (auto code = flags.ParseCommandLine(argc, argv, [&] { return Validate(flags, &c); })) {
+    return *code;
   }
   SetLogLevel(c.level);
   LK_LOG_INFO("lighthouse_start {}", flags.Effective());

@@ -172,17 +172,11 @@ int Main(int argc, const char* const* argv) {
   flags.Add("job", &c.job, "only this job", "LKCTL_JOB");
   flags.Add("json", &c.json, "status as JSON", "LKCTL_JSON");
   flags.Add("interval-ms", &c.interval_ms, "watch: how often to look", "LKCTL_INTERVAL_MS");
-  Status st = flags.Parse(argc, argv);
-  if (flags.help_requested()) {
-    std::fputs(flags.Help().c_str(), stdout);
-    return 0;
-  }
   const auto& pos = flags.positional();
-  if (st.ok() && pos.empty()) st = InvalidArgument("missing command");
-  if (!st.ok()) {
-    std::fprintf(stderr, "lkctl: %s\n\n%s", st.message().c_str(), kUsage);
-    return 2;
-  }
+  auto has_command = [&] {
+    return pos.empty() ? InvalidArgument("missing command") : Status::Ok();
+  };
+  if (auto code = flags.ParseCommandLine(argc, argv, has_command, 1, kUsage)) return *code;
   auto client = Connect(c);
   if (!client.ok()) {
     std::fprintf(stderr, "lkctl: %s\n", client.status().message().c_str());

@@ -262,15 +262,8 @@ int main(int argc, char** argv) {
               "notices to the trainers on this node (Unix socket), and reports a dead trainer or\n"
               "a signal to the lighthouse at once.");
   AddFlags(flags, &c);
-  Status st = flags.Parse(argc, argv);
-  if (flags.help_requested()) {
-    std::fputs(flags.Help().c_str(), stdout);
-    return 0;
-  }
-  if (st.ok()) st = Resolve(flags, &c);
-  if (!st.ok()) {
-    std::fprintf(stderr, "replica_agent: %s\n", st.message().c_str());
-    return 2;
+  if (auto code = flags.ParseCommandLine(argc, argv, [&] { return Resolve(flags, &c); })) {
+    return *code;
   }
   SetLogLevel(c.level);
   SetLogPrefix(fmt::format("agent={}/{}", c.o.group_id, c.o.node_rank));

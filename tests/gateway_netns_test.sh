@@ -10,19 +10,10 @@
 #   gateway_netns_test.sh BUILD_DIR
 set -uo pipefail
 build=$(cd "$1" && pwd)
-skip() { echo "LK_TEST_SKIPPED: $*"; exit 0; }
-[[ $(id -u) == 0 ]] || skip "needs root for ip netns"
-command -v ip >/dev/null || skip "no ip (iproute2)"
+source "$(dirname "$0")/../bench/netns/lib.sh"
 tag=lkgw$$
-ip netns add "$tag-probe" 2>/dev/null || skip "cannot create a network namespace here"
-ip netns del "$tag-probe"
-cleanup() {
-  for ns in $(ip netns list | awk '{print $1}' | grep "^$tag-" || true); do
-    for p in $(ip netns pids "$ns"); do kill -9 "$p" 2>/dev/null || true; done
-    ip netns del "$ns" 2>/dev/null || true
-  done
-}
-trap cleanup EXIT
+netns_require "$tag"
+trap 'netns_remove_all "$tag"' EXIT
 out=$(mktemp -d "${TMPDIR:-/tmp}/lk-gateway-netns-XXXXXX")
 fail() {
   echo "FAIL: $*"

@@ -16,13 +16,8 @@ shift || true
 if [[ $(id -u) != 0 ]]; then echo "shaped_links.sh needs root (ip netns, tc)" >&2; exit 1; fi
 cmake --build "$build" --target diloco_trainer replica_agent lighthouse comm_test_peer \
   lk_link_delay >/dev/null
+source "$root/bench/netns/lib.sh"
 tag=lk$$
-cleanup() {
-  # The driver removes its namespaces itself; this is for a driver that was killed.
-  for ns in $(ip netns list | awk '{print $1}' | grep "^$tag-" || true); do
-    for p in $(ip netns pids "$ns"); do kill -9 "$p" 2>/dev/null || true; done
-    ip netns del "$ns" 2>/dev/null || true
-  done
-}
-trap cleanup EXIT
+# The driver removes its namespaces itself; this is for a driver that was killed.
+trap 'netns_remove_all "$tag"' EXIT
 /usr/bin/python3 "$root/bench/netns/shaped_links.py" --build "$build" --tag "$tag" "$@"

@@ -10,32 +10,26 @@
 set -uo pipefail
 build=$(cd "$1" && pwd)
 root=$(cd "$(dirname "$0")/../.." && pwd)
-skip() { echo "LK_TEST_SKIPPED: $*"; exit 0; }
-[[ $(id -u) == 0 ]] || skip "needs root for ip netns and tc"
-command -v ip >/dev/null && command -v tc >/dev/null || skip "no ip or tc (iproute2)"
-[[ -c /dev/net/tun ]] || skip "no /dev/net/tun"
+source "$root/bench/netns/lib.sh"
 tag=lkst$$
+netns_require "$tag"
+command -v tc >/dev/null || netns_skip "no tc (iproute2)"
+[[ -c /dev/net/tun ]] || netns_skip "no /dev/net/tun"
 probe=$tag-probe
-ip netns add "$probe" 2>/dev/null || skip "cannot create a network namespace here"
+ip netns add "$probe"
 if ! ip netns exec "$probe" tc qdisc add dev lo root tbf rate 1gbit burst 128k latency 20ms \
     2>/dev/null; then
   ip netns del "$probe"
-  skip "the kernel has no tbf qdisc"
+  netns_skip "the kernel has no tbf qdisc"
 fi
 ip netns del "$probe"
-cleanup() {
-  for ns in $(ip netns list | awk '{print $1}' | grep "^$tag-" || true); do
-    for p in $(ip netns pids "$ns"); do kill -9 "$p" 2>/dev/null || true; done
-    ip netns del "$ns" 2>/dev/null || true
-  done
-}
-trap cleanup EXIT
+trap 'netns_remove_all "$tag"' EXIT
 out=$(mktemp -d "${TMPDIR:-/tmp}/lk-shaped-smoke-XXXXXX")
 /usr/bin/python3 "$root/bench/netns/shaped_links.py" --smoke --build "$build" --tag "$tag" \
   --out "$out" --profile smoke=1gbit,20 --inner-steps 2 --outer-steps 3 --job-timeout-s 200 \
   --model "--model-width 32 --layers 1 --heads 2 --seq-len 32 --batch 4" --setting float32=
 rc=$?
-left=$(ip netns list | awk '{print $1}' | grep "^$tag-" || true)
+left=$(netns_left "$tag")
 if [[ -n $left ]]; then echo "FAIL: namespaces left behind: $left"; rc=1; fi
 if [[ $rc == 0 ]]; then rm -rf "$out"; else echo "logs kept in $out"; fi
 exit $rc

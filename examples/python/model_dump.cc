@@ -112,15 +112,8 @@ int main(int argc, char** argv) {
   flags.Add("seq-len", &o.model.seq_len, "characters of context per sample", "LK_DUMP_SEQ_LEN");
   flags.Add("batch", &o.model.batch, "samples per inner step", "LK_DUMP_BATCH");
   flags.Add("inner-lr", &o.model.inner_lr, "AdamW learning rate", "LK_DUMP_INNER_LR");
-  Status st = flags.Parse(argc, argv);
-  if (flags.help_requested()) {
-    std::fputs(flags.Help().c_str(), stdout);
-    return 0;
-  }
-  if (st.ok()) st = o.model.Validate();
-  if (!st.ok()) {
-    std::fprintf(stderr, "diloco_model_dump: %s\n", st.message().c_str());
-    return 2;
+  if (auto code = flags.ParseCommandLine(argc, argv, [&] { return o.model.Validate(); })) {
+    return *code;
   }
   return Run(o);
 }

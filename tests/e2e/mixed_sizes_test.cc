@@ -149,12 +149,20 @@ TEST_CASE("mixed groups of 1, 2 and 3 trainers train one model: one global hash 
       if (t.name.rfind("inner/", 0) == 0 || t.name.rfind("extra_state/", 0) == 0) continue;
       tensors[g][t.name] = std::string(reinterpret_cast<const char*>(t.data.data()), t.data.size());
     }
-    // g3 ran no inner step (the job had finished): its ranks hold what they restored, and a
-    // rank the source group did not have restored nothing and has no stream position yet.
+    // A rank holds a data position once it ran an inner step after its last heal, or when its
+    // heal restored one from the group's own durable checkpoint. g3 ran no inner step (the job
+    // had finished), and g2's new life may have healed at the last step when the other groups
+    // were quick: a rank the source group did not have restored nothing then.
     size_t want = g == "g0" ? 1 : g == "g1" ? 2 : 3;
-    if (g == "g3") {
+    if (g == "g2" || g == "g3") {
+      Life* last = g == "g2" ? back : g3;
       want = 0;
-      for (const auto& t : g3->trainers) want += t->Log().find("extra_state_restored ") != std::string::npos;
+      for (size_t r = 0; r < last->trainers.size(); ++r) {
+        auto log = ReadHashLog(last->logs[r]);
+        const bool stepped = !log.empty() && !log.back().healed;
+        want += stepped ||
+                last->trainers[r]->Log().find("extra_state_restored ") != std::string::npos;
+      }
       CHECK(want >= 1);
     }
     INFO("group " << g);
