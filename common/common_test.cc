@@ -1,4 +1,6 @@
 #include <doctest/doctest.h>
+#include <lightkeeper/clock.h>
+#include <lightkeeper/status.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -6,11 +8,9 @@
 #include <memory>
 #include <optional>
 
-#include <lightkeeper/clock.h>
 #include "common/flags.h"
 #include "common/float_env.h"
 #include "common/log.h"
-#include <lightkeeper/status.h>
 
 namespace lk {
 namespace {
@@ -126,7 +126,8 @@ TEST_CASE("Flags: command line beats environment beats default - errors name the
   CHECK(bad.Parse(2, argv3).message().find("unknown flag --nope") != std::string::npos);
 }
 
-TEST_CASE("Flags::ParseCommandLine: 0 for --help, 2 for a bad flag or a refused check, else go on") {
+TEST_CASE(
+    "Flags::ParseCommandLine: 0 for --help, 2 for a bad flag or a refused check, else go on") {
   uint32_t n = 1;
   int resolved = 0;
   auto make = [&] {

@@ -4,6 +4,8 @@
 // Thread-safety: use from one thread during start-up.
 #pragma once
 
+#include <lightkeeper/status.h>
+
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -11,8 +13,6 @@
 #include <string_view>
 #include <variant>
 #include <vector>
-
-#include <lightkeeper/status.h>
 
 namespace lk {
 
@@ -41,8 +41,8 @@ class Flags {
   // failed. nullopt: go on. One rule for every binary, so that scripts can tell a refused
   // command line (2) from a failure at run time (1).
   std::optional<int> ParseCommandLine(int argc, const char* const* argv,
-                                      const std::function<Status()>& resolve = {},
-                                      int first = 1, std::string_view usage = {});
+                                      const std::function<Status()>& resolve = {}, int first = 1,
+                                      std::string_view usage = {});
 
   bool help_requested() const { return help_requested_; }
   std::string Help() const;

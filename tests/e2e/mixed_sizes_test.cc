@@ -160,8 +160,8 @@ TEST_CASE("mixed groups of 1, 2 and 3 trainers train one model: one global hash 
       for (size_t r = 0; r < last->trainers.size(); ++r) {
         auto log = ReadHashLog(last->logs[r]);
         const bool stepped = !log.empty() && !log.back().healed;
-        want += stepped ||
-                last->trainers[r]->Log().find("extra_state_restored ") != std::string::npos;
+        want +=
+            stepped || last->trainers[r]->Log().find("extra_state_restored ") != std::string::npos;
       }
       CHECK(want >= 1);
     }
