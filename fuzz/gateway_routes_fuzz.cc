@@ -29,6 +29,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -144,6 +145,10 @@ class GatewayFixture {
 
   ~GatewayFixture() {
     __lsan::ScopedDisabler no_leak_checks;
+    // What the run exercised: a run that relays nothing checks only the refusals.
+    fprintf(stderr, "gateway_routes: inputs=%llu relayed=%llu oversized=%llu\n",
+            static_cast<unsigned long long>(inputs), static_cast<unsigned long long>(requests()),
+            static_cast<unsigned long long>(oversized));
     gw_->Stop();
     gw_->Join();
     gw_.reset();
@@ -164,6 +169,8 @@ class GatewayFixture {
     std::lock_guard<std::mutex> lock(seen_.mu);
     return seen_.requests;
   }
+  // The fuzzing thread's counts, printed at exit.
+  uint64_t inputs = 0, oversized = 0;
 
   // A request with an oversized body, through the gateway's own listener (its server's limit is
   // what refuses it, before any handler). Returns the answer, or nullopt when the connection was
@@ -307,6 +314,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool oversized = req.body.size() > kBodyBytesMax;
   const bool must_refuse = !RelayingToken(req.authorization) || !RelayedRoute(req) || oversized;
   const bool healthz = req.path == "/healthz" && req.method == "GET";
+  ++f.inputs;
+  f.oversized += oversized;
   std::string what = req.method + " " + req.path + " auth='" + req.authorization + "'";
   uint64_t before = f.requests();
 
