@@ -20,8 +20,9 @@
 // body never reaches it, and is refused 4xx (a refusal thus changes nothing behind the gateway);
 // a call that reaches it arrives unchanged (method, path, query, body, content type, the agent's
 // token) with the gateway's own Lk-Gateway and never the agent's, the lighthouse does not refuse
-// it for its token (the gateway read the same job), and its answer comes back unchanged; the
-// lighthouse, which is up, is never reported unreachable.
+// it for its token (the gateway read the same job), and its answer comes back unchanged; no
+// call but /healthz is answered 2xx without reaching the lighthouse; the lighthouse, which is up,
+// is never reported unreachable.
 #include <sanitizer/lsan_interface.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -349,6 +350,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     LK_CHECK(!answered || healthz || (r.status >= 400 && r.status < 500))
         << "a call the gateway must refuse was answered " << r.status << ": " << what;
   }
+  // Success is the lighthouse's to give: the gateway's own answers are refusals (and health).
+  LK_CHECK(reached == 1 || !answered || healthz || r.status >= 400)
+      << "answered " << r.status << " without asking the lighthouse: " << what;
   if (reached == 1) CheckRelayed(f.seen(), sent, r, what);
   return 0;
 }
