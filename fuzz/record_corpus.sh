@@ -5,7 +5,8 @@
 # lighthouse (-> fuzz/corpus/lighthouse_routes/), between group a's trainer and its agent's
 # Unix socket (-> agent_socket_routes/), and in front of group a's --serve, which serves a live
 # directory with a real checkpoint (-> agent_serve_routes/). Each request becomes one corpus
-# file. Loopback only; everything it starts is stopped at the end.
+# file; gateway_routes/ is then derived from lighthouse_routes/ (fuzz/gateway_seeds.py).
+# Loopback only; everything it starts is stopped at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-build/bin}
@@ -97,3 +98,5 @@ sleep 0.5
 for t in lighthouse_routes agent_socket_routes agent_serve_routes; do
   echo "recorded $(ls fuzz/corpus/$t | wc -l) requests for $t"
 done
+# The gateway relays the agents' lighthouse calls: its seeds are those calls, re-encoded.
+python3 fuzz/gateway_seeds.py

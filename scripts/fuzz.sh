@@ -10,15 +10,15 @@
 # Exits 77 (CTest's SKIP_RETURN_CODE) where clang-14 or libFuzzer is missing. With
 # LK_FUZZ_RUNS=N each target stops after N executions (or SECONDS_PER_TARGET, whichever is first).
 # Targets: the parsers http_head codec range safetensors manifest hostlist, and the route
-# fuzzers lighthouse_routes agent_socket_routes agent_serve_routes, which drive whole requests
-# through a listener's handlers (default: all). A target with a dictionary (fuzz/TARGET.dict:
-# routes, JSON fields, reason codes) gets it.
+# fuzzers lighthouse_routes agent_socket_routes agent_serve_routes gateway_routes, which drive
+# whole requests through a listener's handlers (default: all). A target with a dictionary
+# (fuzz/TARGET.dict: routes, JSON fields, reason codes) gets it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
 [ $# -gt 0 ] && shift
 all=(http_head codec range safetensors manifest hostlist lighthouse_routes agent_socket_routes
-  agent_serve_routes)
+  agent_serve_routes gateway_routes)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
 build=${LK_FUZZ_BUILD:-build-fuzz}
@@ -51,13 +51,14 @@ for t in "${targets[@]}"; do
   runs=()
   [ -n "${LK_FUZZ_RUNS:-}" ] && runs=(-runs="$LK_FUZZ_RUNS")
   [ -f "fuzz/$t.dict" ] && runs+=(-dict="fuzz/$t.dict")
-  # The agent targets' own threads (heartbeat, quorum, watch, workers) allocate between inputs,
-  # so libFuzzer's leak check after each input cannot tell an input's leak from theirs: it
-  # re-runs the input and scans the whole heap (hundreds of MB with ASan's quarantine) for each
-  # of its first thousand suspects before it turns itself off, which took more than the first
-  # ten minutes of an agent_serve_routes run. Leaks are still found by LeakSanitizer at exit,
-  # after the fixture has stopped the agent.
-  case "$t" in agent_*) runs+=(-detect_leaks=0) ;; esac
+  # The agent targets' own threads (heartbeat, quorum, watch, workers), and the gateway
+  # target's relay and lighthouse threads, allocate between inputs, so libFuzzer's leak check
+  # after each input cannot tell an input's leak from theirs: it re-runs the input and scans the
+  # whole heap (hundreds of MB with ASan's quarantine) for each of its first thousand suspects
+  # before it turns itself off, which took more than the first ten minutes of an
+  # agent_serve_routes run. Leaks are still found by LeakSanitizer at exit, after the fixture
+  # has stopped the agent (or the gateway and its lighthouse).
+  case "$t" in agent_* | gateway_routes) runs+=(-detect_leaks=0) ;; esac
   mkdir -p "fuzz/corpus/$t"
   "$build/fuzz_$t" -max_total_time="$seconds" "${runs[@]}" -timeout=60 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$build/artifacts/$t-" "$scratch/$t" "fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
