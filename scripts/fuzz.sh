@@ -9,6 +9,7 @@
 # it is kept as $LK_FUZZ_BUILD/artifacts/TARGET-crash-... (replay: run the target on that file).
 # Exits 77 (CTest's SKIP_RETURN_CODE) where clang-14 or libFuzzer is missing. With
 # LK_FUZZ_RUNS=N each target stops after N executions (or SECONDS_PER_TARGET, whichever is first).
+# LK_FUZZ_OPT=0 builds at -O0 instead of -O1: faster to build, slower to run (CTest's short runs).
 # Targets: the parsers http_head codec range safetensors manifest hostlist, and the route
 # fuzzers lighthouse_routes agent_socket_routes agent_serve_routes gateway_routes, which drive
 # whole requests through a listener's handlers (default: all). A target with a dictionary
@@ -34,7 +35,7 @@ if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 fi
 cmake -S fuzz -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang-14 \
-  -DCMAKE_CXX_COMPILER=clang++-14 "${launcher[@]}" >/dev/null
+  -DCMAKE_CXX_COMPILER=clang++-14 -DLK_FUZZ_OPT="${LK_FUZZ_OPT:-1}" "${launcher[@]}" >/dev/null
 ninja -C "$build" -j"${LK_FUZZ_JOBS:-2}" "${targets[@]/#/fuzz_}"
 
 mkdir -p "$build/artifacts"

@@ -12,6 +12,7 @@
 #include "common/http/codec.h"
 #include "common/proto/lightkeeper.pb.h"
 #include "tests/support/process.h"
+#include "tests/support/tcp_relay.h"
 #include "tests/support/wait.h"
 
 namespace lk::test {
@@ -35,13 +36,14 @@ struct GatewayProcess {
 // Starts lk_gateway and waits for its gateway_listening line (the `occurrence`th in its log).
 GatewayProcess StartGateway(const std::string& lighthouse_url, const std::string& token_file,
                             const std::string& credential_file, const std::string& log,
-                            const std::string& listen, size_t occurrence = 1) {
+                            const std::string& listen, size_t occurrence = 1,
+                            const std::vector<std::string>& extra = {}) {
   GatewayProcess g;
-  g.process = std::make_unique<Process>(
-      std::vector<std::string>{BinDir() + "/lk_gateway", "--site", "site-a", "--lighthouse",
-                               lighthouse_url, "--listen", listen, "--token-file", token_file,
-                               "--gateway-token-file", credential_file},
-      log);
+  std::vector<std::string> argv{BinDir() + "/lk_gateway", "--site", "site-a", "--lighthouse",
+                                lighthouse_url, "--listen", listen, "--token-file", token_file,
+                                "--gateway-token-file", credential_file};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  g.process = std::make_unique<Process>(argv, log);
   std::string line = g.process->WaitForLog("gateway_listening", 20s, occurrence);
   REQUIRE_MESSAGE(!line.empty(), "lk_gateway did not start: " << g.process->Log());
   auto pos = line.find(" listen=") + 8;
@@ -81,7 +83,8 @@ struct Site {
   std::string agent_token = dir + "/agent-token";
   std::string credential = dir + "/gateway-credential";
 
-  Site() {
+  // `proxy`: the gateway reaches the lighthouse by a name only that CONNECT proxy resolves.
+  explicit Site(TcpRelay* proxy = nullptr) {
     WriteFile(dir + "/lh-tokens",
               fmt::format("t {}\nother {}\nrole=gateway {}\n", kToken, kOtherToken, kGatewayToken));
     WriteFile(credential, kGatewayToken);
@@ -93,7 +96,14 @@ struct Site {
         {"--token-file", dir + "/lh-tokens", "--admin-token-file", dir + "/admin-token",
          "--heartbeat-timeout-ms", "10000", "--join-timeout-ms", "300"},
         dir + "/lighthouse.log");
-    gw = StartGateway(lh.url(), gateway_tokens, credential, dir + "/gateway.log", "127.0.0.1:0");
+    if (proxy == nullptr) {
+      gw = StartGateway(lh.url(), gateway_tokens, credential, dir + "/gateway.log", "127.0.0.1:0");
+      return;
+    }
+    gw = StartGateway(
+        "http://lighthouse.invalid" + lh.address.substr(lh.address.rfind(':')), gateway_tokens,
+        credential, dir + "/gateway.log", "127.0.0.1:0", 1,
+        {"--proxy", "http://user:pass@" + proxy->address()});
   }
 };
 
@@ -320,6 +330,53 @@ TEST_CASE(
       site.dir + "/lighthouse.log", site.lh.address);
   CHECK(beat().status == 200);
   CHECK_FALSE(site.gw.process->WaitForLog("lighthouse_reachable site=site-a", 5s).empty());
+}
+
+TEST_CASE(
+    "a gateway behind a CONNECT proxy: the lighthouse by a name only the proxy resolves, and the "
+    "groups go on through the proxy's restart") {
+  // base64("user:pass"): the gateway must send its proxy URL's credentials.
+  TcpRelay proxy(TcpRelay::ConnectProxy{{{"lighthouse.invalid", "127.0.0.1"}}, "Basic dXNlcjpwYXNz"});
+  Site site(&proxy);
+  const std::string target = "lighthouse.invalid" + site.lh.address.substr(site.lh.address.rfind(':'));
+  const std::string listening = site.gw.process->WaitForLog("gateway_listening", 1s);
+  CHECK(listening.find("proxy=http://***@" + proxy.address()) != std::string::npos);
+  CHECK(site.gw.process->Log().find("pass@") == std::string::npos);
+  std::map<std::string, Group> groups;
+  groups["a"] = StartGroup(site, "a", 100000);
+  groups["b"] = StartGroup(site, "b", 100000);
+  REQUIRE(WaitUntil(
+      [&] {
+        auto j = JobStatus(site.lh.url(), "t");
+        return j.members_size() == 2 && j.committed_step() >= 3;
+      },
+      60s, "two members committing through the gateway and the proxy"));
+  // Nothing on this host resolves the name: every relayed call went through the proxy.
+  REQUIRE_FALSE(proxy.Targets().empty());
+  for (const auto& t : proxy.Targets()) CHECK(t == target);
+  // The proxy restarts: its tunnels close (the long polls relayed in them end) and new
+  // connections are turned away; the gateway answers LIGHTHOUSE_UNREACHABLE and the groups go
+  // on as in a lighthouse outage.
+  proxy.Cut();
+  CHECK_FALSE(site.gw.process->WaitForLog("lighthouse_unreachable site=site-a", 30s).empty());
+  for (auto& [name, g] : groups) {
+    CAPTURE(name);
+    CHECK_FALSE(g.agent->WaitForLog("lighthouse_unreachable continuing", 30s).empty());
+  }
+  const size_t tunnels_before = proxy.Targets().size();
+  const uint32_t committed_before = JobStatus(site.lh.url(), "t").committed_step();
+  proxy.Mend();
+  CHECK(WaitUntil(
+      [&] { return JobStatus(site.lh.url(), "t").committed_step() >= committed_before + 3; }, 60s,
+      "3 more commits recorded after the proxy came back"));
+  CHECK(proxy.Targets().size() > tunnels_before);
+  CHECK_FALSE(site.gw.process->WaitForLog("lighthouse_reachable site=site-a", 10s).empty());
+  for (auto& [name, g] : groups) {
+    CAPTURE(name);
+    CHECK(g.agent->Running());
+    CHECK(g.trainer->Running());
+    CHECK(g.agent->Log().find("group_failed") == std::string::npos);
+  }
 }
 
 TEST_CASE("a gateway listening beyond loopback without --token-file refuses to start") {

@@ -160,6 +160,36 @@ def test_durable_restore_resumes_the_inner_optimizer(cluster_factory, tmp_dir, d
     assert [e["step"] for e in outer_commits(second)] == [5, 6]
 
 
+@pytest.mark.parametrize("saved,restored", [("float32", "bf16"), ("bf16", "float32")])
+def test_a_checkpoint_restores_into_a_model_of_another_dtype(cluster_factory, tmp_dir, saved,
+                                                             restored):
+    # The checkpoint holds the float32 outer state whatever the model's dtype: a job that
+    # changes its model's dtype between lives restores the same global weights, bit for bit,
+    # and trains on from them.
+    c = cluster_factory()
+    ckpt = str(tmp_dir / "ckpt-g0")
+    c.agent("g0")
+    first = c.trainer("g0", ["diloco", "--steps", "4", "--sync-every", "3",
+                             "--ckpt-dir", ckpt, "--ckpt-every", "2", "--param-dtype", saved])
+    assert first.wait(120) == 0, first.log()
+    at_save = [e for e in outer_commits(first) if e["saved"]][-1]
+    assert at_save["step"] == 4 and at_save["global_hash"], first.log()
+    c.agents["g0"].signal(signal.SIGTERM)
+    c.agents["g0"].wait(30)
+    c.agent("g0")
+    second = c.trainer("g0", ["diloco", "--steps", "6", "--sync-every", "3",
+                              "--ckpt-dir", ckpt, "--param-dtype", restored])
+    assert second.wait(120) == 0, second.log()
+    joined = events(second, "joined")[0]
+    assert joined["step"] == 4, second.log()
+    assert joined["kind"] == "received", joined
+    assert joined["heal_source"].startswith("durable"), joined
+    assert joined["global_hash"] == at_save["global_hash"]  # the same float32 global weights
+    commits = outer_commits(second)
+    assert [e["step"] for e in commits] == [5, 6]
+    assert all(e["global_hash"] for e in commits)
+
+
 def test_drain_in_a_group_of_two_stops_both_trainers_together_without_a_hang(cluster_factory):
     c = cluster_factory()
     agent = c.agent("g0", ["--drain-timeout-ms", "15000"])

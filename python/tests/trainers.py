@@ -177,6 +177,7 @@ def mode_diloco(args, m):
         inner = hashlib.sha256(d.inner_state_vector().numpy().tobytes()).hexdigest()[:16]
         emit(event="joined", kind=r.kind, step=d.outer_step, inner=r.inner,
              inner_hash=inner, model_hash=flat_hash(model), heal_source=r.heal_source,
+             global_hash=r.global_hash,
              extra_restored=r.extra_state_restored,
              extra_hash=hashlib.sha256(d.restored_extra_state).hexdigest()[:16]
              if d.restored_extra_state is not None else None,

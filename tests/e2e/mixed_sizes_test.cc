@@ -64,10 +64,13 @@ int Shell(const std::string& cmd) {
 
 TEST_CASE("mixed groups of 1, 2 and 3 trainers train one model: one global hash per step, a "
           "heal across layouts, a restore into 4, final checkpoints equal on one rank") {
-  constexpr uint32_t kSteps = 20;
+  constexpr uint32_t kSteps = 24;
   RunOptions o;
   o.job = "mixed";
   o.steps = kSteps;
+  // Paced, so that g2's new life (a trainer's start takes seconds on a loaded machine) heals
+  // from live peers while the others still train, rather than from the final checkpoint.
+  o.trainer_flags = {"--inner-step-min-ms", "100"};
   o.group_size = 1;
   o.group_sizes = {{"g1", 2}, {"g2", 3}, {"g3", 4}};
   o.lighthouse_flags = {"--min-replicas", "2", "--join-timeout-ms", "2000",
