@@ -41,6 +41,7 @@
 #include "common/http/client.h"
 #include "common/http/codec.h"
 #include "common/log.h"
+#include "fuzz/lighthouse_options.h"
 #include "fuzz/route_fuzz.h"
 #include "gateway/gateway.h"
 #include "gateway/relay_rules.h"
@@ -197,23 +198,10 @@ class GatewayFixture {
 
  private:
   void StartLighthouse() {
-    lighthouse::ServiceOptions o;
-    o.bind = "127.0.0.1:0";
-    o.token_file = dir_ + "/lh-tokens";
-    o.admin_token_file = dir_ + "/admin";
-    o.http.single_thread = true;
     // Every long poll ends at once, so each relayed call is answered within its input.
-    o.long_poll_max = Millis(0);
-    o.quorum_wait_default = Millis(0);
-    o.core.heartbeat_timeout = Millis(3'600'000);
-    o.core.join_timeout = Millis(3'600'000);
-    o.core.group_grace = Millis(3'600'000);
-    o.core.jobs_max = 8;
-    o.core.groups_per_job_max = 16;
-    o.core.nodes_max = 8;
-    o.core.checkpoints_per_job_max = 8;
-    o.kv_keys_per_job_max = 16;
-    lh_ = std::make_unique<lighthouse::Service>(lh_ioc_, o, lighthouse::NewMemoryStateStore());
+    lh_ = std::make_unique<lighthouse::Service>(
+        lh_ioc_, fuzz::FuzzedLighthouseOptions(dir_ + "/lh-tokens", dir_ + "/admin"),
+        lighthouse::NewMemoryStateStore());
     Status st = lh_->Start();
     LK_CHECK(st.ok()) << st.ToString();
     http::ServerOptions so;

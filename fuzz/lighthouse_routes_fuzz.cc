@@ -15,6 +15,7 @@
 #include "common/http/codec.h"
 #include "common/log.h"
 #include "common/proto/lightkeeper.pb.h"
+#include "fuzz/lighthouse_options.h"
 #include "fuzz/route_fuzz.h"
 #include "lighthouse/memory_state_store.h"
 #include "lighthouse/service.h"
@@ -44,23 +45,9 @@ struct Lighthouse {
     LK_CHECK(mkdtemp(dir.data()) != nullptr);
     std::ofstream(dir + "/tokens") << "j secret-j\nrole=read-only prom\nrole=all-jobs all-jobs\n";
     std::ofstream(dir + "/admin") << "root-token\n";
-    lighthouse::ServiceOptions o;
-    o.bind = "127.0.0.1:0";
-    o.token_file = dir + "/tokens";
-    o.admin_token_file = dir + "/admin";
-    o.http.single_thread = true;
-    // Every long-poll ends at once; nothing times out on its own between two inputs.
-    o.long_poll_max = Millis(0);
-    o.quorum_wait_default = Millis(0);
-    o.core.heartbeat_timeout = Millis(3'600'000);
-    o.core.join_timeout = Millis(3'600'000);
-    o.core.group_grace = Millis(3'600'000);
-    o.core.jobs_max = 8;
-    o.core.groups_per_job_max = 16;
-    o.core.nodes_max = 8;
-    o.core.checkpoints_per_job_max = 8;
-    o.kv_keys_per_job_max = 16;
-    service = std::make_unique<lighthouse::Service>(ioc, o, lighthouse::NewMemoryStateStore());
+    service = std::make_unique<lighthouse::Service>(
+        ioc, fuzz::FuzzedLighthouseOptions(dir + "/tokens", dir + "/admin"),
+        lighthouse::NewMemoryStateStore());
     Status st = service->Start();
     LK_CHECK(st.ok()) << st.ToString();
     handler = service->handler();
