@@ -260,6 +260,9 @@ lk_diloco* lk_diloco_create_ext(lk_session* s, const lk_diloco_options* options,
                                ext->param_dtype));
       return nullptr;
     }
+    if (has(offsetof(lk_diloco_ext_options, sharded), sizeof(ext->sharded))) {
+      d.sharded = ext->sharded != 0;
+    }
   }
   lk::diloco::InnerStateHooks hooks;
   if (o.inner_save != nullptr) {
@@ -359,6 +362,22 @@ const void* lk_diloco_restored_extra_state(const lk_diloco* d, size_t* size) {
 uint32_t lk_diloco_step(const lk_diloco* d) { return d->diloco->step(); }
 size_t lk_diloco_numel(const lk_diloco* d) { return d->diloco->numel(); }
 size_t lk_diloco_shard_numel(const lk_diloco* d) { return d->diloco->shard_numel(); }
+size_t lk_diloco_param_numel(const lk_diloco* d) { return d->diloco->param_numel(); }
+int lk_diloco_shard_rows(int64_t rows, uint32_t ranks, uint32_t rank, int64_t* begin,
+                         int64_t* end) {
+  if (begin == nullptr || end == nullptr) return Fail(lk::InvalidArgument("begin or end is NULL"));
+  if (rows < 1 || rank >= ranks) {
+    return Fail(lk::InvalidArgument("rows {} must be at least 1 and rank {} below ranks {}", rows,
+                                    rank, ranks));
+  }
+  lk::diloco::TensorSpec spec;
+  spec.name = "t";
+  spec.shape = {rows};
+  const lk::diloco::RowRange r = lk::diloco::ShardRows(spec, ranks, rank);
+  *begin = r.begin;
+  *end = r.end;
+  return 0;
+}
 
 int lk_diloco_join_typed(lk_diloco* d, void* params, size_t count, int dtype,
                          lk_diloco_result* out) {

@@ -37,6 +37,21 @@ TEST_CASE("Result carries a value or an error with context") {
   CHECK(st.WithContext("quarter").ToString() == "invalid_argument: quarter: 3 is odd");
 }
 
+TEST_CASE("LineLimiter lets one line through per window and counts the ones it dropped") {
+  using namespace std::chrono_literals;
+  LineLimiter limiter(10s);
+  const auto t0 = LineLimiter::Clock::time_point{} + 1000s;
+  uint64_t dropped = 99;
+  CHECK(limiter.Allow(t0, &dropped));
+  CHECK(dropped == 0);
+  for (int i = 0; i < 5; ++i) CHECK_FALSE(limiter.Allow(t0 + 9s, &dropped));
+  CHECK(limiter.Allow(t0 + 10s, &dropped));
+  CHECK(dropped == 5);
+  CHECK_FALSE(limiter.Allow(t0 + 11s, &dropped));
+  CHECK(limiter.Allow(t0 + 30s, &dropped));
+  CHECK(dropped == 1);
+}
+
 TEST_CASE("ManualClock moves only when told") {
   ManualClock clock;
   auto t0 = clock.Now();

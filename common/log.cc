@@ -70,6 +70,19 @@ void WriteLogLine(LogLevel level, std::string_view line) {
   }
 }
 
+bool LineLimiter::Allow(Clock::time_point now, uint64_t* dropped) {
+  std::lock_guard lock(mu_);
+  if (any_ && now - last_ < every_) {
+    ++dropped_;
+    return false;
+  }
+  any_ = true;
+  last_ = now;
+  *dropped = dropped_;
+  dropped_ = 0;
+  return true;
+}
+
 size_t Utf8SequenceBytes(std::string_view s) {
   if (s.empty()) return 0;
   auto b = [&s](size_t i) { return static_cast<unsigned char>(s[i]); };

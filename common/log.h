@@ -5,6 +5,9 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+#include <cstdint>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -31,6 +34,26 @@ size_t Utf8SequenceBytes(std::string_view s);
 // for size (an event's detail): control bytes and invalid UTF-8 become spaces and '?', and the
 // cut never splits a character.
 std::string OneLine(std::string_view text, size_t bytes_max);
+
+// At most one line per `every` from a source that a peer can set off at will (a library's own
+// complaint about each bad request), so that a stranger cannot flood the log; the line that is
+// written says how many were dropped since the last one.
+// Thread-safety: safe to call from any thread.
+class LineLimiter {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit LineLimiter(std::chrono::milliseconds every) : every_(every) {}
+  // True when a line may be written at `now`; *dropped then gets the lines refused since the
+  // last one written.
+  bool Allow(Clock::time_point now, uint64_t* dropped);
+
+ private:
+  const std::chrono::milliseconds every_;
+  std::mutex mu_;
+  bool any_ = false;
+  Clock::time_point last_;
+  uint64_t dropped_ = 0;
+};
 
 template <typename... Args>
 void Log(LogLevel level, fmt::format_string<Args...> f, Args&&... args) {

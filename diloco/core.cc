@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 
 #include <lightkeeper/check.h>
+#include <xxhash.h>
 
 namespace lk::diloco {
 
@@ -36,6 +38,14 @@ Status ValidateSpecs(const std::vector<TensorSpec>& specs, size_t* total) {
   return Status::Ok();
 }
 
+RowRange ShardRows(const TensorSpec& s, uint32_t ranks, uint32_t rank) {
+  LK_CHECK(ranks > 0 && rank < ranks) << "rank " << rank << " of " << ranks;
+  if (s.shape.empty()) return RowRange{0, rank == 0 ? 1 : 0};
+  const int64_t rows = s.shape[0], base = rows / ranks, extra = rows % ranks;
+  const int64_t begin = rank * base + std::min<int64_t>(rank, extra);
+  return RowRange{begin, begin + base + (rank < extra ? 1 : 0)};
+}
+
 ShardLayout MakeShardLayout(const std::vector<TensorSpec>& specs, uint32_t ranks, uint32_t rank) {
   LK_CHECK(ranks > 0 && rank < ranks) << "rank " << rank << " of " << ranks;
   ShardLayout out;
@@ -43,14 +53,7 @@ ShardLayout MakeShardLayout(const std::vector<TensorSpec>& specs, uint32_t ranks
     const TensorSpec& s = specs[i];
     const size_t numel = s.numel();
     out.total = std::max(out.total, s.offset + numel);
-    int64_t begin = 0, end = 0;
-    if (s.shape.empty()) {
-      end = rank == 0 ? 1 : 0;
-    } else {
-      const int64_t rows = s.shape[0], base = rows / ranks, extra = rows % ranks;
-      begin = rank * base + std::min<int64_t>(rank, extra);
-      end = begin + base + (rank < extra ? 1 : 0);
-    }
+    const auto [begin, end] = ShardRows(s, ranks, rank);
     if (end <= begin) continue;
     const size_t row_numel = s.shape.empty() ? 1 : numel / static_cast<size_t>(s.shape[0]);
     ShardPiece p{i,
@@ -81,6 +84,50 @@ void ShardLayout::Place(std::span<const float> shard, std::span<float> full) con
   for (const ShardPiece& p : pieces) {
     std::copy_n(shard.begin() + p.shard_offset, p.count, full.begin() + p.full_offset);
   }
+}
+
+namespace {
+
+// SplitMix64's finalizer: every input bit reaches every output bit.
+uint64_t Mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+uint64_t RowHashSum(const std::vector<TensorSpec>& specs, const ShardLayout& layout,
+                    std::span<const float> shard) {
+  LK_CHECK(shard.size() == layout.shard_numel)
+      << "row hash: shard " << shard.size() << " of " << layout.shard_numel;
+  uint64_t sum = 0;
+  for (const ShardPiece& p : layout.pieces) {
+    const TensorSpec& s = specs[p.spec];
+    const uint64_t seed = XXH3_64bits(s.name.data(), s.name.size());
+    const size_t rows = static_cast<size_t>(p.row_end - p.row_begin);
+    const size_t row_numel = p.count / rows;
+    const float* at = shard.data() + p.shard_offset;
+    if (row_numel >= kRowHashMinElems) {
+      for (size_t r = 0; r < rows; ++r) {
+        const uint64_t row = static_cast<uint64_t>(p.row_begin) + r;
+        sum += XXH3_64bits_withSeed(at + r * row_numel, row_numel * sizeof(float),
+                                    Mix64(seed + row));
+      }
+    } else {
+      // Short rows (a bias, a norm's scale): one hash per element, seeded by its index in the
+      // tensor, costs less than a call of XXH3 per row.
+      const uint64_t first = static_cast<uint64_t>(p.row_begin) * row_numel;
+      for (size_t i = 0; i < p.count; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, at + i, sizeof(bits));
+        sum += Mix64(Mix64(seed + first + i) ^ bits);
+      }
+    }
+  }
+  return sum;
 }
 
 PollDecision DecidePoll(const PollView& poll, const LocalView& local) {

@@ -48,8 +48,19 @@ struct ShardLayout {
   // every rank's shard into zeros and summing the buffers is an exact all-gather: x + 0 == x.
   void Place(std::span<const float> shard, std::span<float> full) const;
 };
-// `specs` must have passed ValidateSpecs.
+// `specs` must have passed ValidateSpecs. Rows by ShardRows (diloco.h).
 ShardLayout MakeShardLayout(const std::vector<TensorSpec>& specs, uint32_t ranks, uint32_t rank);
+
+// The hash of the global weights that the members of a quorum compare at every commit
+// (SyncResult::global_hash), computed without gathering them: the sum modulo 2^64 of one XXH3
+// per row of every tensor (one mixed hash per element where rows are shorter than
+// kRowHashMinElems), each seeded by the tensor's name and the row's (element's) index. Any
+// split of the rows gives the same total: each trainer sums its own rows (`shard` in
+// `layout`), and the group adds its trainers' sums, so groups of any size and layout,
+// sharded or not, compare the same number.
+inline constexpr size_t kRowHashMinElems = 16;
+uint64_t RowHashSum(const std::vector<TensorSpec>& specs, const ShardLayout& layout,
+                    std::span<const float> shard);
 
 // What the poll answered, as far as the decision goes.
 struct PollView {

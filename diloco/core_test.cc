@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <numeric>
 #include <optional>
 
@@ -76,6 +77,55 @@ TEST_CASE(
   // Three ranks: b has two rows, so rank 2 holds none of it.
   ShardLayout r2 = MakeShardLayout(specs, 3, 2);
   for (const ShardPiece& p : r2.pieces) CHECK(p.spec != 2);
+}
+
+TEST_CASE(
+    "diloco row hash sum: every split of the rows over any number of ranks gives the same hash, "
+    "and one changed element changes it") {
+  // Short rows (hashed per element) and long ones (hashed per row), a scalar, and a tensor with
+  // fewer rows than some groups have trainers.
+  std::vector<TensorSpec> specs = {{"e", 0, {7, 20}}, {"w", 140, {5, 3}}, {"s", 155, {}},
+                                   {"b", 156, {2}}, {"t", 158, {4, 2, 8}}};
+  size_t total = 0;
+  REQUIRE(ValidateSpecs(specs, &total).ok());
+  std::vector<float> full(total);
+  for (size_t i = 0; i < total; ++i) full[i] = 0.25f * static_cast<float>(i) - 3.0f;
+  auto hash_over = [&](const std::vector<float>& values, uint32_t ranks) {
+    uint64_t sum = 0;
+    for (uint32_t r = 0; r < ranks; ++r) {
+      ShardLayout l = MakeShardLayout(specs, ranks, r);
+      std::vector<float> shard(l.shard_numel);
+      l.Take(values, shard);
+      sum += RowHashSum(specs, l, shard);
+    }
+    return sum;
+  };
+  const uint64_t whole = hash_over(full, 1);
+  for (uint32_t ranks : {2u, 3u, 5u, 8u}) {
+    CAPTURE(ranks);
+    CHECK(hash_over(full, ranks) == whole);
+  }
+  for (size_t i : {size_t{0}, size_t{139}, size_t{141}, size_t{155}, total - 1}) {
+    CAPTURE(i);
+    std::vector<float> changed = full;
+    changed[i] = std::nextafter(changed[i], 1e9f);
+    CHECK(hash_over(changed, 1) != whole);
+    CHECK(hash_over(changed, 3) == hash_over(changed, 1));
+  }
+  // The same values at other places (two rows swapped) hash differently.
+  std::vector<float> swapped = full;
+  std::swap_ranges(swapped.begin(), swapped.begin() + 20, swapped.begin() + 20);
+  CHECK(hash_over(swapped, 1) != whole);
+  // The rows ShardRows names are the layout's.
+  for (uint32_t ranks : {1u, 3u, 8u}) {
+    for (uint32_t r = 0; r < ranks; ++r) {
+      ShardLayout l = MakeShardLayout(specs, ranks, r);
+      for (const ShardPiece& p : l.pieces) {
+        CHECK(ShardRows(specs[p.spec], ranks, r) == RowRange{p.row_begin, p.row_end});
+      }
+    }
+  }
+  CHECK(ShardRows(specs[3], 3, 2) == RowRange{2, 2});  // b's two rows: none for rank 2
 }
 
 TEST_CASE(

@@ -259,6 +259,7 @@ uint32_t Diloco::step() const { return impl_->step(); }
 size_t Diloco::numel() const { return impl_->numel(); }
 size_t Diloco::shard_numel() const { return impl_->shard_numel(); }
 size_t Diloco::inner_numel() const { return impl_->inner_numel(); }
+size_t Diloco::param_numel() const { return impl_->param_numel(); }
 std::string Diloco::state_hash() const { return impl_->hash(); }
 ParamDType Diloco::param_dtype() const { return impl_->param_dtype(); }
 uint64_t Diloco::outer_state_bytes() const { return impl_->OuterStateBytes(); }

@@ -116,7 +116,9 @@ class Diloco::Impl {
   uint32_t step() const { return state_.step; }
   size_t numel() const { return layout_.total; }
   size_t shard_numel() const { return layout_.shard_numel; }
-  size_t inner_numel() const { return inner_total_; }
+  // The caller's buffers: the whole model, or its rows only (DilocoOptions::sharded).
+  size_t param_numel() const { return o_.sharded ? layout_.shard_numel : layout_.total; }
+  size_t inner_numel() const { return o_.sharded ? inner_layout_.shard_numel : inner_total_; }
   std::string hash() const { return StateHash(state_.global); }
 
  private:
@@ -252,8 +254,16 @@ class Diloco::Impl {
   // The group's tokens: every trainer's count summed over the group.
   Result<uint64_t> GroupTokens(uint64_t tokens);
   Status LoadGlobal(std::span<float> params);
-  // The in-group all-gather of a shard in this trainer's layout into the whole buffer `out`.
+  // The in-group all-gather of a shard in this trainer's layout into the caller's buffer `out`
+  // (a copy when sharded: the caller's buffer is the shard).
   Status GatherInto(std::span<const float> shard, std::span<float> out);
+  // This trainer's rows of the caller's buffer `params` into `shard`.
+  void TakeShard(std::span<const float> params, std::span<float> shard) const;
+  // The refusal of a caller's buffer of the wrong length (ok when it fits).
+  Status CheckParamSize(size_t given) const;
+  // The global_hash of the global weights: this trainer's rows hashed (RowHashSum), summed over
+  // the group; the same in every member whatever its layout.
+  Result<std::string> GlobalHash();
   // Saves the state durably and registers it; false when this step was committed to the
   // group's root already (an earlier life of the group), which is no failure.
   Result<bool> SaveDurable(uint32_t attempt);

@@ -177,6 +177,10 @@ Status Diloco::Impl::SyncMixed(const client::PollResult& pr) {
 // add theirs, x + 0 == x bit for bit); a group of one holds every row, so its shard is the
 // whole buffer. A failed sum leaves `out` partial, but then the group is going down.
 Status Diloco::Impl::GatherInto(std::span<const float> shard, std::span<float> out) {
+  if (o_.sharded) {
+    std::copy(shard.begin(), shard.end(), out.begin());
+    return Status::Ok();
+  }
   if (o_.group_size > 1) std::fill(out.begin(), out.end(), 0.0f);
   layout_.Place(shard, out);
   return GroupSum(out);
@@ -184,10 +188,37 @@ Status Diloco::Impl::GatherInto(std::span<const float> shard, std::span<float> o
 
 Status Diloco::Impl::LoadGlobal(std::span<float> params) {
   LK_RETURN_IF_ERROR(GatherInto(state_.global, params));
-  // The whole global weights, the same bytes in every member whatever its layout.
-  global_hash_ = StateHash(params);
+  LK_ASSIGN_OR_RETURN(global_hash_, GlobalHash());
   if (o_.overlap) ov_.global_full.assign(params.begin(), params.end());
   return Status::Ok();
+}
+
+Result<std::string> Diloco::Impl::GlobalHash() {
+  const uint64_t mine = RowHashSum(o_.params, layout_, state_.global);
+  if (o_.group_size == 1) return fmt::format("{:016x}", mine);
+  std::vector<float> limbs(kCountLimbs);
+  EncodeCount(mine, limbs);
+  LK_RETURN_IF_ERROR(GroupSum(limbs));
+  return fmt::format("{:016x}", DecodeCountMod64(limbs));
+}
+
+void Diloco::Impl::TakeShard(std::span<const float> params, std::span<float> shard) const {
+  if (o_.sharded) {
+    std::copy(params.begin(), params.end(), shard.begin());
+  } else {
+    layout_.Take(params, shard);
+  }
+}
+
+Status Diloco::Impl::CheckParamSize(size_t given) const {
+  if (given == param_numel()) return Status::Ok();
+  if (o_.sharded) {
+    return InvalidArgument(
+        "params has {} elements, but this trainer's rows of the specs (sharded, group rank {} "
+        "of {}) have {}",
+        given, o_.group_rank, o_.group_size, param_numel());
+  }
+  return InvalidArgument("params has {} elements, the specs {}", given, layout_.total);
 }
 
 // The poll answer a join acts on: with the heal of an earlier poll of the same quorum when the
@@ -293,7 +324,11 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& polled, std::span<floa
     ResetResidual();         // ... nor what its encoding dropped
     LK_RETURN_IF_ERROR(LoadGlobal(params));
     healed_since_commit_ = healed_since_commit_ || join_.healed;
-    if (join_.inner_action == InnerAction::kRestored) {
+    if (join_.inner_action == InnerAction::kRestored && o_.sharded) {
+      restored_inner_ = restored_inner_shard_;  // this trainer's rows are all it holds
+      LK_LOG_INFO("inner_state_restored step={} hash={}", state_.step,
+                  StateHash(restored_inner_));
+    } else if (join_.inner_action == InnerAction::kRestored) {
       std::vector<float> full(inner_total_, 0.0f);
       inner_layout_.Place(restored_inner_shard_, full);
       LK_RETURN_IF_ERROR(GroupSum(full));

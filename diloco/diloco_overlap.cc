@@ -31,8 +31,8 @@ Result<SyncResult> Diloco::Impl::SyncOverlapped(std::span<float> params, uint64_
   const size_t n = layout_.shard_numel;
   std::vector<float> delta(n);
   ov_.start.resize(n);
-  layout_.Take(ov_.base, ov_.start);
-  layout_.Take(params, delta);
+  TakeShard(ov_.base, ov_.start);
+  TakeShard(params, delta);
   for (size_t i = 0; i < n; ++i) delta[i] = ov_.start[i] - delta[i];
   std::optional<SyncResult> landed;
   SyncStats stats;
@@ -213,9 +213,7 @@ Result<SyncResult> Diloco::Impl::LandInFlight(std::span<float> params, SyncStats
 }
 
 Result<SyncResult> Diloco::Impl::Flush(std::span<float> params) {
-  if (params.size() != layout_.total) {
-    return InvalidArgument("params has {} elements, the specs {}", params.size(), layout_.total);
-  }
+  LK_RETURN_IF_ERROR(CheckParamSize(params.size()));
   restored_extra_.reset();
   if (!ov_.in_flight) {
     SyncResult r;

@@ -21,12 +21,11 @@ Result<SyncResult> Diloco::Impl::Staged(Call call, std::span<uint16_t> params, u
   if (o_.param_dtype == ParamDType::kFloat32) {
     return InvalidArgument("a 16-bit parameter buffer, but DilocoOptions::param_dtype is float32");
   }
-  if (params.size() != layout_.total) {
-    return InvalidArgument("params has {} elements, the specs {}", params.size(), layout_.total);
-  }
-  // Whole-model float32 staging: the outer step's in-group all-gather and the heals write
-  // whole float32 vectors, and keeping this buffer between calls saves its page faults.
-  stage_.resize(layout_.total);
+  LK_RETURN_IF_ERROR(CheckParamSize(params.size()));
+  // float32 staging of the caller's buffer (the whole model, or its rows when sharded): the
+  // outer step's in-group all-gather and the heals write float32 vectors, and keeping this
+  // buffer between calls saves its page faults.
+  stage_.resize(param_numel());
   WidenParams(o_.param_dtype, params, stage_);
   Result<SyncResult> r = call == Call::kJoin   ? Join(stage_)
                          : call == Call::kSync ? Sync(stage_, tokens)

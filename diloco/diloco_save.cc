@@ -27,10 +27,14 @@ Result<SyncResult> Diloco::Impl::Drain(const Turn& turn, SyncStats stats) {
 Result<bool> Diloco::Impl::SaveDurable(uint32_t attempt) {
   std::vector<float> inner_shard;
   if (hooks_.save && inner_total_ > 0) {
-    std::vector<float> inner(inner_total_, 0.0f);
+    std::vector<float> inner(inner_numel(), 0.0f);
     LK_RETURN_IF_ERROR(hooks_.save(inner).WithContext("inner state for the save"));
     inner_shard.resize(inner_layout_.shard_numel);
-    inner_layout_.Take(inner, inner_shard);
+    if (o_.sharded) {
+      inner_shard = inner;  // the hook filled this trainer's rows only
+    } else {
+      inner_layout_.Take(inner, inner_shard);
+    }
     LK_LOG_INFO("inner_state_saved step={} hash={}", state_.step, StateHash(inner));
   }
   if (!extra_committed_.empty()) {

@@ -87,14 +87,12 @@ constexpr Millis kDrainGrace{1000};
 }  // namespace
 
 Result<SyncResult> Diloco::Impl::Join(std::span<float> params) {
-  if (params.size() != layout_.total) {
-    return InvalidArgument("params has {} elements, the specs {}", params.size(), layout_.total);
-  }
+  LK_RETURN_IF_ERROR(CheckParamSize(params.size()));
   if (proto_.ready_quorum_id != 0) return InvalidArgument("Join was called already");
   restored_extra_.reset();
   extra_committed_ = extra_next_;  // what a save before any commit or heal writes
   CanonicalizeZeros(params);
-  layout_.Take(params, state_.global);
+  TakeShard(params, state_.global);
   SyncStats stats;
   while (true) {
     LK_ASSIGN_OR_RETURN(Turn turn, PollOnce(&stats));
@@ -150,9 +148,7 @@ Result<OuterWeights> Diloco::Impl::AgreeWeights(const client::PollResult& pr,
 }
 
 Result<SyncResult> Diloco::Impl::Sync(std::span<float> params, uint64_t tokens) {
-  if (params.size() != layout_.total) {
-    return InvalidArgument("params has {} elements, the specs {}", params.size(), layout_.total);
-  }
+  LK_RETURN_IF_ERROR(CheckParamSize(params.size()));
   if (proto_.ready_quorum_id == 0) return InvalidArgument("Sync before Join");
   restored_extra_.reset();
   if (o_.overlap) {
@@ -165,7 +161,7 @@ Result<SyncResult> Diloco::Impl::Sync(std::span<float> params, uint64_t tokens) 
     // Every trainer of the group comes here once per outer step, so this in-group sum pairs up.
     LK_ASSIGN_OR_RETURN(pending_tokens_, GroupTokens(tokens));
     std::vector<float> delta(layout_.shard_numel);
-    layout_.Take(params, delta);
+    TakeShard(params, delta);
     for (size_t i = 0; i < delta.size(); ++i) delta[i] = state_.global[i] - delta[i];
     pending_delta_ = std::move(delta);
     extra_pending_ = extra_next_;

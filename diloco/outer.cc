@@ -133,6 +133,15 @@ uint64_t DecodeCount(std::span<const float> limbs) {
   return v > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(v);
 }
 
+uint64_t DecodeCountMod64(std::span<const float> limbs) {
+  LK_CHECK(limbs.size() == kCountLimbs) << "count limbs " << limbs.size();
+  uint64_t v = 0;  // unsigned arithmetic wraps modulo 2^64
+  for (size_t i = 0; i < kCountLimbs; ++i) {
+    v += static_cast<uint64_t>(std::max(0.0f, limbs[i])) << (i * 12);
+  }
+  return v;
+}
+
 std::vector<float> EncodeMemberTokens(uint64_t tokens, uint32_t rank, uint32_t world) {
   LK_CHECK(rank < world) << "replica_rank " << rank << " of " << world;
   std::vector<float> v(kCountLimbs * world, 0.0f);

@@ -91,6 +91,8 @@ inline constexpr size_t kCountLimbs = 6;   // 72 bits: any uint64_t
 inline constexpr uint32_t kCountSumsMax = 4096;  // counts one sum may add up exactly
 void EncodeCount(uint64_t count, std::span<float> limbs);  // limbs.size() == kCountLimbs
 uint64_t DecodeCount(std::span<const float> limbs);        // saturates at UINT64_MAX
+// The same sum modulo 2^64 (a sum of hashes, RowHashSum, wraps by design).
+uint64_t DecodeCountMod64(std::span<const float> limbs);
 // [limbs of rank 0, limbs of rank 1, ...] with only `rank`'s filled in.
 std::vector<float> EncodeMemberTokens(uint64_t tokens, uint32_t rank, uint32_t world);
 std::vector<uint64_t> DecodeMemberTokens(std::span<const float> summed);

@@ -312,6 +312,21 @@ TEST_CASE("diloco token counts survive a float sum of up to 4096 of them exactly
   CHECK(DecodeMemberTokens(a) == std::vector<uint64_t>{300, 0, 5'000'000'000});
 }
 
+TEST_CASE("diloco sums of 64-bit hashes through float limbs wrap modulo 2^64") {
+  // Three trainers' row hash sums, summed in the group as limbs: the total is their sum modulo
+  // 2^64, where DecodeCount would saturate.
+  const std::vector<uint64_t> parts = {UINT64_MAX - 5, 0x8000000000000001ULL, 0x1234567890abcdefULL};
+  std::vector<float> sum(kCountLimbs, 0.0f), one(kCountLimbs);
+  uint64_t want = 0;
+  for (uint64_t p : parts) {
+    EncodeCount(p, one);
+    for (size_t k = 0; k < kCountLimbs; ++k) sum[k] += one[k];
+    want += p;
+  }
+  CHECK(DecodeCountMod64(sum) == want);
+  CHECK(DecodeCount(sum) == UINT64_MAX);
+}
+
 TEST_CASE("exchange shapes survive the sum; any difference, or a participant missing, is a conflict") {
   const ExchangeShape int8_4{OuterCompress::kInt8, 4}, int8_1{OuterCompress::kInt8, 1},
       none_4{OuterCompress::kNone, 4};

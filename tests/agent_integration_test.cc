@@ -917,7 +917,9 @@ TEST_CASE("the C API's poll group sizes: by replica_rank, and too small a buffer
   for (lk_session* s : sessions) lk_session_close(s);
 }
 
-TEST_CASE("a DiLoCo trainer in C gets back the extra state it handed with the step it restored") {
+TEST_CASE(
+    "a DiLoCo trainer in C gets back the extra state it handed with the step it restored; a "
+    "sharded object takes its rows only") {
   Cluster c("agent-c-extra", {"--heartbeat-timeout-ms", "3000"});
   const std::string ckpt = std::filesystem::absolute(c.dir + "/ckpt").string();
   auto run = [&](const char* steps, const std::string& log) {
@@ -928,6 +930,7 @@ TEST_CASE("a DiLoCo trainer in C gets back the extra state it handed with the st
     CHECK_MESSAGE(*code == 0, trainer.Log());
     CHECK_FALSE(trainer.WaitForLog("bound ok", 1s).empty());
     CHECK_FALSE(trainer.WaitForLog("dtypes ok", 1s).empty());
+    CHECK_FALSE(trainer.WaitForLog("sharded ok", 1s).empty());
     CHECK_FALSE(trainer.WaitForLog("done", 1s).empty());
     g.agent->Signal(SIGKILL);  // a whole-job restart: no live state anywhere
     (void)g.agent->Wait(5s);

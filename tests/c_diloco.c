@@ -62,6 +62,42 @@ static int check_dtypes(lk_session* s, const lk_diloco_options* o, lk_diloco* d)
   return 0;
 }
 
+/* The even split of rows, and a sharded object: in this group of one its rows are the whole
+ * tensor, and a buffer of any other length is refused as not its rows, before anything is sent
+ * (the multi-trainer cases run in python/tests/test_sharded.py). */
+static int check_sharded(lk_session* s, const lk_diloco_options* o) {
+  int64_t begin = -1, end = -1;
+  if (lk_diloco_shard_rows(5, 2, 1, &begin, &end) != 0 || begin != 3 || end != 5) {
+    return fail("shard_rows(5, 2, 1)");
+  }
+  if (lk_diloco_shard_rows(5, 2, 2, &begin, &end) == 0) return fail("rank 2 of 2 taken");
+  if (strstr(lk_last_error(), "below ranks 2") == NULL) return fail("shard_rows reason");
+  int64_t shape[2] = {5, 2};
+  lk_tensor_spec spec = {"m", 0, shape, 2};
+  lk_diloco_options so = *o;
+  so.params = &spec;
+  so.param_count = 1;
+  so.ckpt_dir = NULL;
+  so.ckpt_every = 0;
+  lk_diloco_ext_options ext;
+  memset(&ext, 0, sizeof(ext));
+  ext.struct_size = sizeof(ext);
+  ext.sharded = 1;
+  lk_diloco* d = lk_diloco_create_ext(s, &so, &ext);
+  if (d == NULL) return fail("create sharded");
+  if (lk_diloco_numel(d) != 10 || lk_diloco_param_numel(d) != 10) return fail("sharded sizes");
+  float some[9] = {0};
+  lk_diloco_result r;
+  if (lk_diloco_join(d, some, 9, &r) == 0) return fail("9 elements into a sharded object");
+  if (strstr(lk_last_error(), "this trainer's rows of the specs (sharded, group rank 0 of 1) "
+                              "have 10") == NULL) {
+    return fail("sharded size reason");
+  }
+  lk_diloco_close(d);
+  printf("sharded ok\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc != 4) {
     fprintf(stderr, "usage: c_diloco SOCKET CKPT_DIR STEPS\n");
@@ -89,6 +125,7 @@ int main(int argc, char** argv) {
   if (d == NULL) return fail("create");
   if (check_refusals(d) != 0) return 1;
   if (check_dtypes(s, &o, d) != 0) return 1;
+  if (check_sharded(s, &o) != 0) return 1;
   float params[4] = {1, 2, 3, 4};
   lk_diloco_result r;
   if (lk_diloco_join(d, params, 4, &r) != 0) return fail("join");

@@ -1,5 +1,6 @@
 #include "common/http/codec.h"
 
+#include <google/protobuf/stubs/logging.h>
 #include <google/protobuf/util/json_util.h>
 
 #include <climits>
@@ -8,6 +9,37 @@
 #include "common/proto/lightkeeper.pb.h"
 
 namespace lk::http {
+
+namespace {
+
+// libprotobuf writes a line of its own to stderr for some bodies it refuses (a string field
+// that is not UTF-8): outside the log's format and at the sender's pace, one line per request a
+// stranger sends. Its messages go through the project's log instead, at most one every 10 s
+// with the count dropped in between (a FATAL one always: libprotobuf aborts after it).
+void ProtobufLog(google::protobuf::LogLevel level, const char* file, int line,
+                 const std::string& message) {
+  static LineLimiter limiter(std::chrono::seconds(10));
+  uint64_t dropped = 0;
+  if (level != google::protobuf::LOGLEVEL_FATAL &&
+      !limiter.Allow(LineLimiter::Clock::now(), &dropped)) {
+    return;
+  }
+  const char* name = level == google::protobuf::LOGLEVEL_INFO      ? "info"
+                     : level == google::protobuf::LOGLEVEL_WARNING ? "warning"
+                     : level == google::protobuf::LOGLEVEL_ERROR   ? "error"
+                                                                   : "fatal";
+  LK_LOG_WARN("protobuf_message level={} at={}:{} text={} dropped_since_last={}", name,
+              Q(file != nullptr ? file : ""), line, Q(message), dropped);
+}
+
+// Every process that decodes a peer's body links this file, so the handler is in place
+// before the first one arrives.
+[[maybe_unused]] const bool kProtobufLogRouted = [] {
+  google::protobuf::SetLogHandler(&ProtobufLog);
+  return true;
+}();
+
+}  // namespace
 
 Format BodyFormat(std::string_view content_type) {
   return content_type.find("protobuf") != std::string_view::npos ? Format::kProto : Format::kJson;

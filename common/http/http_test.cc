@@ -157,6 +157,37 @@ TEST_CASE("a protobuf body over 2 GiB is refused with a reason, never handed to 
   ::munmap(p, n);
 }
 
+TEST_CASE(
+    "libprotobuf's own complaints about bad bodies reach the log as project lines, at most one "
+    "per window") {
+  // A LeaveRequest whose job (field 1) is not UTF-8: libprotobuf refuses it and writes a line of
+  // its own, once per body a stranger sends. Here they go through the project's log, limited.
+  const std::string bad = std::string("\x0a\x02\xff\xfe", 4);
+  char path[] = "/tmp/lk-protolog-XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  const int saved = ::dup(STDERR_FILENO);
+  ::dup2(fd, STDERR_FILENO);
+  for (int i = 0; i < 50; ++i) {
+    lightkeeper::v1::LeaveRequest msg;
+    CHECK(Decode(bad, Format::kProto, &msg).code() == Code::kInvalidArgument);
+  }
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  std::string out(4096, '\0');
+  out.resize(static_cast<size_t>(std::max<ssize_t>(0, ::pread(fd, out.data(), out.size(), 0))));
+  ::close(fd);
+  ::unlink(path);
+  size_t lines = 0;
+  for (size_t at = out.find("protobuf_message"); at != std::string::npos;
+       at = out.find("protobuf_message", at + 1)) {
+    ++lines;
+  }
+  CHECK_MESSAGE(lines == 1, out);
+  CHECK_MESSAGE(out.find("invalid UTF-8") != std::string::npos, out);
+  CHECK_MESSAGE(out.find("[libprotobuf") == std::string::npos, out);
+}
+
 TEST_CASE("protobuf and JSON bodies round-trip over one keep-alive connection") {
   TestServer ts;
   auto c = Client::Create(ts.Url());

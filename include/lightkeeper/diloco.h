@@ -80,6 +80,18 @@ struct TensorSpec {
 // non-empty and unique, every dimension positive. `total` gets the buffer's length.
 LK_API Status ValidateSpecs(const std::vector<TensorSpec>& specs, size_t* total);
 
+// Rows [begin, end) of a tensor's first dimension.
+struct RowRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  bool operator==(const RowRange&) const = default;
+};
+// The rows of `spec` that trainer `rank` of a group of `ranks` holds: the library's even split
+// (the first rows % ranks ranks one row more; a scalar is one row, rank 0's). The outer state
+// is cut this way in every group, and with DilocoOptions::sharded the caller's buffer holds
+// exactly these rows of every tensor, in tensor order.
+LK_API RowRange ShardRows(const TensorSpec& spec, uint32_t ranks, uint32_t rank);
+
 struct OuterOptions {
   float lr = 0.7f;        // the DiLoCo paper's outer learning rate
   float momentum = 0.9f;  // outer momentum, in [0, 1)
@@ -122,6 +134,15 @@ struct DilocoOptions {
   // float32 global weights and, after each commit, the same 16-bit weights; groups of one job
   // may differ in it (the exchange is float32 either way).
   ParamDType param_dtype = ParamDType::kFloat32;
+  // The caller holds only its rows of every parameter (the HSDP layout: sharded inside the
+  // group, DiLoCo across groups). Then the buffer of Join, Sync and Flush holds shard_numel()
+  // elements: ShardRows(spec, group_size, group_rank) of every tensor of `params`, in order;
+  // the inner_state buffer (its hook's and restored_inner_state()) likewise holds this trainer's
+  // rows of `inner_state`; global_weights() is this trainer's rows. No trainer ever holds the
+  // whole model: there is no in-group all-gather, heals and durable restores go by rows, and
+  // the global_hash is the same as a replicated group's, so sharded and replicated groups (of
+  // any sizes) share quorums. Default false: the buffers hold the whole model.
+  bool sharded = false;
   // The inner optimizer's state (e.g. AdamW's moments and step count) inside a flat float32
   // buffer of its own, saved with durable checkpoints and restored from them (the same on every
   // trainer of the group; diloco/README.md, "The inner optimizer's state"). Empty (default):
@@ -346,9 +367,12 @@ class Diloco {
   LK_API std::span<const uint8_t> restored_extra_state() const;
 
   LK_API uint32_t step() const;           // committed outer steps held
-  LK_API size_t numel() const;            // elements of the flat parameter buffer
+  LK_API size_t numel() const;            // elements of the whole model's parameters
   LK_API size_t shard_numel() const;      // elements of this trainer's shard of the outer state
-  LK_API size_t inner_numel() const;      // elements of the inner_state buffer
+  // Elements of the buffer Join, Sync and Flush take: numel(), or shard_numel() when sharded.
+  LK_API size_t param_numel() const;
+  LK_API size_t inner_numel() const;      // elements of the inner_state buffer (this trainer's
+                                          // rows of it when sharded)
   LK_API std::string state_hash() const;  // of this trainer's shard of the global weights
   LK_API ParamDType param_dtype() const;  // DilocoOptions::param_dtype
   // Bytes of outer state the library holds for this trainer now: its shard of the global

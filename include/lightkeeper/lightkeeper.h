@@ -272,6 +272,11 @@ typedef struct lk_diloco_ext_options {
    * model calls lk_diloco_join_typed, lk_diloco_sync_typed and lk_diloco_flush_typed; the outer
    * state stays float32 and the new global weights come back rounded to nearest even. */
   int param_dtype;
+  /* Non-zero: the caller holds only its rows of every parameter (DilocoOptions::sharded): the
+   * buffers of join, sync and flush hold lk_diloco_param_numel() elements, this trainer's rows
+   * (lk_diloco_shard_rows) of every tensor in order, and the inner state callback's buffer its
+   * rows of the inner state. */
+  int sharded;
 } lk_diloco_ext_options;
 
 /* lk_diloco_create with the options of `ext` too; ext NULL: all unset. */
@@ -331,6 +336,14 @@ const void* lk_diloco_restored_extra_state(const lk_diloco* d, size_t* size);
 uint32_t lk_diloco_step(const lk_diloco* d);
 size_t lk_diloco_numel(const lk_diloco* d);
 size_t lk_diloco_shard_numel(const lk_diloco* d);
+/* Elements of the buffer join, sync and flush take: lk_diloco_numel, or lk_diloco_shard_numel
+ * when created sharded. */
+size_t lk_diloco_param_numel(const lk_diloco* d);
+/* Rows [*begin, *end) of a tensor whose first dimension has `rows` rows (a scalar: 1) that
+ * trainer `rank` of a group of `ranks` holds (the library's even split, DilocoOptions::sharded).
+ * Returns -1 (lk_last_error says why) when rank >= ranks or rows < 1. */
+int lk_diloco_shard_rows(int64_t rows, uint32_t ranks, uint32_t rank, int64_t* begin,
+                         int64_t* end);
 /* lk_diloco_join, lk_diloco_sync_tokens and lk_diloco_flush over a parameter buffer of `count`
  * elements of `dtype` (LK_DTYPE_*), which must be the param_dtype d was created with (else they
  * fail, lk_last_error naming both, and the buffer is untouched). For FLOAT32 they are the plain

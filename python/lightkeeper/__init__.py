@@ -15,8 +15,8 @@ from lightkeeper.errors import Error, InvalidArgument, QuorumLost
 from lightkeeper import _native
 from lightkeeper.results import Quorum, SyncResult, SyncStats
 from lightkeeper.manager import Manager
-from lightkeeper.diloco import DiLoCo
+from lightkeeper.diloco import DiLoCo, shard_rows
 from lightkeeper.place import TaskPlace, task_place_from_env
 
 __all__ = ["DiLoCo", "Error", "InvalidArgument", "Manager", "Quorum", "QuorumLost",
-           "SyncResult", "SyncStats", "TaskPlace", "task_place_from_env"]
+           "SyncResult", "SyncStats", "TaskPlace", "shard_rows", "task_place_from_env"]

@@ -1,7 +1,7 @@
 # The types of lightkeeper._native, the compiled module (python/src/module.cc): the surface the
 # package uses. Kept by hand beside the binding; python/tests/test_typed.py checks that every
 # name here exists in the built module and the other way round.
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 nccl_built: bool
 
@@ -90,7 +90,7 @@ class Diloco:
                  stuck_timeout_ms: int = 0, outer_compress: str = "none",
                  overlap: bool = False, outer_fragments: int = 1,
                  extra_state_bytes_max: int = 4194304,
-                 param_dtype: str = "float32") -> None: ...
+                 param_dtype: str = "float32", sharded: bool = False) -> None: ...
     # The results are plain dicts here (keys of lightkeeper.SyncResult, "stats" a dict of
     # lightkeeper.SyncStats' keys); DiLoCo turns them into SyncResult.
     def join(self, params: int, count: int) -> Dict[str, Any]: ...
@@ -113,7 +113,10 @@ class Diloco:
     @property
     def shard_numel(self) -> int: ...
     @property
+    def param_numel(self) -> int: ...
+    @property
     def outer_state_bytes(self) -> int: ...
 
 
+def shard_rows(rows: int, ranks: int, rank: int) -> Tuple[int, int]: ...
 def convert_dtype(src: int, src_dtype: str, dst: int, dst_dtype: str, count: int) -> None: ...

@@ -30,7 +30,7 @@ import datetime
 import os
 import time
 from types import TracebackType
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
 import torch
 import torch.distributed as dist
@@ -54,15 +54,82 @@ def _float_view(address: int, count: int) -> torch.Tensor:
     return torch.frombuffer(array, dtype=torch.float32, count=count)
 
 
+def shard_rows(rows: int, group_size: int, group_rank: int) -> Tuple[int, int]:
+    """Rows ``[begin, end)`` of a parameter's first dimension (``rows`` long) that trainer
+    ``group_rank`` of a group of ``group_size`` holds in a sharded model (``DiLoCo(shards=...)``):
+    the library's even split, the first ``rows % group_size`` ranks one row more. It equals
+    ``torch.chunk``'s (FSDP2's ``Shard(0)``) whenever ``group_size`` divides ``rows``."""
+    if rows < 1 or not 0 <= group_rank < group_size:
+        raise InvalidArgument(f"rows {rows} must be at least 1 and group_rank {group_rank} "
+                              f"in [0, {group_size})")
+    begin, end = _native.shard_rows(rows, group_size, group_rank)
+    return int(begin), int(end)
+
+
+# One parameter of a sharded model: its global shape, and the first of its rows this trainer
+# holds (DiLoCo's ``shards``).
+ShardSpec = Tuple[Sequence[int], int]
+
+
+class _Sharding:
+    """Where a sharded model's parameters sit: each trainer holds rows [begin, end) of every
+    parameter (ShardRows' even split), its local tensors packed in the model's order; the
+    library's specs are the whole model's."""
+
+    def __init__(self, shards: Mapping[str, ShardSpec], group_rank: int, group_size: int):
+        self.shards = shards
+        self.group_rank = group_rank
+        self.group_size = group_size
+        self.global_shapes: Dict[str, Tuple[int, ...]] = {}
+
+    def check(self, named: List[Tuple[str, torch.nn.Parameter]]) -> None:
+        """Refuses, naming the parameter and the rows, anything but this rank's even split."""
+        names = {n for n, _ in named}
+        for extra in sorted(set(self.shards) - names):
+            raise InvalidArgument(f"shards names {extra!r}, which is not a parameter of the model")
+        for name, p in named:
+            if name not in self.shards:
+                raise InvalidArgument(
+                    f"parameter {name} has no entry in shards (a sharded model describes every "
+                    "parameter: {name: (global_shape, first_row)})")
+            shape_in, first = self.shards[name]
+            shape = tuple(int(d) for d in shape_in)
+            if not shape or any(d < 1 for d in shape):
+                raise InvalidArgument(
+                    f"parameter {name}: global shape {shape} is not rows of a tensor (a sharded "
+                    "parameter has at least one dimension, all positive)")
+            local = tuple(p.shape)
+            if len(local) != len(shape) or local[1:] != shape[1:]:
+                raise InvalidArgument(f"parameter {name} is {local} here, which is not rows of "
+                                      f"its global shape {shape}")
+            begin, end = shard_rows(shape[0], self.group_size, self.group_rank)
+            if int(first) != begin or local[0] != end - begin:
+                raise InvalidArgument(
+                    f"parameter {name}: this trainer holds rows [{int(first)}, "
+                    f"{int(first) + local[0]}) of {shape[0]}, but group rank {self.group_rank} "
+                    f"of {self.group_size} must hold rows [{begin}, {end}) (the library's even "
+                    "split, lightkeeper.shard_rows)")
+            self.global_shapes[name] = shape
+
+
 class _InnerLayout:
     """Where each piece of the inner optimizer's state lives in one flat float32 buffer: for
     every parameter (in the model's order) every tensor of its optimizer state, by key. The
     layout is found by running a copy of the optimizer one step on copies of the parameters,
     because torch optimizers create their state lazily at the first step."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, params: List[Tuple[str, torch.nn.Parameter]]):
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 params: List[Tuple[str, torch.nn.Parameter]],
+                 sharding: Optional[_Sharding] = None):
+        # (parameter, name, key, local shape, offset in this trainer's buffer).
         self.entries: List[Tuple[torch.nn.Parameter, str, str, Tuple[int, ...], int]] = []
+        # The library's specs: the whole state's shapes and offsets (this trainer's rows of it
+        # when sharded). Scalars (a step count) are rank 0's rows of a sharded model's state.
+        self._specs: List[Tuple[str, int, Tuple[int, ...]]] = []
+        # A sharded model's scalars this trainer does not hold: rank 0's, shared on a restore.
+        self.borrowed: List[Tuple[torch.nn.Parameter, str]] = []
         self.total = 0
+        whole = 0
         probe_state = self._probe(optimizer, [p for _, p in params])
         for (name, p), state in zip(params, probe_state):
             for key in sorted(state):
@@ -70,10 +137,27 @@ class _InnerLayout:
                 if not isinstance(value, torch.Tensor) or not value.is_floating_point():
                     continue
                 shape = tuple(value.shape)
+                full = shape
+                held = True
+                if sharding is not None:
+                    if shape == tuple(p.shape):
+                        full = sharding.global_shapes[name]
+                    elif shape == ():
+                        held = sharding.group_rank == 0
+                    else:
+                        raise InvalidArgument(
+                            f"the inner optimizer's {key} of parameter {name} is {shape}, "
+                            "neither the parameter's shape nor a scalar: a sharded model's "
+                            "optimizer state must be cut by rows")
                 # The C++ example names them the same way (exp_avg/NAME, exp_avg_sq/NAME,
                 # step/NAME), so the two trainers read each other's checkpoints.
-                self.entries.append((p, f"{key}/{name}", key, shape, self.total))
-                self.total += max(1, value.numel())
+                self._specs.append((f"{key}/{name}", whole, full))
+                whole += max(1, int(torch.Size(full).numel()))
+                if held:
+                    self.entries.append((p, f"{key}/{name}", key, shape, self.total))
+                    self.total += self._count(shape)  # 0 where this rank holds no rows
+                else:
+                    self.borrowed.append((p, key))
 
     @staticmethod
     def _probe(optimizer: torch.optim.Optimizer,
@@ -93,13 +177,16 @@ class _InnerLayout:
         return [probe.state.get(clones[id(p)], {}) for p in params]
 
     def specs(self) -> List["_native.TensorSpec"]:
-        return [_native.TensorSpec(name, offset, list(shape))
-                for _, name, _, shape, offset in self.entries]
+        return [_native.TensorSpec(name, offset, list(shape)) for name, offset, shape in self._specs]
+
+    @staticmethod
+    def _count(shape: Tuple[int, ...]) -> int:
+        return 1 if shape == () else int(torch.Size(shape).numel())
 
     def save(self, optimizer: torch.optim.Optimizer, out: torch.Tensor) -> None:
         """The optimizer's current state into ``out`` (zeros where it has none yet)."""
         for p, _, key, shape, offset in self.entries:
-            n = max(1, int(torch.Size(shape).numel()))
+            n = self._count(shape)
             value = optimizer.state.get(p, {}).get(key)
             dst = out[offset:offset + n]
             if value is None:
@@ -107,10 +194,25 @@ class _InnerLayout:
             else:
                 dst.copy_(value.detach().reshape(-1).to(torch.float32))
 
-    def load(self, optimizer: torch.optim.Optimizer, flat: torch.Tensor) -> None:
-        """The optimizer's state from ``flat`` (a restore), in each value's own dtype/device."""
+    def load(self, optimizer: torch.optim.Optimizer, flat: torch.Tensor,
+             group_sum: Optional[Callable[[torch.Tensor], None]] = None) -> None:
+        """The optimizer's state from ``flat`` (a restore), in each value's own dtype/device.
+        A sharded model's trainers other than rank 0 take its scalars (the step counts) from
+        rank 0 through ``group_sum`` (an in-group sum every trainer of the group calls)."""
+        if group_sum is not None:
+            scalars = [(p, key, offset) for p, _, key, shape, offset in self.entries
+                       if shape == ()]
+            if self.borrowed:
+                scalars = [(p, key, -1) for p, key in self.borrowed]
+            shared = torch.zeros(len(scalars), dtype=torch.float32)
+            for i, (_, _, offset) in enumerate(scalars):
+                if offset >= 0:
+                    shared[i] = flat[offset]
+            group_sum(shared)
+            for i, (p, key, _) in enumerate(scalars):
+                optimizer.state[p][key] = shared[i].clone().reshape(())
         for p, _, key, shape, offset in self.entries:
-            n = max(1, int(torch.Size(shape).numel()))
+            n = self._count(shape)
             src = flat[offset:offset + n].reshape(shape)
             state = optimizer.state[p]
             old = state.get(key)
@@ -180,6 +282,17 @@ class DiLoCo:
             group of another size hands group rank r the bytes rank r saved, or nothing.
         extra_state_bytes_max: the bound on those bytes (default 4 MiB, at most 64 MiB);
             more fails the outer step with ``invalid_argument``.
+        shards: a sharded model (FSDP inside the group, DiLoCo across: the HSDP layout), by an
+            explicit description: ``{name: (global_shape, first_row)}`` for every parameter,
+            whose local tensor holds rows ``first_row`` on of the parameter's ``global_shape``.
+            The rows must be this trainer's of the library's even split
+            (``lightkeeper.shard_rows(rows, group_size, group_rank)``, which is FSDP2's
+            ``Shard(0)`` whenever the group size divides the rows); anything else raises
+            ``InvalidArgument`` naming the parameter and the rows, before anything is sent.
+            The library then holds the outer state of these rows only, never gathers the
+            model, heals and restores by rows (from groups and checkpoints of any layout), and
+            the inner optimizer's state is saved and restored per shard. None: every trainer
+            holds the whole model.
     """
 
     def __init__(self, manager: Manager, model: torch.nn.Module,
@@ -194,7 +307,8 @@ class DiLoCo:
                  overlap: bool = False, outer_fragments: int = 1,
                  extra_state: Optional[Callable[[], bytes]] = None,
                  load_extra_state: Optional[Callable[[bytes], None]] = None,
-                 extra_state_bytes_max: int = 4 << 20) -> None:
+                 extra_state_bytes_max: int = 4 << 20,
+                 shards: Optional[Mapping[str, ShardSpec]] = None) -> None:
         if sync_every < 1:
             raise InvalidArgument(f"sync_every must be at least 1, not {sync_every}")
         if not 1 <= int(outer_fragments) <= 64:
@@ -206,6 +320,11 @@ class DiLoCo:
             raise InvalidArgument("extra_state_bytes_max must be in (0, 64 MiB], "
                                   f"not {extra_state_bytes_max}")
         self.sync_every_s = sync_every_s
+        self._sharding: Optional[_Sharding] = None
+        if shards is not None:
+            if manager is None:
+                raise InvalidArgument("shards needs the manager (its group_rank and group_size)")
+            self._sharding = _Sharding(shards, manager.group_rank, manager.group_size)
         self._extra_state = extra_state
         self._load_extra_state = load_extra_state
         self._extra_state_bytes_max = int(extra_state_bytes_max)
@@ -254,10 +373,13 @@ class DiLoCo:
                     "takes parameters of one dtype (float32, bfloat16 or float16)")
         self._dtype = first.dtype
         self._device = devices.pop()
+        if self._sharding is not None:
+            self._sharding.check(named)
         total = sum(p.numel() for _, p in named)
         flat = torch.empty(total, dtype=self._dtype, device=self._device)
         specs: List[_native.TensorSpec] = []
         offset = 0
+        whole = 0  # the parameter's offset in the whole model (the library's specs)
         with torch.no_grad():
             for name, p in named:
                 count = p.numel()
@@ -265,8 +387,11 @@ class DiLoCo:
                 # The parameter becomes a view into the flat buffer (same Parameter object, so
                 # the optimizer's references stay valid).
                 p.data = flat[offset:offset + count].view_as(p)
-                specs.append(_native.TensorSpec(name, offset, list(p.shape)))
+                shape = (list(self._sharding.global_shapes[name]) if self._sharding is not None
+                         else list(p.shape))
+                specs.append(_native.TensorSpec(name, whole, shape))
                 offset += count
+                whole += int(torch.Size(shape).numel())
         self._flat = flat
         # The library works on host memory: a CUDA model is copied through a host buffer at
         # each outer step (pinned, so the copies run at the bus's speed).
@@ -279,7 +404,7 @@ class DiLoCo:
 
     def __enter__(self) -> "DiLoCo":
         self._flatten()
-        self._inner = _InnerLayout(self.inner_optimizer, self._named)
+        self._inner = _InnerLayout(self.inner_optimizer, self._named, self._sharding)
         opt = self.inner_optimizer
 
         def save_inner(address: int, count: int) -> None:
@@ -297,7 +422,7 @@ class DiLoCo:
             stuck_timeout_ms=0, outer_compress=o["outer_compress"], overlap=o["overlap"],
             outer_fragments=o["outer_fragments"],
             extra_state_bytes_max=self._extra_state_bytes_max,
-            param_dtype=_PARAM_DTYPES[self._dtype])
+            param_dtype=_PARAM_DTYPES[self._dtype], sharded=self._sharding is not None)
         try:
             self._call("join")
             if not self.should_stop and m.group_size > 1 and self._group_pg is None:
@@ -412,7 +537,12 @@ class DiLoCo:
         elif r.inner == "restored":
             state = torch.frombuffer(bytearray(native.restored_inner_state()),
                                      dtype=torch.float32)
-            self._inner.load(self.inner_optimizer, state)
+
+            def group_sum(t: torch.Tensor) -> None:
+                native.group_allreduce_sum(t.data_ptr(), t.numel())
+
+            sharded_group = self._sharding is not None and self.manager.group_size > 1
+            self._inner.load(self.inner_optimizer, state, group_sum if sharded_group else None)
         if r.extra_state_restored:
             self.restored_extra_state = native.restored_extra_state()
             if self._load_extra_state is not None and self.restored_extra_state is not None:
@@ -461,6 +591,11 @@ class DiLoCo:
     @property
     def shard_numel(self) -> int:
         return self._native.shard_numel if self._native is not None else 0
+
+    @property
+    def sharded(self) -> bool:
+        """The model is sharded (``shards``): this trainer holds its rows of every parameter."""
+        return self._sharding is not None
 
     @property
     def param_dtype(self) -> str:

@@ -81,6 +81,7 @@ class Manager:
         self._replica_world_size = 0
         self._step = 0
         self._pg_count = 0
+        self._mixed_group_sizes = False  # set_mixed_group_sizes
         self._finished = False
         self._closed = False
 
@@ -158,6 +159,7 @@ class Manager:
         each member's size). Off by default: ``allreduce`` needs every group laid out alike.
         ``DiLoCo`` turns it on itself. Call it before the first poll, in every trainer of the
         group."""
+        self._mixed_group_sizes = bool(on)
         self._session.set_mixed_group_sizes(bool(on))
 
     def current_step(self) -> int:
@@ -238,7 +240,16 @@ class Manager:
             # the join depends on: the session keeps an answer's heal for the DiLoCo join
             # (diloco/README.md, "What the join guarantees"), and the Manager does not take a
             # heal's step as its own here, since nothing healed yet.
-            self._poll(self._step, adopt_heal_step=False)
+            # The rendezvous averages nothing across groups, so this poll may share a quorum
+            # with groups of other trainer counts, whatever the trainer says for its own
+            # averages (set_mixed_group_sizes; DiLoCo turns it on at its join): without this,
+            # a group of 2 that builds its process group before DiLoCo (torchft's order) beside
+            # a group of 1 was refused with group_size_mismatch.
+            self._session.set_mixed_group_sizes(True)
+            try:
+                self._poll(self._step, adopt_heal_step=False)
+            finally:
+                self._session.set_mixed_group_sizes(self._mixed_group_sizes)
         self._pg_count += 1
         prefix = f"pg/r{self._replica_rank}/n{self._pg_count}/"
         store = AgentStore(self._session, self._quorum_id, prefix, timeout)

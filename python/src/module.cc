@@ -402,7 +402,7 @@ class Diloco {
          const std::string& bind_host, uint32_t init_timeout_ms, uint32_t op_timeout_ms,
          uint32_t stuck_timeout_ms, const std::string& outer_compress, bool overlap,
          uint32_t outer_fragments, uint64_t extra_state_bytes_max,
-         const std::string& param_dtype)
+         const std::string& param_dtype, bool sharded)
       : dtype_(DTypeCode(param_dtype)),
         params_(std::move(params)), inner_(std::move(inner_state)),
         inner_save_(std::move(inner_save)) {
@@ -436,6 +436,7 @@ class Diloco {
     ext.outer_fragments = outer_fragments;
     ext.extra_state_bytes_max = extra_state_bytes_max;
     ext.param_dtype = dtype_;
+    ext.sharded = sharded ? 1 : 0;
     d_ = lk_diloco_create_ext(session.raw(), &o, &ext);
     if (d_ == nullptr) RaiseLast();
     session_ = &session;
@@ -520,6 +521,7 @@ class Diloco {
   uint32_t step() const { return lk_diloco_step(d_); }
   size_t numel() const { return lk_diloco_numel(d_); }
   size_t shard_numel() const { return lk_diloco_shard_numel(d_); }
+  size_t param_numel() const { return lk_diloco_param_numel(d_); }
   uint64_t outer_state_bytes() const { return lk_diloco_outer_state_bytes(d_); }
 
  private:
@@ -630,7 +632,7 @@ PYBIND11_MODULE(_native, m) {
                     std::function<void(uintptr_t, size_t)>, float, float, bool,
                     const std::string&, uint32_t, uint32_t, const std::string&,
                     const std::string&, uint32_t, uint32_t, uint32_t, const std::string&,
-                    bool, uint32_t, uint64_t, const std::string&>(),
+                    bool, uint32_t, uint64_t, const std::string&, bool>(),
            // Keyword-only after the session: twenty options by position were a trap (two
            // swapped timeouts or counts still type-check).
            py::arg("session"), py::kw_only(), py::arg("group_rank"), py::arg("group_size"),
@@ -643,7 +645,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("outer_compress") = "none", py::arg("overlap") = false,
            py::arg("outer_fragments") = 1u,
            py::arg("extra_state_bytes_max") = uint64_t{4} << 20,
-           py::arg("param_dtype") = "float32",
+           py::arg("param_dtype") = "float32", py::arg("sharded") = false,
            py::keep_alive<1, 2>())  // the session outlives the DiLoCo object
       .def("join", &Diloco::Join)
       .def("sync", &Diloco::Sync, py::arg("params"), py::arg("count"), py::arg("tokens") = 0)
@@ -660,10 +662,19 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("step", &Diloco::step)
       .def_property_readonly("numel", &Diloco::numel)
       .def_property_readonly("shard_numel", &Diloco::shard_numel)
+      .def_property_readonly("param_numel", &Diloco::param_numel)
       .def_property_readonly("outer_state_bytes", &Diloco::outer_state_bytes);
 
   // The library's rounding between float32 and a 16-bit dtype (lk_dtype_convert), over raw
   // buffers: for tests against torch.
+  // The library's even split of a tensor's rows (lk_diloco_shard_rows).
+  m.def("shard_rows",
+        [](int64_t rows, uint32_t ranks, uint32_t rank) {
+          int64_t begin = 0, end = 0;
+          Call([&] { return lk_diloco_shard_rows(rows, ranks, rank, &begin, &end); });
+          return py::make_tuple(begin, end);
+        },
+        py::arg("rows"), py::arg("ranks"), py::arg("rank"));
   m.def("convert_dtype",
         [](uintptr_t in, const std::string& in_dtype, uintptr_t out, const std::string& out_dtype,
            size_t count) {

@@ -222,6 +222,138 @@ def mode_diloco(args, m):
     return 0
 
 
+class Zero3:
+    """ZeRO-3 by hand over the group's process group (Debian's torch 1.13 has no FSDP that
+    imports on Python 3.11): each trainer keeps only its rows of every parameter (and so of
+    AdamW's state) in ``holder``; an inner step gathers the whole weights into ``compute`` (an
+    exact all-gather: each trainer places its rows into zeros and the group sums, x + 0 == x),
+    runs forward and backward there, averages the gradients over the group and hands each
+    trainer its rows of them (a reduce-scatter), then frees the whole weights."""
+
+    def __init__(self, m, model, dtype, pg):
+        self.m = m
+        self.pg = pg
+        self.dtype = dtype
+        self.shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        self.rows = {n: lightkeeper.shard_rows(s[0], m.group_size, m.group_rank)
+                     for n, s in self.shapes.items()}
+        self.compute = model
+        self.holder = TinyModel().to(dtype)
+        with torch.no_grad():
+            for (n, hp), cp in zip(self.holder.named_parameters(), model.parameters()):
+                b, e = self.rows[n]
+                hp.data = cp.detach()[b:e].clone()
+
+    def shards(self):
+        return {n: (self.shapes[n], self.rows[n][0]) for n in self.shapes}
+
+    def _sum(self, t):
+        if self.pg is not None:
+            torch.distributed.all_reduce(t, group=self.pg)
+
+    def gather(self):
+        """The whole weights into ``compute`` (float32 on the wire: exact)."""
+        with torch.no_grad():
+            for (n, hp), cp in zip(self.holder.named_parameters(), self.compute.parameters()):
+                full = torch.zeros(self.shapes[n], dtype=torch.float32)
+                b, e = self.rows[n]
+                full[b:e] = hp.detach().float()
+                self._sum(full)
+                cp.data = full.to(self.dtype)
+
+    def free(self):
+        for cp in self.compute.parameters():
+            cp.data = torch.empty(0, dtype=self.dtype)
+            cp.grad = None
+
+    def grads(self):
+        """The group's average gradient, this trainer's rows into ``holder``."""
+        for (n, hp), cp in zip(self.holder.named_parameters(), self.compute.parameters()):
+            g = cp.grad.detach().float().clone()
+            self._sum(g)
+            g /= self.m.group_size
+            b, e = self.rows[n]
+            hp.grad = g[b:e].to(self.dtype).clone()
+
+
+def mode_zero3(args, m):
+    """DiLoCo on TinyModel trained ZeRO-3 by hand (--shard-model: each trainer holds its rows
+    of every parameter and of AdamW's state, and DiLoCo gets the rows as shards=) or
+    replicated (every trainer the whole model; the gradients averaged over the group). One
+    JSON line per event, with the hash of the whole model in its dtype (gathered when sharded:
+    the same bytes in every layout), the library's outer state bytes and the model bytes this
+    trainer holds."""
+    torch.manual_seed(7)
+    dtype = {"float32": torch.float32, "bf16": torch.bfloat16}[args.param_dtype]
+    model = TinyModel().to(dtype)
+    # torchft's order: the group's process group before DiLoCo (it needs no quorum yet).
+    pg = m.group_process_group() if m.group_size > 1 else None
+    z = Zero3(m, model, dtype, pg) if args.shard_model else None
+    held = z.holder if z is not None else model
+    opt = torch.optim.AdamW(held.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(1000 + zlib.crc32(args.data_seed.encode()) % 1000 +
+                                        m.group_rank)
+    target = torch.randn(8, 4, generator=torch.Generator().manual_seed(5))
+
+    def whole_hash():
+        if z is None:
+            return flat_hash(model)
+        z.gather()
+        h = flat_hash(model)
+        z.free()
+        return h
+
+    def average_grads():
+        if z is not None:
+            z.grads()
+            return
+        if pg is None:
+            return
+        for p in model.parameters():
+            g = p.grad.float()
+            torch.distributed.all_reduce(g, group=pg)
+            p.grad = (g / m.group_size).to(dtype)
+
+    with lightkeeper.DiLoCo(m, held, opt, sync_every=args.sync_every,
+                            ckpt_dir=args.ckpt_dir or None, ckpt_every=args.ckpt_every,
+                            outer_compress=args.outer_compress, overlap=args.overlap,
+                            group_pg=pg, shards=z.shards() if z is not None else None) as d:
+        r = d.last_result
+
+        def event(name, r, **kv):
+            emit(event=name, kind=r.kind, step=d.outer_step, global_hash=r.global_hash,
+                 model_hash=whole_hash(), inner=r.inner, heal_source=r.heal_source,
+                 saved=r.saved, shard_model=d.sharded, model_bytes=d.model_bytes,
+                 outer_state_bytes=d.outer_state_bytes,
+                 inner_hash=hashlib.sha256(
+                     d.inner_state_vector().numpy().tobytes()).hexdigest()[:16], **kv)
+
+        event("joined", r)
+        while d.outer_step + d.in_flight < args.steps and not d.should_stop:
+            x = torch.randn(16, 8, generator=gen).to(dtype)
+            if z is not None:
+                z.gather()
+            loss = (model(x) - x @ target.to(dtype)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            average_grads()
+            if z is not None:
+                z.free()
+            opt.step()
+            prev = d.last_result
+            d.step()
+            r = d.last_result
+            if r is not prev:
+                event("outer", r, quorum_id=r.quorum_id, world=r.replica_world_size)
+            if args.sleep_ms:
+                time.sleep(args.sleep_ms / 1000)
+        if d.in_flight:
+            event("outer", d.flush())
+        emit(event="stopping", step=d.outer_step, should_stop=d.should_stop)
+    emit(event="finished", step=d.outer_step)
+    return 0
+
+
 def mode_readme(args, m):
     """The README's lower layer, then DiLoCo on top, in the README's order: a poll, the group's
     process group, DistributedDataParallel over it, then the DiLoCo context (group_pg=pg). Each
@@ -301,7 +433,7 @@ def mode_torchft(args, m):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["allreduce", "idle", "ddp", "diloco", "sizes", "readme",
-                                    "torchft"])
+                                    "torchft", "zero3"])
     p.add_argument("--group-rank", type=int, default=0)
     p.add_argument("--group-size", type=int, default=1)
     p.add_argument("--steps", type=int, default=5)
@@ -324,6 +456,7 @@ def main():
     p.add_argument("--extra-state-bytes", type=int, default=0)
     p.add_argument("--init-seed", type=int, default=7)
     p.add_argument("--param-dtype", default="float32")
+    p.add_argument("--shard-model", action="store_true")
     # A test hook: the library perturbs this trainer's shard of the global weights once, right
     # after the outer update of step N and before its commit (LK_TEST_PERTURB_STEP, read by
     # the C++ library), so that the lighthouse's divergence check and the heal that follows
@@ -335,7 +468,7 @@ def main():
     import datetime
     mode = {"allreduce": mode_allreduce, "idle": mode_idle, "ddp": mode_ddp,
             "diloco": mode_diloco, "sizes": mode_sizes, "readme": mode_readme,
-            "torchft": mode_torchft}[args.mode]
+            "torchft": mode_torchft, "zero3": mode_zero3}[args.mode]
     with lightkeeper.Manager(args.group_rank, args.group_size,
                              timeout=datetime.timedelta(seconds=args.timeout_s)) as m:
         if args.no_finish:

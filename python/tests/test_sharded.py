@@ -1,0 +1,233 @@
+"""DiLoCo over sharded models (the HSDP layout: each group's trainers hold rows of every
+parameter, DiLoCo across groups): ``DiLoCo(shards=...)`` with real processes (trainers.py, mode
+zero3, ZeRO-3 by hand), mixed in one job with replicated groups, healing and restoring across
+layouts; and the refusals of bad shard descriptions."""
+
+import signal
+import types
+from collections import defaultdict
+
+import pytest
+import torch
+
+import lightkeeper
+from conftest import wait_for
+from test_manager import events
+
+
+def commits(proc):
+    return [e for e in events(proc, "outer") if e["kind"] == "committed"]
+
+
+def zero3(c, group, size, steps, extra=(), shard=True):
+    """The trainers of one group (started together: the group's process group needs them)."""
+    flags = ["zero3", "--steps", str(steps), "--sync-every", "3", "--data-seed", group,
+             "--group-size", str(size), *extra]
+    if shard:
+        flags.append("--shard-model")
+    return [c.trainer(group, flags + ["--group-rank", str(r)]) for r in range(size)]
+
+
+def by_step(trainers, key):
+    out = defaultdict(set)
+    for t in trainers:
+        for e in commits(t):
+            out[e["step"]].add(e[key])
+    return out
+
+
+@pytest.mark.parametrize("compress", ["none", "int8"])
+def test_sharded_and_replicated_groups_hold_the_same_weights_at_every_commit(cluster_factory,
+                                                                            compress):
+    # A replicated group of 1 and sharded groups of 2 and 3 in one job: the groups' row layouts
+    # differ (fragment-wise exchange), no trainer of a sharded group ever holds the whole model
+    # outside an inner step, and every member ends every commit with the same global weights.
+    c = cluster_factory(("--min-replicas", "3", "--join-timeout-ms", "300",
+                         "--heartbeat-timeout-ms", "3000"))
+    groups = {"g0": 1, "g1": 2, "g2": 3}
+    ts = {}
+    for g in groups:
+        c.agent(g)
+    for g, size in groups.items():
+        ts[g] = zero3(c, g, size, 4, ["--outer-compress", compress], shard=size > 1)
+    everyone = [t for g in ts for t in ts[g]]
+    for t in everyone:
+        assert t.wait(120) == 0, t.log()
+    for t in everyone:
+        assert [e["step"] for e in commits(t)] == [1, 2, 3, 4], t.log()
+        assert all(e["world"] == 3 for e in commits(t))
+    hashes = by_step(everyone, "global_hash")
+    models = by_step(everyone, "model_hash")
+    for step in (1, 2, 3, 4):
+        assert len(hashes[step]) == 1 and "" not in hashes[step], (step, hashes[step])
+        # The whole model, gathered from the shards, is the replicated trainer's bit for bit.
+        assert len(models[step]) == 1, (step, models[step])
+    # Each sharded trainer holds its rows only: model and outer state about 1/n of the
+    # replicated trainer's (TinyModel's rows do not all split evenly: within a row of each).
+    whole = commits(ts["g0"][0])[-1]
+    assert not whole["shard_model"]
+    for g in ("g1", "g2"):
+        for t in ts[g]:
+            last = commits(t)[-1]
+            assert last["shard_model"]
+            n = groups[g]
+            assert last["model_bytes"] < whole["model_bytes"] * 1.5 / n, (g, last, whole)
+            assert last["outer_state_bytes"] < whole["outer_state_bytes"] * 1.5 / n
+        # The group's rows tile the model: their bytes add up to the whole.
+        assert sum(commits(t)[-1]["model_bytes"] for t in ts[g]) == whole["model_bytes"]
+
+
+def test_a_sharded_group_restores_a_checkpoint_of_another_layout_and_heals_after_kill(
+        cluster_factory, tmp_dir):
+    c = cluster_factory(("--min-replicas", "1", "--join-timeout-ms", "300",
+                         "--heartbeat-timeout-ms", "3000"))
+    ckpt = str(tmp_dir / "ckpt-g1")
+    c.agent("g1")
+    # A sharded group of 2 saves every 2 steps, per shard.
+    first = zero3(c, "g1", 2, 4, ["--ckpt-dir", ckpt, "--ckpt-every", "2"])
+    for t in first:
+        assert t.wait(120) == 0, t.log()
+    at_save = [e for e in commits(first[0]) if e["saved"]][-1]
+    assert at_save["step"] == 4, first[0].log()
+    # The whole job restarts as a sharded group of 3: it restores step 4 by rows (another
+    # layout), with the same global weights and the inner optimizer resumed, nothing gathered.
+    c.agents["g1"].signal(signal.SIGTERM)
+    c.agents["g1"].wait(30)
+    c.agent("g1")
+    second = zero3(c, "g1", 3, 60, ["--ckpt-dir", ckpt, "--sleep-ms", "100"])
+    for t in second:
+        wait_for(lambda: events(t, "joined"), 90, "the restored group's join")
+    for t in second:
+        joined = events(t, "joined")[0]
+        assert joined["step"] == 4 and joined["kind"] == "received", t.log()
+        assert joined["heal_source"].startswith("durable"), joined
+        assert joined["global_hash"] == at_save["global_hash"]
+        assert joined["model_hash"] == at_save["model_hash"]
+        assert joined["inner"] == "restored", joined
+    # A replicated group joins the running job and heals from the sharded group's live rows.
+    c.agent("g0")
+    late = zero3(c, "g0", 1, 60, ["--sleep-ms", "100"], shard=False)[0]
+    wait_for(lambda: commits(late), 90, "the replicated group's first commit")
+    assert events(late, "joined")[0]["heal_source"] == "peers", late.log()
+    # kill -9 of one sharded trainer ends its group's life; a new life of the group (a sharded
+    # group of 2 now) heals from the replicated group's live state, by rows.
+    second[1].signal(signal.SIGKILL)
+    for t in (second[0], second[2]):
+        assert t.wait(90) != 0, t.log()
+    c.agents["g1"].signal(signal.SIGTERM)
+    c.agents["g1"].wait(30)
+    c.agent("g1")
+    third = zero3(c, "g1", 2, 60, ["--ckpt-dir", ckpt])
+    for t in third + [late]:
+        assert t.wait(120) == 0, t.log()
+    for t in third:
+        joined = events(t, "joined")[0]
+        assert joined["kind"] == "received" and joined["heal_source"] == "peers", t.log()
+        assert joined["inner"] == "reset"  # the DiLoCo convention for a live heal
+    mine = {e["step"]: (e["global_hash"], e["model_hash"]) for e in commits(late)}
+    for t in third:
+        theirs = {e["step"]: (e["global_hash"], e["model_hash"]) for e in commits(t)}
+        common = sorted(set(mine) & set(theirs))
+        assert common and common[-1] == 60, (mine, theirs)
+        assert all(mine[s] == theirs[s] for s in common)
+
+
+def _model_and_opt():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+
+
+def _rows_of(model, rank, size):
+    """The model cut to rank's even split, with its shards description."""
+    shards = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            b, e = lightkeeper.shard_rows(p.shape[0], size, rank)
+            shards[name] = (tuple(p.shape), b)
+            p.data = p.data[b:e].clone()
+    return shards
+
+
+def test_shard_rows_is_the_even_split_and_refuses_nonsense():
+    assert [lightkeeper.shard_rows(10, 4, r) for r in range(4)] == [(0, 3), (3, 6), (6, 8),
+                                                                    (8, 10)]
+    assert lightkeeper.shard_rows(2, 3, 2) == (2, 2)  # fewer rows than trainers: none here
+    for bad in ((0, 2, 0), (5, 2, 2), (5, 0, 0)):
+        with pytest.raises(ValueError):
+            lightkeeper.shard_rows(*bad)
+
+
+def test_bad_shard_descriptions_are_refused_naming_the_parameter_and_rows():
+    group = types.SimpleNamespace(group_rank=1, group_size=2)  # the layout needs rank and size
+
+    def refused(shards_of, model=None):
+        m, opt = _model_and_opt() if model is None else model
+        shards = shards_of(m)
+        d = lightkeeper.DiLoCo(group, m, opt, sync_every=2, shards=shards)
+        with pytest.raises(lightkeeper.InvalidArgument) as e:
+            d._flatten()
+        assert isinstance(e.value, ValueError)
+        return str(e.value)
+
+    def good(m):
+        return _rows_of(m, 1, 2)
+
+    # The right description is taken: the library's specs are the whole model's.
+    m, opt = _model_and_opt()
+    d = lightkeeper.DiLoCo(group, m, opt, sync_every=2, shards=good(m))
+    d._flatten()
+    assert [s.name for s in d._specs] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert [s.offset for s in d._specs] == [0, 15, 20, 30]
+    assert [list(s.shape) for s in d._specs] == [[5, 3], [5], [2, 5], [2]]
+    assert d._flat.numel() == 2 * 3 + 2 + 1 * 5 + 1  # rows [3,5), [3,5), [1,2), [1,2)
+
+    def overlap(m):  # rank 1 claims rows from 2 (rank 0's row 2 too)
+        s = good(m)
+        with torch.no_grad():
+            w = m[0].weight
+            w.data = torch.zeros(3, 3)
+        s["0.weight"] = ((5, 3), 2)
+        return s
+    msg = refused(overlap)
+    assert "0.weight" in msg and "[2, 5)" in msg and "[3, 5)" in msg, msg
+
+    def gap(m):  # rows [4, 5) only: row 3 is nobody's
+        s = good(m)
+        m[0].bias.data = torch.zeros(1)
+        s["0.bias"] = ((5,), 4)
+        return s
+    msg = refused(gap)
+    assert "0.bias" in msg and "[4, 5)" in msg, msg
+
+    def past_end(m):
+        s = good(m)
+        s["2.weight"] = ((1, 5), 1)  # global rows 1, but it starts at row 1
+        return s
+    msg = refused(past_end)
+    assert "2.weight" in msg, msg
+
+    def wrong_shape(m):
+        s = good(m)
+        s["0.weight"] = ((5, 4), 3)  # the local rows have 3 columns
+        return s
+    msg = refused(wrong_shape)
+    assert "0.weight" in msg and "(5, 4)" in msg, msg
+
+    def missing(m):
+        s = good(m)
+        del s["2.bias"]
+        return s
+    assert "2.bias" in refused(missing)
+
+    def unknown(m):
+        s = good(m)
+        s["nope"] = ((1,), 0)
+        return s
+    assert "nope" in refused(unknown)
+
+    # A dtype the library does not take is refused first, by name.
+    m, opt = _model_and_opt()
+    m.double()
+    msg = refused(good, (m, opt))
+    assert "float64" in msg, msg
