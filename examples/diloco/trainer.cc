@@ -369,7 +369,7 @@ void Trainer::WriteLogLine(const SyncResult& r) {
                   "\"inner_steps_run\":{},\"group_id\":\"{}\",\"outer_compress\":\"{}\","
                   "\"overlap\":{},\"wait_ms\":{:.1f},\"inner_step\":{},\"param_dtype\":\"{}\","
                   "\"model_bytes\":{},\"outer_state_bytes\":{},\"model_hash\":\"{}\","
-                  "\"batches\":[{}]}}\n",
+                  "\"shard_model\":false,\"batches\":[{}]}}\n",
                   r.step, r.quorum_id, r.replica_world_size, loss_, r.state_hash,
                   r.healed ? "true" : "false", o_.group_rank, static_cast<int64_t>(y.outer_ms),
                   eval, t_ms, step_ms, y.poll_ms, y.join_ms, s.inner_ms, s.discarded_ms,

@@ -16,6 +16,7 @@ flags. It uses only the package's public API: lightkeeper.Manager and lightkeepe
 """
 import argparse
 import base64
+import copy
 import datetime
 import json
 import math
@@ -126,6 +127,14 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
                         "the weights and the model holds its rounding (mixed precision, the "
                         "C++ trainer's --inner-master); false: torch's AdamW on the 16-bit "
                         "parameters (pure 16-bit training) (env LK_INNER_MASTER)")
+    shard_env = os.environ.get("LK_SHARD_MODEL", "")
+    p.add_argument("--shard-model", action="store_true",
+                   default=shard_env.lower() in ("1", "true", "yes"),
+                   help="each trainer of the group keeps only its rows of every parameter and "
+                        "of AdamW's state (ZeRO-3 by hand: an inner step gathers the weights "
+                        "over the group's process group and frees them after, the gradients "
+                        "are averaged and each trainer keeps its rows), and DiLoCo takes the "
+                        "rows as a sharded model (env LK_SHARD_MODEL)")
     overlap_env = os.environ.get("LK_OUTER_OVERLAP", "")
     p.add_argument("--outer-overlap", action="store_true",
                    default=overlap_env.lower() in ("1", "true", "yes"),
@@ -315,7 +324,7 @@ class StepLog:
             '"weighted":%s,"global_hash":"%s","inner_steps_run":%d,"group_id":"%s",'
             '"outer_compress":"%s","overlap":%s,"wait_ms":%.1f,"inner_step":%d,'
             '"param_dtype":"%s","model_bytes":%d,"outer_state_bytes":%d,"model_hash":"%s",'
-            '"batches":[%s]}\n') % (
+            '"shard_model":%s,"batches":[%s]}\n') % (
                 r.step, r.quorum_id, r.replica_world_size, loss, r.state_hash,
                 "true" if r.healed else "false", a.group_rank, int(y["outer_ms"]), evals,
                 int(time.time() * 1000), step_ms, y["poll_ms"], y["join_ms"], self.inner_ms,
@@ -326,6 +335,7 @@ class StepLog:
                 "true" if r.weighted else "false", r.global_hash, inner_run, a.group_id,
                 a.outer_compress, "true" if a.outer_overlap else "false", y["wait_ms"],
                 inner_step, a.param_dtype, model_bytes, outer_state_bytes, model_hash,
+                "true" if a.shard_model else "false",
                 ",".join('"%016x"' % h for h in batches))
         self.clear()
         if self.file is not None:
@@ -385,6 +395,65 @@ class DataStream:
                  inner_step=self.inner_step)
 
 
+class Zero3:
+    """ZeRO-3 by hand over the group's process group (Debian's torch 1.13 has no FSDP that
+    imports on Python 3.11; on a torch with FSDP2 its Shard(0) parameters' local tensors are
+    what `holder` holds): `holder` keeps this trainer's rows of every parameter of the model
+    (lightkeeper.shard_rows' even split), and so its optimizer keeps AdamW's state of those
+    rows only. `gather` puts the whole weights into the model for a forward and backward (each
+    trainer places its rows into zeros and the group sums them: an exact all-gather, x + 0 ==
+    x), `keep_grads` hands each trainer its rows of the group's averaged gradients (a
+    reduce-scatter), and `free` drops the whole weights again."""
+
+    def __init__(self, lm: char_model.LocalModel, rank: int, size: int,
+                 group: Optional[Any]) -> None:
+        self.lm = lm
+        self.group = group
+        self.dtype = lm.params[0].dtype
+        self.shapes = [tuple(p.shape) for p in lm.params]
+        self.rows = [lightkeeper.shard_rows(s[0], size, rank) for s in self.shapes]
+        self.holder = copy.deepcopy(lm.model)
+        with torch.no_grad():
+            for hp, (b, e) in zip(self.holder.parameters(), self.rows):
+                hp.data = hp.data[b:e].clone()
+        self.free()
+
+    def shards(self) -> Dict[str, Tuple[Sequence[int], int]]:
+        names = [n for n, _ in self.holder.named_parameters()]
+        return {n: (s, b) for n, s, (b, _) in zip(names, self.shapes, self.rows)}
+
+    def gather(self, rows: Optional[torch.Tensor] = None) -> None:
+        """The whole weights into the model: from `holder`, or from `rows` (this trainer's rows
+        of every parameter in order, float32: e.g. its rows of DiLoCo's global weights)."""
+        full = torch.zeros(self.lm.numel, dtype=torch.float32)
+        at, taken = 0, 0
+        for hp, shape, (b, e) in zip(self.holder.parameters(), self.shapes, self.rows):
+            n = int(torch.Size(shape).numel())
+            row = n // shape[0]
+            count = (e - b) * row
+            src = hp.detach().reshape(-1) if rows is None else rows[taken:taken + count]
+            full[at + b * row:at + e * row].copy_(src)
+            at, taken = at + n, taken + count
+        if self.group is not None:
+            self.group.allreduce([full]).wait()
+        at = 0
+        with torch.no_grad():
+            for p, shape in zip(self.lm.params, self.shapes):
+                n = int(torch.Size(shape).numel())
+                p.data = full[at:at + n].view(shape).to(self.dtype)
+                at += n
+
+    def keep_grads(self) -> None:
+        for hp, p, (b, e) in zip(self.holder.parameters(), self.lm.params, self.rows):
+            assert p.grad is not None
+            hp.grad = p.grad[b:e].clone()
+
+    def free(self) -> None:
+        for p in self.lm.params:
+            p.data = torch.empty(0, dtype=self.dtype)
+            p.grad = None
+
+
 def train(args: argparse.Namespace, log: Logger) -> int:
     op_timeout = datetime.timedelta(milliseconds=args.op_timeout_ms)
     init_timeout = datetime.timedelta(milliseconds=args.init_timeout_ms)
@@ -411,14 +480,31 @@ def train_with(args: argparse.Namespace, log: Logger, manager: lightkeeper.Manag
     steps = StepLog(args.log, args)
     eval_seed = char_model.mix_seed(args.seed, char_model.EVAL_TAG)
     data = DataStream(log)
+    zero3: Optional[Zero3] = None
+    group: Optional[Any] = None
+    model, optimizer = lm.model, lm.optimizer
+    if args.shard_model:
+        # The gathers need the group's process group from the first inner step on: it comes
+        # before DiLoCo (torchft's order; it needs no quorum of its own).
+        group = (manager.group_process_group(timeout=op_timeout) if args.group_size > 1
+                 else None)
+        zero3 = Zero3(lm, args.group_rank, args.group_size, group)
+        model = zero3.holder
+        if args.param_dtype != "float32" and args.inner_master:
+            optimizer = MasterAdamW(list(model.parameters()), lr=args.inner_lr,
+                                    weight_decay=lm.weight_decay)
+        else:
+            optimizer = torch.optim.AdamW(  # type: ignore[call-arg]
+                model.parameters(), lr=args.inner_lr, weight_decay=lm.weight_decay,
+                foreach=False)
     diloco = lightkeeper.DiLoCo(
-        manager, lm.model, lm.optimizer, sync_every=args.inner_steps, outer_lr=args.outer_lr,
+        manager, model, optimizer, sync_every=args.inner_steps, outer_lr=args.outer_lr,
         outer_momentum=args.outer_momentum, nesterov=True, ckpt_dir=args.ckpt_dir or None,
         ckpt_every=args.ckpt_every, live_dir=args.live_dir, timeout=op_timeout,
         init_timeout=init_timeout, outer_compress=args.outer_compress,
         sync_every_s=args.outer_step_s or None, overlap=args.outer_overlap,
         outer_fragments=args.outer_fragments, extra_state=data.save,
-        load_extra_state=data.load)
+        load_extra_state=data.load, shards=zero3.shards() if zero3 is not None else None)
     tokens_per_step = args.batch * args.seq_len
     with diloco:
         # Entering joined the job: the model holds the job's global weights (replica_rank 0's
@@ -435,8 +521,8 @@ def train_with(args: argparse.Namespace, log: Logger, manager: lightkeeper.Manag
         # The group's inner gradients are averaged over a process group of its own (the
         # DiLoCo's agrees on drains at every step): every trainer of the group asks for it
         # here, right after the same join.
-        group = (manager.group_process_group(timeout=op_timeout) if args.group_size > 1
-                 else None)
+        if zero3 is None and args.group_size > 1:
+            group = manager.group_process_group(timeout=op_timeout)
         log("info", "trainer_start", params=lm.numel, shard_size=diloco.shard_numel,
             vocab=len(vocab), corpus_bytes=len(text))
 
@@ -453,6 +539,15 @@ def train_with(args: argparse.Namespace, log: Logger, manager: lightkeeper.Manag
             if args.eval_batches <= 0:
                 return None
             e0 = time.monotonic()
+            if zero3 is not None:
+                # The whole global weights for the evaluation, gathered and freed after.
+                zero3.gather(diloco.global_weights().float() if args.outer_overlap else None)
+                with torch.no_grad():
+                    value = float(lm.eval_loss(char_model.SplitMix(eval_seed),
+                                               args.eval_batches))
+                zero3.free()
+                steps.eval_ms += (time.monotonic() - e0) * 1000
+                return value
             if args.outer_overlap:
                 # The model carries this group's inner progress on top of the global weights:
                 # the evaluation is of the global weights alone, as every member holds them.
@@ -484,7 +579,11 @@ def train_with(args: argparse.Namespace, log: Logger, manager: lightkeeper.Manag
             # model_bytes, outer_state_bytes and the hash of the model's weights in their own
             # dtype's bytes (the C++ trainer's model_hash: the 16-bit bytes read as float32
             # pairs, an odd tail padded with zero).
+            if zero3 is not None:
+                zero3.gather()  # the whole model's hash, the same bytes in every layout
             flat = parameters_to_vector(lm.model.parameters()).detach()
+            if zero3 is not None:
+                zero3.free()
             raw = flat.view(torch.int16) if flat.element_size() == 2 else flat
             if raw.dtype == torch.int16:
                 if raw.numel() % 2:
@@ -511,8 +610,13 @@ def train_with(args: argparse.Namespace, log: Logger, manager: lightkeeper.Manag
         while (diloco.outer_step + diloco.in_flight < args.outer_steps and
                not diloco.should_stop):
             s0 = time.monotonic()
+            if zero3 is not None:
+                zero3.gather()
             loss, _ = lm.inner_step(rng, average)
-            lm.optimizer.step()
+            if zero3 is not None:
+                zero3.keep_grads()
+                zero3.free()
+            optimizer.step()
             data.inner_step += 1
             batches.append(lm.last_batch_hash)
             if args.inner_step_min_ms > 0:

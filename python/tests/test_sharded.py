@@ -3,9 +3,11 @@ parameter, DiLoCo across groups): ``DiLoCo(shards=...)`` with real processes (tr
 zero3, ZeRO-3 by hand), mixed in one job with replicated groups, healing and restoring across
 layouts; and the refusals of bad shard descriptions."""
 
+import json
 import signal
 import types
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,9 +38,11 @@ def by_step(trainers, key):
     return out
 
 
-@pytest.mark.parametrize("compress", ["none", "int8"])
-def test_sharded_and_replicated_groups_hold_the_same_weights_at_every_commit(cluster_factory,
-                                                                            compress):
+@pytest.mark.parametrize("compress,overlap,dtype", [("none", False, "float32"),
+                                                   ("int8", True, "float32"),
+                                                   ("none", False, "bf16")])
+def test_sharded_and_replicated_groups_hold_the_same_weights_at_every_commit(
+        cluster_factory, compress, overlap, dtype):
     # A replicated group of 1 and sharded groups of 2 and 3 in one job: the groups' row layouts
     # differ (fragment-wise exchange), no trainer of a sharded group ever holds the whole model
     # outside an inner step, and every member ends every commit with the same global weights.
@@ -49,7 +53,8 @@ def test_sharded_and_replicated_groups_hold_the_same_weights_at_every_commit(clu
     for g in groups:
         c.agent(g)
     for g, size in groups.items():
-        ts[g] = zero3(c, g, size, 4, ["--outer-compress", compress], shard=size > 1)
+        flags = ["--outer-compress", compress, "--param-dtype", dtype]
+        ts[g] = zero3(c, g, size, 4, flags + (["--overlap"] if overlap else []), shard=size > 1)
     everyone = [t for g in ts for t in ts[g]]
     for t in everyone:
         assert t.wait(120) == 0, t.log()
@@ -60,8 +65,9 @@ def test_sharded_and_replicated_groups_hold_the_same_weights_at_every_commit(clu
     models = by_step(everyone, "model_hash")
     for step in (1, 2, 3, 4):
         assert len(hashes[step]) == 1 and "" not in hashes[step], (step, hashes[step])
-        # The whole model, gathered from the shards, is the replicated trainer's bit for bit.
-        assert len(models[step]) == 1, (step, models[step])
+        # The whole model, gathered from the shards, is the replicated trainer's bit for bit
+        # (with overlap each group's model carries its own inner progress on top).
+        assert overlap or len(models[step]) == 1, (step, models[step])
     # Each sharded trainer holds its rows only: model and outer state about 1/n of the
     # replicated trainer's (TinyModel's rows do not all split evenly: within a row of each).
     whole = commits(ts["g0"][0])[-1]
@@ -231,3 +237,39 @@ def test_bad_shard_descriptions_are_refused_naming_the_parameter_and_rows():
     m.double()
     msg = refused(good, (m, opt))
     assert "float64" in msg, msg
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+def test_the_python_example_with_shard_model_agrees_with_the_cpp_example_at_every_commit(
+        cluster_factory, tmp_dir, dtype):
+    # examples/python/diloco_trainer.py --shard-model (ZeRO-3 by hand, DiLoCo over the rows) in
+    # a group of 2, beside the C++ example trainer holding the whole model in a group of 1:
+    # the same global weights and the same whole model (gathered) after every commit.
+    from test_bf16 import example
+    c = cluster_factory(("--min-replicas", "2", "--join-timeout-ms", "300",
+                         "--heartbeat-timeout-ms", "3000"))
+    steps = 3
+    c.agent("g0")
+    c.agent("g1")
+    logs = {"g0": [tmp_dir / "cpp.jsonl"], "g1": [tmp_dir / "py-0.jsonl", tmp_dir / "py-1.jsonl"]}
+    procs = [example(c, "g0", tmp_dir, steps, logs["g0"][0], True, ["--param-dtype", dtype])]
+    for r in range(2):
+        procs.append(example(c, "g1", tmp_dir, steps, logs["g1"][r], False,
+                             ["--param-dtype", dtype, "--shard-model", "--group-rank", str(r),
+                              "--group-size", "2"]))
+    for p in procs:
+        assert p.wait(180) == 0, p.log()
+    rows = [{json.loads(line)["step"]: json.loads(line)
+             for line in Path(path).read_text().splitlines()}
+            for path in logs["g0"] + logs["g1"]]
+    whole, shards = rows[0], rows[1:]
+    for step in range(1, steps + 1):
+        for r in shards:
+            assert r[step]["global_hash"] == whole[step]["global_hash"], step
+            assert r[step]["model_hash"] == whole[step]["model_hash"], step
+            assert r[step]["shard_model"] and not whole[step]["shard_model"]
+    # Each trainer of the sharded group holds its rows: the two add up to the whole model, and
+    # each one's outer state is about half the replicated trainer's.
+    assert sum(r[steps]["model_bytes"] for r in shards) == whole[steps]["model_bytes"]
+    for r in shards:
+        assert r[steps]["outer_state_bytes"] < 0.6 * whole[steps]["outer_state_bytes"]

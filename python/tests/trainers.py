@@ -348,7 +348,8 @@ def mode_zero3(args, m):
             if args.sleep_ms:
                 time.sleep(args.sleep_ms / 1000)
         if d.in_flight:
-            event("outer", d.flush())
+            r = d.flush()
+            event("outer", r, quorum_id=r.quorum_id, world=r.replica_world_size)
         emit(event="stopping", step=d.outer_step, should_stop=d.should_stop)
     emit(event="finished", step=d.outer_step)
     return 0
