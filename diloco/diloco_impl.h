@@ -76,6 +76,7 @@ class Diloco::Impl {
         sink_(std::make_shared<NoticeSink>()),
         perturb_step_(internal::TestPerturbStep()) {
     ValidateSpecs(o_.inner_state, &inner_total_).ok();
+    model_fingerprint_ = ModelFingerprint(o_.params);
     proto_.can_save = !o_.ckpt_dir.empty();
     proto_.stuck_timeout = EffectiveStuckTimeout(o_.stuck_timeout, o_.op_timeout);
   }
@@ -279,6 +280,7 @@ class Diloco::Impl {
   InnerStateHooks hooks_;
   ShardLayout layout_, inner_layout_;
   size_t inner_total_ = 0;
+  uint32_t model_fingerprint_ = 0;  // ModelFingerprint(o_.params)
   std::shared_ptr<NoticeSink> sink_;
   // The lighthouse KV through the agent, on a connection of its own (a KV wait never holds up
   // a Poll); each communicator sees it under its own key prefix.

@@ -261,6 +261,26 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& polled, std::span<floa
       return st.WithContext("intra-group communicator");
     }
     group_ready_ = true;
+    // The group's trainers must describe one model (a sharded trainer's rows are cut from it,
+    // and the group's layout from all of theirs): one small in-group sum of the fingerprint's
+    // limbs, before any state moves. Every trainer sees the same sum and fails alike.
+    std::vector<float> fp = {static_cast<float>(model_fingerprint_ & 0xfff),
+                             static_cast<float>(model_fingerprint_ >> 12)};
+    if (Status st = GroupSum(fp); !st.ok()) {
+      account();
+      return st.WithContext("the group's model check");
+    }
+    const auto n = static_cast<float>(o_.group_size);
+    if (fp[0] != n * static_cast<float>(model_fingerprint_ & 0xfff) ||
+        fp[1] != n * static_cast<float>(model_fingerprint_ >> 12)) {
+      account();
+      group_failed_ = true;  // a configuration error: no later quorum mends it
+      return InvalidArgument(
+          "the trainers of this group describe different models (this one's parameters have "
+          "fingerprint {:06x}): every trainer of a group passes the same specs (names, whole "
+          "shapes, order), sharded or not",
+          model_fingerprint_);
+    }
   }
   Result<std::optional<MixedPlan>> plan = PlanQuorum(pr);
   if (!plan.ok()) {

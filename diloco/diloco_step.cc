@@ -136,7 +136,7 @@ Result<OuterWeights> Diloco::Impl::AgreeWeights(const client::PollResult& pr,
   const size_t token_floats = counts.size();
   const uint32_t index = mixed_ ? mixed_->mesh_rank : pr.replica_rank;
   const uint32_t participants = mixed_ ? mixed_->mesh_world : pr.replica_world_size;
-  const ExchangeShape shape{o_.outer_compress, o_.outer_fragments};
+  const ExchangeShape shape{o_.outer_compress, o_.outer_fragments, model_fingerprint_};
   counts.resize(token_floats + kShapeFloats * participants, 0.0f);
   EncodeShape(shape, index, std::span<float>(counts).subspan(token_floats));
   LK_RETURN_IF_ERROR(CrossComm().AllReduce(counts.data(), counts.size(), comm::DType::kFloat32,

@@ -163,6 +163,20 @@ void EncodeShape(const ExchangeShape& self, uint32_t index, std::span<float> out
   // codec + 1: a participant that wrote nothing (0) cannot pass for `none`.
   out[index * kShapeFloats] = static_cast<float>(static_cast<uint32_t>(self.codec) + 1);
   out[index * kShapeFloats + 1] = static_cast<float>(self.pieces);
+  out[index * kShapeFloats + 2] = static_cast<float>(self.model & 0xfff);
+  out[index * kShapeFloats + 3] = static_cast<float>((self.model >> 12) & 0xfff);
+}
+
+uint32_t ModelFingerprint(const std::vector<TensorSpec>& specs) {
+  std::string text;
+  for (const TensorSpec& s : specs) {
+    text += s.name;
+    text.push_back('\0');
+    for (int64_t d : s.shape) text += fmt::format("{},", d);
+    text.push_back('\n');
+  }
+  return static_cast<uint32_t>(XXH3_64bits(text.data(), text.size())) &
+         ((1u << kModelFingerprintBits) - 1);
 }
 
 std::vector<ExchangeShape> DecodeShapes(std::span<const float> summed) {
@@ -175,6 +189,10 @@ std::vector<ExchangeShape> DecodeShapes(std::span<const float> summed) {
                                                                : UINT32_MAX >> 1);
     const float p = summed[i * kShapeFloats + 1];
     out[i].pieces = p >= 0 && p < 65536 ? static_cast<uint32_t>(p) : 0;
+    const float lo = summed[i * kShapeFloats + 2], hi = summed[i * kShapeFloats + 3];
+    out[i].model = lo >= 0 && lo < 4096 && hi >= 0 && hi < 4096
+                       ? static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 12)
+                       : UINT32_MAX;
   }
   return out;
 }
@@ -190,6 +208,13 @@ std::string DescribeShape(const ExchangeShape& s) {
 Status CheckShapes(std::span<const ExchangeShape> shapes, const ExchangeShape& self) {
   for (size_t i = 0; i < shapes.size(); ++i) {
     if (shapes[i] == self) continue;
+    if (shapes[i].codec == self.codec && shapes[i].pieces == self.pieces) {
+      return Error(Code::kConflict,
+                   "the cross-group exchange differs: participant {} trains another model "
+                   "(fingerprint {:06x} of its parameters' names, shapes and order; this one "
+                   "{:06x}): every group of a job describes the same parameters in the same order",
+                   i, shapes[i].model, self.model);
+    }
     return Error(Code::kConflict,
                  "the cross-group exchange differs: participant {} sends {}, this one {} (every "
                  "group of a job needs the same --outer-compress and --outer-fragments)",

@@ -106,9 +106,17 @@ std::vector<uint64_t> DecodeMemberTokens(std::span<const float> summed);
 struct ExchangeShape {
   OuterCompress codec = OuterCompress::kNone;
   uint32_t pieces = 1;  // DilocoOptions::outer_fragments
+  uint32_t model = 0;   // ModelFingerprint of the parameters' specs
   bool operator==(const ExchangeShape&) const = default;
 };
-inline constexpr size_t kShapeFloats = 2;
+inline constexpr size_t kShapeFloats = 4;
+// 24 bits of XXH3 over the parameters' names, shapes and order (not their offsets' values,
+// which follow from them): members that train different models, or the same one described in
+// another order, must never average their buffers element by element. Two 12-bit limbs travel
+// exactly in a float sum. A sharded trainer gives the whole model's specs, so its fingerprint
+// is a replicated trainer's.
+inline constexpr uint32_t kModelFingerprintBits = 24;
+uint32_t ModelFingerprint(const std::vector<TensorSpec>& specs);
 // Writes `self` at `index` into `out` (kShapeFloats per participant), leaving the rest alone.
 void EncodeShape(const ExchangeShape& self, uint32_t index, std::span<float> out);
 std::vector<ExchangeShape> DecodeShapes(std::span<const float> summed);

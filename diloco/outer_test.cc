@@ -357,6 +357,20 @@ TEST_CASE("exchange shapes survive the sum; any difference, or a participant mis
   CHECK(missing.code() == Code::kConflict);
   CHECK(missing.message().find("participant 1 sends 0 pieces of an unknown codec") !=
         std::string::npos);
+  // Another model (here one tensor's shape differs) is a conflict of its own, named as such.
+  const std::vector<TensorSpec> a = {{"w", 0, {4, 3}}, {"b", 12, {3}}};
+  const std::vector<TensorSpec> b = {{"w", 0, {3, 4}}, {"b", 12, {3}}};
+  const std::vector<TensorSpec> c = {{"b", 0, {3}}, {"w", 3, {4, 3}}};
+  CHECK(ModelFingerprint(a) == ModelFingerprint(a));
+  CHECK(ModelFingerprint(a) != ModelFingerprint(b));
+  CHECK(ModelFingerprint(a) != ModelFingerprint(c));  // the same tensors in another order
+  CHECK(ModelFingerprint(a) < (1u << kModelFingerprintBits));
+  const ExchangeShape ma{OuterCompress::kInt8, 4, ModelFingerprint(a)},
+      mb{OuterCompress::kInt8, 4, ModelFingerprint(b)};
+  CHECK(summed({{0, ma}, {1, ma}}, 2)[1] == ma);
+  Status model = CheckShapes(summed({{0, ma}, {1, mb}}, 2), ma);
+  CHECK(model.code() == Code::kConflict);
+  CHECK(model.message().find("participant 1 trains another model") != std::string::npos);
 }
 
 }  // namespace lk::diloco

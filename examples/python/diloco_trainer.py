@@ -412,19 +412,22 @@ class Zero3:
         self.dtype = lm.params[0].dtype
         self.shapes = [tuple(p.shape) for p in lm.params]
         self.rows = [lightkeeper.shard_rows(s[0], size, rank) for s in self.shapes]
-        self.holder = copy.deepcopy(lm.model)
+        # The model cut to its rows first, then copied: the whole weights are never held twice.
         with torch.no_grad():
-            for hp, (b, e) in zip(self.holder.parameters(), self.rows):
-                hp.data = hp.data[b:e].clone()
+            for p, (b, e) in zip(lm.params, self.rows):
+                p.data = p.data[b:e].clone()
+        self.holder = copy.deepcopy(lm.model)
         self.free()
 
     def shards(self) -> Dict[str, Tuple[Sequence[int], int]]:
         names = [n for n, _ in self.holder.named_parameters()]
         return {n: (s, b) for n, s, (b, _) in zip(names, self.shapes, self.rows)}
 
-    def gather(self, rows: Optional[torch.Tensor] = None) -> None:
+    def gather(self, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The whole weights into the model: from `holder`, or from `rows` (this trainer's rows
-        of every parameter in order, float32: e.g. its rows of DiLoCo's global weights)."""
+        of every parameter in order, float32: e.g. its rows of DiLoCo's global weights).
+        Returns them as one flat vector in the model's dtype (the parameters are views into
+        it)."""
         full = torch.zeros(self.lm.numel, dtype=torch.float32)
         at, taken = 0, 0
         for hp, shape, (b, e) in zip(self.holder.parameters(), self.shapes, self.rows):
@@ -436,12 +439,14 @@ class Zero3:
             at, taken = at + n, taken + count
         if self.group is not None:
             self.group.allreduce([full]).wait()
+        full = full.to(self.dtype)
         at = 0
         with torch.no_grad():
             for p, shape in zip(self.lm.params, self.shapes):
                 n = int(torch.Size(shape).numel())
-                p.data = full[at:at + n].view(shape).to(self.dtype)
+                p.data = full[at:at + n].view(shape)
                 at += n
+        return full
 
     def keep_grads(self) -> None:
         for hp, p, (b, e) in zip(self.holder.parameters(), self.lm.params, self.rows):
@@ -580,10 +585,11 @@ def train_with(args: argparse.Namespace, log: Logger, manager: lightkeeper.Manag
             # dtype's bytes (the C++ trainer's model_hash: the 16-bit bytes read as float32
             # pairs, an odd tail padded with zero).
             if zero3 is not None:
-                zero3.gather()  # the whole model's hash, the same bytes in every layout
-            flat = parameters_to_vector(lm.model.parameters()).detach()
-            if zero3 is not None:
+                # The whole model's hash, the same bytes in every layout.
+                flat = zero3.gather().detach()
                 zero3.free()
+            else:
+                flat = parameters_to_vector(lm.model.parameters()).detach()
             raw = flat.view(torch.int16) if flat.element_size() == 2 else flat
             if raw.dtype == torch.int16:
                 if raw.numel() % 2:

@@ -273,3 +273,27 @@ def test_the_python_example_with_shard_model_agrees_with_the_cpp_example_at_ever
     assert sum(r[steps]["model_bytes"] for r in shards) == whole[steps]["model_bytes"]
     for r in shards:
         assert r[steps]["outer_state_bytes"] < 0.6 * whole[steps]["outer_state_bytes"]
+
+
+def test_trainers_of_a_group_that_describe_different_models_are_refused_at_the_join(
+        cluster_factory):
+    # Each trainer's own rows are consistent, but rank 1's model has two more rows of
+    # head.weight: the group's join refuses it in both trainers (InvalidArgument, a
+    # ValueError) before any state moves, and the job is left as it was.
+    c = cluster_factory(("--min-replicas", "1", "--join-timeout-ms", "300",
+                         "--heartbeat-timeout-ms", "3000"))
+    c.agent("g0")
+    ts = [c.trainer("g0", ["zero3", "--steps", "2", "--group-size", "2", "--group-rank", str(r),
+                           "--shard-model", *(["--misdescribe"] if r == 1 else [])])
+          for r in range(2)]
+    refusals = []
+    for t in ts:
+        # 3: this trainer's refusal. Both see the same in-group sum and refuse together, but
+        # the agent stops a group's other trainer once one exited, which may come first.
+        assert t.wait(90) != 0, t.log()
+        refusals += events(t, "refused")
+        assert not events(t, "outer")
+    assert refusals, [t.log() for t in ts]
+    for refused in refusals:
+        assert refused["value_error"], refused
+        assert "describe different models" in refused["message"], refused

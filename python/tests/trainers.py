@@ -2,6 +2,7 @@
 printing one JSON line per event to stdout. Usage: trainers.py MODE [--flags]; see main()."""
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -230,11 +231,16 @@ class Zero3:
     runs forward and backward there, averages the gradients over the group and hands each
     trainer its rows of them (a reduce-scatter), then frees the whole weights."""
 
-    def __init__(self, m, model, dtype, pg):
+    def __init__(self, m, model, dtype, pg, misdescribe=False):
         self.m = m
         self.pg = pg
         self.dtype = dtype
         self.shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        if misdescribe:
+            # This trainer's model has two more rows of head.weight than its peers' (a
+            # configuration mistake the group's join must refuse).
+            rows, cols = self.shapes["head.weight"]
+            self.shapes["head.weight"] = (rows + 2, cols)
         self.rows = {n: lightkeeper.shard_rows(s[0], m.group_size, m.group_rank)
                      for n, s in self.shapes.items()}
         self.compute = model
@@ -242,7 +248,10 @@ class Zero3:
         with torch.no_grad():
             for (n, hp), cp in zip(self.holder.named_parameters(), model.parameters()):
                 b, e = self.rows[n]
-                hp.data = cp.detach()[b:e].clone()
+                if e > cp.shape[0]:
+                    hp.data = torch.zeros((e - b,) + self.shapes[n][1:], dtype=dtype)
+                else:
+                    hp.data = cp.detach()[b:e].clone()
 
     def shards(self):
         return {n: (self.shapes[n], self.rows[n][0]) for n in self.shapes}
@@ -288,7 +297,7 @@ def mode_zero3(args, m):
     model = TinyModel().to(dtype)
     # torchft's order: the group's process group before DiLoCo (it needs no quorum yet).
     pg = m.group_process_group() if m.group_size > 1 else None
-    z = Zero3(m, model, dtype, pg) if args.shard_model else None
+    z = Zero3(m, model, dtype, pg, args.misdescribe) if args.shard_model else None
     held = z.holder if z is not None else model
     opt = torch.optim.AdamW(held.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(1000 + zlib.crc32(args.data_seed.encode()) % 1000 +
@@ -314,10 +323,16 @@ def mode_zero3(args, m):
             torch.distributed.all_reduce(g, group=pg)
             p.grad = (g / m.group_size).to(dtype)
 
-    with lightkeeper.DiLoCo(m, held, opt, sync_every=args.sync_every,
-                            ckpt_dir=args.ckpt_dir or None, ckpt_every=args.ckpt_every,
-                            outer_compress=args.outer_compress, overlap=args.overlap,
-                            group_pg=pg, shards=z.shards() if z is not None else None) as d:
+    with contextlib.ExitStack() as stack:
+        try:
+            d = stack.enter_context(lightkeeper.DiLoCo(
+                m, held, opt, sync_every=args.sync_every, ckpt_dir=args.ckpt_dir or None,
+                ckpt_every=args.ckpt_every, outer_compress=args.outer_compress,
+                overlap=args.overlap, group_pg=pg,
+                shards=z.shards() if z is not None else None))
+        except lightkeeper.InvalidArgument as e:
+            emit(event="refused", value_error=isinstance(e, ValueError), message=str(e))
+            return 3
         r = d.last_result
 
         def event(name, r, **kv):
@@ -458,6 +473,7 @@ def main():
     p.add_argument("--init-seed", type=int, default=7)
     p.add_argument("--param-dtype", default="float32")
     p.add_argument("--shard-model", action="store_true")
+    p.add_argument("--misdescribe", action="store_true")  # zero3: a model unlike its peers'
     # A test hook: the library perturbs this trainer's shard of the global weights once, right
     # after the outer update of step N and before its commit (LK_TEST_PERTURB_STEP, read by
     # the C++ library), so that the lighthouse's divergence check and the heal that follows
