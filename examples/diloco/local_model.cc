@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "common/log.h"
+
 #include <cmath>
 #include <cstring>
 
@@ -105,56 +107,112 @@ class TorchLocalModel final : public LocalModel {
     ResetOptimizer();
   }
 
-  size_t numel() const override { return numel_; }
+  size_t numel() const override { return sharded_ ? shard_numel_ : numel_; }
 
   void Flatten(std::span<float> out) const override {
-    LK_CHECK(out.size() == numel_) << "flatten into " << out.size() << " of " << numel_;
+    LK_CHECK(out.size() == numel()) << "flatten into " << out.size() << " of " << numel();
     size_t at = 0;
-    for (const auto& p : params_) {
+    for (const auto& p : Held()) {
       std::memcpy(out.data() + at, p.data_ptr<float>(), p.numel() * sizeof(float));
       at += static_cast<size_t>(p.numel());
     }
   }
 
   void Load(std::span<const float> flat) override {
-    LK_CHECK(flat.size() == numel_) << "load " << flat.size() << " of " << numel_;
+    LK_CHECK(flat.size() == numel()) << "load " << flat.size() << " of " << numel();
     torch::NoGradGuard no_grad;
     size_t at = 0;
-    for (auto& p : params_) {
+    for (auto& p : Held()) {
       std::memcpy(p.data_ptr<float>(), flat.data() + at, p.numel() * sizeof(float));
       at += static_cast<size_t>(p.numel());
     }
   }
 
+  void Shard(uint32_t rank, uint32_t size, GroupSum sum) override {
+    torch::NoGradGuard no_grad;
+    sum_ = std::move(sum);
+    rank_ = rank;
+    shard_.clear();
+    rows_.clear();
+    shard_numel_ = 0;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const RowRange r = ShardRows(param_specs_[i], size, rank);
+      rows_.push_back(r);
+      torch::Tensor s = params_[i].narrow(0, r.begin, r.end - r.begin).clone();
+      s.set_requires_grad(true);
+      shard_numel_ += static_cast<size_t>(s.numel());
+      shard_.push_back(s);
+    }
+    sharded_ = true;
+    Free();
+    ResetOptimizer();
+  }
+
+  Status GatherWhole(std::vector<float>* out) override {
+    out->resize(numel_);
+    if (!sharded_) {
+      Flatten(*out);
+      return Status::Ok();
+    }
+    LK_RETURN_IF_ERROR(Gather());
+    std::memcpy(out->data(), whole_.data_ptr<float>(), numel_ * sizeof(float));
+    Free();
+    return Status::Ok();
+  }
+
   std::vector<TensorSpec> ParamSpecs() const override { return param_specs_; }
   std::vector<TensorSpec> OptimizerSpecs() const override { return optimizer_specs_; }
 
+  // The step count of each parameter's state is a scalar: in the rows of a sharded model's
+  // state it is rank 0's (ShardRows of a scalar), and the others hold none.
+  bool HoldsScalars() const { return !sharded_ || rank_ == 0; }
+  size_t OptimizerNumel() const { return sharded_ ? 2 * shard_numel_ + (HoldsScalars() ? params_.size() : 0) : optimizer_numel_; }
+
   void ExportOptimizer(std::span<float> out) const override {
-    LK_CHECK(out.size() == optimizer_numel_) << "export into " << out.size();
+    LK_CHECK(out.size() == OptimizerNumel()) << "export into " << out.size();
     size_t at = 0;
-    for (const auto& p : params_) {
+    const size_t scalar = HoldsScalars() ? 1 : 0;
+    for (const auto& p : Held()) {
       const size_t n = static_cast<size_t>(p.numel());
       auto it = optimizer_->state().find(Key(p));
       if (it == optimizer_->state().end()) {
-        std::fill_n(out.begin() + at, 2 * n + 1, 0.0f);
+        std::fill_n(out.begin() + at, 2 * n + scalar, 0.0f);
       } else {
         const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
         std::memcpy(out.data() + at, st.exp_avg().contiguous().data_ptr<float>(), n * sizeof(float));
         std::memcpy(out.data() + at + n, st.exp_avg_sq().contiguous().data_ptr<float>(),
                     n * sizeof(float));
-        out[at + 2 * n] = static_cast<float>(st.step());
+        if (scalar != 0) out[at + 2 * n] = static_cast<float>(st.step());
       }
-      at += 2 * n + 1;
+      at += 2 * n + scalar;
     }
   }
 
   void ImportOptimizer(std::span<const float> in) override {
-    LK_CHECK(in.size() == optimizer_numel_) << "import from " << in.size();
+    LK_CHECK(in.size() == OptimizerNumel()) << "import from " << in.size();
     ResetOptimizer();
+    const size_t scalar = HoldsScalars() ? 1 : 0;
+    // A sharded group's trainers take the step counts from rank 0 (the others hold none): one
+    // in-group sum, which every trainer of the group runs here, after the same restore.
+    std::vector<float> steps(params_.size(), 0.0f);
     size_t at = 0;
-    for (const auto& p : params_) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const size_t n = static_cast<size_t>(Held()[i].numel());
+      if (scalar != 0) steps[i] = in[at + 2 * n];
+      at += 2 * n + scalar;
+    }
+    if (sharded_) {
+      if (Status st = sum_(steps); !st.ok()) {
+        // The group is going down (its next collective fails too); the optimizer starts afresh.
+        LK_LOG_WARN("optimizer_steps_not_shared error={}", Q(st.ToString()));
+        return;
+      }
+    }
+    at = 0;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const torch::Tensor& p = Held()[i];
       const size_t n = static_cast<size_t>(p.numel());
-      const auto step = static_cast<int64_t>(in[at + 2 * n]);
+      const auto step = static_cast<int64_t>(steps[i]);
       if (step > 0) {
         auto st = std::make_unique<torch::optim::AdamWParamState>();
         auto blob = [&](size_t off) {
@@ -166,16 +224,17 @@ class TorchLocalModel final : public LocalModel {
         st->exp_avg_sq(blob(at + n));
         optimizer_->state()[Key(p)] = std::move(st);
       }
-      at += 2 * n + 1;
+      at += 2 * n + scalar;
     }
   }
 
   void ResetOptimizer() override {
     optimizer_ = std::make_unique<torch::optim::AdamW>(
-        params_, torch::optim::AdamWOptions(options_.inner_lr).weight_decay(options_.weight_decay));
+        Held(), torch::optim::AdamWOptions(options_.inner_lr).weight_decay(options_.weight_decay));
   }
 
   Result<float> InnerStep(SplitMix& rng, const GroupAverage& average) override {
+    if (sharded_) LK_RETURN_IF_ERROR(Gather());
     optimizer_->zero_grad();
     torch::Tensor loss = BatchLoss(rng);
     last_batch_hash_ = 0xcbf29ce484222325ULL;
@@ -200,6 +259,14 @@ class TorchLocalModel final : public LocalModel {
       at += static_cast<size_t>(p.numel());
     }
     torch::nn::utils::clip_grad_norm_(params_, options_.grad_clip_norm);
+    if (sharded_) {
+      // This trainer's rows of the group's clipped average gradient (a reduce-scatter by hand).
+      for (size_t i = 0; i < params_.size(); ++i) {
+        const RowRange& r = rows_[i];
+        shard_[i].mutable_grad() = params_[i].grad().narrow(0, r.begin, r.end - r.begin).clone();
+      }
+      Free();
+    }
     optimizer_->step();
     return grads_[numel_];
   }
@@ -208,12 +275,50 @@ class TorchLocalModel final : public LocalModel {
 
   float Eval(SplitMix& rng, uint32_t batches) override {
     torch::NoGradGuard no_grad;
+    if (sharded_ && batches > 0 && !Gather().ok()) return NAN;  // the group is going down
     double sum = 0;
     for (uint32_t i = 0; i < batches; ++i) sum += BatchLoss(rng).item<float>();
+    if (sharded_) Free();
     return batches == 0 ? 0.0f : static_cast<float>(sum / batches);
   }
 
  private:
+  // The tensors this trainer keeps between steps and AdamW steps: the parameters, or when
+  // sharded its rows of them.
+  const std::vector<torch::Tensor>& Held() const { return sharded_ ? shard_ : params_; }
+
+  // The whole weights into the model's parameters (views into whole_), from every trainer's
+  // rows: each places its own into zeros, and the group's sum is exact (x + 0 == x).
+  Status Gather() {
+    torch::NoGradGuard no_grad;
+    whole_ = torch::zeros({static_cast<int64_t>(numel_)}, torch::kFloat32);
+    float* w = whole_.data_ptr<float>();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const TensorSpec& spec = param_specs_[i];
+      const size_t row = spec.numel() / static_cast<size_t>(spec.shape[0]);
+      std::memcpy(w + spec.offset + static_cast<size_t>(rows_[i].begin) * row,
+                  shard_[i].data_ptr<float>(), shard_[i].numel() * sizeof(float));
+    }
+    LK_RETURN_IF_ERROR(sum_(std::span<float>(w, numel_)));
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const TensorSpec& spec = param_specs_[i];
+      params_[i].set_data(whole_.narrow(0, static_cast<int64_t>(spec.offset),
+                                        static_cast<int64_t>(spec.numel()))
+                              .view(spec.shape));
+    }
+    return Status::Ok();
+  }
+
+  // Drops the whole weights and gradients again: between steps a sharded trainer holds its
+  // rows only.
+  void Free() {
+    for (auto& p : params_) {
+      p.set_data(torch::empty({0}, torch::kFloat32));
+      p.mutable_grad() = torch::Tensor();
+    }
+    whole_ = torch::Tensor();
+  }
+
   // Cross-entropy of the model on one batch of `batch` samples of `seq_len` characters drawn
   // from `rng` (next-character targets).
   torch::Tensor BatchLoss(SplitMix& rng) {
@@ -253,6 +358,15 @@ class TorchLocalModel final : public LocalModel {
   std::vector<float> grads_;
   std::vector<int64_t> batch_x_, batch_y_;
   uint64_t last_batch_hash_ = 0;
+  // Sharded (Shard): this trainer's rows of every parameter, which rows, their elements, the
+  // group's sum, and the whole weights while gathered.
+  bool sharded_ = false;
+  uint32_t rank_ = 0;
+  std::vector<torch::Tensor> shard_;
+  std::vector<RowRange> rows_;
+  size_t shard_numel_ = 0;
+  GroupSum sum_;
+  torch::Tensor whole_;
 };
 
 }  // namespace

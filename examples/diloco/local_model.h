@@ -29,6 +29,8 @@ struct ModelOptions {
 
 // Averages a float buffer over the trainers of this group in place (identity for one trainer).
 using GroupAverage = std::function<Status(std::span<float>)>;
+// Sums a float buffer over the trainers of this group in place.
+using GroupSum = std::function<Status(std::span<float>)>;
 
 class LocalModel {
  public:
@@ -61,6 +63,16 @@ class LocalModel {
   // FNV-1a of the input tokens of the last batch InnerStep drew: the batch's identity in the
   // trainer's log, so that a test can tell whether a restored run draws the same batches.
   virtual uint64_t LastBatchHash() const = 0;
+  // ZeRO-3 by hand (diloco_trainer --shard-model): from now on the model keeps only its rows
+  // ShardRows(spec, size, rank) of every parameter, and AdamW keeps its state of those rows;
+  // numel(), Flatten, Load, ExportOptimizer and ImportOptimizer are over the rows (the buffers
+  // of DilocoOptions::sharded; a scalar of the optimizer's state is rank 0's), and InnerStep,
+  // Eval and GatherWhole gather the whole weights through `sum` (each trainer places its rows
+  // into zeros and the group sums: exact) and free them after. Every trainer of the group calls
+  // them at the same points, as it does InnerStep's average.
+  virtual void Shard(uint32_t rank, uint32_t size, GroupSum sum) = 0;
+  // The whole weights (a collective of the group when sharded).
+  virtual Status GatherWhole(std::vector<float>* out) = 0;
   // Mean loss of the current weights over `batches` batches drawn from `rng`, forward only: no
   // gradient, no optimizer state touched. With the same weights and the same `rng` seed it is
   // the same number on every trainer (one intra-op thread), so it compares runs on equal terms.

@@ -79,6 +79,11 @@ int main(int argc, char** argv) {
   flags.Add("outer-overlap", &o.overlap,
             "overlapped outer steps: the exchange of a step runs during the next step's inner "
             "steps and lands one step late; the same in every group");
+  flags.Add("shard-model", &o.shard_model,
+            "each trainer of the group keeps only its rows of every parameter and of AdamW's "
+            "state (ZeRO-3 by hand: an inner step gathers the weights through the group's "
+            "communicator and frees them after, and each trainer keeps its rows of the averaged "
+            "gradients); DiLoCo runs over the rows");
   flags.Add("outer-fragments", &o.outer_fragments,
             "with --outer-overlap: the exchange goes on the link in this many fragments spread "
             "over the next inner steps (1: one burst); the same in every group");

@@ -67,7 +67,7 @@ class Trainer {
   void WriteLogLine(const SyncResult& r);
   // XXH3 of the weights the model holds, in its own dtype's bytes: after a commit (without
   // overlap) the same in every member of the job.
-  std::string ModelHash() const;
+  std::string ModelHash();
   // The eval loss of the model's current weights, for the next log line.
   void Evaluate();
   // Logs the step that a heal reached when it is the last one (the run ends there).
@@ -135,12 +135,19 @@ Status Trainer::Init() {
   d.overlap = o_.overlap;
   d.outer_fragments = o_.outer_fragments;
   d.param_dtype = o_.param_dtype;
+  d.sharded = o_.shard_model;
   InnerStateHooks hooks;
   hooks.save = [this](std::span<float> out) {
     model_->ExportOptimizer(out);
     return Status::Ok();
   };
   LK_ASSIGN_OR_RETURN(diloco_, Diloco::Create(session_.get(), std::move(d), std::move(hooks)));
+  if (o_.shard_model) {
+    // The model keeps its rows from here on; its gathers go through the group's communicator,
+    // which connects at the first quorum, before the first inner step.
+    model_->Shard(o_.group_rank, o_.group_size,
+                  [this](std::span<float> v) { return diloco_->GroupAllReduceSum(v); });
+  }
   params_.resize(model_->numel());
   model_->Flatten(params_);
   if (half()) {
@@ -331,11 +338,26 @@ void Trainer::LogReachedByHeal(const SyncResult& r) {
               r.state_hash, Q(r.heal_source));
 }
 
-std::string Trainer::ModelHash() const {
-  if (!half()) return StateHash(params_);
+std::string Trainer::ModelHash() {
+  std::span<const float> whole = params_;
+  std::span<const uint16_t> whole16 = params16_;
+  std::vector<float> gathered;
+  std::vector<uint16_t> gathered16;
+  if (o_.shard_model) {
+    // The whole model's hash, gathered (a collective of the group), so that it is the same
+    // bytes as a replicated trainer's.
+    if (Status st = model_->GatherWhole(&gathered); !st.ok()) return "";
+    whole = gathered;
+    if (half()) {
+      gathered16.resize(gathered.size());
+      NarrowParams(o_.param_dtype, gathered, gathered16);  // exact: the values are rounded
+      whole16 = gathered16;
+    }
+  }
+  if (!half()) return StateHash(whole);
   // The 16-bit bytes, read as floats two at a time (an odd tail padded with zero).
-  std::vector<float> packed((params16_.size() + 1) / 2, 0.0f);
-  std::memcpy(packed.data(), params16_.data(), params16_.size() * sizeof(uint16_t));
+  std::vector<float> packed((whole16.size() + 1) / 2, 0.0f);
+  std::memcpy(packed.data(), whole16.data(), whole16.size() * sizeof(uint16_t));
   return StateHash(packed);
 }
 
@@ -350,6 +372,8 @@ void Trainer::WriteLogLine(const SyncResult& r) {
   batch_hashes_.clear();
   tokens_ = 0;
   last_commit_ = Clock::now();
+  // Sharded, the hash gathers the model: every trainer of the group runs it, logging or not.
+  const std::string model_hash = o_.shard_model || log_ != nullptr ? ModelHash() : "";
   if (log_ == nullptr) return;
   const SyncStats& y = s.sync;
   const int64_t t_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -369,7 +393,7 @@ void Trainer::WriteLogLine(const SyncResult& r) {
                   "\"inner_steps_run\":{},\"group_id\":\"{}\",\"outer_compress\":\"{}\","
                   "\"overlap\":{},\"wait_ms\":{:.1f},\"inner_step\":{},\"param_dtype\":\"{}\","
                   "\"model_bytes\":{},\"outer_state_bytes\":{},\"model_hash\":\"{}\","
-                  "\"shard_model\":false,\"batches\":[{}]}}\n",
+                  "\"shard_model\":{},\"batches\":[{}]}}\n",
                   r.step, r.quorum_id, r.replica_world_size, loss_, r.state_hash,
                   r.healed ? "true" : "false", o_.group_rank, static_cast<int64_t>(y.outer_ms),
                   eval, t_ms, step_ms, y.poll_ms, y.join_ms, s.inner_ms, s.discarded_ms,
@@ -380,8 +404,9 @@ void Trainer::WriteLogLine(const SyncResult& r) {
                   o_.group_id, OuterCompressName(o_.outer_compress),
                   o_.overlap ? "true" : "false", y.wait_ms, inner_step_,
                   ParamDTypeName(o_.param_dtype),
-                  diloco_->numel() * ParamDTypeBytes(o_.param_dtype), diloco_->outer_state_bytes(),
-                  ModelHash(), batches)
+                  diloco_->param_numel() * ParamDTypeBytes(o_.param_dtype),
+                  diloco_->outer_state_bytes(),
+                  model_hash, o_.shard_model ? "true" : "false", batches)
           .c_str(),
       log_);
   std::fflush(log_);

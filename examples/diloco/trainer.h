@@ -54,6 +54,10 @@ struct TrainerOptions {
   // lands in the 16-bit weights themselves (pure 16-bit training: updates below half a unit in
   // the last place are lost). Default true.
   bool inner_master = true;
+  // Each trainer of the group keeps only its rows of every parameter and of AdamW's state
+  // (ZeRO-3 by hand, LocalModel::Shard) and the library runs DiLoCo over the rows
+  // (DilocoOptions::sharded). Default false: every trainer holds the whole model.
+  bool shard_model = false;
   Millis init_timeout{30'000};  // communicator rendezvous + connect
   Millis op_timeout{120'000};   // one collective; the outer one waits for the slowest group
   Status Validate() const;

@@ -4,6 +4,7 @@ zero3, ZeRO-3 by hand), mixed in one job with replicated groups, healing and res
 layouts; and the refusals of bad shard descriptions."""
 
 import json
+import re
 import signal
 import types
 from collections import defaultdict
@@ -239,22 +240,25 @@ def test_bad_shard_descriptions_are_refused_naming_the_parameter_and_rows():
     assert "float64" in msg, msg
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bf16"])
-def test_the_python_example_with_shard_model_agrees_with_the_cpp_example_at_every_commit(
-        cluster_factory, tmp_dir, dtype):
-    # examples/python/diloco_trainer.py --shard-model (ZeRO-3 by hand, DiLoCo over the rows) in
-    # a group of 2, beside the C++ example trainer holding the whole model in a group of 1:
-    # the same global weights and the same whole model (gathered) after every commit.
+@pytest.mark.parametrize("sharded,dtype", [("python", "float32"), ("python", "bf16"),
+                                           ("cpp", "float32"), ("cpp", "bf16")])
+def test_an_example_trainer_with_shard_model_agrees_with_the_other_replicated_at_every_commit(
+        cluster_factory, tmp_dir, sharded, dtype):
+    # One example trainer with --shard-model (ZeRO-3 by hand, DiLoCo over the rows) in a group
+    # of 2, beside the other language's example trainer holding the whole model in a group of
+    # 1: the same global weights and the same whole model (gathered) after every commit.
     from test_bf16 import example
     c = cluster_factory(("--min-replicas", "2", "--join-timeout-ms", "300",
                          "--heartbeat-timeout-ms", "3000"))
     steps = 3
     c.agent("g0")
     c.agent("g1")
-    logs = {"g0": [tmp_dir / "cpp.jsonl"], "g1": [tmp_dir / "py-0.jsonl", tmp_dir / "py-1.jsonl"]}
-    procs = [example(c, "g0", tmp_dir, steps, logs["g0"][0], True, ["--param-dtype", dtype])]
+    logs = {"g0": [tmp_dir / "whole.jsonl"], "g1": [tmp_dir / "rows-0.jsonl",
+                                                    tmp_dir / "rows-1.jsonl"]}
+    procs = [example(c, "g0", tmp_dir, steps, logs["g0"][0], sharded == "python",
+                     ["--param-dtype", dtype])]
     for r in range(2):
-        procs.append(example(c, "g1", tmp_dir, steps, logs["g1"][r], False,
+        procs.append(example(c, "g1", tmp_dir, steps, logs["g1"][r], sharded == "cpp",
                              ["--param-dtype", dtype, "--shard-model", "--group-rank", str(r),
                               "--group-size", "2"]))
     for p in procs:
@@ -273,6 +277,40 @@ def test_the_python_example_with_shard_model_agrees_with_the_cpp_example_at_ever
     assert sum(r[steps]["model_bytes"] for r in shards) == whole[steps]["model_bytes"]
     for r in shards:
         assert r[steps]["outer_state_bytes"] < 0.6 * whole[steps]["outer_state_bytes"]
+
+
+def test_the_cpp_example_sharded_restores_into_another_group_size_with_its_optimizer(
+        cluster_factory, tmp_dir):
+    # diloco_trainer --shard-model saves per shard in a group of 2 (AdamW's rows and rank 0's
+    # step counts) and a group of 3 restores it: the same global weights, AdamW resumed.
+    from test_bf16 import example
+    c = cluster_factory(("--min-replicas", "1", "--join-timeout-ms", "300",
+                         "--heartbeat-timeout-ms", "3000"))
+    ckpt = str(tmp_dir / "ckpt")
+
+    def group(size, steps, tag):
+        c.agent("g0")
+        procs = [example(c, "g0", tmp_dir, steps, tmp_dir / f"{tag}-{r}.jsonl", True,
+                         ["--shard-model", "--group-rank", str(r), "--group-size", str(size),
+                          "--ckpt-dir", ckpt, "--ckpt-every", "2"]) for r in range(size)]
+        for p in procs:
+            assert p.wait(180) == 0, p.log()
+        c.agents["g0"].signal(signal.SIGTERM)
+        c.agents["g0"].wait(30)
+        return procs
+
+    group(2, 4, "first")
+    first = [json.loads(x) for x in (tmp_dir / "first-0.jsonl").read_text().splitlines()]
+    second = group(3, 6, "second")
+    lines = [json.loads(x) for x in (tmp_dir / "second-0.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [5, 6], lines
+    for p in second:
+        log = p.log()
+        assert re.search(r"inner_optimizer_loaded step=4", log), log
+        assert "quorum_joined" in log and "inner_state=restored" in log, log
+    assert first[-1]["step"] == 4
+    restored = [json.loads(x) for x in (tmp_dir / "second-1.jsonl").read_text().splitlines()]
+    assert all(x["global_hash"] == y["global_hash"] for x, y in zip(lines, restored))
 
 
 def test_trainers_of_a_group_that_describe_different_models_are_refused_at_the_join(
