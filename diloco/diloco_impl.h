@@ -327,7 +327,7 @@ class Diloco::Impl {
   std::optional<std::vector<float>> pending_delta_;
   uint64_t pending_tokens_ = 0;  // the group's tokens behind pending_delta_
   OuterWeights last_weights_;    // of the last committed step
-  std::string global_hash_;      // of the full global weights after the last all-gather
+  std::string global_hash_;      // GlobalHash() of the global weights of the last landing
   // The protocol's state (quorums joined, failed and reported, the conflict streak, the drain
   // wait and the group's agreed drain flag) and the poll answers held for a later turn: the
   // quorum joined by the last call and not stepped on yet, and the answer the in-flight thread

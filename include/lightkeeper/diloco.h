@@ -237,8 +237,9 @@ struct SyncResult {
   std::string heal_source;
   InnerAction inner = InnerAction::kKeep;
   std::string state_hash;       // of this trainer's shard of the global weights (16 hex digits)
-  // kCommitted/kReceived: of the whole global weights (after the in-group all-gather), equal
-  // in every member whatever its group's layout; "" otherwise.
+  // kCommitted/kReceived: of the whole global weights (a sum of per-row hashes over the
+  // group's trainers, never gathered: diloco/core.h RowHashSum), equal in every member
+  // whatever its group's layout, sharded or not; "" otherwise.
   std::string global_hash;
   // kCommitted: the tokens of this group (summed over its trainers) in the committed outer
   // step, its weight in the cross-group average, and the quorum's total; 0 when not reported.

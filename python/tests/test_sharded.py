@@ -39,9 +39,9 @@ def by_step(trainers, key):
     return out
 
 
+# bf16 weights in sharded groups: the example trainers' test below (both languages).
 @pytest.mark.parametrize("compress,overlap,dtype", [("none", False, "float32"),
-                                                   ("int8", True, "float32"),
-                                                   ("none", False, "bf16")])
+                                                   ("int8", True, "float32")])
 def test_sharded_and_replicated_groups_hold_the_same_weights_at_every_commit(
         cluster_factory, compress, overlap, dtype):
     # A replicated group of 1 and sharded groups of 2 and 3 in one job: the groups' row layouts
