@@ -112,32 +112,29 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
             except ValueError:
                 p.error(f"bad {env}={value!r}")
         p.add_argument("--" + name, type=kind, default=default, help=f"{text} (env {env})")
-    keep_env = os.environ.get("LK_KEEP_DENORMALS", "")
-    p.add_argument("--keep-denormals", action="store_true",
-                   default=keep_env.lower() in ("1", "true", "yes"),
+
+    def env_true(env: str, default: str = "") -> bool:
+        return os.environ.get(env, default).lower() in ("1", "true", "yes")
+
+    p.add_argument("--keep-denormals", action="store_true", default=env_true("LK_KEEP_DENORMALS"),
                    help="compute the inner steps with IEEE denormals; the default flushes them "
                         "to zero (torch.set_flush_denormal), as the C++ trainer does: on CPUs "
                         "the optimizer state of rarely used parameters decays into that range "
                         "and every operation on it is slow; the outer step always flushes "
                         "(env LK_KEEP_DENORMALS)")
-    master_env = os.environ.get("LK_INNER_MASTER", "true")
-    p.add_argument("--inner-master", default=master_env.lower() in ("1", "true", "yes"),
+    p.add_argument("--inner-master", default=env_true("LK_INNER_MASTER", "true"),
                    type=lambda v: v.lower() in ("1", "true", "yes"), nargs="?", const=True,
                    help="with a 16-bit --param-dtype: AdamW updates a float32 master copy of "
                         "the weights and the model holds its rounding (mixed precision, the "
                         "C++ trainer's --inner-master); false: torch's AdamW on the 16-bit "
                         "parameters (pure 16-bit training) (env LK_INNER_MASTER)")
-    shard_env = os.environ.get("LK_SHARD_MODEL", "")
-    p.add_argument("--shard-model", action="store_true",
-                   default=shard_env.lower() in ("1", "true", "yes"),
+    p.add_argument("--shard-model", action="store_true", default=env_true("LK_SHARD_MODEL"),
                    help="each trainer of the group keeps only its rows of every parameter and "
                         "of AdamW's state (ZeRO-3 by hand: an inner step gathers the weights "
                         "over the group's process group and frees them after, the gradients "
                         "are averaged and each trainer keeps its rows), and DiLoCo takes the "
                         "rows as a sharded model (env LK_SHARD_MODEL)")
-    overlap_env = os.environ.get("LK_OUTER_OVERLAP", "")
-    p.add_argument("--outer-overlap", action="store_true",
-                   default=overlap_env.lower() in ("1", "true", "yes"),
+    p.add_argument("--outer-overlap", action="store_true", default=env_true("LK_OUTER_OVERLAP"),
                    help="overlapped outer steps: the exchange of a step runs during the next "
                         "step's inner steps and lands one step late; the same in every group "
                         "(env LK_OUTER_OVERLAP)")
