@@ -335,8 +335,15 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& polled, std::span<floa
   std::vector<float> v = {join_.received ? 1.0f : 0.0f, join_.healed ? 1.0f : 0.0f,
                           static_cast<float>(state_.step), join_.inner_from_disk ? 1.0f : 0.0f};
   LK_RETURN_IF_ERROR(GroupSum(v));
-  LK_CHECK(v[2] == static_cast<float>(state_.step) * o_.group_size)
-      << "trainers of one group disagree on the step after healing";
+  if (v[2] != static_cast<float>(state_.step) * static_cast<float>(o_.group_size)) {
+    // Another trainer's word, not this process's invariant: the group goes down with a
+    // reason (the agent reports the exit), rather than this process aborting.
+    group_failed_ = true;
+    return Error(Code::kConflict,
+                 "trainers of one group disagree on the step after the join: this one holds "
+                 "step {}, the group's steps sum to {} over {} trainers",
+                 state_.step, v[2], o_.group_size);
+  }
   join_.healed = v[1] > 0;
   join_.inner_action = DecideInner(v[0] > 0, static_cast<uint32_t>(v[3] + 0.5f), o_.group_size);
   if (v[0] > 0) {
