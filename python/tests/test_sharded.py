@@ -113,7 +113,7 @@ def test_a_sharded_group_restores_a_checkpoint_of_another_layout_and_heals_after
         assert joined["inner"] == "restored", joined
     # A replicated group joins the running job and heals from the sharded group's live rows.
     c.agent("g0")
-    late = zero3(c, "g0", 1, 60, ["--sleep-ms", "100"], shard=False)[0]
+    late = zero3(c, "g0", 1, 60, ["--sleep-ms", "150"], shard=False)[0]
     wait_for(lambda: commits(late), 90, "the replicated group's first commit")
     assert events(late, "joined")[0]["heal_source"] == "peers", late.log()
     # kill -9 of one sharded trainer ends its group's life; a new life of the group (a sharded
