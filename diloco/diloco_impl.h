@@ -252,8 +252,10 @@ class Diloco::Impl {
   void ResetResidual();
   // The members' token counts of this attempt (one small sum-allreduce) and the weights.
   Result<OuterWeights> AgreeWeights(const client::PollResult& pr, uint64_t tokens);
-  // The group's tokens: every trainer's count summed over the group.
-  Result<uint64_t> GroupTokens(uint64_t tokens);
+  // `value` summed over the group's trainers, exactly (one in-group sum of kCountLimbs limbs):
+  // saturating for a count (the group's tokens), modulo 2^64 with `wrap` (a sum of hashes).
+  Result<uint64_t> GroupSumU64(uint64_t value, bool wrap);
+  Result<uint64_t> GroupTokens(uint64_t tokens) { return GroupSumU64(tokens, false); }
   Status LoadGlobal(std::span<float> params);
   // The in-group all-gather of a shard in this trainer's layout into the caller's buffer `out`
   // (a copy when sharded: the caller's buffer is the shard).

@@ -194,12 +194,9 @@ Status Diloco::Impl::LoadGlobal(std::span<float> params) {
 }
 
 Result<std::string> Diloco::Impl::GlobalHash() {
-  const uint64_t mine = RowHashSum(o_.params, layout_, state_.global);
-  if (o_.group_size == 1) return fmt::format("{:016x}", mine);
-  std::vector<float> limbs(kCountLimbs);
-  EncodeCount(mine, limbs);
-  LK_RETURN_IF_ERROR(GroupSum(limbs));
-  return fmt::format("{:016x}", DecodeCountMod64(limbs));
+  LK_ASSIGN_OR_RETURN(uint64_t sum,
+                      GroupSumU64(RowHashSum(o_.params, layout_, state_.global), true));
+  return fmt::format("{:016x}", sum);
 }
 
 void Diloco::Impl::TakeShard(std::span<const float> params, std::span<float> shard) const {

@@ -119,12 +119,12 @@ Result<SyncResult> Diloco::Impl::Join(std::span<float> params) {
   }
 }
 
-Result<uint64_t> Diloco::Impl::GroupTokens(uint64_t tokens) {
-  if (o_.group_size == 1) return tokens;
+Result<uint64_t> Diloco::Impl::GroupSumU64(uint64_t value, bool wrap) {
+  if (o_.group_size == 1) return value;
   std::vector<float> limbs(kCountLimbs);
-  EncodeCount(tokens, limbs);
+  EncodeCount(value, limbs);
   LK_RETURN_IF_ERROR(GroupSum(limbs));
-  return DecodeCount(limbs);
+  return wrap ? DecodeCountMod64(limbs) : DecodeCount(limbs);
 }
 
 Result<OuterWeights> Diloco::Impl::AgreeWeights(const client::PollResult& pr,

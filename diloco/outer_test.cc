@@ -315,7 +315,8 @@ TEST_CASE("diloco token counts survive a float sum of up to 4096 of them exactly
 TEST_CASE("diloco sums of 64-bit hashes through float limbs wrap modulo 2^64") {
   // Three trainers' row hash sums, summed in the group as limbs: the total is their sum modulo
   // 2^64, where DecodeCount would saturate.
-  const std::vector<uint64_t> parts = {UINT64_MAX - 5, 0x8000000000000001ULL, 0x1234567890abcdefULL};
+  const std::vector<uint64_t> parts = {UINT64_MAX - 5, 0x8000000000000001ULL,
+                                       0x1234567890abcdefULL};
   std::vector<float> sum(kCountLimbs, 0.0f), one(kCountLimbs);
   uint64_t want = 0;
   for (uint64_t p : parts) {

@@ -166,7 +166,10 @@ class TorchLocalModel final : public LocalModel {
   // The step count of each parameter's state is a scalar: in the rows of a sharded model's
   // state it is rank 0's (ShardRows of a scalar), and the others hold none.
   bool HoldsScalars() const { return !sharded_ || rank_ == 0; }
-  size_t OptimizerNumel() const { return sharded_ ? 2 * shard_numel_ + (HoldsScalars() ? params_.size() : 0) : optimizer_numel_; }
+  size_t OptimizerNumel() const {
+    if (!sharded_) return optimizer_numel_;
+    return 2 * shard_numel_ + (HoldsScalars() ? params_.size() : 0);
+  }
 
   void ExportOptimizer(std::span<float> out) const override {
     LK_CHECK(out.size() == OptimizerNumel()) << "export into " << out.size();

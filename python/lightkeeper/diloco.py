@@ -177,7 +177,8 @@ class _InnerLayout:
         return [probe.state.get(clones[id(p)], {}) for p in params]
 
     def specs(self) -> List["_native.TensorSpec"]:
-        return [_native.TensorSpec(name, offset, list(shape)) for name, offset, shape in self._specs]
+        return [_native.TensorSpec(name, offset, list(shape))
+                for name, offset, shape in self._specs]
 
     @staticmethod
     def _count(shape: Tuple[int, ...]) -> int:
