@@ -94,6 +94,14 @@ bool DTypeOf(int c, diloco::ParamDType* out) {
   }
 }
 
+bool ShardRuleOf(int c, diloco::ShardRule* out) {
+  switch (c) {
+    case LK_SHARD_EVEN: *out = diloco::ShardRule::kEven; return true;
+    case LK_SHARD_CHUNK: *out = diloco::ShardRule::kChunk; return true;
+    default: return false;
+  }
+}
+
 // One call over a buffer of `dtype`: the float32 overloads for LK_DTYPE_FLOAT32, the 16-bit
 // ones otherwise (each refuses a dtype that is not the options').
 Result<diloco::SyncResult> Call16Or32(lk_diloco* d, void* params, size_t count, int dtype,
@@ -263,6 +271,12 @@ lk_diloco* lk_diloco_create_ext(lk_session* s, const lk_diloco_options* options,
     if (has(offsetof(lk_diloco_ext_options, sharded), sizeof(ext->sharded))) {
       d.sharded = ext->sharded != 0;
     }
+    if (has(offsetof(lk_diloco_ext_options, shard_rule), sizeof(ext->shard_rule)) &&
+        !lk::capi::ShardRuleOf(ext->shard_rule, &d.shard_rule)) {
+      Fail(lk::InvalidArgument("unknown shard_rule {} (LK_SHARD_EVEN or LK_SHARD_CHUNK)",
+                               ext->shard_rule));
+      return nullptr;
+    }
   }
   lk::diloco::InnerStateHooks hooks;
   if (o.inner_save != nullptr) {
@@ -365,7 +379,17 @@ size_t lk_diloco_shard_numel(const lk_diloco* d) { return d->diloco->shard_numel
 size_t lk_diloco_param_numel(const lk_diloco* d) { return d->diloco->param_numel(); }
 int lk_diloco_shard_rows(int64_t rows, uint32_t ranks, uint32_t rank, int64_t* begin,
                          int64_t* end) {
+  return lk_diloco_shard_rows_rule(rows, ranks, rank, LK_SHARD_EVEN, begin, end);
+}
+
+int lk_diloco_shard_rows_rule(int64_t rows, uint32_t ranks, uint32_t rank, int rule,
+                              int64_t* begin, int64_t* end) {
   if (begin == nullptr || end == nullptr) return Fail(lk::InvalidArgument("begin or end is NULL"));
+  lk::diloco::ShardRule r = lk::diloco::ShardRule::kEven;
+  if (!lk::capi::ShardRuleOf(rule, &r)) {
+    return Fail(lk::InvalidArgument("unknown shard rule {} (LK_SHARD_EVEN or LK_SHARD_CHUNK)",
+                                    rule));
+  }
   if (rows < 1 || rank >= ranks) {
     return Fail(lk::InvalidArgument("rows {} must be at least 1 and rank {} below ranks {}", rows,
                                     rank, ranks));
@@ -373,9 +397,9 @@ int lk_diloco_shard_rows(int64_t rows, uint32_t ranks, uint32_t rank, int64_t* b
   lk::diloco::TensorSpec spec;
   spec.name = "t";
   spec.shape = {rows};
-  const lk::diloco::RowRange r = lk::diloco::ShardRows(spec, ranks, rank);
-  *begin = r.begin;
-  *end = r.end;
+  const lk::diloco::RowRange got = lk::diloco::ShardRows(spec, ranks, rank, r);
+  *begin = got.begin;
+  *end = got.end;
   return 0;
 }
 

@@ -38,22 +38,50 @@ Status ValidateSpecs(const std::vector<TensorSpec>& specs, size_t* total) {
   return Status::Ok();
 }
 
-RowRange ShardRows(const TensorSpec& s, uint32_t ranks, uint32_t rank) {
+std::string_view ShardRuleName(ShardRule rule) {
+  switch (rule) {
+    case ShardRule::kEven:
+      return "even";
+    case ShardRule::kChunk:
+      return "chunk";
+  }
+  return "unknown";
+}
+
+bool ParseShardRule(std::string_view name, ShardRule* out) {
+  if (name == "even") {
+    *out = ShardRule::kEven;
+  } else if (name == "chunk") {
+    *out = ShardRule::kChunk;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+RowRange ShardRows(const TensorSpec& s, uint32_t ranks, uint32_t rank, ShardRule rule) {
   LK_CHECK(ranks > 0 && rank < ranks) << "rank " << rank << " of " << ranks;
   if (s.shape.empty()) return RowRange{0, rank == 0 ? 1 : 0};
-  const int64_t rows = s.shape[0], base = rows / ranks, extra = rows % ranks;
+  const int64_t rows = s.shape[0];
+  if (rule == ShardRule::kChunk) {
+    const int64_t per = (rows + ranks - 1) / ranks;
+    const int64_t begin = std::min<int64_t>(rows, rank * per);
+    return RowRange{begin, std::min<int64_t>(rows, begin + per)};
+  }
+  const int64_t base = rows / ranks, extra = rows % ranks;
   const int64_t begin = rank * base + std::min<int64_t>(rank, extra);
   return RowRange{begin, begin + base + (rank < extra ? 1 : 0)};
 }
 
-ShardLayout MakeShardLayout(const std::vector<TensorSpec>& specs, uint32_t ranks, uint32_t rank) {
+ShardLayout MakeShardLayout(const std::vector<TensorSpec>& specs, uint32_t ranks, uint32_t rank,
+                            ShardRule rule) {
   LK_CHECK(ranks > 0 && rank < ranks) << "rank " << rank << " of " << ranks;
   ShardLayout out;
   for (size_t i = 0; i < specs.size(); ++i) {
     const TensorSpec& s = specs[i];
     const size_t numel = s.numel();
     out.total = std::max(out.total, s.offset + numel);
-    const auto [begin, end] = ShardRows(s, ranks, rank);
+    const auto [begin, end] = ShardRows(s, ranks, rank, rule);
     if (end <= begin) continue;
     const size_t row_numel = s.shape.empty() ? 1 : numel / static_cast<size_t>(s.shape[0]);
     ShardPiece p{i,
@@ -66,6 +94,96 @@ ShardLayout MakeShardLayout(const std::vector<TensorSpec>& specs, uint32_t ranks
     out.pieces.push_back(p);
   }
   return out;
+}
+
+uint32_t CompatibleShardRules(const std::vector<TensorSpec>& params,
+                              const std::vector<TensorSpec>& inner, uint32_t ranks,
+                              uint32_t rank, ShardRule rule) {
+  uint32_t mask = 0;
+  for (ShardRule other : {ShardRule::kEven, ShardRule::kChunk}) {
+    bool same = true;
+    for (const std::vector<TensorSpec>* list : {&params, &inner}) {
+      for (const TensorSpec& s : *list) {
+        same = same && ShardRows(s, ranks, rank, rule) == ShardRows(s, ranks, rank, other);
+      }
+    }
+    if (same) mask |= 1u << static_cast<uint32_t>(other);
+  }
+  return mask;
+}
+
+std::optional<ShardRule> AgreeShardRule(uint32_t group_mask) {
+  for (ShardRule r : {ShardRule::kEven, ShardRule::kChunk}) {
+    if (group_mask & (1u << static_cast<uint32_t>(r))) return r;
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// The trainer that holds `row` (< rows) under `rule` (ShardRows' arithmetic, inverted).
+uint32_t HolderOfRow(int64_t rows, uint32_t ranks, int64_t row, ShardRule rule) {
+  if (rule == ShardRule::kChunk) {
+    const int64_t per = (rows + ranks - 1) / ranks;
+    return static_cast<uint32_t>(row / per);
+  }
+  const int64_t base = rows / ranks, extra = rows % ranks;
+  if (row < extra * (base + 1)) return static_cast<uint32_t>(row / (base + 1));
+  return static_cast<uint32_t>(extra + (row - extra * (base + 1)) / base);
+}
+
+}  // namespace
+
+RelayoutPlan PlanRelayout(const std::vector<TensorSpec>& specs, uint32_t ranks, uint32_t rank,
+                          ShardRule from, ShardRule to) {
+  LK_CHECK(ranks > 0 && rank < ranks) << "rank " << rank << " of " << ranks;
+  RelayoutPlan plan;
+  const ShardLayout from_layout = MakeShardLayout(specs, ranks, rank, from);
+  const ShardLayout to_layout = MakeShardLayout(specs, ranks, rank, to);
+  plan.from_numel = from_layout.shard_numel;
+  plan.to_numel = to_layout.shard_numel;
+  auto piece_of = [](const ShardLayout& l, size_t spec) -> const ShardPiece* {
+    for (const ShardPiece& p : l.pieces) {
+      if (p.spec == spec) return &p;
+    }
+    return nullptr;
+  };
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const TensorSpec& s = specs[i];
+    const int64_t rows = s.shape.empty() ? 1 : s.shape[0];
+    const size_t row_numel = s.shape.empty() ? 1 : s.numel() / static_cast<size_t>(rows);
+    // Every boundary of both splits: each span between two lies whole in one trainer under
+    // each rule, and every trainer walks the same spans in the same order.
+    std::vector<int64_t> cuts;
+    for (uint32_t k = 0; k < ranks; ++k) {
+      for (ShardRule r : {from, to}) {
+        const RowRange rr = ShardRows(s, ranks, k, r);
+        cuts.push_back(rr.begin);
+        cuts.push_back(rr.end);
+      }
+    }
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    const ShardPiece* mine_from = piece_of(from_layout, i);
+    const ShardPiece* mine_to = piece_of(to_layout, i);
+    for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+      const int64_t a = cuts[c], b = cuts[c + 1];
+      const uint32_t src = HolderOfRow(rows, ranks, a, from);
+      const uint32_t dst = HolderOfRow(rows, ranks, a, to);
+      const size_t count = static_cast<size_t>(b - a) * row_numel;
+      auto at = [&](const ShardPiece* p) {
+        return p->shard_offset + static_cast<size_t>(a - p->row_begin) * row_numel;
+      };
+      if (src == dst) {
+        if (src == rank) plan.local.push_back({at(mine_from), at(mine_to), count});
+        continue;
+      }
+      if (src == rank) plan.send.push_back({at(mine_from), plan.moved, count});
+      if (dst == rank) plan.receive.push_back({plan.moved, at(mine_to), count});
+      plan.moved += count;
+    }
+  }
+  return plan;
 }
 
 void ShardLayout::Take(std::span<const float> full, std::span<float> shard) const {

@@ -8,6 +8,7 @@
 // Thread-safety: plain functions and values.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -49,7 +50,55 @@ struct ShardLayout {
   void Place(std::span<const float> shard, std::span<float> full) const;
 };
 // `specs` must have passed ValidateSpecs. Rows by ShardRows (diloco.h).
-ShardLayout MakeShardLayout(const std::vector<TensorSpec>& specs, uint32_t ranks, uint32_t rank);
+ShardLayout MakeShardLayout(const std::vector<TensorSpec>& specs, uint32_t ranks, uint32_t rank,
+                            ShardRule rule = ShardRule::kEven);
+
+// The rules under which trainer `rank` of a group of `ranks` holds the same rows of every
+// tensor of both lists as under `rule` (a bit per ShardRule, 1 << rule): a trainer whose rows
+// the two rules cut alike can go with either, and the group takes a rule all of its trainers
+// can (AgreeShardRule).
+uint32_t CompatibleShardRules(const std::vector<TensorSpec>& params,
+                              const std::vector<TensorSpec>& inner, uint32_t ranks,
+                              uint32_t rank, ShardRule rule);
+// The group's rule from the AND of its trainers' masks: kEven when all can, else kChunk when
+// all can, else none (the trainers cut their rows differently).
+std::optional<ShardRule> AgreeShardRule(uint32_t group_mask);
+
+// Moving a sharded group's rows from one rule's split to another's, inside the group: the rows
+// that one trainer holds under `from` and another under `to` travel in one in-group sum of a
+// buffer of `moved` elements (the same length in every trainer), which the holder under `from`
+// fills at `send` and everybody else leaves at -0.0 (x + -0.0 == x for every x, signed zeros
+// too); the holder under `to` takes them from `receive`. Rows a trainer holds under both go by
+// `local`. Every trainer of the group computes the same `moved`; 0 means no sum at all.
+struct RelayoutPlan {
+  struct Copy {
+    size_t from = 0;  // offset in the source (a shard in `from`'s layout, or the moved buffer)
+    size_t to = 0;    // offset in the destination (the moved buffer, or `to`'s shard)
+    size_t count = 0;
+    bool operator==(const Copy&) const = default;
+  };
+  std::vector<Copy> local;    // source shard -> destination shard
+  std::vector<Copy> send;     // source shard -> moved buffer
+  std::vector<Copy> receive;  // moved buffer -> destination shard
+  size_t moved = 0;
+  size_t from_numel = 0;  // this trainer's shard in `from`'s layout
+  size_t to_numel = 0;    // ... and in `to`'s
+
+  // Runs the plan with `sum` as the group's in-place sum (a no-op when moved == 0).
+  template <typename Sum>
+  Status Apply(std::span<const float> src, std::span<float> dst, Sum&& sum) const {
+    for (const Copy& c : local) std::copy_n(src.data() + c.from, c.count, dst.data() + c.to);
+    if (moved == 0) return Status::Ok();
+    std::vector<float> buf(moved, -0.0f);
+    for (const Copy& c : send) std::copy_n(src.data() + c.from, c.count, buf.data() + c.to);
+    LK_RETURN_IF_ERROR(sum(std::span<float>(buf)));
+    for (const Copy& c : receive) std::copy_n(buf.data() + c.from, c.count, dst.data() + c.to);
+    return Status::Ok();
+  }
+};
+// `specs` must have passed ValidateSpecs.
+RelayoutPlan PlanRelayout(const std::vector<TensorSpec>& specs, uint32_t ranks, uint32_t rank,
+                          ShardRule from, ShardRule to);
 
 // The hash of the global weights that the members of a quorum compare at every commit
 // (SyncResult::global_hash), computed without gathering them: the sum modulo 2^64 of one XXH3

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <optional>
 
@@ -143,6 +144,126 @@ TEST_CASE(
     for (size_t i = 0; i < 34; ++i) rebuilt[i] += placed[i];
   }
   CHECK(rebuilt == full);
+}
+
+TEST_CASE("diloco shard rules: torch.chunk's split beside the even one, both tiling every tensor") {
+  TensorSpec w{"w", 0, {10, 2}};
+  // torch.chunk(10 rows, 3): 4, 4, 2; the even split: 4, 3, 3.
+  CHECK(ShardRows(w, 3, 0, ShardRule::kChunk) == RowRange{0, 4});
+  CHECK(ShardRows(w, 3, 1, ShardRule::kChunk) == RowRange{4, 8});
+  CHECK(ShardRows(w, 3, 2, ShardRule::kChunk) == RowRange{8, 10});
+  CHECK(ShardRows(w, 3, 1) == RowRange{4, 7});
+  // torch.chunk(2 rows, 3) leaves the last rank empty, as the even split does; (5, 4): 2, 2, 1, 0.
+  CHECK(ShardRows({"b", 0, {2}}, 3, 2, ShardRule::kChunk) == RowRange{2, 2});
+  CHECK(ShardRows({"v", 0, {5}}, 4, 3, ShardRule::kChunk) == RowRange{5, 5});
+  CHECK(ShardRows({"s", 0, {}}, 4, 0, ShardRule::kChunk) == RowRange{0, 1});
+  CHECK(ShardRows({"s", 0, {}}, 4, 1, ShardRule::kChunk) == RowRange{0, 0});
+  for (int64_t rows = 1; rows <= 40; ++rows) {
+    for (uint32_t ranks = 1; ranks <= 9; ++ranks) {
+      for (ShardRule rule : {ShardRule::kEven, ShardRule::kChunk}) {
+        int64_t at = 0;
+        for (uint32_t k = 0; k < ranks; ++k) {
+          const RowRange r = ShardRows({"t", 0, {rows}}, ranks, k, rule);
+          CHECK(r.begin == at);
+          CHECK(r.end >= r.begin);
+          at = r.end;
+        }
+        CHECK(at == rows);
+      }
+      if (rows % ranks == 0) {
+        for (uint32_t k = 0; k < ranks; ++k) {
+          CHECK(ShardRows({"t", 0, {rows}}, ranks, k, ShardRule::kChunk) ==
+                ShardRows({"t", 0, {rows}}, ranks, k));
+        }
+      }
+    }
+  }
+  ShardRule parsed = ShardRule::kEven;
+  CHECK(ParseShardRule("chunk", &parsed));
+  CHECK(parsed == ShardRule::kChunk);
+  CHECK(ShardRuleName(parsed) == "chunk");
+  CHECK_FALSE(ParseShardRule("Shard(0)", &parsed));
+}
+
+TEST_CASE("diloco shard rules: a trainer whose rows both rules cut alike goes with either") {
+  const std::vector<TensorSpec> params = {{"w", 0, {10, 2}}, {"b", 20, {6}}};
+  const std::vector<TensorSpec> inner = {{"exp_avg/w", 0, {10, 2}}, {"step/w", 20, {}}};
+  // 10 rows over 3: rank 0 holds [0, 4) under both; ranks 1 and 2 differ (6 rows divide).
+  CHECK(CompatibleShardRules(params, inner, 3, 0, ShardRule::kChunk) == 3u);
+  CHECK(CompatibleShardRules(params, inner, 3, 1, ShardRule::kChunk) == 2u);
+  CHECK(CompatibleShardRules(params, inner, 3, 2, ShardRule::kEven) == 1u);
+  CHECK(AgreeShardRule(3u & 2u & 2u) == ShardRule::kChunk);
+  CHECK(AgreeShardRule(3u & 3u) == ShardRule::kEven);
+  CHECK(AgreeShardRule(3u & 2u & 1u) == std::nullopt);
+  // The inner state counts too: rows that divide in the parameters but not in it.
+  const std::vector<TensorSpec> odd_inner = {{"m", 0, {7}}};
+  CHECK(CompatibleShardRules({{"w", 0, {6}}}, odd_inner, 3, 1, ShardRule::kChunk) == 2u);
+}
+
+TEST_CASE(
+    "diloco relayout: every group moves every row from one rule's holder to the other's, bit for "
+    "bit, through one sum of the rows that change hands") {
+  std::vector<TensorSpec> specs = Specs();
+  specs.push_back({"big", 34, {23, 3}});  // 23 rows: neither rule matches the other over 2..8
+  const size_t total = 34 + 69;
+  std::vector<float> full(total);
+  for (size_t i = 0; i < total; ++i) full[i] = static_cast<float>(i) * 0.25f - 9.0f;
+  full[3] = -0.0f;  // a signed zero crosses too
+  full[40] = -0.0f;
+  for (uint32_t ranks = 1; ranks <= 8; ++ranks) {
+    for (auto [from, to] : {std::pair{ShardRule::kChunk, ShardRule::kEven},
+                            std::pair{ShardRule::kEven, ShardRule::kChunk}}) {
+      CAPTURE(ranks);
+      CAPTURE(ShardRuleName(from));
+      std::vector<RelayoutPlan> plans;
+      std::vector<std::vector<float>> src(ranks), dst(ranks), bufs;
+      for (uint32_t r = 0; r < ranks; ++r) {
+        plans.push_back(PlanRelayout(specs, ranks, r, from, to));
+        CHECK(plans[r].moved == plans[0].moved);
+        const ShardLayout l = MakeShardLayout(specs, ranks, r, from);
+        src[r].resize(l.shard_numel);
+        l.Take(full, src[r]);
+        dst[r].assign(plans[r].to_numel, 1234.0f);
+      }
+      if (ranks == 1) CHECK(plans[0].moved == 0);
+      // The group's sum, as the communicator would run it: every trainer's buffer added in rank
+      // order, handed back to each.
+      std::vector<std::vector<float>> seen;
+      for (uint32_t r = 0; r < ranks; ++r) {
+        auto collect = [&](std::span<float> buf) {
+          seen.emplace_back(buf.begin(), buf.end());
+          return Status::Ok();
+        };
+        // First pass: gather each trainer's contribution (the plan fills, then sums).
+        REQUIRE(plans[r]
+                    .Apply(src[r], dst[r], [&](std::span<float> buf) { return collect(buf); })
+                    .ok());
+      }
+      std::vector<float> summed(plans[0].moved, -0.0f);
+      for (const auto& b : seen) {
+        for (size_t i = 0; i < summed.size(); ++i) summed[i] += b[i];
+      }
+      for (uint32_t r = 0; r < ranks; ++r) {
+        REQUIRE(plans[r]
+                    .Apply(src[r], dst[r],
+                           [&](std::span<float> buf) {
+                             std::copy(summed.begin(), summed.end(), buf.begin());
+                             return Status::Ok();
+                           })
+                    .ok());
+        const ShardLayout l = MakeShardLayout(specs, ranks, r, to);
+        std::vector<float> want(l.shard_numel);
+        l.Take(full, want);
+        REQUIRE(dst[r].size() == want.size());
+        CHECK(std::memcmp(dst[r].data(), want.data(), want.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+  // Only the rows that change hands move: 23 rows of 3 over 3 trainers, chunk 8/8/7 against even
+  // 8/8/7: nothing; over 5, chunk 5/5/5/5/3 against 5/5/5/4/4: row 19 only, rank 3's to rank 4.
+  CHECK(PlanRelayout({{"big", 0, {23, 3}}}, 3, 0, ShardRule::kChunk, ShardRule::kEven).moved == 0);
+  CHECK(PlanRelayout({{"big", 0, {23, 3}}}, 5, 0, ShardRule::kChunk, ShardRule::kEven).moved ==
+        3);
 }
 
 TEST_CASE(

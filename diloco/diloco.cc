@@ -74,6 +74,9 @@ Status DilocoOptions::Validate() const {
   if (OuterCompress parsed; !ParseOuterCompress(OuterCompressName(outer_compress), &parsed)) {
     return InvalidArgument("unknown outer_compress {}", static_cast<int>(outer_compress));
   }
+  if (ShardRule parsed; !ParseShardRule(ShardRuleName(shard_rule), &parsed)) {
+    return InvalidArgument("unknown shard_rule {}", static_cast<int>(shard_rule));
+  }
   if (ParamDType parsed; !ParseParamDType(ParamDTypeName(param_dtype), &parsed)) {
     return InvalidArgument("unknown param_dtype {}", static_cast<int>(param_dtype));
   }
@@ -129,7 +132,8 @@ Status Diloco::Impl::Init() {
   }
   state_io_ =
       MakeCheckpointStateIo(StateIoOptions{o_.ckpt_dir, o_.live_dir, o_.group_rank, o_.group_size,
-                                           o_.params, o_.inner_state, o_.ckpt_keep});
+                                           o_.params, o_.inner_state, o_.ckpt_keep,
+                                           caller_rule_});
   state_.global.assign(layout_.shard_numel, 0.0f);
   state_.momentum.assign(layout_.shard_numel, 0.0f);
   if (o_.outer_compress != OuterCompress::kNone) {

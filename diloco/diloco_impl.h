@@ -72,7 +72,14 @@ class Diloco::Impl {
         o_(std::move(o)),
         hooks_(std::move(hooks)),
         layout_(MakeShardLayout(o_.params, o_.group_size, o_.group_rank)),
-        inner_layout_(MakeShardLayout(o_.inner_state, o_.group_size, o_.group_rank)),
+        caller_rule_(o_.sharded ? o_.shard_rule : ShardRule::kEven),
+        caller_layout_(MakeShardLayout(o_.params, o_.group_size, o_.group_rank, caller_rule_)),
+        inner_layout_(
+            MakeShardLayout(o_.inner_state, o_.group_size, o_.group_rank, caller_rule_)),
+        to_library_(PlanRelayout(o_.params, o_.group_size, o_.group_rank, caller_rule_,
+                                 ShardRule::kEven)),
+        to_caller_(PlanRelayout(o_.params, o_.group_size, o_.group_rank, ShardRule::kEven,
+                                caller_rule_)),
         sink_(std::make_shared<NoticeSink>()),
         perturb_step_(internal::TestPerturbStep()) {
     ValidateSpecs(o_.inner_state, &inner_total_).ok();
@@ -118,7 +125,7 @@ class Diloco::Impl {
   size_t numel() const { return layout_.total; }
   size_t shard_numel() const { return layout_.shard_numel; }
   // The caller's buffers: the whole model, or its rows only (DilocoOptions::sharded).
-  size_t param_numel() const { return o_.sharded ? layout_.shard_numel : layout_.total; }
+  size_t param_numel() const { return o_.sharded ? caller_layout_.shard_numel : layout_.total; }
   size_t inner_numel() const { return o_.sharded ? inner_layout_.shard_numel : inner_total_; }
   std::string hash() const { return StateHash(state_.global); }
 
@@ -260,8 +267,14 @@ class Diloco::Impl {
   // The in-group all-gather of a shard in this trainer's layout into the caller's buffer `out`
   // (a copy when sharded: the caller's buffer is the shard).
   Status GatherInto(std::span<const float> shard, std::span<float> out);
-  // This trainer's rows of the caller's buffer `params` into `shard`.
-  void TakeShard(std::span<const float> params, std::span<float> shard) const;
+  // This trainer's rows of the caller's buffer `params` into `shard` (the even split). A
+  // sharded caller's rows under another rule move inside the group (to_library_): then every
+  // trainer of the group calls it at the same point, as the in-group sums.
+  Status TakeShard(std::span<const float> params, std::span<float> shard);
+  // At the first join of a group of several: the group's trainers agree on the model and, when
+  // sharded, on the rule of their rows (the relayout plans follow from it); then the weights
+  // Join took are moved into the even split.
+  Status AgreeOnGroup();
   // The refusal of a caller's buffer of the wrong length (ok when it fits).
   Status CheckParamSize(size_t given) const;
   // The global_hash of the global weights: this trainer's rows hashed (RowHashSum), summed over
@@ -280,7 +293,17 @@ class Diloco::Impl {
   client::Session* session_;
   DilocoOptions o_;
   InnerStateHooks hooks_;
-  ShardLayout layout_, inner_layout_;
+  // layout_: this trainer's rows of the outer state (the even split, in every group);
+  // caller_layout_: its rows of the caller's buffer when sharded (DilocoOptions::shard_rule);
+  // inner_layout_: its rows of the inner state (the caller's rule when sharded).
+  ShardLayout layout_;
+  ShardRule caller_rule_;
+  ShardLayout caller_layout_, inner_layout_;
+  // The moves between the caller's rows and the outer state's when the two rules differ (the
+  // group's agreed rule; identity copies otherwise).
+  RelayoutPlan to_library_, to_caller_;
+  // The caller's rows that Join took, until the group has agreed on their rule (AgreeOnGroup).
+  std::optional<std::vector<float>> join_rows_;
   size_t inner_total_ = 0;
   uint32_t model_fingerprint_ = 0;  // ModelFingerprint(o_.params)
   std::shared_ptr<NoticeSink> sink_;

@@ -178,8 +178,7 @@ Status Diloco::Impl::SyncMixed(const client::PollResult& pr) {
 // whole buffer. A failed sum leaves `out` partial, but then the group is going down.
 Status Diloco::Impl::GatherInto(std::span<const float> shard, std::span<float> out) {
   if (o_.sharded) {
-    std::copy(shard.begin(), shard.end(), out.begin());
-    return Status::Ok();
+    return to_caller_.Apply(shard, out, [this](std::span<float> v) { return GroupSum(v); });
   }
   if (o_.group_size > 1) std::fill(out.begin(), out.end(), 0.0f);
   layout_.Place(shard, out);
@@ -199,12 +198,12 @@ Result<std::string> Diloco::Impl::GlobalHash() {
   return fmt::format("{:016x}", sum);
 }
 
-void Diloco::Impl::TakeShard(std::span<const float> params, std::span<float> shard) const {
+Status Diloco::Impl::TakeShard(std::span<const float> params, std::span<float> shard) {
   if (o_.sharded) {
-    std::copy(params.begin(), params.end(), shard.begin());
-  } else {
-    layout_.Take(params, shard);
+    return to_library_.Apply(params, shard, [this](std::span<float> v) { return GroupSum(v); });
   }
+  layout_.Take(params, shard);
+  return Status::Ok();
 }
 
 Status Diloco::Impl::CheckParamSize(size_t given) const {
@@ -216,6 +215,64 @@ Status Diloco::Impl::CheckParamSize(size_t given) const {
         given, o_.group_rank, o_.group_size, param_numel());
   }
   return InvalidArgument("params has {} elements, the specs {}", given, layout_.total);
+}
+
+Status Diloco::Impl::AgreeOnGroup() {
+  // The group's trainers must describe one model (a sharded trainer's rows are cut from it,
+  // and the group's layout from all of theirs), and a sharded group one rule of its rows: one
+  // small in-group sum of the fingerprint's limbs and of each rule's "my rows fit it", before
+  // any state moves. Every trainer sees the same sums and fails alike.
+  const uint32_t mask =
+      o_.sharded ? CompatibleShardRules(o_.params, o_.inner_state, o_.group_size, o_.group_rank,
+                                        caller_rule_)
+                 : 1u;
+  std::vector<float> fp = {static_cast<float>(model_fingerprint_ & 0xfff),
+                           static_cast<float>(model_fingerprint_ >> 12),
+                           (mask & 1u) != 0 ? 1.0f : 0.0f, (mask & 2u) != 0 ? 1.0f : 0.0f,
+                           o_.sharded ? 1.0f : 0.0f};
+  LK_RETURN_IF_ERROR(GroupSum(fp).WithContext("the group's model check"));
+  const auto n = static_cast<float>(o_.group_size);
+  if (fp[0] != n * static_cast<float>(model_fingerprint_ & 0xfff) ||
+      fp[1] != n * static_cast<float>(model_fingerprint_ >> 12)) {
+    group_failed_ = true;  // a configuration error: no later quorum mends it
+    return InvalidArgument(
+        "the trainers of this group describe different models (this one's parameters have "
+        "fingerprint {:06x}): every trainer of a group passes the same specs (names, whole "
+        "shapes, order), sharded or not",
+        model_fingerprint_);
+  }
+  if (fp[4] != 0.0f && fp[4] != n) {
+    group_failed_ = true;
+    return InvalidArgument(
+        "{} of the {} trainers of this group hold the model sharded and the others whole (this "
+        "one: {}): DilocoOptions::sharded is the group's, the same in all of its trainers",
+        static_cast<uint32_t>(fp[4]), o_.group_size, o_.sharded ? "sharded" : "whole");
+  }
+  if (o_.sharded) {
+    const uint32_t group_mask = (fp[2] == n ? 1u : 0u) | (fp[3] == n ? 2u : 0u);
+    const std::optional<ShardRule> rule = AgreeShardRule(group_mask);
+    if (!rule) {
+      group_failed_ = true;
+      return InvalidArgument(
+          "the trainers of this group cut their rows by different rules (this one, group rank "
+          "{} of {}, holds the rows of {}): every trainer of a sharded group uses one, the even "
+          "split or torch.chunk's",
+          o_.group_rank, o_.group_size,
+          mask == 3u ? "either" : std::string(ShardRuleName(caller_rule_)));
+    }
+    to_library_ =
+        PlanRelayout(o_.params, o_.group_size, o_.group_rank, *rule, ShardRule::kEven);
+    to_caller_ = PlanRelayout(o_.params, o_.group_size, o_.group_rank, ShardRule::kEven, *rule);
+    if (*rule != ShardRule::kEven) {
+      LK_LOG_INFO("shard_rule rule={} group_size={} rows_moved_per_step={}", ShardRuleName(*rule),
+                  o_.group_size, to_library_.moved);
+    }
+  }
+  if (join_rows_) {
+    LK_RETURN_IF_ERROR(TakeShard(*join_rows_, state_.global));
+    join_rows_.reset();
+  }
+  return Status::Ok();
 }
 
 // The poll answer a join acts on: with the heal of an earlier poll of the same quorum when the
@@ -258,25 +315,9 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& polled, std::span<floa
       return st.WithContext("intra-group communicator");
     }
     group_ready_ = true;
-    // The group's trainers must describe one model (a sharded trainer's rows are cut from it,
-    // and the group's layout from all of theirs): one small in-group sum of the fingerprint's
-    // limbs, before any state moves. Every trainer sees the same sum and fails alike.
-    std::vector<float> fp = {static_cast<float>(model_fingerprint_ & 0xfff),
-                             static_cast<float>(model_fingerprint_ >> 12)};
-    if (Status st = GroupSum(fp); !st.ok()) {
+    if (Status st = AgreeOnGroup(); !st.ok()) {
       account();
-      return st.WithContext("the group's model check");
-    }
-    const auto n = static_cast<float>(o_.group_size);
-    if (fp[0] != n * static_cast<float>(model_fingerprint_ & 0xfff) ||
-        fp[1] != n * static_cast<float>(model_fingerprint_ >> 12)) {
-      account();
-      group_failed_ = true;  // a configuration error: no later quorum mends it
-      return InvalidArgument(
-          "the trainers of this group describe different models (this one's parameters have "
-          "fingerprint {:06x}): every trainer of a group passes the same specs (names, whole "
-          "shapes, order), sharded or not",
-          model_fingerprint_);
+      return st;
     }
   }
   Result<std::optional<MixedPlan>> plan = PlanQuorum(pr);

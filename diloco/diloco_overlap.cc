@@ -31,8 +31,8 @@ Result<SyncResult> Diloco::Impl::SyncOverlapped(std::span<float> params, uint64_
   const size_t n = layout_.shard_numel;
   std::vector<float> delta(n);
   ov_.start.resize(n);
-  TakeShard(ov_.base, ov_.start);
-  TakeShard(params, delta);
+  LK_RETURN_IF_ERROR(TakeShard(ov_.base, ov_.start));
+  LK_RETURN_IF_ERROR(TakeShard(params, delta));
   for (size_t i = 0; i < n; ++i) delta[i] = ov_.start[i] - delta[i];
   std::optional<SyncResult> landed;
   SyncStats stats;

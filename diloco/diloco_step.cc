@@ -92,7 +92,14 @@ Result<SyncResult> Diloco::Impl::Join(std::span<float> params) {
   restored_extra_.reset();
   extra_committed_ = extra_next_;  // what a save before any commit or heal writes
   CanonicalizeZeros(params);
-  TakeShard(params, state_.global);
+  if (o_.sharded && o_.group_size > 1) {
+    // Under another rule than the even split the rows of the outer state come partly from
+    // other trainers of the group: they move once the group has agreed on its rule, at the
+    // first join (AgreeOnGroup), where every trainer of the group takes part in the move.
+    join_rows_.emplace(params.begin(), params.end());
+  } else {
+    LK_RETURN_IF_ERROR(TakeShard(params, state_.global));
+  }
   SyncStats stats;
   while (true) {
     LK_ASSIGN_OR_RETURN(Turn turn, PollOnce(&stats));
@@ -161,7 +168,7 @@ Result<SyncResult> Diloco::Impl::Sync(std::span<float> params, uint64_t tokens) 
     // Every trainer of the group comes here once per outer step, so this in-group sum pairs up.
     LK_ASSIGN_OR_RETURN(pending_tokens_, GroupTokens(tokens));
     std::vector<float> delta(layout_.shard_numel);
-    TakeShard(params, delta);
+    LK_RETURN_IF_ERROR(TakeShard(params, delta));
     for (size_t i = 0; i < delta.size(); ++i) delta[i] = state_.global[i] - delta[i];
     pending_delta_ = std::move(delta);
     extra_pending_ = extra_next_;

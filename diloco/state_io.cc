@@ -32,7 +32,8 @@ class CheckpointStateIo final : public StateIo {
   explicit CheckpointStateIo(StateIoOptions o)
       : options_(std::move(o)),
         layout_(MakeShardLayout(options_.params, options_.ranks, options_.rank)),
-        inner_layout_(MakeShardLayout(options_.inner_state, options_.ranks, options_.rank)),
+        inner_layout_(MakeShardLayout(options_.inner_state, options_.ranks, options_.rank,
+                                      options_.inner_rule)),
         writer_(ckpt::WriterOptions{.root = options_.ckpt_dir, .keep = options_.keep}),
         live_(ckpt::LivePublisherOptions{.base_dir = options_.live_dir}) {}
 
@@ -121,17 +122,32 @@ class CheckpointStateIo final : public StateIo {
   static std::vector<int64_t> Shape(const TensorSpec& s) { return s.shape; }
 
   // The planner's rows for the extra state: this rank's tensor whole (with `take`), every other
-  // rank's not at all; the even split for everything else, or nothing with `extra_only`.
+  // rank's not at all; the inner state's rows by its rule (InnerRows); the even split for
+  // everything else, or nothing with `extra_only`.
   std::function<std::optional<ckpt::RowRange>(const ckpt::TensorInfo&, ckpt::RowRange)>
   ExtraRows(bool take, bool extra_only = false) const {
-    return [take, extra_only, mine = ExtraStateName(options_.rank)](
+    return [this, take, extra_only, mine = ExtraStateName(options_.rank)](
                const ckpt::TensorInfo& t, ckpt::RowRange even) -> std::optional<ckpt::RowRange> {
       if (t.name.rfind(kExtraStatePrefix, 0) != 0) {
-        return extra_only ? std::nullopt : std::optional<ckpt::RowRange>(even);
+        if (extra_only) return std::nullopt;
+        if (std::optional<ckpt::RowRange> r = InnerRows(t.name)) return r;
+        return std::optional<ckpt::RowRange>(even);
       }
       if (!take || t.name != mine) return std::nullopt;
       return ckpt::RowRange{0, ckpt::RowsOf(t.shape)};
     };
+  }
+
+  // The rows of inner-state tensor `name` this rank holds when its rule is not the even split
+  // (none otherwise, or for any other name).
+  std::optional<ckpt::RowRange> InnerRows(const std::string& name) const {
+    if (options_.inner_rule == ShardRule::kEven) return std::nullopt;
+    for (size_t i = 0; i < options_.inner_state.size(); ++i) {
+      if (InnerName(options_.inner_state[i].name) != name) continue;
+      const ShardPiece* p = PieceOf(inner_layout_, i);
+      return p == nullptr ? ckpt::RowRange{0, 0} : ckpt::RowRange{p->row_begin, p->row_end};
+    }
+    return std::nullopt;
   }
 
   // Adds rows [piece] of a tensor whose shard buffer is `owner` (shared by every tensor of the
@@ -142,7 +158,11 @@ class CheckpointStateIo final : public StateIo {
     if (piece == nullptr) return;  // no rows on this rank: the writer stores none either
     ckpt::ConstBytes b{reinterpret_cast<const uint8_t*>(owner->data() + base + piece->shard_offset),
                        piece->count * sizeof(float), owner};
-    s->Add(std::move(name), ckpt::DType::kF32, Shape(spec), b);
+    // The piece's own rows: the even split's for the outer state, the caller's rule's for the
+    // inner state (the writer would otherwise assume the even split).
+    s->tensors.push_back(ckpt::SnapshotTensor{std::move(name), ckpt::DType::kF32, Shape(spec),
+                                              ckpt::RowRange{piece->row_begin, piece->row_end},
+                                              std::move(b)});
   }
 
   ckpt::Snapshot MakeSnapshot(const OuterState& state, std::span<const float> inner,

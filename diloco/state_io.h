@@ -73,6 +73,10 @@ struct StateIoOptions {
   std::vector<TensorSpec> params;
   std::vector<TensorSpec> inner_state;
   uint32_t keep = 3;  // durable checkpoints kept
+  // The rows of the inner state this trainer holds (a sharded caller's rule; the outer state
+  // is always the even split). The checkpoint records each slice's rows, so a checkpoint
+  // written under one rule restores under another.
+  ShardRule inner_rule = ShardRule::kEven;
 };
 
 std::unique_ptr<StateIo> MakeCheckpointStateIo(StateIoOptions options);

@@ -51,8 +51,9 @@ OuterState ShardState(const std::vector<float>& global, const std::vector<float>
   return s;
 }
 
-std::vector<float> InnerShard(const std::vector<float>& inner, uint32_t ranks, uint32_t rank) {
-  ShardLayout l = MakeShardLayout(Inner(), ranks, rank);
+std::vector<float> InnerShard(const std::vector<float>& inner, uint32_t ranks, uint32_t rank,
+                              ShardRule rule = ShardRule::kEven) {
+  ShardLayout l = MakeShardLayout(Inner(), ranks, rank, rule);
   std::vector<float> s(l.shard_numel);
   l.Take(inner, s);
   return s;
@@ -107,6 +108,39 @@ TEST_CASE(
   // No live directory: publishing is a no-op and peers without a shard server fail cleanly.
   CHECK(io[0]->PublishLive(ShardState(global, momentum, 2, 0, 7)).ok());
   CHECK_FALSE(io[0]->FetchFromPeers({}, 7).ok());
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "diloco inner state cut by torch.chunk's rule restores by rows into the even split and back") {
+  // emb.weight's 7 rows over 3 trainers: chunk 3/3/1, even 3/2/2.
+  const std::string dir = FreshDir("state-io-chunk");
+  const auto global = Ramp(39, 0.01f, -0.1f), momentum = Ramp(39, 0.002f, 0.0f);
+  const auto inner = Ramp(36, 0.5f, -3.0f);
+  for (uint32_t r = 0; r < 3; ++r) {
+    StateIoOptions o = Options(dir, r, 3);
+    o.inner_rule = ShardRule::kChunk;
+    REQUIRE(MakeCheckpointStateIo(o)
+                ->SaveDurable(ShardState(global, momentum, 3, r, 5),
+                              InnerShard(inner, 3, r, ShardRule::kChunk), {}, 2)
+                .ok());
+  }
+  for (ShardRule rule : {ShardRule::kEven, ShardRule::kChunk}) {
+    for (uint32_t ranks : {1u, 2u, 3u}) {
+      for (uint32_t r = 0; r < ranks; ++r) {
+        CAPTURE(ShardRuleName(rule));
+        CAPTURE(ranks);
+        CAPTURE(r);
+        StateIoOptions o = Options(dir, r, ranks);
+        o.inner_rule = rule;
+        auto got = MakeCheckpointStateIo(o)->Restore(dir);
+        REQUIRE_MESSAGE(got.ok(), got.status().ToString());
+        CHECK(got->state.global == ShardState(global, momentum, ranks, r, 5).global);
+        REQUIRE(got->inner.has_value());
+        CHECK(*got->inner == InnerShard(inner, ranks, r, rule));
+      }
+    }
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -72,6 +72,17 @@ static int check_sharded(lk_session* s, const lk_diloco_options* o) {
   }
   if (lk_diloco_shard_rows(5, 2, 2, &begin, &end) == 0) return fail("rank 2 of 2 taken");
   if (strstr(lk_last_error(), "below ranks 2") == NULL) return fail("shard_rows reason");
+  /* torch.chunk's rule: 5 rows over 4 are 2, 2, 1, 0 (the even split: 2, 1, 1, 1). */
+  if (lk_diloco_shard_rows_rule(5, 4, 1, LK_SHARD_CHUNK, &begin, &end) != 0 || begin != 2 ||
+      end != 4) {
+    return fail("shard_rows_rule(5, 4, 1, chunk)");
+  }
+  if (lk_diloco_shard_rows_rule(5, 4, 3, LK_SHARD_CHUNK, &begin, &end) != 0 || begin != 5 ||
+      end != 5) {
+    return fail("shard_rows_rule(5, 4, 3, chunk)");
+  }
+  if (lk_diloco_shard_rows_rule(5, 4, 1, 7, &begin, &end) == 0) return fail("rule 7 taken");
+  if (strstr(lk_last_error(), "unknown shard rule 7") == NULL) return fail("rule reason");
   int64_t shape[2] = {5, 2};
   lk_tensor_spec spec = {"m", 0, shape, 2};
   lk_diloco_options so = *o;
@@ -83,6 +94,10 @@ static int check_sharded(lk_session* s, const lk_diloco_options* o) {
   memset(&ext, 0, sizeof(ext));
   ext.struct_size = sizeof(ext);
   ext.sharded = 1;
+  ext.shard_rule = 2;
+  if (lk_diloco_create_ext(s, &so, &ext) != NULL) return fail("shard_rule 2 taken");
+  if (strstr(lk_last_error(), "unknown shard_rule 2") == NULL) return fail("shard_rule reason");
+  ext.shard_rule = LK_SHARD_CHUNK;  /* a group of one holds every row under either rule */
   lk_diloco* d = lk_diloco_create_ext(s, &so, &ext);
   if (d == NULL) return fail("create sharded");
   if (lk_diloco_numel(d) != 10 || lk_diloco_param_numel(d) != 10) return fail("sharded sizes");

@@ -86,11 +86,21 @@ struct RowRange {
   int64_t end = 0;
   bool operator==(const RowRange&) const = default;
 };
-// The rows of `spec` that trainer `rank` of a group of `ranks` holds: the library's even split
-// (the first rows % ranks ranks one row more; a scalar is one row, rank 0's). The outer state
-// is cut this way in every group, and with DilocoOptions::sharded the caller's buffer holds
-// exactly these rows of every tensor, in tensor order.
-LK_API RowRange ShardRows(const TensorSpec& spec, uint32_t ranks, uint32_t rank);
+// How a sharded caller cuts every tensor's rows over the trainers of its group.
+//  - kEven: the library's even split: the first rows % ranks ranks one row more (the
+//    checkpoint library's split, and the one the outer state is cut by in every group).
+//  - kChunk: torch.chunk's rule, FSDP2's and DTensor's Shard(0): ceil(rows / ranks) rows per
+//    rank, the last ranks short or empty.
+// A scalar is one row, rank 0's, under both. The two agree whenever ranks divides the rows.
+enum class ShardRule { kEven, kChunk };
+LK_API std::string_view ShardRuleName(ShardRule rule);  // "even", "chunk"
+LK_API bool ParseShardRule(std::string_view name, ShardRule* out);
+
+// The rows of `spec` that trainer `rank` of a group of `ranks` holds under `rule`. The outer
+// state is cut by kEven in every group; with DilocoOptions::sharded the caller's buffer holds
+// exactly the rows of DilocoOptions::shard_rule of every tensor, in tensor order.
+LK_API RowRange ShardRows(const TensorSpec& spec, uint32_t ranks, uint32_t rank,
+                          ShardRule rule = ShardRule::kEven);
 
 struct OuterOptions {
   float lr = 0.7f;        // the DiLoCo paper's outer learning rate
@@ -143,6 +153,15 @@ struct DilocoOptions {
   // the global_hash is the same as a replicated group's, so sharded and replicated groups (of
   // any sizes) share quorums. Default false: the buffers hold the whole model.
   bool sharded = false;
+  // With `sharded`: how the caller's rows are cut (ShardRule; default kEven). With kChunk (a
+  // model sharded by FSDP2 or DTensor Shard(0)) the library keeps its outer state in the even
+  // split all the same, so that groups of every rule share one exchange, heals and
+  // checkpoints, and moves the rows where the two splits differ inside the group at each outer
+  // step (one in-group sum of those rows only: diloco/README.md, "Sharded models"). The group's
+  // trainers agree on the rule at their first join (a trainer whose rows are the same under
+  // both rules goes with the others); a group that does not is refused with
+  // kInvalidArgument. Ignored without `sharded`.
+  ShardRule shard_rule = ShardRule::kEven;
   // The inner optimizer's state (e.g. AdamW's moments and step count) inside a flat float32
   // buffer of its own, saved with durable checkpoints and restored from them (the same on every
   // trainer of the group; diloco/README.md, "The inner optimizer's state"). Empty (default):

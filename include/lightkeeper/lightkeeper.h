@@ -144,6 +144,11 @@ typedef struct lk_comm lk_comm;
 /* Element types. lk_comm_allreduce takes FLOAT32 and BFLOAT16; the DiLoCo parameter buffer
  * (lk_diloco_ext_options.param_dtype) all three. */
 enum { LK_DTYPE_FLOAT32 = 0, LK_DTYPE_BFLOAT16 = 1, LK_DTYPE_FLOAT16 = 2 };
+/* How a sharded caller cuts every tensor's rows over its group (DilocoOptions::shard_rule):
+ * LK_SHARD_EVEN, the library's even split (the first rows % ranks ranks one row more), or
+ * LK_SHARD_CHUNK, torch.chunk's (FSDP2's and DTensor's Shard(0): ceil(rows / ranks) each, the
+ * last ranks short or empty). */
+enum { LK_SHARD_EVEN = 0, LK_SHARD_CHUNK = 1 };
 enum { LK_REDUCE_SUM = 0, LK_REDUCE_AVG = 1 };
 
 typedef struct lk_comm_options {
@@ -277,6 +282,9 @@ typedef struct lk_diloco_ext_options {
    * (lk_diloco_shard_rows) of every tensor in order, and the inner state callback's buffer its
    * rows of the inner state. */
   int sharded;
+  /* With sharded: LK_SHARD_EVEN (0, the default) or LK_SHARD_CHUNK, the rule of the caller's
+   * rows (lk_diloco_shard_rows_rule); anything else fails lk_diloco_create_ext. */
+  int shard_rule;
 } lk_diloco_ext_options;
 
 /* lk_diloco_create with the options of `ext` too; ext NULL: all unset. */
@@ -344,6 +352,9 @@ size_t lk_diloco_param_numel(const lk_diloco* d);
  * Returns -1 (lk_last_error says why) when rank >= ranks or rows < 1. */
 int lk_diloco_shard_rows(int64_t rows, uint32_t ranks, uint32_t rank, int64_t* begin,
                          int64_t* end);
+/* The same under `rule` (LK_SHARD_EVEN or LK_SHARD_CHUNK); -1 for any other rule. */
+int lk_diloco_shard_rows_rule(int64_t rows, uint32_t ranks, uint32_t rank, int rule,
+                              int64_t* begin, int64_t* end);
 /* lk_diloco_join, lk_diloco_sync_tokens and lk_diloco_flush over a parameter buffer of `count`
  * elements of `dtype` (LK_DTYPE_*), which must be the param_dtype d was created with (else they
  * fail, lk_last_error naming both, and the buffer is untouched). For FLOAT32 they are the plain

@@ -54,15 +54,23 @@ def _float_view(address: int, count: int) -> torch.Tensor:
     return torch.frombuffer(array, dtype=torch.float32, count=count)
 
 
-def shard_rows(rows: int, group_size: int, group_rank: int) -> Tuple[int, int]:
+SHARD_RULES = ("even", "chunk")
+
+
+def shard_rows(rows: int, group_size: int, group_rank: int,
+               rule: str = "even") -> Tuple[int, int]:
     """Rows ``[begin, end)`` of a parameter's first dimension (``rows`` long) that trainer
-    ``group_rank`` of a group of ``group_size`` holds in a sharded model (``DiLoCo(shards=...)``):
-    the library's even split, the first ``rows % group_size`` ranks one row more. It equals
-    ``torch.chunk``'s (FSDP2's ``Shard(0)``) whenever ``group_size`` divides ``rows``."""
+    ``group_rank`` of a group of ``group_size`` holds in a sharded model (``DiLoCo(shards=...)``)
+    under ``rule``: ``"even"``, the library's even split (the first ``rows % group_size`` ranks
+    one row more), or ``"chunk"``, ``torch.chunk``'s (FSDP2's and DTensor's ``Shard(0)``:
+    ``ceil(rows / group_size)`` rows each, the last ranks short or empty). The two agree
+    whenever ``group_size`` divides ``rows``."""
     if rows < 1 or not 0 <= group_rank < group_size:
         raise InvalidArgument(f"rows {rows} must be at least 1 and group_rank {group_rank} "
                               f"in [0, {group_size})")
-    begin, end = _native.shard_rows(rows, group_size, group_rank)
+    if rule not in SHARD_RULES:
+        raise InvalidArgument(f"unknown shard rule {rule!r} (even or chunk)")
+    begin, end = _native.shard_rows(rows, group_size, group_rank, rule)
     return int(begin), int(end)
 
 
@@ -73,17 +81,21 @@ ShardSpec = Tuple[Sequence[int], int]
 
 class _Sharding:
     """Where a sharded model's parameters sit: each trainer holds rows [begin, end) of every
-    parameter (ShardRows' even split), its local tensors packed in the model's order; the
-    library's specs are the whole model's."""
+    parameter, cut by one rule for the whole model (the even split or torch.chunk's), its local
+    tensors packed in the model's order; the library's specs are the whole model's."""
 
     def __init__(self, shards: Mapping[str, ShardSpec], group_rank: int, group_size: int):
         self.shards = shards
         self.group_rank = group_rank
         self.group_size = group_size
         self.global_shapes: Dict[str, Tuple[int, ...]] = {}
+        # The rule this trainer's rows follow (found by check): "even" when they fit both.
+        self.rule = "even"
 
     def check(self, named: List[Tuple[str, torch.nn.Parameter]]) -> None:
-        """Refuses, naming the parameter and the rows, anything but this rank's even split."""
+        """Finds the rule of this trainer's rows; refuses, naming the parameter and the rows,
+        rows that follow neither rule (or the two rules in different parameters)."""
+        fits = set(SHARD_RULES)
         names = {n for n, _ in named}
         for extra in sorted(set(self.shards) - names):
             raise InvalidArgument(f"shards names {extra!r}, which is not a parameter of the model")
@@ -102,14 +114,22 @@ class _Sharding:
             if len(local) != len(shape) or local[1:] != shape[1:]:
                 raise InvalidArgument(f"parameter {name} is {local} here, which is not rows of "
                                       f"its global shape {shape}")
-            begin, end = shard_rows(shape[0], self.group_size, self.group_rank)
-            if int(first) != begin or local[0] != end - begin:
+            held = (int(first), int(first) + local[0])
+            want = {rule: shard_rows(shape[0], self.group_size, self.group_rank, rule)
+                    for rule in SHARD_RULES}
+            here = {rule for rule in SHARD_RULES if want[rule] == held}
+            if not here & fits:
+                even, chunk = want["even"], want["chunk"]
+                also = (f" (the parameters before it follow the {sorted(fits)[0]} rule)"
+                        if here else "")
                 raise InvalidArgument(
-                    f"parameter {name}: this trainer holds rows [{int(first)}, "
-                    f"{int(first) + local[0]}) of {shape[0]}, but group rank {self.group_rank} "
-                    f"of {self.group_size} must hold rows [{begin}, {end}) (the library's even "
-                    "split, lightkeeper.shard_rows)")
+                    f"parameter {name}: this trainer holds rows [{held[0]}, {held[1]}) of "
+                    f"{shape[0]}, but group rank {self.group_rank} of {self.group_size} holds "
+                    f"rows [{even[0]}, {even[1]}) under the even split or [{chunk[0]}, "
+                    f"{chunk[1]}) under torch.chunk's (lightkeeper.shard_rows){also}")
+            fits &= here
             self.global_shapes[name] = shape
+        self.rule = "even" if "even" in fits else "chunk"
 
 
 class _InnerLayout:
@@ -286,10 +306,14 @@ class DiLoCo:
         shards: a sharded model (FSDP inside the group, DiLoCo across: the HSDP layout), by an
             explicit description: ``{name: (global_shape, first_row)}`` for every parameter,
             whose local tensor holds rows ``first_row`` on of the parameter's ``global_shape``.
-            The rows must be this trainer's of the library's even split
-            (``lightkeeper.shard_rows(rows, group_size, group_rank)``, which is FSDP2's
-            ``Shard(0)`` whenever the group size divides the rows); anything else raises
-            ``InvalidArgument`` naming the parameter and the rows, before anything is sent.
+            The rows must be this trainer's under one rule for the whole model: the
+            library's even split or ``torch.chunk``'s (FSDP2's and DTensor's ``Shard(0)``),
+            ``lightkeeper.shard_rows(rows, group_size, group_rank, rule)``; anything else
+            raises ``InvalidArgument`` naming the parameter and the rows, before anything is
+            sent, and trainers of one group that follow different rules are refused at their
+            first join. Under ``torch.chunk``'s rule the library moves the few rows where the
+            two splits differ inside the group at each outer step (its outer state is the
+            even split in every group, so groups of either rule mix).
             The library then holds the outer state of these rows only, never gathers the
             model, heals and restores by rows (from groups and checkpoints of any layout), and
             the inner optimizer's state is saved and restored per shard. None: every trainer
@@ -423,7 +447,8 @@ class DiLoCo:
             stuck_timeout_ms=0, outer_compress=o["outer_compress"], overlap=o["overlap"],
             outer_fragments=o["outer_fragments"],
             extra_state_bytes_max=self._extra_state_bytes_max,
-            param_dtype=_PARAM_DTYPES[self._dtype], sharded=self._sharding is not None)
+            param_dtype=_PARAM_DTYPES[self._dtype], sharded=self._sharding is not None,
+            shard_rule=self._sharding.rule if self._sharding is not None else "even")
         try:
             self._call("join")
             if not self.should_stop and m.group_size > 1 and self._group_pg is None:

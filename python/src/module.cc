@@ -391,6 +391,12 @@ int DTypeCode(const std::string& name) {
   RaiseInvalid("unknown param_dtype '" + name + "' (float32, bf16 or fp16)");
 }
 
+int ShardRuleCode(const std::string& name) {
+  if (name == "even") return LK_SHARD_EVEN;
+  if (name == "chunk") return LK_SHARD_CHUNK;
+  RaiseInvalid("unknown shard rule '" + name + "' (even or chunk)");
+}
+
 // The DiLoCo outer step of the C++ library. `inner_save(address, count)` (Python) fills the
 // float32 buffer at address with the inner optimizer's state before a durable save.
 class Diloco {
@@ -402,7 +408,7 @@ class Diloco {
          const std::string& bind_host, uint32_t init_timeout_ms, uint32_t op_timeout_ms,
          uint32_t stuck_timeout_ms, const std::string& outer_compress, bool overlap,
          uint32_t outer_fragments, uint64_t extra_state_bytes_max,
-         const std::string& param_dtype, bool sharded)
+         const std::string& param_dtype, bool sharded, const std::string& shard_rule)
       : dtype_(DTypeCode(param_dtype)),
         params_(std::move(params)), inner_(std::move(inner_state)),
         inner_save_(std::move(inner_save)) {
@@ -437,6 +443,7 @@ class Diloco {
     ext.extra_state_bytes_max = extra_state_bytes_max;
     ext.param_dtype = dtype_;
     ext.sharded = sharded ? 1 : 0;
+    ext.shard_rule = ShardRuleCode(shard_rule);
     d_ = lk_diloco_create_ext(session.raw(), &o, &ext);
     if (d_ == nullptr) RaiseLast();
     session_ = &session;
@@ -632,7 +639,7 @@ PYBIND11_MODULE(_native, m) {
                     std::function<void(uintptr_t, size_t)>, float, float, bool,
                     const std::string&, uint32_t, uint32_t, const std::string&,
                     const std::string&, uint32_t, uint32_t, uint32_t, const std::string&,
-                    bool, uint32_t, uint64_t, const std::string&, bool>(),
+                    bool, uint32_t, uint64_t, const std::string&, bool, const std::string&>(),
            // Keyword-only after the session: twenty options by position were a trap (two
            // swapped timeouts or counts still type-check).
            py::arg("session"), py::kw_only(), py::arg("group_rank"), py::arg("group_size"),
@@ -646,6 +653,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("outer_fragments") = 1u,
            py::arg("extra_state_bytes_max") = uint64_t{4} << 20,
            py::arg("param_dtype") = "float32", py::arg("sharded") = false,
+           py::arg("shard_rule") = "even",
            py::keep_alive<1, 2>())  // the session outlives the DiLoCo object
       .def("join", &Diloco::Join)
       .def("sync", &Diloco::Sync, py::arg("params"), py::arg("count"), py::arg("tokens") = 0)
@@ -667,14 +675,15 @@ PYBIND11_MODULE(_native, m) {
 
   // The library's rounding between float32 and a 16-bit dtype (lk_dtype_convert), over raw
   // buffers: for tests against torch.
-  // The library's even split of a tensor's rows (lk_diloco_shard_rows).
+  // A tensor's rows under a shard rule (lk_diloco_shard_rows_rule): "even" or "chunk".
   m.def("shard_rows",
-        [](int64_t rows, uint32_t ranks, uint32_t rank) {
+        [](int64_t rows, uint32_t ranks, uint32_t rank, const std::string& rule) {
           int64_t begin = 0, end = 0;
-          Call([&] { return lk_diloco_shard_rows(rows, ranks, rank, &begin, &end); });
+          const int code = ShardRuleCode(rule);
+          Call([&] { return lk_diloco_shard_rows_rule(rows, ranks, rank, code, &begin, &end); });
           return py::make_tuple(begin, end);
         },
-        py::arg("rows"), py::arg("ranks"), py::arg("rank"));
+        py::arg("rows"), py::arg("ranks"), py::arg("rank"), py::arg("rule") = "even");
   m.def("convert_dtype",
         [](uintptr_t in, const std::string& in_dtype, uintptr_t out, const std::string& out_dtype,
            size_t count) {

@@ -55,6 +55,11 @@ def test_sharded_and_replicated_groups_hold_the_same_weights_at_every_commit(
         c.agent(g)
     for g, size in groups.items():
         flags = ["--outer-compress", compress, "--param-dtype", dtype]
+        if g == "g2":
+            # torch.chunk's rows (FSDP2's Shard(0)): TinyModel's 16 and 4 rows over 3 are
+            # 6/6/4 and 2/2/0 there, 6/5/5 and 2/1/1 in the even split; the group moves the
+            # rows that differ at every outer step.
+            flags += ["--shard-rule", "chunk"]
         ts[g] = zero3(c, g, size, 4, flags + (["--overlap"] if overlap else []), shard=size > 1)
     everyone = [t for g in ts for t in ts[g]]
     for t in everyone:
@@ -82,6 +87,10 @@ def test_sharded_and_replicated_groups_hold_the_same_weights_at_every_commit(
             assert last["outer_state_bytes"] < whole["outer_state_bytes"] * 1.5 / n
         # The group's rows tile the model: their bytes add up to the whole.
         assert sum(commits(t)[-1]["model_bytes"] for t in ts[g]) == whole["model_bytes"]
+    # The chunk group agreed on its rule at the join and moves rows inside the group.
+    for t in ts["g2"]:
+        assert re.search(r"shard_rule rule=chunk group_size=3 rows_moved_per_step=[1-9]",
+                         t.log()), t.log()
 
 
 def test_a_sharded_group_restores_a_checkpoint_of_another_layout_and_heals_after_kill(
@@ -145,12 +154,12 @@ def _model_and_opt():
     return model, torch.optim.AdamW(model.parameters(), lr=0.01)
 
 
-def _rows_of(model, rank, size):
-    """The model cut to rank's even split, with its shards description."""
+def _rows_of(model, rank, size, rule="even"):
+    """The model cut to rank's rows under rule, with its shards description."""
     shards = {}
     with torch.no_grad():
         for name, p in model.named_parameters():
-            b, e = lightkeeper.shard_rows(p.shape[0], size, rank)
+            b, e = lightkeeper.shard_rows(p.shape[0], size, rank, rule)
             shards[name] = (tuple(p.shape), b)
             p.data = p.data[b:e].clone()
     return shards
@@ -160,7 +169,15 @@ def test_shard_rows_is_the_even_split_and_refuses_nonsense():
     assert [lightkeeper.shard_rows(10, 4, r) for r in range(4)] == [(0, 3), (3, 6), (6, 8),
                                                                     (8, 10)]
     assert lightkeeper.shard_rows(2, 3, 2) == (2, 2)  # fewer rows than trainers: none here
-    for bad in ((0, 2, 0), (5, 2, 2), (5, 0, 0)):
+    # torch.chunk's rule (FSDP2's Shard(0)): ceil(rows / size) each, the last short or empty.
+    assert [lightkeeper.shard_rows(10, 4, r, "chunk") for r in range(4)] == [(0, 3), (3, 6),
+                                                                            (6, 9), (9, 10)]
+    assert [lightkeeper.shard_rows(5, 4, r, "chunk") for r in range(4)] == [(0, 2), (2, 4),
+                                                                           (4, 5), (5, 5)]
+    chunks = torch.arange(23).chunk(5)
+    assert [lightkeeper.shard_rows(23, 5, r, "chunk") for r in range(5)] == [
+        (int(c[0]), int(c[-1]) + 1) for c in chunks]
+    for bad in ((0, 2, 0), (5, 2, 2), (5, 0, 0), (5, 2, 0, "Shard(0)")):
         with pytest.raises(ValueError):
             lightkeeper.shard_rows(*bad)
 
@@ -232,6 +249,23 @@ def test_bad_shard_descriptions_are_refused_naming_the_parameter_and_rows():
         s["nope"] = ((1,), 0)
         return s
     assert "nope" in refused(unknown)
+
+    # torch.chunk's rows are taken too (rank 1 of 4: 0.weight's 5 rows are [2, 4) there, [2, 3)
+    # in the even split), as one rule for the whole model: mixing the two is refused.
+    chunk_group = types.SimpleNamespace(group_rank=1, group_size=4)
+    m, opt = _model_and_opt()
+    d = lightkeeper.DiLoCo(chunk_group, m, opt, sync_every=2,
+                           shards=_rows_of(m, 1, 4, "chunk"))
+    d._flatten()
+    assert d._sharding.rule == "chunk" and d._flat.numel() == 2 * 3 + 2 + 1 * 5 + 1
+    m, opt = _model_and_opt()
+    s = _rows_of(m, 1, 4, "chunk")
+    m[0].bias.data = m[0].bias.data[:1].clone()
+    s["0.bias"] = ((5,), 2)  # [2, 3): the even split's rows, beside 0.weight's chunk rows
+    d = lightkeeper.DiLoCo(chunk_group, m, opt, sync_every=2, shards=s)
+    with pytest.raises(lightkeeper.InvalidArgument) as e:
+        d._flatten()
+    assert "0.bias" in str(e.value) and "chunk rule" in str(e.value), str(e.value)
 
     # A dtype the library does not take is refused first, by name.
     m, opt = _model_and_opt()
@@ -321,17 +355,28 @@ def test_trainers_of_a_group_that_describe_different_models_are_refused_at_the_j
     c = cluster_factory(("--min-replicas", "1", "--join-timeout-ms", "300",
                          "--heartbeat-timeout-ms", "3000"))
     c.agent("g0")
+    c.agent("g1")
     ts = [c.trainer("g0", ["zero3", "--steps", "2", "--group-size", "2", "--group-rank", str(r),
                            "--shard-model", *(["--misdescribe"] if r == 1 else [])])
           for r in range(2)]
-    refusals = []
-    for t in ts:
-        # 3: this trainer's refusal. Both see the same in-group sum and refuse together, but
-        # the agent stops a group's other trainer once one exited, which may come first.
-        assert t.wait(90) != 0, t.log()
-        refusals += events(t, "refused")
-        assert not events(t, "outer")
-    assert refusals, [t.log() for t in ts]
-    for refused in refusals:
-        assert refused["value_error"], refused
-        assert "describe different models" in refused["message"], refused
+    # In g1 (a group of 3, TinyModel's 16 rows: 6/5/5 even, 6/6/4 by torch.chunk) rank 1 cuts
+    # its rows by torch.chunk's rule and rank 2 by the even split: the group has no rule all
+    # of its trainers' rows fit, and its join refuses them the same way.
+    rules = ["even", "chunk", "even"]
+    ts1 = [c.trainer("g1", ["zero3", "--steps", "2", "--group-size", "3", "--group-rank",
+                            str(r), "--shard-model", "--shard-rule", rules[r]])
+           for r in range(3)]
+    for group, message in ((ts, "describe different models"),
+                           (ts1, "cut their rows by different rules")):
+        refusals = []
+        for t in group:
+            # 3: this trainer's refusal. All see the same in-group sum and refuse together,
+            # but the agent stops a group's other trainers once one exited, which may come
+            # first.
+            assert t.wait(90) != 0, t.log()
+            refusals += events(t, "refused")
+            assert not events(t, "outer")
+        assert refusals, [t.log() for t in group]
+        for refused in refusals:
+            assert refused["value_error"], refused
+            assert message in refused["message"], refused

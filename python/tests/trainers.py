@@ -231,7 +231,7 @@ class Zero3:
     runs forward and backward there, averages the gradients over the group and hands each
     trainer its rows of them (a reduce-scatter), then frees the whole weights."""
 
-    def __init__(self, m, model, dtype, pg, misdescribe=False):
+    def __init__(self, m, model, dtype, pg, misdescribe=False, rule="even"):
         self.m = m
         self.pg = pg
         self.dtype = dtype
@@ -241,7 +241,7 @@ class Zero3:
             # configuration mistake the group's join must refuse).
             rows, cols = self.shapes["head.weight"]
             self.shapes["head.weight"] = (rows + 2, cols)
-        self.rows = {n: lightkeeper.shard_rows(s[0], m.group_size, m.group_rank)
+        self.rows = {n: lightkeeper.shard_rows(s[0], m.group_size, m.group_rank, rule)
                      for n, s in self.shapes.items()}
         self.compute = model
         self.holder = TinyModel().to(dtype)
@@ -297,7 +297,8 @@ def mode_zero3(args, m):
     model = TinyModel().to(dtype)
     # torchft's order: the group's process group before DiLoCo (it needs no quorum yet).
     pg = m.group_process_group() if m.group_size > 1 else None
-    z = Zero3(m, model, dtype, pg, args.misdescribe) if args.shard_model else None
+    z = (Zero3(m, model, dtype, pg, args.misdescribe, args.shard_rule) if args.shard_model
+         else None)
     held = z.holder if z is not None else model
     opt = torch.optim.AdamW(held.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(1000 + zlib.crc32(args.data_seed.encode()) % 1000 +
@@ -473,6 +474,7 @@ def main():
     p.add_argument("--init-seed", type=int, default=7)
     p.add_argument("--param-dtype", default="float32")
     p.add_argument("--shard-model", action="store_true")
+    p.add_argument("--shard-rule", default="even", choices=["even", "chunk"])  # zero3
     p.add_argument("--misdescribe", action="store_true")  # zero3: a model unlike its peers'
     # A test hook: the library perturbs this trainer's shard of the global weights once, right
     # after the outer update of step N and before its commit (LK_TEST_PERTURB_STEP, read by
