@@ -10,9 +10,12 @@
 # (model_bytes) and the process's peak RSS, and per run the outer step's time (outer_ms, the
 # library's: the exchange, the update and, replicated, the in-group all-gather; gather_ms that
 # all-gather with the commit hash's in-group sum), as ratios. Timing is reported, never
-# asserted.
+# asserted. With CHUNK=1 a fourth run shards by torch.chunk's rule (--shard-rule chunk: the
+# library moves the rows where it differs from the even split inside the group at each outer
+# step), set beside the even-split sharded run; take an N that does not divide the rows (3).
 #
-#   bench/sharded_bench.sh [BUILD_DIR] [STEPS] [N] [WIDTH] [LAYERS]     (build, 3, 2, 1024, 8)
+#   bench/sharded_bench.sh [BUILD_DIR] [STEPS] [N] [WIDTH] [LAYERS] [CHUNK]
+#                                                         (build, 3, 2, 1024, 8, 0)
 #
 # Build first: ninja -C BUILD_DIR replica_agent lighthouse lightkeeper_python.
 set -euo pipefail
@@ -24,6 +27,7 @@ steps=${2:-3}
 n=${3:-2}
 width=${4:-1024}
 layers=${5:-8}
+chunk=${6:-0}
 export PYTHONPATH="$build/python"
 dir=$(mktemp -d "${TMPDIR:-/tmp}/lk-sharded-bench-XXXXXX")
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -61,10 +65,12 @@ run_job() {  # $1 name, $2 trainers in the group, then more trainer flags
 run_job one 1
 run_job replicated "$n"
 run_job sharded "$n" --shard-model
+[ "$chunk" = 1 ] && run_job sharded-chunk "$n" --shard-model --shard-rule chunk
 
-/usr/bin/python3 - "$dir" "$n" "$load0" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PY'
+/usr/bin/python3 - "$dir" "$n" "$load0" "$(cut -d' ' -f1-3 /proc/loadavg)" "$chunk" <<'PY'
 import json, os, re, sys
 d, n, load0, load1 = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+runs = ("one", "replicated", "sharded") + (("sharded-chunk",) if sys.argv[5] == "1" else ())
 def run(name):
     out = []
     for r in range(1 if name == "one" else n):
@@ -73,7 +79,7 @@ def run(name):
         rss = int(re.findall(r"peak_rss_kb=(\d+)", err)[-1]) * 1024
         out.append((rows, rss))
     return out
-R = {k: run(k) for k in ("one", "replicated", "sharded")}
+R = {k: run(k) for k in runs}
 params = R["replicated"][0][0][-1]["params"]
 steps = len(R["replicated"][0][0])
 print(f"# one group of {n} diloco_trainer.py, {params / 1e6:.1f}M parameters (float32), "
@@ -82,7 +88,7 @@ print(f"# one group of {n} diloco_trainer.py, {params / 1e6:.1f}M parameters (fl
 print("| run | rank | model_bytes | outer_state_bytes | peak RSS | outer_ms (last step) | gather_ms |")
 print("|---|---|---|---|---|---|---|")
 M = 1 << 20
-for k in ("one", "replicated", "sharded"):
+for k in runs:
     for r, (rows, rss) in enumerate(R[k]):
         last = rows[-1]
         print(f"| {k} | {r} | {last['model_bytes'] / M:.0f} MiB | "
@@ -107,4 +113,14 @@ print(f"- outer step time (mean over steps 2..{steps}), sharded / replicated: "
 same = all(R["sharded"][r][0][-1]["global_hash"] == R["replicated"][0][0][-1]["global_hash"]
            for r in range(n))
 print(f"- the same global weights at the last step in both runs (global_hash): {same}")
+if "sharded-chunk" in R:
+    moved = [re.findall(r"elements_moved_per_step=(\d+)", open(os.path.join(d, "sharded-chunk",
+             f"rank-{r}.stderr")).read()) for r in range(n)]
+    print(f"- torch.chunk's rows, outer step time / the even split's: "
+          f"{ms('sharded-chunk') / ms('sharded'):.3f} ({ms('sharded-chunk'):.0f} ms / "
+          f"{ms('sharded'):.0f} ms); elements moved inside the group per move: "
+          f"{moved[0][-1] if moved[0] else 'none logged'}")
+    same = all(R["sharded-chunk"][r][0][-1]["global_hash"] ==
+               R["sharded"][0][0][-1]["global_hash"] for r in range(n))
+    print(f"- torch.chunk's run ends with the even split's global weights: {same}")
 PY

@@ -277,6 +277,19 @@ lk_diloco* lk_diloco_create_ext(lk_session* s, const lk_diloco_options* options,
                                ext->shard_rule));
       return nullptr;
     }
+    auto rows_of = [](const int64_t* pairs, size_t count) {
+      std::vector<lk::diloco::RowRange> rows;
+      for (size_t i = 0; i < count; ++i) rows.push_back({pairs[2 * i], pairs[2 * i + 1]});
+      return rows;
+    };
+    if (has(offsetof(lk_diloco_ext_options, shard_rows), sizeof(ext->shard_rows)) &&
+        ext->shard_rows != nullptr) {
+      d.shard_rows = rows_of(ext->shard_rows, d.params.size());
+    }
+    if (has(offsetof(lk_diloco_ext_options, inner_shard_rows), sizeof(ext->inner_shard_rows)) &&
+        ext->inner_shard_rows != nullptr) {
+      d.inner_shard_rows = rows_of(ext->inner_shard_rows, d.inner_state.size());
+    }
   }
   lk::diloco::InnerStateHooks hooks;
   if (o.inner_save != nullptr) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <tuple>
 
 #include <lightkeeper/check.h>
 #include <xxhash.h>
@@ -76,14 +77,60 @@ RowRange ShardRows(const TensorSpec& s, uint32_t ranks, uint32_t rank, ShardRule
 ShardLayout MakeShardLayout(const std::vector<TensorSpec>& specs, uint32_t ranks, uint32_t rank,
                             ShardRule rule) {
   LK_CHECK(ranks > 0 && rank < ranks) << "rank " << rank << " of " << ranks;
+  std::vector<RowRange> rows;
+  rows.reserve(specs.size());
+  for (const TensorSpec& s : specs) rows.push_back(ShardRows(s, ranks, rank, rule));
+  return MakeShardLayout(specs, rows);
+}
+
+namespace {
+
+int64_t RowsOf(const TensorSpec& s) { return s.shape.empty() ? 1 : s.shape[0]; }
+
+// Per tensor: the trainers that hold rows under a table, as (begin, end, rank) in row order.
+using Holders = std::vector<std::tuple<int64_t, int64_t, uint32_t>>;
+Holders HoldersOf(const RowTable& table, size_t spec) {
+  Holders h;
+  for (uint32_t k = 0; k < table.size(); ++k) {
+    const RowRange r = table[k][spec];
+    if (r.end > r.begin) h.emplace_back(r.begin, r.end, k);
+  }
+  std::sort(h.begin(), h.end());
+  return h;
+}
+
+// The trainer holding `row` (the table tiles the tensor, so exactly one does).
+uint32_t HolderOfRow(const Holders& h, int64_t row) {
+  auto it = std::upper_bound(h.begin(), h.end(), row,
+                             [](int64_t r, const auto& x) { return r < std::get<0>(x); });
+  LK_CHECK(it != h.begin()) << "row " << row << " held by nobody";
+  return std::get<2>(*std::prev(it));
+}
+
+// Numbers of a row table travel as 24-bit limbs: each place is written by one trainer only and
+// the others add zeros, so every limb is exact in the float sum.
+constexpr int64_t kLimb = int64_t{1} << 24;
+
+std::string TilingRule() {
+  return "the group's trainers must tile every tensor's rows, each row held once";
+}
+
+}  // namespace
+
+ShardLayout MakeShardLayout(const std::vector<TensorSpec>& specs,
+                            const std::vector<RowRange>& rows) {
+  LK_CHECK(rows.size() == specs.size())
+      << rows.size() << " row ranges for " << specs.size() << " tensors";
   ShardLayout out;
   for (size_t i = 0; i < specs.size(); ++i) {
     const TensorSpec& s = specs[i];
     const size_t numel = s.numel();
     out.total = std::max(out.total, s.offset + numel);
-    const auto [begin, end] = ShardRows(s, ranks, rank, rule);
+    const auto [begin, end] = rows[i];
+    LK_CHECK(0 <= begin && begin <= end && end <= RowsOf(s))
+        << "rows [" << begin << ", " << end << ") of " << s.name;
     if (end <= begin) continue;
-    const size_t row_numel = s.shape.empty() ? 1 : numel / static_cast<size_t>(s.shape[0]);
+    const size_t row_numel = numel / static_cast<size_t>(RowsOf(s));
     ShardPiece p{i,
                  begin,
                  end,
@@ -96,50 +143,102 @@ ShardLayout MakeShardLayout(const std::vector<TensorSpec>& specs, uint32_t ranks
   return out;
 }
 
-uint32_t CompatibleShardRules(const std::vector<TensorSpec>& params,
-                              const std::vector<TensorSpec>& inner, uint32_t ranks,
-                              uint32_t rank, ShardRule rule) {
-  uint32_t mask = 0;
-  for (ShardRule other : {ShardRule::kEven, ShardRule::kChunk}) {
-    bool same = true;
-    for (const std::vector<TensorSpec>* list : {&params, &inner}) {
-      for (const TensorSpec& s : *list) {
-        same = same && ShardRows(s, ranks, rank, rule) == ShardRows(s, ranks, rank, other);
+RowTable RuleTable(const std::vector<TensorSpec>& specs, uint32_t ranks, ShardRule rule) {
+  RowTable t(ranks);
+  for (uint32_t k = 0; k < ranks; ++k) {
+    for (const TensorSpec& s : specs) t[k].push_back(ShardRows(s, ranks, k, rule));
+  }
+  return t;
+}
+
+Status CheckRowsWithin(const std::vector<TensorSpec>& specs, const std::vector<RowRange>& rows) {
+  if (rows.size() != specs.size()) {
+    return InvalidArgument("{} row ranges for {} tensors (one per tensor, in order)",
+                           rows.size(), specs.size());
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const RowRange r = rows[i];
+    if (r.begin < 0 || r.end < r.begin || r.end > RowsOf(specs[i])) {
+      return InvalidArgument("tensor '{}': rows [{}, {}) are not rows of its {}", specs[i].name,
+                             r.begin, r.end, RowsOf(specs[i]));
+    }
+  }
+  return Status::Ok();
+}
+
+Status CheckTiling(const std::vector<TensorSpec>& specs, const RowTable& table) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    for (uint32_t k = 0; k < table.size(); ++k) {
+      const RowRange r = table[k][i];
+      if (r.begin < 0 || r.end < r.begin || r.end > RowsOf(specs[i])) {
+        return InvalidArgument("tensor '{}': group rank {} holds rows [{}, {}), not rows of its {}",
+                               specs[i].name, k, r.begin, r.end, RowsOf(specs[i]));
       }
     }
-    if (same) mask |= 1u << static_cast<uint32_t>(other);
+    int64_t at = 0;
+    uint32_t last = 0;
+    for (const auto& [b, e, k] : HoldersOf(table, i)) {
+      if (b < at) {
+        return InvalidArgument(
+            "tensor '{}': rows [{}, {}) of group rank {} overlap rows up to {} of group rank {} "
+            "({})",
+            specs[i].name, b, e, k, at, last, TilingRule());
+      }
+      if (b > at) {
+        return InvalidArgument("tensor '{}': rows [{}, {}) are held by no trainer of the group ({})",
+                               specs[i].name, at, b, TilingRule());
+      }
+      at = e;
+      last = k;
+    }
+    if (at < RowsOf(specs[i])) {
+      return InvalidArgument("tensor '{}': rows [{}, {}) are held by no trainer of the group ({})",
+                             specs[i].name, at, RowsOf(specs[i]), TilingRule());
+    }
   }
-  return mask;
+  return Status::Ok();
 }
 
-std::optional<ShardRule> AgreeShardRule(uint32_t group_mask) {
-  for (ShardRule r : {ShardRule::kEven, ShardRule::kChunk}) {
-    if (group_mask & (1u << static_cast<uint32_t>(r))) return r;
-  }
-  return std::nullopt;
+std::string_view TableKind(const std::vector<TensorSpec>& specs, const RowTable& table) {
+  const auto ranks = static_cast<uint32_t>(table.size());
+  if (table == RuleTable(specs, ranks, ShardRule::kEven)) return "even";
+  if (table == RuleTable(specs, ranks, ShardRule::kChunk)) return "chunk";
+  return "explicit";
 }
 
-namespace {
-
-// The trainer that holds `row` (< rows) under `rule` (ShardRows' arithmetic, inverted).
-uint32_t HolderOfRow(int64_t rows, uint32_t ranks, int64_t row, ShardRule rule) {
-  if (rule == ShardRule::kChunk) {
-    const int64_t per = (rows + ranks - 1) / ranks;
-    return static_cast<uint32_t>(row / per);
+void EncodeRows(const std::vector<RowRange>& rows, uint32_t rank, std::span<float> out) {
+  const size_t base = static_cast<size_t>(rank) * rows.size() * kRowTableFloatsPerRange;
+  LK_CHECK(base + rows.size() * kRowTableFloatsPerRange <= out.size())
+      << "rank " << rank << " past the table";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    float* at = out.data() + base + i * kRowTableFloatsPerRange;
+    at[0] = static_cast<float>(rows[i].begin % kLimb);
+    at[1] = static_cast<float>(rows[i].begin / kLimb);
+    at[2] = static_cast<float>(rows[i].end % kLimb);
+    at[3] = static_cast<float>(rows[i].end / kLimb);
   }
-  const int64_t base = rows / ranks, extra = rows % ranks;
-  if (row < extra * (base + 1)) return static_cast<uint32_t>(row / (base + 1));
-  return static_cast<uint32_t>(extra + (row - extra * (base + 1)) / base);
 }
 
-}  // namespace
+RowTable DecodeRowTable(std::span<const float> summed, uint32_t ranks, size_t specs) {
+  LK_CHECK(summed.size() >= ranks * specs * kRowTableFloatsPerRange) << "short table";
+  RowTable t(ranks, std::vector<RowRange>(specs));
+  for (uint32_t k = 0; k < ranks; ++k) {
+    for (size_t i = 0; i < specs; ++i) {
+      const float* at = summed.data() + (k * specs + i) * kRowTableFloatsPerRange;
+      t[k][i] = RowRange{static_cast<int64_t>(at[0]) + static_cast<int64_t>(at[1]) * kLimb,
+                         static_cast<int64_t>(at[2]) + static_cast<int64_t>(at[3]) * kLimb};
+    }
+  }
+  return t;
+}
 
-RelayoutPlan PlanRelayout(const std::vector<TensorSpec>& specs, uint32_t ranks, uint32_t rank,
-                          ShardRule from, ShardRule to) {
-  LK_CHECK(ranks > 0 && rank < ranks) << "rank " << rank << " of " << ranks;
+RelayoutPlan PlanRelayout(const std::vector<TensorSpec>& specs, uint32_t rank,
+                          const RowTable& from, const RowTable& to) {
+  LK_CHECK(from.size() == to.size() && rank < from.size())
+      << "rank " << rank << " of " << from.size() << " and " << to.size();
   RelayoutPlan plan;
-  const ShardLayout from_layout = MakeShardLayout(specs, ranks, rank, from);
-  const ShardLayout to_layout = MakeShardLayout(specs, ranks, rank, to);
+  const ShardLayout from_layout = MakeShardLayout(specs, from[rank]);
+  const ShardLayout to_layout = MakeShardLayout(specs, to[rank]);
   plan.from_numel = from_layout.shard_numel;
   plan.to_numel = to_layout.shard_numel;
   auto piece_of = [](const ShardLayout& l, size_t spec) -> const ShardPiece* {
@@ -150,16 +249,15 @@ RelayoutPlan PlanRelayout(const std::vector<TensorSpec>& specs, uint32_t ranks, 
   };
   for (size_t i = 0; i < specs.size(); ++i) {
     const TensorSpec& s = specs[i];
-    const int64_t rows = s.shape.empty() ? 1 : s.shape[0];
-    const size_t row_numel = s.shape.empty() ? 1 : s.numel() / static_cast<size_t>(rows);
-    // Every boundary of both splits: each span between two lies whole in one trainer under
-    // each rule, and every trainer walks the same spans in the same order.
-    std::vector<int64_t> cuts;
-    for (uint32_t k = 0; k < ranks; ++k) {
-      for (ShardRule r : {from, to}) {
-        const RowRange rr = ShardRows(s, ranks, k, r);
-        cuts.push_back(rr.begin);
-        cuts.push_back(rr.end);
+    const size_t row_numel = s.numel() / static_cast<size_t>(RowsOf(s));
+    const Holders hf = HoldersOf(from, i), ht = HoldersOf(to, i);
+    // Every boundary of both layouts: each span between two lies whole in one trainer under
+    // each, and every trainer walks the same spans in the same order.
+    std::vector<int64_t> cuts = {0, RowsOf(s)};
+    for (const Holders* h : {&hf, &ht}) {
+      for (const auto& [b, e, k] : *h) {
+        cuts.push_back(b);
+        cuts.push_back(e);
       }
     }
     std::sort(cuts.begin(), cuts.end());
@@ -168,8 +266,7 @@ RelayoutPlan PlanRelayout(const std::vector<TensorSpec>& specs, uint32_t ranks, 
     const ShardPiece* mine_to = piece_of(to_layout, i);
     for (size_t c = 0; c + 1 < cuts.size(); ++c) {
       const int64_t a = cuts[c], b = cuts[c + 1];
-      const uint32_t src = HolderOfRow(rows, ranks, a, from);
-      const uint32_t dst = HolderOfRow(rows, ranks, a, to);
+      const uint32_t src = HolderOfRow(hf, a), dst = HolderOfRow(ht, a);
       const size_t count = static_cast<size_t>(b - a) * row_numel;
       auto at = [&](const ShardPiece* p) {
         return p->shard_offset + static_cast<size_t>(a - p->row_begin) * row_numel;
@@ -184,6 +281,11 @@ RelayoutPlan PlanRelayout(const std::vector<TensorSpec>& specs, uint32_t ranks, 
     }
   }
   return plan;
+}
+
+RelayoutPlan PlanRelayout(const std::vector<TensorSpec>& specs, uint32_t ranks, uint32_t rank,
+                          ShardRule from, ShardRule to) {
+  return PlanRelayout(specs, rank, RuleTable(specs, ranks, from), RuleTable(specs, ranks, to));
 }
 
 void ShardLayout::Take(std::span<const float> full, std::span<float> shard) const {

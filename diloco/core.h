@@ -14,6 +14,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <lightkeeper/clock.h>
@@ -53,19 +54,29 @@ struct ShardLayout {
 ShardLayout MakeShardLayout(const std::vector<TensorSpec>& specs, uint32_t ranks, uint32_t rank,
                             ShardRule rule = ShardRule::kEven);
 
-// The rules under which trainer `rank` of a group of `ranks` holds the same rows of every
-// tensor of both lists as under `rule` (a bit per ShardRule, 1 << rule): a trainer whose rows
-// the two rules cut alike can go with either, and the group takes a rule all of its trainers
-// can (AgreeShardRule).
-uint32_t CompatibleShardRules(const std::vector<TensorSpec>& params,
-                              const std::vector<TensorSpec>& inner, uint32_t ranks,
-                              uint32_t rank, ShardRule rule);
-// The group's rule from the AND of its trainers' masks: kEven when all can, else kChunk when
-// all can, else none (the trainers cut their rows differently).
-std::optional<ShardRule> AgreeShardRule(uint32_t group_mask);
+// Every trainer's rows of every tensor of a group: table[rank][spec] (a scalar is one row).
+using RowTable = std::vector<std::vector<RowRange>>;
+// The table of `rule` for a group of `ranks`.
+RowTable RuleTable(const std::vector<TensorSpec>& specs, uint32_t ranks, ShardRule rule);
+// This trainer's shard when it holds rows[spec] of every tensor (one range per spec; the
+// ranges must be within the tensors' rows).
+ShardLayout MakeShardLayout(const std::vector<TensorSpec>& specs,
+                            const std::vector<RowRange>& rows);
+// Whether one trainer's rows are within each tensor's: the reason names the tensor and rows.
+Status CheckRowsWithin(const std::vector<TensorSpec>& specs, const std::vector<RowRange>& rows);
+// Whether the group's trainers' rows tile every tensor: each row held by exactly one trainer.
+// The reason names the tensor, the rows and the group ranks (an overlap, or rows nobody holds).
+Status CheckTiling(const std::vector<TensorSpec>& specs, const RowTable& table);
+// Which rule a group's table is, if any ("even", "chunk"), else "explicit".
+std::string_view TableKind(const std::vector<TensorSpec>& specs, const RowTable& table);
+// The group's table in floats for one in-group sum: each trainer writes its own rows at its
+// rank's place (zeros elsewhere), every number as two exact 24-bit limbs; the sum is the table.
+inline constexpr size_t kRowTableFloatsPerRange = 4;
+void EncodeRows(const std::vector<RowRange>& rows, uint32_t rank, std::span<float> out);
+RowTable DecodeRowTable(std::span<const float> summed, uint32_t ranks, size_t specs);
 
-// Moving a sharded group's rows from one rule's split to another's, inside the group: the rows
-// that one trainer holds under `from` and another under `to` travel in one in-group sum of a
+// Moving a sharded group's rows from one layout (a RowTable) to another, inside the group: the
+// rows that one trainer holds under `from` and another under `to` travel in one in-group sum of a
 // buffer of `moved` elements (the same length in every trainer), which the holder under `from`
 // fills at `send` and everybody else leaves at -0.0 (x + -0.0 == x for every x, signed zeros
 // too); the holder under `to` takes them from `receive`. Rows a trainer holds under both go by
@@ -96,7 +107,10 @@ struct RelayoutPlan {
     return Status::Ok();
   }
 };
-// `specs` must have passed ValidateSpecs.
+// `specs` must have passed ValidateSpecs, and both tables CheckTiling.
+RelayoutPlan PlanRelayout(const std::vector<TensorSpec>& specs, uint32_t rank,
+                          const RowTable& from, const RowTable& to);
+// The same between two rules' tables.
 RelayoutPlan PlanRelayout(const std::vector<TensorSpec>& specs, uint32_t ranks, uint32_t rank,
                           ShardRule from, ShardRule to);
 

@@ -185,19 +185,54 @@ TEST_CASE("diloco shard rules: torch.chunk's split beside the even one, both til
   CHECK_FALSE(ParseShardRule("Shard(0)", &parsed));
 }
 
-TEST_CASE("diloco shard rules: a trainer whose rows both rules cut alike goes with either") {
-  const std::vector<TensorSpec> params = {{"w", 0, {10, 2}}, {"b", 20, {6}}};
-  const std::vector<TensorSpec> inner = {{"exp_avg/w", 0, {10, 2}}, {"step/w", 20, {}}};
-  // 10 rows over 3: rank 0 holds [0, 4) under both; ranks 1 and 2 differ (6 rows divide).
-  CHECK(CompatibleShardRules(params, inner, 3, 0, ShardRule::kChunk) == 3u);
-  CHECK(CompatibleShardRules(params, inner, 3, 1, ShardRule::kChunk) == 2u);
-  CHECK(CompatibleShardRules(params, inner, 3, 2, ShardRule::kEven) == 1u);
-  CHECK(AgreeShardRule(3u & 2u & 2u) == ShardRule::kChunk);
-  CHECK(AgreeShardRule(3u & 3u) == ShardRule::kEven);
-  CHECK(AgreeShardRule(3u & 2u & 1u) == std::nullopt);
-  // The inner state counts too: rows that divide in the parameters but not in it.
-  const std::vector<TensorSpec> odd_inner = {{"m", 0, {7}}};
-  CHECK(CompatibleShardRules({{"w", 0, {6}}}, odd_inner, 3, 1, ShardRule::kChunk) == 2u);
+TEST_CASE(
+    "diloco row tables: a group's rows must tile every tensor, overlaps and gaps named; the "
+    "table survives its in-group sum exactly") {
+  const std::vector<TensorSpec> specs = {{"w", 0, {10, 2}}, {"s", 20, {}}};
+  RowTable t = RuleTable(specs, 3, ShardRule::kChunk);
+  CHECK(CheckTiling(specs, t).ok());
+  CHECK(TableKind(specs, t) == "chunk");
+  CHECK(TableKind(specs, RuleTable(specs, 3, ShardRule::kEven)) == "even");
+  // Any tiling, in any rank order, empty ranks included.
+  RowTable any = {{{7, 10}, {0, 0}}, {{0, 7}, {0, 1}}, {{10, 10}, {0, 0}}};
+  CHECK(CheckTiling(specs, any).ok());
+  CHECK(TableKind(specs, any) == "explicit");
+  RowTable overlap = t;
+  overlap[1][0] = RowRange{3, 8};  // rank 0 holds [0, 4)
+  Status st = CheckTiling(specs, overlap);
+  CHECK(st.code() == Code::kInvalidArgument);
+  CHECK(st.message().find("tensor 'w': rows [3, 8) of group rank 1 overlap rows up to 4 of "
+                          "group rank 0") != std::string::npos);
+  RowTable gap = t;
+  gap[1][0] = RowRange{5, 8};
+  st = CheckTiling(specs, gap);
+  CHECK(st.message().find("tensor 'w': rows [4, 5) are held by no trainer") != std::string::npos);
+  RowTable short_end = t;
+  short_end[2][0] = RowRange{8, 9};
+  CHECK(CheckTiling(specs, short_end).message().find("rows [9, 10) are held by no trainer") !=
+        std::string::npos);
+  RowTable twice = t;
+  twice[1][1] = RowRange{0, 1};  // the scalar held by ranks 0 and 1
+  CHECK(CheckTiling(specs, twice).message().find("tensor 's'") != std::string::npos);
+  RowTable past = t;
+  past[2][0] = RowRange{8, 11};
+  CHECK(CheckTiling(specs, past).message().find("not rows of its 10") != std::string::npos);
+  CHECK(CheckRowsWithin(specs, {{0, 11}, {0, 1}}).message().find("tensor 'w'") !=
+        std::string::npos);
+  CHECK(CheckRowsWithin(specs, {{0, 1}}).message().find("1 row ranges for 2 tensors") !=
+        std::string::npos);
+  // Through the in-group sum: each trainer writes its own rows, numbers past 2^24 included.
+  const std::vector<TensorSpec> big = {{"e", 0, {int64_t{1} << 40, 1}}};
+  const RowTable want = {{{0, (int64_t{1} << 33) + 5}},
+                         {{(int64_t{1} << 33) + 5, int64_t{1} << 40}}};
+  std::vector<float> sum(2 * kRowTableFloatsPerRange, 0.0f);
+  for (uint32_t k = 0; k < 2; ++k) {
+    std::vector<float> mine(sum.size(), 0.0f);
+    EncodeRows(want[k], k, mine);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += mine[i];
+  }
+  CHECK(DecodeRowTable(sum, 2, 1) == want);
+  CHECK(CheckTiling(big, want).ok());
 }
 
 TEST_CASE(
@@ -258,6 +293,44 @@ TEST_CASE(
         CHECK(std::memcmp(dst[r].data(), want.data(), want.size() * sizeof(float)) == 0);
       }
     }
+  }
+  // An explicit tiling in another rank order moves into the even split the same way.
+  const std::vector<TensorSpec> one = {{"big", 0, {23, 3}}};
+  const RowTable skew = {{{20, 23}}, {{0, 20}}, {{23, 23}}};
+  std::vector<float> whole(69);
+  for (size_t i = 0; i < whole.size(); ++i) whole[i] = static_cast<float>(i);
+  const RowTable even = RuleTable(one, 3, ShardRule::kEven);
+  std::vector<std::vector<float>> bufs;
+  std::vector<RelayoutPlan> plans;
+  for (uint32_t r = 0; r < 3; ++r) {
+    plans.push_back(PlanRelayout(one, r, skew, even));
+    std::vector<float> buf(plans[r].moved, -0.0f);
+    const ShardLayout l = MakeShardLayout(one, skew[r]);
+    std::vector<float> src(l.shard_numel);
+    l.Take(whole, src);
+    for (const RelayoutPlan::Copy& c : plans[r].send) {
+      std::copy_n(src.data() + c.from, c.count, buf.data() + c.to);
+    }
+    bufs.push_back(std::move(buf));
+  }
+  for (uint32_t r = 0; r < 3; ++r) {
+    const ShardLayout l = MakeShardLayout(one, skew[r]);
+    std::vector<float> src(l.shard_numel);
+    l.Take(whole, src);
+    std::vector<float> dst(plans[r].to_numel, 99.0f);
+    REQUIRE(plans[r]
+                .Apply(src, dst,
+                       [&](std::span<float> b) {
+                         for (size_t i = 0; i < b.size(); ++i) {
+                           b[i] = bufs[0][i] + bufs[1][i] + bufs[2][i];
+                         }
+                         return Status::Ok();
+                       })
+                .ok());
+    const ShardLayout e = MakeShardLayout(one, even[r]);
+    std::vector<float> want(e.shard_numel);
+    e.Take(whole, want);
+    CHECK(dst == want);
   }
   // Only the rows that change hands move: 23 rows of 3 over 3 trainers, chunk 8/8/7 against even
   // 8/8/7: nothing; over 5, chunk 5/5/5/5/3 against 5/5/5/4/4: row 19 only, rank 3's to rank 4.

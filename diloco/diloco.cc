@@ -77,6 +77,30 @@ Status DilocoOptions::Validate() const {
   if (ShardRule parsed; !ParseShardRule(ShardRuleName(shard_rule), &parsed)) {
     return InvalidArgument("unknown shard_rule {}", static_cast<int>(shard_rule));
   }
+  if (!sharded && (!shard_rows.empty() || !inner_shard_rows.empty())) {
+    return InvalidArgument("shard_rows needs sharded: a replicated trainer holds every row");
+  }
+  if (!shard_rows.empty()) {
+    LK_RETURN_IF_ERROR(CheckRowsWithin(params, shard_rows).WithContext("shard_rows"));
+    if (group_size == 1) {
+      LK_RETURN_IF_ERROR(CheckTiling(params, {shard_rows}).WithContext("a group of one"));
+    }
+    if (inner_shard_rows.empty() && !inner_state.empty()) {
+      return InvalidArgument(
+          "shard_rows needs inner_shard_rows too: this trainer's rows of each of the {} "
+          "inner_state tensors",
+          inner_state.size());
+    }
+  }
+  if (!inner_shard_rows.empty()) {
+    if (shard_rows.empty()) return InvalidArgument("inner_shard_rows needs shard_rows");
+    LK_RETURN_IF_ERROR(
+        CheckRowsWithin(inner_state, inner_shard_rows).WithContext("inner_shard_rows"));
+    if (group_size == 1) {
+      LK_RETURN_IF_ERROR(
+          CheckTiling(inner_state, {inner_shard_rows}).WithContext("a group of one"));
+    }
+  }
   if (ParamDType parsed; !ParseParamDType(ParamDTypeName(param_dtype), &parsed)) {
     return InvalidArgument("unknown param_dtype {}", static_cast<int>(param_dtype));
   }
@@ -133,7 +157,7 @@ Status Diloco::Impl::Init() {
   state_io_ =
       MakeCheckpointStateIo(StateIoOptions{o_.ckpt_dir, o_.live_dir, o_.group_rank, o_.group_size,
                                            o_.params, o_.inner_state, o_.ckpt_keep,
-                                           caller_rule_});
+                                           o_.sharded ? inner_rows_ : std::vector<RowRange>()});
   state_.global.assign(layout_.shard_numel, 0.0f);
   state_.momentum.assign(layout_.shard_numel, 0.0f);
   if (o_.outer_compress != OuterCompress::kNone) {

@@ -72,17 +72,18 @@ class Diloco::Impl {
         o_(std::move(o)),
         hooks_(std::move(hooks)),
         layout_(MakeShardLayout(o_.params, o_.group_size, o_.group_rank)),
-        caller_rule_(o_.sharded ? o_.shard_rule : ShardRule::kEven),
-        caller_layout_(MakeShardLayout(o_.params, o_.group_size, o_.group_rank, caller_rule_)),
-        inner_layout_(
-            MakeShardLayout(o_.inner_state, o_.group_size, o_.group_rank, caller_rule_)),
-        to_library_(PlanRelayout(o_.params, o_.group_size, o_.group_rank, caller_rule_,
-                                 ShardRule::kEven)),
-        to_caller_(PlanRelayout(o_.params, o_.group_size, o_.group_rank, ShardRule::kEven,
-                                caller_rule_)),
+        caller_rows_(CallerRows(o_, o_.params, o_.shard_rows)),
+        inner_rows_(CallerRows(o_, o_.inner_state, o_.inner_shard_rows)),
+        caller_layout_(MakeShardLayout(o_.params, caller_rows_)),
+        inner_layout_(MakeShardLayout(o_.inner_state, inner_rows_)),
         sink_(std::make_shared<NoticeSink>()),
         perturb_step_(internal::TestPerturbStep()) {
     ValidateSpecs(o_.inner_state, &inner_total_).ok();
+    if (o_.group_size == 1) {
+      // A group of one holds every row (Validate checked it): nothing moves.
+      to_library_ = PlanRelayout(o_.params, 0, {caller_rows_}, {layout_rows()});
+      to_caller_ = PlanRelayout(o_.params, 0, {layout_rows()}, {caller_rows_});
+    }
     model_fingerprint_ = ModelFingerprint(o_.params);
     proto_.can_save = !o_.ckpt_dir.empty();
     proto_.stuck_timeout = EffectiveStuckTimeout(o_.stuck_timeout, o_.op_timeout);
@@ -296,11 +297,29 @@ class Diloco::Impl {
   // layout_: this trainer's rows of the outer state (the even split, in every group);
   // caller_layout_: its rows of the caller's buffer when sharded (DilocoOptions::shard_rule);
   // inner_layout_: its rows of the inner state (the caller's rule when sharded).
+  // This trainer's rows of each tensor of params and inner_state in the caller's buffers: the
+  // even split unless sharded, else DilocoOptions::shard_rows or the rows of shard_rule.
+  static std::vector<RowRange> CallerRows(const DilocoOptions& o,
+                                          const std::vector<TensorSpec>& specs,
+                                          const std::vector<RowRange>& given) {
+    if (o.sharded && !given.empty()) return given;
+    std::vector<RowRange> rows;
+    for (const TensorSpec& s : specs) {
+      rows.push_back(ShardRows(s, o.group_size, o.group_rank,
+                               o.sharded ? o.shard_rule : ShardRule::kEven));
+    }
+    return rows;
+  }
+  std::vector<RowRange> layout_rows() const {
+    std::vector<RowRange> rows;
+    for (const TensorSpec& s : o_.params) rows.push_back(ShardRows(s, o_.group_size, o_.group_rank));
+    return rows;
+  }
   ShardLayout layout_;
-  ShardRule caller_rule_;
+  std::vector<RowRange> caller_rows_, inner_rows_;
   ShardLayout caller_layout_, inner_layout_;
-  // The moves between the caller's rows and the outer state's when the two rules differ (the
-  // group's agreed rule; identity copies otherwise).
+  // The moves between the caller's rows and the outer state's (made when the group has
+  // exchanged its trainers' rows at the first join; identity copies when they agree).
   RelayoutPlan to_library_, to_caller_;
   // The caller's rows that Join took, until the group has agreed on their rule (AgreeOnGroup).
   std::optional<std::vector<float>> join_rows_;

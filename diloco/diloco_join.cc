@@ -219,21 +219,26 @@ Status Diloco::Impl::CheckParamSize(size_t given) const {
 
 Status Diloco::Impl::AgreeOnGroup() {
   // The group's trainers must describe one model (a sharded trainer's rows are cut from it,
-  // and the group's layout from all of theirs), and a sharded group one rule of its rows: one
-  // small in-group sum of the fingerprint's limbs and of each rule's "my rows fit it", before
-  // any state moves. Every trainer sees the same sums and fails alike.
-  const uint32_t mask =
-      o_.sharded ? CompatibleShardRules(o_.params, o_.inner_state, o_.group_size, o_.group_rank,
-                                        caller_rule_)
-                 : 1u;
-  std::vector<float> fp = {static_cast<float>(model_fingerprint_ & 0xfff),
-                           static_cast<float>(model_fingerprint_ >> 12),
-                           (mask & 1u) != 0 ? 1.0f : 0.0f, (mask & 2u) != 0 ? 1.0f : 0.0f,
-                           o_.sharded ? 1.0f : 0.0f};
-  LK_RETURN_IF_ERROR(GroupSum(fp).WithContext("the group's model check"));
-  const auto n = static_cast<float>(o_.group_size);
-  if (fp[0] != n * static_cast<float>(model_fingerprint_ & 0xfff) ||
-      fp[1] != n * static_cast<float>(model_fingerprint_ >> 12)) {
+  // and the group's layout from all of theirs), all hold it sharded or none, and a sharded
+  // group's rows must tile every tensor: one in-group sum of the fingerprint's limbs, the count
+  // of sharded trainers and every trainer's rows of every tensor (each at its rank's place),
+  // before any state moves. Every trainer sees the same sum and fails alike.
+  const size_t np = o_.params.size(), ni = o_.inner_state.size();
+  const uint32_t n = o_.group_size;
+  std::vector<float> v(3 + static_cast<size_t>(n) * (np + ni) * kRowTableFloatsPerRange, 0.0f);
+  v[0] = static_cast<float>(model_fingerprint_ & 0xfff);
+  v[1] = static_cast<float>(model_fingerprint_ >> 12);
+  v[2] = o_.sharded ? 1.0f : 0.0f;
+  const std::span<float> params_table =
+      std::span<float>(v).subspan(3, static_cast<size_t>(n) * np * kRowTableFloatsPerRange);
+  const std::span<float> inner_table =
+      std::span<float>(v).subspan(3 + params_table.size());
+  EncodeRows(caller_rows_, o_.group_rank, params_table);
+  EncodeRows(inner_rows_, o_.group_rank, inner_table);
+  LK_RETURN_IF_ERROR(GroupSum(v).WithContext("the group's model check"));
+  const auto fn = static_cast<float>(n);
+  if (v[0] != fn * static_cast<float>(model_fingerprint_ & 0xfff) ||
+      v[1] != fn * static_cast<float>(model_fingerprint_ >> 12)) {
     group_failed_ = true;  // a configuration error: no later quorum mends it
     return InvalidArgument(
         "the trainers of this group describe different models (this one's parameters have "
@@ -241,32 +246,26 @@ Status Diloco::Impl::AgreeOnGroup() {
         "shapes, order), sharded or not",
         model_fingerprint_);
   }
-  if (fp[4] != 0.0f && fp[4] != n) {
+  if (v[2] != 0.0f && v[2] != fn) {
     group_failed_ = true;
     return InvalidArgument(
         "{} of the {} trainers of this group hold the model sharded and the others whole (this "
         "one: {}): DilocoOptions::sharded is the group's, the same in all of its trainers",
-        static_cast<uint32_t>(fp[4]), o_.group_size, o_.sharded ? "sharded" : "whole");
+        static_cast<uint32_t>(v[2]), n, o_.sharded ? "sharded" : "whole");
   }
   if (o_.sharded) {
-    const uint32_t group_mask = (fp[2] == n ? 1u : 0u) | (fp[3] == n ? 2u : 0u);
-    const std::optional<ShardRule> rule = AgreeShardRule(group_mask);
-    if (!rule) {
+    const RowTable table = DecodeRowTable(params_table, n, np);
+    Status st = CheckTiling(o_.params, table);
+    if (st.ok()) st = CheckTiling(o_.inner_state, DecodeRowTable(inner_table, n, ni));
+    if (!st.ok()) {
       group_failed_ = true;
-      return InvalidArgument(
-          "the trainers of this group cut their rows by different rules (this one, group rank "
-          "{} of {}, holds the rows of {}): every trainer of a sharded group uses one, the even "
-          "split or torch.chunk's",
-          o_.group_rank, o_.group_size,
-          mask == 3u ? "either" : std::string(ShardRuleName(caller_rule_)));
+      return st.WithContext(fmt::format("the rows of this group's {} trainers", n));
     }
-    to_library_ =
-        PlanRelayout(o_.params, o_.group_size, o_.group_rank, *rule, ShardRule::kEven);
-    to_caller_ = PlanRelayout(o_.params, o_.group_size, o_.group_rank, ShardRule::kEven, *rule);
-    if (*rule != ShardRule::kEven) {
-      LK_LOG_INFO("shard_rule rule={} group_size={} rows_moved_per_step={}", ShardRuleName(*rule),
-                  o_.group_size, to_library_.moved);
-    }
+    const RowTable even = RuleTable(o_.params, n, ShardRule::kEven);
+    to_library_ = PlanRelayout(o_.params, o_.group_rank, table, even);
+    to_caller_ = PlanRelayout(o_.params, o_.group_rank, even, table);
+    LK_LOG_INFO("shard_rows_agreed layout={} group_size={} elements_moved_per_step={}",
+                TableKind(o_.params, table), n, to_library_.moved);
   }
   if (join_rows_) {
     LK_RETURN_IF_ERROR(TakeShard(*join_rows_, state_.global));

@@ -93,9 +93,9 @@ Result<SyncResult> Diloco::Impl::Join(std::span<float> params) {
   extra_committed_ = extra_next_;  // what a save before any commit or heal writes
   CanonicalizeZeros(params);
   if (o_.sharded && o_.group_size > 1) {
-    // Under another rule than the even split the rows of the outer state come partly from
-    // other trainers of the group: they move once the group has agreed on its rule, at the
-    // first join (AgreeOnGroup), where every trainer of the group takes part in the move.
+    // Where the caller's rows are not the even split the rows of the outer state come partly
+    // from other trainers of the group: they move once the group has exchanged its rows, at
+    // the first join (AgreeOnGroup), where every trainer of the group takes part in the move.
     join_rows_.emplace(params.begin(), params.end());
   } else {
     LK_RETURN_IF_ERROR(TakeShard(params, state_.global));

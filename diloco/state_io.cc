@@ -32,8 +32,9 @@ class CheckpointStateIo final : public StateIo {
   explicit CheckpointStateIo(StateIoOptions o)
       : options_(std::move(o)),
         layout_(MakeShardLayout(options_.params, options_.ranks, options_.rank)),
-        inner_layout_(MakeShardLayout(options_.inner_state, options_.ranks, options_.rank,
-                                      options_.inner_rule)),
+        inner_layout_(options_.inner_rows.empty()
+                          ? MakeShardLayout(options_.inner_state, options_.ranks, options_.rank)
+                          : MakeShardLayout(options_.inner_state, options_.inner_rows)),
         writer_(ckpt::WriterOptions{.root = options_.ckpt_dir, .keep = options_.keep}),
         live_(ckpt::LivePublisherOptions{.base_dir = options_.live_dir}) {}
 
@@ -138,14 +139,14 @@ class CheckpointStateIo final : public StateIo {
     };
   }
 
-  // The rows of inner-state tensor `name` this rank holds when its rule is not the even split
-  // (none otherwise, or for any other name).
+  // The rows of inner-state tensor `name` this rank holds when they are given (none otherwise,
+  // or for any other name).
   std::optional<ckpt::RowRange> InnerRows(const std::string& name) const {
-    if (options_.inner_rule == ShardRule::kEven) return std::nullopt;
+    if (options_.inner_rows.empty()) return std::nullopt;
     for (size_t i = 0; i < options_.inner_state.size(); ++i) {
       if (InnerName(options_.inner_state[i].name) != name) continue;
-      const ShardPiece* p = PieceOf(inner_layout_, i);
-      return p == nullptr ? ckpt::RowRange{0, 0} : ckpt::RowRange{p->row_begin, p->row_end};
+      const RowRange r = options_.inner_rows[i];
+      return ckpt::RowRange{r.begin, r.end};
     }
     return std::nullopt;
   }

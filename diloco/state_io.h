@@ -73,10 +73,10 @@ struct StateIoOptions {
   std::vector<TensorSpec> params;
   std::vector<TensorSpec> inner_state;
   uint32_t keep = 3;  // durable checkpoints kept
-  // The rows of the inner state this trainer holds (a sharded caller's rule; the outer state
-  // is always the even split). The checkpoint records each slice's rows, so a checkpoint
-  // written under one rule restores under another.
-  ShardRule inner_rule = ShardRule::kEven;
+  // This trainer's rows of each inner-state tensor (a sharded caller's; the outer state is
+  // always the even split); empty: the even split. The checkpoint records each slice's rows,
+  // so a checkpoint written under one layout restores under another.
+  std::vector<RowRange> inner_rows;
 };
 
 std::unique_ptr<StateIo> MakeCheckpointStateIo(StateIoOptions options);

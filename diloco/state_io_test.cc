@@ -39,7 +39,7 @@ std::vector<float> Ramp(size_t n, float a, float b) {
 }
 
 StateIoOptions Options(const std::string& dir, uint32_t rank, uint32_t ranks) {
-  return StateIoOptions{dir, "", rank, ranks, Params(), Inner(), 3};
+  return StateIoOptions{dir, "", rank, ranks, Params(), Inner(), 3, {}};
 }
 
 OuterState ShardState(const std::vector<float>& global, const std::vector<float>& momentum,
@@ -119,7 +119,7 @@ TEST_CASE(
   const auto inner = Ramp(36, 0.5f, -3.0f);
   for (uint32_t r = 0; r < 3; ++r) {
     StateIoOptions o = Options(dir, r, 3);
-    o.inner_rule = ShardRule::kChunk;
+    o.inner_rows = RuleTable(Inner(), 3, ShardRule::kChunk)[r];
     REQUIRE(MakeCheckpointStateIo(o)
                 ->SaveDurable(ShardState(global, momentum, 3, r, 5),
                               InnerShard(inner, 3, r, ShardRule::kChunk), {}, 2)
@@ -132,7 +132,7 @@ TEST_CASE(
         CAPTURE(ranks);
         CAPTURE(r);
         StateIoOptions o = Options(dir, r, ranks);
-        o.inner_rule = rule;
+        o.inner_rows = RuleTable(Inner(), ranks, rule)[r];
         auto got = MakeCheckpointStateIo(o)->Restore(dir);
         REQUIRE_MESSAGE(got.ok(), got.status().ToString());
         CHECK(got->state.global == ShardState(global, momentum, ranks, r, 5).global);

@@ -97,6 +97,15 @@ static int check_sharded(lk_session* s, const lk_diloco_options* o) {
   ext.shard_rule = 2;
   if (lk_diloco_create_ext(s, &so, &ext) != NULL) return fail("shard_rule 2 taken");
   if (strstr(lk_last_error(), "unknown shard_rule 2") == NULL) return fail("shard_rule reason");
+  /* Explicit rows: a group of one must hold every row. */
+  int64_t rows[2] = {1, 5};
+  ext.shard_rule = LK_SHARD_EVEN;
+  ext.shard_rows = rows;
+  if (lk_diloco_create_ext(s, &so, &ext) != NULL) return fail("rows [1, 5) alone taken");
+  if (strstr(lk_last_error(), "rows [0, 1) are held by no trainer") == NULL) {
+    return fail("shard_rows reason");
+  }
+  ext.shard_rows = NULL;
   ext.shard_rule = LK_SHARD_CHUNK;  /* a group of one holds every row under either rule */
   lk_diloco* d = lk_diloco_create_ext(s, &so, &ext);
   if (d == NULL) return fail("create sharded");

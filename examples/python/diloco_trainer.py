@@ -134,6 +134,12 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
                         "over the group's process group and frees them after, the gradients "
                         "are averaged and each trainer keeps its rows), and DiLoCo takes the "
                         "rows as a sharded model (env LK_SHARD_MODEL)")
+    p.add_argument("--shard-rule", choices=["even", "chunk"],
+                   default=os.environ.get("LK_SHARD_RULE", "even"),
+                   help="with --shard-model: how each parameter's rows are cut over the group: "
+                        "the library's even split, or torch.chunk's (FSDP2's and DTensor's "
+                        "Shard(0)); the library moves the rows where the two differ inside the "
+                        "group (env LK_SHARD_RULE)")
     p.add_argument("--outer-overlap", action="store_true", default=env_true("LK_OUTER_OVERLAP"),
                    help="overlapped outer steps: the exchange of a step runs during the next "
                         "step's inner steps and lands one step late; the same in every group "
@@ -396,19 +402,19 @@ class Zero3:
     """ZeRO-3 by hand over the group's process group (Debian's torch 1.13 has no FSDP that
     imports on Python 3.11; on a torch with FSDP2 its Shard(0) parameters' local tensors are
     what `holder` holds): `holder` keeps this trainer's rows of every parameter of the model
-    (lightkeeper.shard_rows' even split), and so its optimizer keeps AdamW's state of those
+    (lightkeeper.shard_rows, by --shard-rule), and so its optimizer keeps AdamW's state of those
     rows only. `gather` puts the whole weights into the model for a forward and backward (each
     trainer places its rows into zeros and the group sums them: an exact all-gather, x + 0 ==
     x), `keep_grads` hands each trainer its rows of the group's averaged gradients (a
     reduce-scatter), and `free` drops the whole weights again."""
 
     def __init__(self, lm: char_model.LocalModel, rank: int, size: int,
-                 group: Optional[Any]) -> None:
+                 group: Optional[Any], rule: str = "even") -> None:
         self.lm = lm
         self.group = group
         self.dtype = lm.params[0].dtype
         self.shapes = [tuple(p.shape) for p in lm.params]
-        self.rows = [lightkeeper.shard_rows(s[0], size, rank) for s in self.shapes]
+        self.rows = [lightkeeper.shard_rows(s[0], size, rank, rule) for s in self.shapes]
         # The model cut to its rows first, then copied: the whole weights are never held twice.
         with torch.no_grad():
             for p, (b, e) in zip(lm.params, self.rows):
@@ -490,7 +496,7 @@ def train_with(args: argparse.Namespace, log: Logger, manager: lightkeeper.Manag
         # before DiLoCo (torchft's order; it needs no quorum of its own).
         group = (manager.group_process_group(timeout=op_timeout) if args.group_size > 1
                  else None)
-        zero3 = Zero3(lm, args.group_rank, args.group_size, group)
+        zero3 = Zero3(lm, args.group_rank, args.group_size, group, args.shard_rule)
         model = zero3.holder
         if args.param_dtype != "float32" and args.inner_master:
             optimizer = MasterAdamW(list(model.parameters()), lr=args.inner_lr,

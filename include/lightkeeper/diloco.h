@@ -145,10 +145,10 @@ struct DilocoOptions {
   // may differ in it (the exchange is float32 either way).
   ParamDType param_dtype = ParamDType::kFloat32;
   // The caller holds only its rows of every parameter (the HSDP layout: sharded inside the
-  // group, DiLoCo across groups). Then the buffer of Join, Sync and Flush holds shard_numel()
-  // elements: ShardRows(spec, group_size, group_rank) of every tensor of `params`, in order;
-  // the inner_state buffer (its hook's and restored_inner_state()) likewise holds this trainer's
-  // rows of `inner_state`; global_weights() is this trainer's rows. No trainer ever holds the
+  // group, DiLoCo across groups). Then the buffer of Join, Sync and Flush holds param_numel()
+  // elements: ShardRows(spec, group_size, group_rank, shard_rule) of every tensor of `params`,
+  // in order; the inner_state buffer (its hook's and restored_inner_state()) likewise holds
+  // this trainer's rows of `inner_state`; global_weights() is this trainer's rows. No trainer ever holds the
   // whole model: there is no in-group all-gather, heals and durable restores go by rows, and
   // the global_hash is the same as a replicated group's, so sharded and replicated groups (of
   // any sizes) share quorums. Default false: the buffers hold the whole model.
@@ -157,11 +157,20 @@ struct DilocoOptions {
   // model sharded by FSDP2 or DTensor Shard(0)) the library keeps its outer state in the even
   // split all the same, so that groups of every rule share one exchange, heals and
   // checkpoints, and moves the rows where the two splits differ inside the group at each outer
-  // step (one in-group sum of those rows only: diloco/README.md, "Sharded models"). The group's
-  // trainers agree on the rule at their first join (a trainer whose rows are the same under
-  // both rules goes with the others); a group that does not is refused with
-  // kInvalidArgument. Ignored without `sharded`.
+  // step (one in-group sum of those rows only: diloco/README.md, "Sharded models"). Ignored
+  // without `sharded`, and where shard_rows is given.
   ShardRule shard_rule = ShardRule::kEven;
+  // With `sharded`: this trainer's rows of every tensor of `params` (one range per tensor, in
+  // order) when they follow no rule: any contiguous rows (empty ones too), as long as the
+  // group's trainers together hold every row of every tensor exactly once. Empty (default): the
+  // rows of shard_rule. Whatever the rows, the group's trainers exchange them at their first
+  // join and refuse overlaps and rows nobody holds with kInvalidArgument naming the tensor, the
+  // rows and the group ranks, before any state moves; the rows that differ from the even split
+  // move inside the group as with kChunk.
+  std::vector<RowRange> shard_rows;
+  // ... and of every tensor of `inner_state`, likewise; required with shard_rows when
+  // inner_state is not empty (the inner state's rows need not follow the parameters').
+  std::vector<RowRange> inner_shard_rows;
   // The inner optimizer's state (e.g. AdamW's moments and step count) inside a flat float32
   // buffer of its own, saved with durable checkpoints and restored from them (the same on every
   // trainer of the group; diloco/README.md, "The inner optimizer's state"). Empty (default):
@@ -389,7 +398,8 @@ class Diloco {
   LK_API uint32_t step() const;           // committed outer steps held
   LK_API size_t numel() const;            // elements of the whole model's parameters
   LK_API size_t shard_numel() const;      // elements of this trainer's shard of the outer state
-  // Elements of the buffer Join, Sync and Flush take: numel(), or shard_numel() when sharded.
+  // Elements of the buffer Join, Sync and Flush take: numel(), or when sharded this trainer's
+  // rows under shard_rule (shard_numel() under the even split).
   LK_API size_t param_numel() const;
   LK_API size_t inner_numel() const;      // elements of the inner_state buffer (this trainer's
                                           // rows of it when sharded)

@@ -285,6 +285,13 @@ typedef struct lk_diloco_ext_options {
   /* With sharded: LK_SHARD_EVEN (0, the default) or LK_SHARD_CHUNK, the rule of the caller's
    * rows (lk_diloco_shard_rows_rule); anything else fails lk_diloco_create_ext. */
   int shard_rule;
+  /* With sharded, when the rows follow no rule (DilocoOptions::shard_rows): param_count pairs
+   * BEGIN, END (2 * param_count numbers), this trainer's rows [BEGIN, END) of each parameter in
+   * order; NULL: the rows of shard_rule. The group's trainers must tile every tensor (checked
+   * at the first join). inner_shard_rows: the same for the inner_state tensors (2 *
+   * inner_state_count numbers), required with shard_rows when there is inner state. */
+  const int64_t* shard_rows;
+  const int64_t* inner_shard_rows;
 } lk_diloco_ext_options;
 
 /* lk_diloco_create with the options of `ext` too; ext NULL: all unset. */
@@ -344,8 +351,8 @@ const void* lk_diloco_restored_extra_state(const lk_diloco* d, size_t* size);
 uint32_t lk_diloco_step(const lk_diloco* d);
 size_t lk_diloco_numel(const lk_diloco* d);
 size_t lk_diloco_shard_numel(const lk_diloco* d);
-/* Elements of the buffer join, sync and flush take: lk_diloco_numel, or lk_diloco_shard_numel
- * when created sharded. */
+/* Elements of the buffer join, sync and flush take: lk_diloco_numel, or when created sharded
+ * this trainer's rows under its shard_rule (lk_diloco_shard_numel under LK_SHARD_EVEN). */
 size_t lk_diloco_param_numel(const lk_diloco* d);
 /* Rows [*begin, *end) of a tensor whose first dimension has `rows` rows (a scalar: 1) that
  * trainer `rank` of a group of `ranks` holds (the library's even split, DilocoOptions::sharded).

@@ -1,7 +1,7 @@
 # The types of lightkeeper._native, the compiled module (python/src/module.cc): the surface the
 # package uses. Kept by hand beside the binding; python/tests/test_typed.py checks that every
 # name here exists in the built module and the other way round.
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 nccl_built: bool
 
@@ -91,7 +91,9 @@ class Diloco:
                  overlap: bool = False, outer_fragments: int = 1,
                  extra_state_bytes_max: int = 4194304,
                  param_dtype: str = "float32", sharded: bool = False,
-                 shard_rule: str = "even") -> None: ...
+                 shard_rule: str = "even",
+                 shard_rows: Sequence[Tuple[int, int]] = (),
+                 inner_shard_rows: Sequence[Tuple[int, int]] = ()) -> None: ...
     # The results are plain dicts here (keys of lightkeeper.SyncResult, "stats" a dict of
     # lightkeeper.SyncStats' keys); DiLoCo turns them into SyncResult.
     def join(self, params: int, count: int) -> Dict[str, Any]: ...

@@ -81,21 +81,20 @@ ShardSpec = Tuple[Sequence[int], int]
 
 class _Sharding:
     """Where a sharded model's parameters sit: each trainer holds rows [begin, end) of every
-    parameter, cut by one rule for the whole model (the even split or torch.chunk's), its local
-    tensors packed in the model's order; the library's specs are the whole model's."""
+    parameter (any contiguous rows: the even split, torch.chunk's, or another tiling), its local
+    tensors packed in the model's order; the library's specs are the whole model's, and the
+    group's trainers check at their first join that their rows tile every parameter."""
 
     def __init__(self, shards: Mapping[str, ShardSpec], group_rank: int, group_size: int):
         self.shards = shards
         self.group_rank = group_rank
         self.group_size = group_size
         self.global_shapes: Dict[str, Tuple[int, ...]] = {}
-        # The rule this trainer's rows follow (found by check): "even" when they fit both.
-        self.rule = "even"
+        self.rows: Dict[str, Tuple[int, int]] = {}
 
     def check(self, named: List[Tuple[str, torch.nn.Parameter]]) -> None:
-        """Finds the rule of this trainer's rows; refuses, naming the parameter and the rows,
-        rows that follow neither rule (or the two rules in different parameters)."""
-        fits = set(SHARD_RULES)
+        """Refuses, naming the parameter and the rows, a description this trainer's tensors
+        contradict (the group's tiling is checked at the join, where all rows are known)."""
         names = {n for n, _ in named}
         for extra in sorted(set(self.shards) - names):
             raise InvalidArgument(f"shards names {extra!r}, which is not a parameter of the model")
@@ -115,21 +114,12 @@ class _Sharding:
                 raise InvalidArgument(f"parameter {name} is {local} here, which is not rows of "
                                       f"its global shape {shape}")
             held = (int(first), int(first) + local[0])
-            want = {rule: shard_rows(shape[0], self.group_size, self.group_rank, rule)
-                    for rule in SHARD_RULES}
-            here = {rule for rule in SHARD_RULES if want[rule] == held}
-            if not here & fits:
-                even, chunk = want["even"], want["chunk"]
-                also = (f" (the parameters before it follow the {sorted(fits)[0]} rule)"
-                        if here else "")
+            if held[0] < 0 or held[1] > shape[0]:
                 raise InvalidArgument(
-                    f"parameter {name}: this trainer holds rows [{held[0]}, {held[1]}) of "
-                    f"{shape[0]}, but group rank {self.group_rank} of {self.group_size} holds "
-                    f"rows [{even[0]}, {even[1]}) under the even split or [{chunk[0]}, "
-                    f"{chunk[1]}) under torch.chunk's (lightkeeper.shard_rows){also}")
-            fits &= here
+                    f"parameter {name}: this trainer holds rows [{held[0]}, {held[1]}), which "
+                    f"are not rows of its global {shape[0]}")
             self.global_shapes[name] = shape
-        self.rule = "even" if "even" in fits else "chunk"
+            self.rows[name] = held
 
 
 class _InnerLayout:
@@ -148,6 +138,9 @@ class _InnerLayout:
         self._specs: List[Tuple[str, int, Tuple[int, ...]]] = []
         # A sharded model's scalars this trainer does not hold: rank 0's, shared on a restore.
         self.borrowed: List[Tuple[torch.nn.Parameter, str]] = []
+        # A sharded model's rows of each of the library's specs (its parameter's rows; a scalar
+        # rank 0's).
+        self.rows: List[Tuple[int, int]] = []
         self.total = 0
         whole = 0
         probe_state = self._probe(optimizer, [p for _, p in params])
@@ -162,8 +155,10 @@ class _InnerLayout:
                 if sharding is not None:
                     if shape == tuple(p.shape):
                         full = sharding.global_shapes[name]
+                        self.rows.append(sharding.rows[name])
                     elif shape == ():
                         held = sharding.group_rank == 0
+                        self.rows.append((0, 1) if held else (0, 0))
                     else:
                         raise InvalidArgument(
                             f"the inner optimizer's {key} of parameter {name} is {shape}, "
@@ -306,14 +301,16 @@ class DiLoCo:
         shards: a sharded model (FSDP inside the group, DiLoCo across: the HSDP layout), by an
             explicit description: ``{name: (global_shape, first_row)}`` for every parameter,
             whose local tensor holds rows ``first_row`` on of the parameter's ``global_shape``.
-            The rows must be this trainer's under one rule for the whole model: the
-            library's even split or ``torch.chunk``'s (FSDP2's and DTensor's ``Shard(0)``),
-            ``lightkeeper.shard_rows(rows, group_size, group_rank, rule)``; anything else
-            raises ``InvalidArgument`` naming the parameter and the rows, before anything is
-            sent, and trainers of one group that follow different rules are refused at their
-            first join. Under ``torch.chunk``'s rule the library moves the few rows where the
-            two splits differ inside the group at each outer step (its outer state is the
-            even split in every group, so groups of either rule mix).
+            Any contiguous rows will do as long as the group's trainers together hold every
+            row of every parameter once: the library's even split, ``torch.chunk``'s (FSDP2's
+            and DTensor's ``Shard(0)``; ``lightkeeper.shard_rows(rows, group_size, group_rank,
+            rule)`` names both), or another tiling. A description this trainer's tensors
+            contradict raises ``InvalidArgument`` naming the parameter and the rows before
+            anything is sent; rows that overlap or leave rows to nobody across the group are
+            refused the same way at the group's first join, in every trainer of the group. The
+            library's outer state is the even split in every group, so groups of any layouts
+            mix; where a group's rows differ from it, the library moves those rows inside the
+            group at each outer step.
             The library then holds the outer state of these rows only, never gathers the
             model, heals and restores by rows (from groups and checkpoints of any layout), and
             the inner optimizer's state is saved and restored per shard. None: every trainer
@@ -448,7 +445,9 @@ class DiLoCo:
             outer_fragments=o["outer_fragments"],
             extra_state_bytes_max=self._extra_state_bytes_max,
             param_dtype=_PARAM_DTYPES[self._dtype], sharded=self._sharding is not None,
-            shard_rule=self._sharding.rule if self._sharding is not None else "even")
+            shard_rows=([self._sharding.rows[n] for n, _ in self._named]
+                        if self._sharding is not None else []),
+            inner_shard_rows=self._inner.rows if self._sharding is not None else [])
         try:
             self._call("join")
             if not self.should_stop and m.group_size > 1 and self._group_pg is None:

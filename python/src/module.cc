@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <lightkeeper/lightkeeper.h>
@@ -408,7 +409,9 @@ class Diloco {
          const std::string& bind_host, uint32_t init_timeout_ms, uint32_t op_timeout_ms,
          uint32_t stuck_timeout_ms, const std::string& outer_compress, bool overlap,
          uint32_t outer_fragments, uint64_t extra_state_bytes_max,
-         const std::string& param_dtype, bool sharded, const std::string& shard_rule)
+         const std::string& param_dtype, bool sharded, const std::string& shard_rule,
+         const std::vector<std::pair<int64_t, int64_t>>& shard_rows,
+         const std::vector<std::pair<int64_t, int64_t>>& inner_shard_rows)
       : dtype_(DTypeCode(param_dtype)),
         params_(std::move(params)), inner_(std::move(inner_state)),
         inner_save_(std::move(inner_save)) {
@@ -444,6 +447,19 @@ class Diloco {
     ext.param_dtype = dtype_;
     ext.sharded = sharded ? 1 : 0;
     ext.shard_rule = ShardRuleCode(shard_rule);
+    std::vector<int64_t> rows, inner_rows;
+    for (const auto& [b, e] : shard_rows) rows.insert(rows.end(), {b, e});
+    for (const auto& [b, e] : inner_shard_rows) inner_rows.insert(inner_rows.end(), {b, e});
+    if (!shard_rows.empty() && shard_rows.size() != params_.size()) {
+      RaiseInvalid("shard_rows has " + std::to_string(shard_rows.size()) + " ranges for " +
+                   std::to_string(params_.size()) + " parameters");
+    }
+    if (!inner_shard_rows.empty() && inner_shard_rows.size() != inner_.size()) {
+      RaiseInvalid("inner_shard_rows has " + std::to_string(inner_shard_rows.size()) +
+                   " ranges for " + std::to_string(inner_.size()) + " inner_state tensors");
+    }
+    ext.shard_rows = rows.empty() ? nullptr : rows.data();
+    ext.inner_shard_rows = inner_rows.empty() ? nullptr : inner_rows.data();
     d_ = lk_diloco_create_ext(session.raw(), &o, &ext);
     if (d_ == nullptr) RaiseLast();
     session_ = &session;
@@ -639,7 +655,9 @@ PYBIND11_MODULE(_native, m) {
                     std::function<void(uintptr_t, size_t)>, float, float, bool,
                     const std::string&, uint32_t, uint32_t, const std::string&,
                     const std::string&, uint32_t, uint32_t, uint32_t, const std::string&,
-                    bool, uint32_t, uint64_t, const std::string&, bool, const std::string&>(),
+                    bool, uint32_t, uint64_t, const std::string&, bool, const std::string&,
+                    const std::vector<std::pair<int64_t, int64_t>>&,
+                    const std::vector<std::pair<int64_t, int64_t>>&>(),
            // Keyword-only after the session: twenty options by position were a trap (two
            // swapped timeouts or counts still type-check).
            py::arg("session"), py::kw_only(), py::arg("group_rank"), py::arg("group_size"),
@@ -654,6 +672,8 @@ PYBIND11_MODULE(_native, m) {
            py::arg("extra_state_bytes_max") = uint64_t{4} << 20,
            py::arg("param_dtype") = "float32", py::arg("sharded") = false,
            py::arg("shard_rule") = "even",
+           py::arg("shard_rows") = std::vector<std::pair<int64_t, int64_t>>(),
+           py::arg("inner_shard_rows") = std::vector<std::pair<int64_t, int64_t>>(),
            py::keep_alive<1, 2>())  // the session outlives the DiLoCo object
       .def("join", &Diloco::Join)
       .def("sync", &Diloco::Sync, py::arg("params"), py::arg("count"), py::arg("tokens") = 0)

@@ -241,7 +241,7 @@ class Zero3:
             # configuration mistake the group's join must refuse).
             rows, cols = self.shapes["head.weight"]
             self.shapes["head.weight"] = (rows + 2, cols)
-        self.rows = {n: lightkeeper.shard_rows(s[0], m.group_size, m.group_rank, rule)
+        self.rows = {n: self.rows_of(s[0], m.group_size, m.group_rank, rule)
                      for n, s in self.shapes.items()}
         self.compute = model
         self.holder = TinyModel().to(dtype)
@@ -252,6 +252,20 @@ class Zero3:
                     hp.data = torch.zeros((e - b,) + self.shapes[n][1:], dtype=dtype)
                 else:
                     hp.data = cp.detach()[b:e].clone()
+
+    @staticmethod
+    def rows_of(rows, size, rank, rule):
+        """This rank's rows: a rule's ("even", "chunk"), "skew" (rank k holds a share k + 1 of
+        the rows: a tiling that follows neither rule), or "late" (the even split, but a rank
+        past 0 starts a row late: that row is nobody's, which the group's join refuses)."""
+        if rule in ("even", "chunk"):
+            return lightkeeper.shard_rows(rows, size, rank, rule)
+        if rule == "skew":
+            total = size * (size + 1) // 2
+            cut = [rows * (k * (k + 1) // 2) // total for k in range(size + 1)]
+            return cut[rank], cut[rank + 1]
+        b, e = lightkeeper.shard_rows(rows, size, rank)
+        return (min(b + 1, e) if rank > 0 else b), e
 
     def shards(self):
         return {n: (self.shapes[n], self.rows[n][0]) for n in self.shapes}
@@ -474,7 +488,8 @@ def main():
     p.add_argument("--init-seed", type=int, default=7)
     p.add_argument("--param-dtype", default="float32")
     p.add_argument("--shard-model", action="store_true")
-    p.add_argument("--shard-rule", default="even", choices=["even", "chunk"])  # zero3
+    p.add_argument("--shard-rule", default="even",  # zero3: Zero3.rows_of
+                   choices=["even", "chunk", "skew", "late"])
     p.add_argument("--misdescribe", action="store_true")  # zero3: a model unlike its peers'
     # A test hook: the library perturbs this trainer's shard of the global weights once, right
     # after the outer update of step N and before its commit (LK_TEST_PERTURB_STEP, read by
