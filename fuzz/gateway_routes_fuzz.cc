@@ -14,8 +14,15 @@
 // forgery); a body over the gateway's limit goes to the gateway's real listener instead, whose
 // server must refuse it before the handler.
 //
+// A query parameter "via=" picks another gateway of the fixture (and is dropped from the call):
+// "open", one without a token file (it relays every call on a relayed route, whatever its
+// token, and the lighthouse judges the token); "busy", one with a single relay thread, handed
+// the call twice at once (the second finds the thread taken: 503 WORKERS_BUSY, which never
+// reaches the lighthouse); "stopped", one that was stopped (every call it would relay is
+// answered 503 SHUTTING_DOWN, and nothing reaches the lighthouse).
+//
 // Invariants (besides route_fuzz.h's): a refusal carries its reason code; at most one request
-// reaches the lighthouse per input; a call without a token that relays (none, wrong, read-only,
+// reaches the lighthouse per call; a call without a token that relays (none, wrong, read-only,
 // admin, the gateway credential), on a route the gateway does not relay, or with an oversized
 // body never reaches it, and is refused 4xx (a refusal thus changes nothing behind the gateway);
 // a call that reaches it arrives unchanged (method, path, query, body, content type, the agent's
@@ -133,7 +140,17 @@ class GatewayFixture {
     std::ofstream(dir_ + "/gw-tokens") << common;
     std::ofstream(dir_ + "/credential") << kCredential << "\n";
     StartLighthouse();
-    StartGateway();
+    gw_ = StartGateway(dir_ + "/gw-tokens", 4);
+    // No token file: the open mode an operator chooses on a trusted network.
+    open_ = StartGateway("", 4);
+    busy_ = StartGateway(dir_ + "/gw-tokens", 1);
+    stopped_ = StartGateway(dir_ + "/gw-tokens", 4);
+    bool stopped = false;
+    boost::asio::post(gw_ioc_, [this, &stopped] {
+      stopped_->Stop();
+      stopped = true;
+    });
+    while (!stopped) gw_ioc_.run_one_for(std::chrono::milliseconds(1));
   }
 
   static GatewayFixture& Get() {
@@ -148,12 +165,18 @@ class GatewayFixture {
   ~GatewayFixture() {
     __lsan::ScopedDisabler no_leak_checks;
     // What the run exercised: a run that relays nothing checks only the refusals.
-    fprintf(stderr, "gateway_routes: inputs=%llu relayed=%llu oversized=%llu\n",
+    fprintf(stderr,
+            "gateway_routes: inputs=%llu relayed=%llu oversized=%llu open_relayed=%llu "
+            "workers_busy=%llu shutting_down=%llu\n",
             static_cast<unsigned long long>(inputs), static_cast<unsigned long long>(requests()),
-            static_cast<unsigned long long>(oversized));
-    gw_->Stop();
-    gw_->Join();
-    gw_.reset();
+            static_cast<unsigned long long>(oversized), static_cast<unsigned long long>(open_relayed),
+            static_cast<unsigned long long>(workers_busy),
+            static_cast<unsigned long long>(shutting_down));
+    for (auto* g : {&gw_, &open_, &busy_, &stopped_}) {
+      (*g)->Stop();
+      (*g)->Join();
+      g->reset();
+    }
     boost::asio::post(lh_ioc_, [this] {
       counter_->Stop();
       lh_->Shutdown();
@@ -164,23 +187,33 @@ class GatewayFixture {
     std::filesystem::remove_all(dir_, ec);
   }
 
+  enum class Via { kDefault, kOpen, kBusy, kStopped };
   boost::asio::io_context& ioc() { return gw_ioc_; }
-  const http::Handler& handler() const { return handler_; }
+  http::Handler handler(Via via) const {
+    switch (via) {
+      case Via::kOpen: return open_->handler();
+      case Via::kBusy: return busy_->handler();
+      case Via::kStopped: return stopped_->handler();
+      case Via::kDefault: break;
+    }
+    return gw_->handler();
+  }
   Seen& seen() { return seen_; }
   uint64_t requests() {
     std::lock_guard<std::mutex> lock(seen_.mu);
     return seen_.requests;
   }
   // The fuzzing thread's counts, printed at exit.
-  uint64_t inputs = 0, oversized = 0;
+  uint64_t inputs = 0, oversized = 0, open_relayed = 0, workers_busy = 0, shutting_down = 0;
 
   // A request with an oversized body, through the gateway's own listener (its server's limit is
   // what refuses it, before any handler). Returns the answer, or nullopt when the connection was
   // cut instead.
-  std::optional<http::Response> OverSocket(const http::Request& req) {
+  std::optional<http::Response> OverSocket(const http::Request& req, Via via) {
     http::ClientOptions o;
     o.token = std::string(http::BearerToken(req.authorization));
-    auto c = http::Client::Create("http://" + gw_->address(), o);
+    const gateway::Gateway& g = via == Via::kOpen ? *open_ : via == Via::kBusy ? *busy_ : *gw_;
+    auto c = http::Client::Create("http://" + g.address(), o);
     LK_CHECK(c.ok()) << c.status().ToString();
     std::string target = gateway::UpstreamTarget(req);
     auto done = std::async(std::launch::async, [&] {
@@ -229,25 +262,26 @@ class GatewayFixture {
     lh_thread_ = std::thread([this] { lh_ioc_.run(); });
   }
 
-  void StartGateway() {
+  std::unique_ptr<gateway::Gateway> StartGateway(const std::string& token_file,
+                                                 uint32_t relays_max) {
     gateway::GatewayOptions o;
     o.site = kSite;
     o.lighthouse = "http://" + counter_->LocalAddress();
     o.listen = "127.0.0.1:0";
-    o.token_file = dir_ + "/gw-tokens";
+    o.token_file = token_file;
     o.gateway_token_file = dir_ + "/credential";
     o.http.single_thread = true;
     o.http.body_bytes_max = kBodyBytesMax;
     // One call is in flight at a time; a second thread covers the moment the last one takes to
-    // return to idle after answering.
-    o.relays_max = 4;
+    // return to idle after answering (the busy gateway has one on purpose).
+    o.relays_max = relays_max;
     // The lighthouse answers at once; a relay that takes this long is a hang, not a slow WAN.
     o.long_poll_max = Millis(0);
     o.upstream_timeout = Millis(20'000);
-    gw_ = std::make_unique<gateway::Gateway>(gw_ioc_, o);
-    Status st = gw_->Start();
+    auto g = std::make_unique<gateway::Gateway>(gw_ioc_, o);
+    Status st = g->Start();
     LK_CHECK(st.ok()) << st.ToString();
-    handler_ = gw_->handler();
+    return g;
   }
 
   std::string dir_;
@@ -259,8 +293,7 @@ class GatewayFixture {
   std::thread lh_thread_;
   Seen seen_;
   boost::asio::io_context gw_ioc_;
-  std::unique_ptr<gateway::Gateway> gw_;
-  http::Handler handler_;
+  std::unique_ptr<gateway::Gateway> gw_, open_, busy_, stopped_;
 };
 
 Reason ReasonOf(const http::Response& r) {
@@ -268,9 +301,10 @@ Reason ReasonOf(const http::Response& r) {
 }
 
 // A call that reached the lighthouse: it arrived as the agent sent it, with the gateway's own
-// Lk-Gateway, was not refused there for its token, and its answer came back unchanged.
+// Lk-Gateway, was not refused there for its token (unless the gateway is open: then the
+// lighthouse is the one that judges it), and its answer came back unchanged.
 void CheckRelayed(Seen& seen, const http::Request& sent, const http::Response& got,
-                  const std::string& what) {
+                  const std::string& what, bool open, bool same_answer) {
   std::lock_guard<std::mutex> lock(seen.mu);
   const http::Request& in = seen.request;
   LK_CHECK(in.method == sent.method && in.path == sent.path && in.query == sent.query &&
@@ -281,66 +315,123 @@ void CheckRelayed(Seen& seen, const http::Request& sent, const http::Response& g
       << "Lk-Gateway at the lighthouse is '" << in.gateway << "': " << what;
   const http::Response& lh = seen.response;
   Reason lh_reason = ReasonOf(lh);
-  LK_CHECK(!(lh.status == 401 || lh.status == 403) ||
+  LK_CHECK(open || !(lh.status == 401 || lh.status == 403) ||
            (lh_reason != Reason::kTokenMissing && lh_reason != Reason::kTokenInvalid &&
             lh_reason != Reason::kRoleForbids))
       << "relayed a call the lighthouse refused for its token (" << ReasonName(lh_reason)
       << "): " << what << " -> " << lh.body;
-  LK_CHECK(got.status == lh.status && got.content_type == lh.content_type && got.body == lh.body)
+  LK_CHECK(!same_answer ||
+           (got.status == lh.status && got.content_type == lh.content_type && got.body == lh.body))
       << "answer changed on the way back: " << what << ": " << lh.status << " -> " << got.status;
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using Via = GatewayFixture::Via;
   GatewayFixture& f = GatewayFixture::Get();
   http::Request req = fuzz::DecodeRequest(data, size, Tables());
   if (auto g = req.query.find("gateway"); g != req.query.end()) {
     req.gateway = g->second;
     req.query.erase(g);
   }
+  Via via = Via::kDefault;
+  if (auto v = req.query.find("via"); v != req.query.end()) {
+    via = v->second == "open"      ? Via::kOpen
+          : v->second == "busy"    ? Via::kBusy
+          : v->second == "stopped" ? Via::kStopped
+                                   : Via::kDefault;
+    req.query.erase(v);
+  }
   const http::Request sent = req;
-  const bool oversized = req.body.size() > kBodyBytesMax;
-  const bool must_refuse = !RelayingToken(req.authorization) || !RelayedRoute(req) || oversized;
+  // The stopped gateway listens nowhere: an oversized body goes to its handler like any call.
+  const bool oversized = req.body.size() > kBodyBytesMax && via != Via::kStopped;
+  const bool relaying = via == Via::kOpen || RelayingToken(req.authorization);
+  const bool must_refuse = !relaying || !RelayedRoute(req) || oversized;
   const bool healthz = req.path == "/healthz" && req.method == "GET";
   ++f.inputs;
   f.oversized += oversized;
-  std::string what = req.method + " " + req.path + " auth='" + req.authorization + "'";
+  std::string what = req.method + " " + req.path + " auth='" + req.authorization + "' via=" +
+                     std::to_string(static_cast<int>(via));
   uint64_t before = f.requests();
 
-  http::Response r;
-  bool answered = true;
+  // The answers: one per call (two for the busy gateway), nullopt for a connection cut.
+  std::vector<std::optional<http::Response>> answers;
   if (oversized) {
     // A connection cut instead of an answer refuses too; either way nothing may reach the
     // lighthouse (below).
-    auto got = f.OverSocket(req);
-    answered = got.has_value();
+    auto got = f.OverSocket(req, via);
     if (got) {
       fuzz::CheckStatus(*got, what);
-      r = std::move(*got);
       // An answer to HEAD has no body on the wire, so no reason code to read.
-      if (req.method != "HEAD") fuzz::CheckReasonCode(r, what);
+      if (req.method != "HEAD") fuzz::CheckReasonCode(*got, what);
     }
+    answers.push_back(std::move(got));
   } else {
-    auto a = fuzz::Drive(f.ioc(), f.handler(), std::move(req), std::chrono::seconds(30));
-    std::lock_guard<std::mutex> lock(a->mu);
-    LK_CHECK(a->calls == 1) << "not answered: " << what;
-    r = a->response;
-    fuzz::CheckReasonCode(r, what);
+    std::shared_ptr<fuzz::Answer> first;
+    if (via == Via::kBusy) {
+      // The first call takes the only relay thread and is not waited for; the second comes
+      // while it relays.
+      first = fuzz::Drive(f.ioc(), f.handler(via), req, std::chrono::seconds(30), true);
+    }
+    auto a = fuzz::Drive(f.ioc(), f.handler(via), std::move(req), std::chrono::seconds(30));
+    if (first) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (std::chrono::steady_clock::now() < deadline) {
+        {
+          std::lock_guard<std::mutex> lock(first->mu);
+          if (first->calls > 0) break;
+        }
+        f.ioc().run_one_for(std::chrono::milliseconds(1));
+      }
+    }
+    for (const auto& x : {first, a}) {
+      if (!x) continue;
+      std::lock_guard<std::mutex> lock(x->mu);
+      LK_CHECK(x->calls == 1) << "not answered: " << what;
+      fuzz::CheckReasonCode(x->response, what);
+      answers.push_back(x->response);
+    }
   }
-  LK_CHECK(!(r.status == 503 && ReasonOf(r) == Reason::kLighthouseUnreachable))
-      << "the lighthouse, which is up, reported unreachable: " << what << " -> " << r.body;
-
   uint64_t reached = f.requests() - before;
-  LK_CHECK(reached <= 1) << reached << " requests reached the lighthouse for one call: " << what;
-  if (must_refuse) {
-    LK_CHECK(reached == 0) << "a call the gateway must refuse reached the lighthouse: " << what;
-    LK_CHECK(!answered || healthz || (r.status >= 400 && r.status < 500))
-        << "a call the gateway must refuse was answered " << r.status << ": " << what;
+  uint64_t busy = 0;
+  for (const auto& r : answers) {
+    if (!r) continue;
+    const Reason reason = ReasonOf(*r);
+    LK_CHECK(!(r->status == 503 && reason == Reason::kLighthouseUnreachable))
+        << "the lighthouse, which is up, reported unreachable: " << what << " -> " << r->body;
+    // A stopped gateway relays nothing: what it does not refuse for the call itself, it
+    // refuses as shutting down.
+    LK_CHECK(via != Via::kStopped || healthz || (r->status >= 400 && r->status < 500) ||
+             (r->status == 503 && reason == Reason::kShuttingDown))
+        << "the stopped gateway answered " << r->status << ": " << what << " -> " << r->body;
+    if (r->status == 503 && reason == Reason::kWorkersBusy) {
+      LK_CHECK(via == Via::kBusy) << "WORKERS_BUSY with one call in flight: " << what;
+      ++busy;
+    }
+    f.shutting_down += r->status == 503 && reason == Reason::kShuttingDown;
   }
-  // Success is the lighthouse's to give: the gateway's own answers are refusals (and health).
-  LK_CHECK(reached == 1 || !answered || healthz || r.status >= 400)
-      << "answered " << r.status << " without asking the lighthouse: " << what;
-  if (reached == 1) CheckRelayed(f.seen(), sent, r, what);
+  f.workers_busy += busy;
+  if (via == Via::kOpen) f.open_relayed += reached;
+  const uint64_t calls = answers.size();
+  LK_CHECK(reached <= calls - busy)
+      << reached << " requests reached the lighthouse for " << calls << " calls (" << busy
+      << " refused busy): " << what;
+  if (via == Via::kStopped) LK_CHECK(reached == 0) << "the stopped gateway relayed: " << what;
+  for (const auto& r : answers) {
+    if (must_refuse) {
+      LK_CHECK(reached == 0) << "a call the gateway must refuse reached the lighthouse: " << what;
+      LK_CHECK(!r || healthz || (r->status >= 400 && r->status < 500))
+          << "a call the gateway must refuse was answered " << r->status << ": " << what;
+    }
+    // Success is the lighthouse's to give: the gateway's own answers are refusals (and health).
+    LK_CHECK(reached >= 1 || !r || healthz || r->status >= 400)
+        << "answered " << r->status << " without asking the lighthouse: " << what;
+    // The busy gateway's two calls are the same request: the counter holds whichever reached
+    // the lighthouse last, so an answer is compared with the lighthouse's only when one did.
+    if (reached >= 1 && r && !(r->status == 503 && ReasonOf(*r) == Reason::kWorkersBusy)) {
+      CheckRelayed(f.seen(), sent, *r, what, via == Via::kOpen, reached == 1);
+    }
+  }
   return 0;
 }
