@@ -185,8 +185,9 @@ Status CheckTiling(const std::vector<TensorSpec>& specs, const RowTable& table) 
             specs[i].name, b, e, k, at, last, TilingRule());
       }
       if (b > at) {
-        return InvalidArgument("tensor '{}': rows [{}, {}) are held by no trainer of the group ({})",
-                               specs[i].name, at, b, TilingRule());
+        return InvalidArgument(
+            "tensor '{}': rows [{}, {}) are held by no trainer of the group ({})", specs[i].name,
+            at, b, TilingRule());
       }
       at = e;
       last = k;

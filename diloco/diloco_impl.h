@@ -269,12 +269,12 @@ class Diloco::Impl {
   // (a copy when sharded: the caller's buffer is the shard).
   Status GatherInto(std::span<const float> shard, std::span<float> out);
   // This trainer's rows of the caller's buffer `params` into `shard` (the even split). A
-  // sharded caller's rows under another rule move inside the group (to_library_): then every
+  // sharded caller's rows off the even split move inside the group (to_library_): then every
   // trainer of the group calls it at the same point, as the in-group sums.
   Status TakeShard(std::span<const float> params, std::span<float> shard);
-  // At the first join of a group of several: the group's trainers agree on the model and, when
-  // sharded, on the rule of their rows (the relayout plans follow from it); then the weights
-  // Join took are moved into the even split.
+  // At the first join of a group of several: the group's trainers check that they describe one
+  // model and, when sharded, exchange their rows and check that they tile it (the relayout
+  // plans follow from them); then the weights Join took are moved into the even split.
   Status AgreeOnGroup();
   // The refusal of a caller's buffer of the wrong length (ok when it fits).
   Status CheckParamSize(size_t given) const;
@@ -294,9 +294,6 @@ class Diloco::Impl {
   client::Session* session_;
   DilocoOptions o_;
   InnerStateHooks hooks_;
-  // layout_: this trainer's rows of the outer state (the even split, in every group);
-  // caller_layout_: its rows of the caller's buffer when sharded (DilocoOptions::shard_rule);
-  // inner_layout_: its rows of the inner state (the caller's rule when sharded).
   // This trainer's rows of each tensor of params and inner_state in the caller's buffers: the
   // even split unless sharded, else DilocoOptions::shard_rows or the rows of shard_rule.
   static std::vector<RowRange> CallerRows(const DilocoOptions& o,
@@ -312,16 +309,21 @@ class Diloco::Impl {
   }
   std::vector<RowRange> layout_rows() const {
     std::vector<RowRange> rows;
-    for (const TensorSpec& s : o_.params) rows.push_back(ShardRows(s, o_.group_size, o_.group_rank));
+    for (const TensorSpec& s : o_.params) {
+      rows.push_back(ShardRows(s, o_.group_size, o_.group_rank));
+    }
     return rows;
   }
+  // layout_: this trainer's rows of the outer state (the even split, in every group);
+  // caller_layout_ and inner_layout_: its rows of the caller's parameter and inner-state
+  // buffers (caller_rows_ and inner_rows_).
   ShardLayout layout_;
   std::vector<RowRange> caller_rows_, inner_rows_;
   ShardLayout caller_layout_, inner_layout_;
   // The moves between the caller's rows and the outer state's (made when the group has
   // exchanged its trainers' rows at the first join; identity copies when they agree).
   RelayoutPlan to_library_, to_caller_;
-  // The caller's rows that Join took, until the group has agreed on their rule (AgreeOnGroup).
+  // The caller's rows that Join took, until the group has exchanged its rows (AgreeOnGroup).
   std::optional<std::vector<float>> join_rows_;
   size_t inner_total_ = 0;
   uint32_t model_fingerprint_ = 0;  // ModelFingerprint(o_.params)

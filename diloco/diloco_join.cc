@@ -315,6 +315,9 @@ Status Diloco::Impl::JoinQuorum(const client::PollResult& polled, std::span<floa
     }
     group_ready_ = true;
     if (Status st = AgreeOnGroup(); !st.ok()) {
+      // A collective that failed is agreed again on the next quorum's communicator; a
+      // configuration the group refused stays refused (group_failed_).
+      group_ready_ = false;
       account();
       return st;
     }

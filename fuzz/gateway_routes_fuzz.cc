@@ -169,7 +169,8 @@ class GatewayFixture {
             "gateway_routes: inputs=%llu relayed=%llu oversized=%llu open_relayed=%llu "
             "workers_busy=%llu shutting_down=%llu\n",
             static_cast<unsigned long long>(inputs), static_cast<unsigned long long>(requests()),
-            static_cast<unsigned long long>(oversized), static_cast<unsigned long long>(open_relayed),
+            static_cast<unsigned long long>(oversized),
+            static_cast<unsigned long long>(open_relayed),
             static_cast<unsigned long long>(workers_busy),
             static_cast<unsigned long long>(shutting_down));
     for (auto* g : {&gw_, &open_, &busy_, &stopped_}) {

@@ -146,12 +146,13 @@ struct DilocoOptions {
   ParamDType param_dtype = ParamDType::kFloat32;
   // The caller holds only its rows of every parameter (the HSDP layout: sharded inside the
   // group, DiLoCo across groups). Then the buffer of Join, Sync and Flush holds param_numel()
-  // elements: ShardRows(spec, group_size, group_rank, shard_rule) of every tensor of `params`,
-  // in order; the inner_state buffer (its hook's and restored_inner_state()) likewise holds
-  // this trainer's rows of `inner_state`; global_weights() is this trainer's rows. No trainer ever holds the
-  // whole model: there is no in-group all-gather, heals and durable restores go by rows, and
-  // the global_hash is the same as a replicated group's, so sharded and replicated groups (of
-  // any sizes) share quorums. Default false: the buffers hold the whole model.
+  // elements: this trainer's rows of every tensor of `params`, in order (shard_rows, or
+  // ShardRows(spec, group_size, group_rank, shard_rule)); the inner_state buffer (its hook's
+  // and restored_inner_state()) likewise holds this trainer's rows of `inner_state`;
+  // global_weights() is this trainer's rows. No trainer ever holds the whole model: there is
+  // no in-group all-gather, heals and durable restores go by rows, and the global_hash is the
+  // same as a replicated group's, so sharded and replicated groups (of any sizes and layouts)
+  // share quorums. Default false: the buffers hold the whole model.
   bool sharded = false;
   // With `sharded`: how the caller's rows are cut (ShardRule; default kEven). With kChunk (a
   // model sharded by FSDP2 or DTensor Shard(0)) the library keeps its outer state in the even
