@@ -111,9 +111,8 @@ uint32_t HolderOfRow(const Holders& h, int64_t row) {
 // the others add zeros, so every limb is exact in the float sum.
 constexpr int64_t kLimb = int64_t{1} << 24;
 
-std::string TilingRule() {
-  return "the group's trainers must tile every tensor's rows, each row held once";
-}
+constexpr char kTilingRule[] =
+    "the group's trainers must tile every tensor's rows, each row held once";
 
 }  // namespace
 
@@ -167,14 +166,11 @@ Status CheckRowsWithin(const std::vector<TensorSpec>& specs, const std::vector<R
 }
 
 Status CheckTiling(const std::vector<TensorSpec>& specs, const RowTable& table) {
+  for (uint32_t k = 0; k < table.size(); ++k) {
+    LK_RETURN_IF_ERROR(
+        CheckRowsWithin(specs, table[k]).WithContext(fmt::format("group rank {}", k)));
+  }
   for (size_t i = 0; i < specs.size(); ++i) {
-    for (uint32_t k = 0; k < table.size(); ++k) {
-      const RowRange r = table[k][i];
-      if (r.begin < 0 || r.end < r.begin || r.end > RowsOf(specs[i])) {
-        return InvalidArgument("tensor '{}': group rank {} holds rows [{}, {}), not rows of its {}",
-                               specs[i].name, k, r.begin, r.end, RowsOf(specs[i]));
-      }
-    }
     int64_t at = 0;
     uint32_t last = 0;
     for (const auto& [b, e, k] : HoldersOf(table, i)) {
@@ -182,19 +178,19 @@ Status CheckTiling(const std::vector<TensorSpec>& specs, const RowTable& table) 
         return InvalidArgument(
             "tensor '{}': rows [{}, {}) of group rank {} overlap rows up to {} of group rank {} "
             "({})",
-            specs[i].name, b, e, k, at, last, TilingRule());
+            specs[i].name, b, e, k, at, last, kTilingRule);
       }
       if (b > at) {
         return InvalidArgument(
             "tensor '{}': rows [{}, {}) are held by no trainer of the group ({})", specs[i].name,
-            at, b, TilingRule());
+            at, b, kTilingRule);
       }
       at = e;
       last = k;
     }
     if (at < RowsOf(specs[i])) {
       return InvalidArgument("tensor '{}': rows [{}, {}) are held by no trainer of the group ({})",
-                             specs[i].name, at, RowsOf(specs[i]), TilingRule());
+                             specs[i].name, at, RowsOf(specs[i]), kTilingRule);
     }
   }
   return Status::Ok();
@@ -242,12 +238,6 @@ RelayoutPlan PlanRelayout(const std::vector<TensorSpec>& specs, uint32_t rank,
   const ShardLayout to_layout = MakeShardLayout(specs, to[rank]);
   plan.from_numel = from_layout.shard_numel;
   plan.to_numel = to_layout.shard_numel;
-  auto piece_of = [](const ShardLayout& l, size_t spec) -> const ShardPiece* {
-    for (const ShardPiece& p : l.pieces) {
-      if (p.spec == spec) return &p;
-    }
-    return nullptr;
-  };
   for (size_t i = 0; i < specs.size(); ++i) {
     const TensorSpec& s = specs[i];
     const size_t row_numel = s.numel() / static_cast<size_t>(RowsOf(s));
@@ -263,8 +253,8 @@ RelayoutPlan PlanRelayout(const std::vector<TensorSpec>& specs, uint32_t rank,
     }
     std::sort(cuts.begin(), cuts.end());
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-    const ShardPiece* mine_from = piece_of(from_layout, i);
-    const ShardPiece* mine_to = piece_of(to_layout, i);
+    const ShardPiece* mine_from = from_layout.PieceOf(i);
+    const ShardPiece* mine_to = to_layout.PieceOf(i);
     for (size_t c = 0; c + 1 < cuts.size(); ++c) {
       const int64_t a = cuts[c], b = cuts[c + 1];
       const uint32_t src = HolderOfRow(hf, a), dst = HolderOfRow(ht, a);
@@ -287,6 +277,13 @@ RelayoutPlan PlanRelayout(const std::vector<TensorSpec>& specs, uint32_t rank,
 RelayoutPlan PlanRelayout(const std::vector<TensorSpec>& specs, uint32_t ranks, uint32_t rank,
                           ShardRule from, ShardRule to) {
   return PlanRelayout(specs, rank, RuleTable(specs, ranks, from), RuleTable(specs, ranks, to));
+}
+
+const ShardPiece* ShardLayout::PieceOf(size_t spec) const {
+  for (const ShardPiece& p : pieces) {
+    if (p.spec == spec) return &p;
+  }
+  return nullptr;
 }
 
 void ShardLayout::Take(std::span<const float> full, std::span<float> shard) const {

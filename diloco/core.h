@@ -49,6 +49,8 @@ struct ShardLayout {
   // Writes the shard into its places in a full buffer (the rest is left as it is). Placing
   // every rank's shard into zeros and summing the buffers is an exact all-gather: x + 0 == x.
   void Place(std::span<const float> shard, std::span<float> full) const;
+  // Tensor `spec`'s piece, or null when this trainer holds none of its rows.
+  const ShardPiece* PieceOf(size_t spec) const;
 };
 // `specs` must have passed ValidateSpecs. Rows by ShardRows (diloco.h).
 ShardLayout MakeShardLayout(const std::vector<TensorSpec>& specs, uint32_t ranks, uint32_t rank,

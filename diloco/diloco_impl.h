@@ -81,8 +81,9 @@ class Diloco::Impl {
     ValidateSpecs(o_.inner_state, &inner_total_).ok();
     if (o_.group_size == 1) {
       // A group of one holds every row (Validate checked it): nothing moves.
-      to_library_ = PlanRelayout(o_.params, 0, {caller_rows_}, {layout_rows()});
-      to_caller_ = PlanRelayout(o_.params, 0, {layout_rows()}, {caller_rows_});
+      const RowTable whole = RuleTable(o_.params, 1, ShardRule::kEven);
+      to_library_ = PlanRelayout(o_.params, 0, {caller_rows_}, whole);
+      to_caller_ = PlanRelayout(o_.params, 0, whole, {caller_rows_});
     }
     model_fingerprint_ = ModelFingerprint(o_.params);
     proto_.can_save = !o_.ckpt_dir.empty();
@@ -266,7 +267,7 @@ class Diloco::Impl {
   Result<uint64_t> GroupTokens(uint64_t tokens) { return GroupSumU64(tokens, false); }
   Status LoadGlobal(std::span<float> params);
   // The in-group all-gather of a shard in this trainer's layout into the caller's buffer `out`
-  // (a copy when sharded: the caller's buffer is the shard).
+  // (when sharded: the shard's rows moved into the caller's, to_caller_).
   Status GatherInto(std::span<const float> shard, std::span<float> out);
   // This trainer's rows of the caller's buffer `params` into `shard` (the even split). A
   // sharded caller's rows off the even split move inside the group (to_library_): then every
@@ -304,13 +305,6 @@ class Diloco::Impl {
     for (const TensorSpec& s : specs) {
       rows.push_back(ShardRows(s, o.group_size, o.group_rank,
                                o.sharded ? o.shard_rule : ShardRule::kEven));
-    }
-    return rows;
-  }
-  std::vector<RowRange> layout_rows() const {
-    std::vector<RowRange> rows;
-    for (const TensorSpec& s : o_.params) {
-      rows.push_back(ShardRows(s, o_.group_size, o_.group_rank));
     }
     return rows;
   }

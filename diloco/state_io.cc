@@ -184,24 +184,17 @@ class CheckpointStateIo final : public StateIo {
     all->insert(all->end(), inner.begin(), inner.end());
     const size_t n = state.global.size();
     for (const TensorSpec& spec : options_.params) {
-      const ShardPiece* p = PieceOf(layout_, &spec - options_.params.data());
+      const ShardPiece* p = layout_.PieceOf(&spec - options_.params.data());
       AddTensor(&s, spec.name, spec, p, all, 0);
       AddTensor(&s, MomentumName(spec.name), spec, p, all, n);
     }
     if (!inner.empty()) {
       for (const TensorSpec& spec : options_.inner_state) {
-        const ShardPiece* p = PieceOf(inner_layout_, &spec - options_.inner_state.data());
+        const ShardPiece* p = inner_layout_.PieceOf(&spec - options_.inner_state.data());
         AddTensor(&s, InnerName(spec.name), spec, p, all, 2 * n);
       }
     }
     return s;
-  }
-
-  static const ShardPiece* PieceOf(const ShardLayout& layout, size_t spec) {
-    for (const ShardPiece& p : layout.pieces) {
-      if (p.spec == spec) return &p;
-    }
-    return nullptr;
   }
 
   // Sizes the buffers of `out` and maps every tensor name to its place in them.
@@ -212,12 +205,12 @@ class CheckpointStateIo final : public StateIo {
     std::map<std::string, Slot> slots;
     for (size_t i = 0; i < options_.params.size(); ++i) {
       const TensorSpec& spec = options_.params[i];
-      slots[spec.name] = Slot{&spec, &out->state.global, PieceOf(layout_, i)};
-      slots[MomentumName(spec.name)] = Slot{&spec, &out->state.momentum, PieceOf(layout_, i)};
+      slots[spec.name] = Slot{&spec, &out->state.global, layout_.PieceOf(i)};
+      slots[MomentumName(spec.name)] = Slot{&spec, &out->state.momentum, layout_.PieceOf(i)};
     }
     for (size_t i = 0; i < options_.inner_state.size(); ++i) {
       const TensorSpec& spec = options_.inner_state[i];
-      slots[InnerName(spec.name)] = Slot{&spec, &*out->inner, PieceOf(inner_layout_, i)};
+      slots[InnerName(spec.name)] = Slot{&spec, &*out->inner, inner_layout_.PieceOf(i)};
     }
     return slots;
   }

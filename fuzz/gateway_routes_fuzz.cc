@@ -419,9 +419,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       << reached << " requests reached the lighthouse for " << calls << " calls (" << busy
       << " refused busy): " << what;
   if (via == Via::kStopped) LK_CHECK(reached == 0) << "the stopped gateway relayed: " << what;
+  if (must_refuse) {
+    LK_CHECK(reached == 0) << "a call the gateway must refuse reached the lighthouse: " << what;
+  }
   for (const auto& r : answers) {
     if (must_refuse) {
-      LK_CHECK(reached == 0) << "a call the gateway must refuse reached the lighthouse: " << what;
       LK_CHECK(!r || healthz || (r->status >= 400 && r->status < 500))
           << "a call the gateway must refuse was answered " << r->status << ": " << what;
     }
