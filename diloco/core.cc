@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <set>
 #include <tuple>
@@ -218,12 +219,22 @@ void EncodeRows(const std::vector<RowRange>& rows, uint32_t rank, std::span<floa
 
 RowTable DecodeRowTable(std::span<const float> summed, uint32_t ranks, size_t specs) {
   LK_CHECK(summed.size() >= ranks * specs * kRowTableFloatsPerRange) << "short table";
+  // The sums come from the other trainers: limbs that are not whole numbers in range (a
+  // trainer that wrote garbage, or two that wrote one place) decode to -1, which CheckTiling
+  // refuses, instead of a float-to-integer conversion out of range.
+  auto number = [](float lo, float hi) -> int64_t {
+    const auto limb = static_cast<float>(kLimb);
+    if (!(lo >= 0.0f && lo < limb && hi >= 0.0f && hi < limb) || lo != std::floor(lo) ||
+        hi != std::floor(hi)) {
+      return -1;
+    }
+    return static_cast<int64_t>(lo) + static_cast<int64_t>(hi) * kLimb;
+  };
   RowTable t(ranks, std::vector<RowRange>(specs));
   for (uint32_t k = 0; k < ranks; ++k) {
     for (size_t i = 0; i < specs; ++i) {
       const float* at = summed.data() + (k * specs + i) * kRowTableFloatsPerRange;
-      t[k][i] = RowRange{static_cast<int64_t>(at[0]) + static_cast<int64_t>(at[1]) * kLimb,
-                         static_cast<int64_t>(at[2]) + static_cast<int64_t>(at[3]) * kLimb};
+      t[k][i] = RowRange{number(at[0], at[1]), number(at[2], at[3])};
     }
   }
   return t;

@@ -233,6 +233,15 @@ TEST_CASE(
   }
   CHECK(DecodeRowTable(sum, 2, 1) == want);
   CHECK(CheckTiling(big, want).ok());
+  // What another trainer wrote is checked, not trusted: a limb that is no whole number in
+  // range decodes to -1, and the tiling check refuses it.
+  std::vector<float> bad = {std::nanf(""), 0.0f, 5.0f, 0.0f, 1e30f, 0.0f, 2.5f, 0.0f};
+  const RowTable got = DecodeRowTable(bad, 2, 1);
+  CHECK(got[0][0] == RowRange{-1, 5});
+  CHECK(got[1][0] == RowRange{-1, -1});
+  CHECK(CheckTiling({{"v", 0, {5}}}, got).message().find("group rank 0: tensor 'v': rows [-1, "
+                                                          "5) are not rows of its 5") !=
+        std::string::npos);
 }
 
 TEST_CASE(
