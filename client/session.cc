@@ -57,6 +57,8 @@ Result<std::unique_ptr<Session>> Session::Connect(const std::string& socket_path
   }
   LK_RETURN_IF_ERROR(st.WithContext("hello to agent at " + socket_path));
   s->incarnation_ = welcome.incarnation();
+  s->gateway_ = GatewayLink{welcome.gateway(), welcome.gateway_token(), welcome.job(),
+                            welcome.gateway_ca_file()};
   if (!welcome.poll_board().empty()) {
     // Without the board (another version, a file this process cannot map) every poll goes over
     // the socket: slower, same answers.

@@ -17,6 +17,8 @@ namespace lk::comm {
 
 Result<std::unique_ptr<CommManager>> CreateGlooCommManager(RendezvousStore* store,
                                                            CommOptions options);
+Result<std::unique_ptr<CommManager>> CreateGatewayCommManager(RendezvousStore* store,
+                                                              CommOptions options);
 // Defined only when the build found CUDA and NCCL (LK_NCCL_FOUND).
 Result<std::unique_ptr<CommManager>> CreateNcclCommManager(RendezvousStore* store,
                                                            CommOptions options);

@@ -8,7 +8,15 @@
 namespace lk::comm {
 
 std::string_view BackendName(Backend backend) {
-  return backend == Backend::kGloo ? "gloo" : "nccl";
+  switch (backend) {
+    case Backend::kGloo:
+      return "gloo";
+    case Backend::kNccl:
+      return "nccl";
+    case Backend::kGateway:
+      return "gateway";
+  }
+  return "unknown";
 }
 
 bool ParseBackend(std::string_view name, Backend* out) {
@@ -16,6 +24,8 @@ bool ParseBackend(std::string_view name, Backend* out) {
     *out = Backend::kGloo;
   } else if (name == "nccl") {
     *out = Backend::kNccl;
+  } else if (name == "gateway") {
+    *out = Backend::kGateway;
   } else {
     return false;
   }
@@ -29,7 +39,7 @@ bool BackendBuilt(Backend backend) {
   (void)backend;
   return true;
 #else
-  return backend == Backend::kGloo;
+  return backend != Backend::kNccl;
 #endif
 }
 
@@ -75,6 +85,7 @@ Result<std::unique_ptr<CommManager>> CommManager::Create(Backend backend, Rendez
   if (store == nullptr) return InvalidArgument("CommManager needs a RendezvousStore");
   LK_RETURN_IF_ERROR(options.Validate());
   if (backend == Backend::kGloo) return CreateGlooCommManager(store, std::move(options));
+  if (backend == Backend::kGateway) return CreateGatewayCommManager(store, std::move(options));
 #ifdef LK_HAVE_NCCL
   return CreateNcclCommManager(store, std::move(options));
 #else

@@ -60,7 +60,9 @@ struct ReduceRun {
   uint32_t owner = 0;             // one of holders: sums the copies and sends the result
 };
 
-enum class Backend { kGloo, kNccl };
+// kGateway: through the site's lk_gateway (comm/gateway_comm.cc), for sites whose nodes reach
+// the other sites only through it: float32/bfloat16 AllReduce on host buffers.
+enum class Backend { kGloo, kNccl, kGateway };
 enum class DType { kFloat32, kBFloat16 };
 enum class ReduceOp { kSum, kAvg };
 
@@ -103,6 +105,13 @@ struct CommOptions {
   // chunk straight to its owner and from it to everyone, so it needs this with more than three
   // members (with two or three, the neighbours are everyone).
   bool full_mesh = false;
+  // Gateway: the site's lk_gateway as its trainers reach it ("http://HOST:PORT" or https://),
+  // the job's bearer token and name (the gateway relays only for jobs whose token it holds), and
+  // the CA of an https gateway.
+  std::string gateway_url;
+  std::string gateway_token;
+  std::string gateway_ca_file;
+  std::string job;
 
   Status Validate() const;
 };

@@ -125,8 +125,20 @@ Status Diloco::Impl::Init() {
   session_->SetMixedGroupSizes(true);
   kv_ = std::make_unique<client::SessionKvStore>(session_->socket_path());
   slot_store_ = std::make_unique<PrefixedStore>(kv_.get(), "diloco/");
-  LK_ASSIGN_OR_RETURN(slot_comm_,
-                      comm::CommManager::Create(comm::Backend::kGloo, slot_store_.get(), co));
+  // Behind a site gateway the cross-group exchange goes through it: the other sites' trainers
+  // cannot be reached from here. The groups of a mixed-size quorum and the group's own
+  // collectives stay on Gloo, inside the site.
+  comm::Backend cross = comm::Backend::kGloo;
+  if (const auto& gw = session_->gateway(); !gw.url.empty()) {
+    cross = comm::Backend::kGateway;
+    comm::CommOptions gco = co;
+    gco.gateway_url = gw.url;
+    gco.gateway_token = gw.token;
+    gco.gateway_ca_file = gw.ca_file;
+    gco.job = gw.job;
+    co = gco;
+  }
+  LK_ASSIGN_OR_RETURN(slot_comm_, comm::CommManager::Create(cross, slot_store_.get(), co));
   // Quorums of groups of different sizes run their cross-group collectives on one communicator
   // over all their trainers, connected pairwise (AllReduceRuns sends to each fragment's owner).
   mesh_store_ = std::make_unique<PrefixedStore>(kv_.get(), "diloco-mesh/");

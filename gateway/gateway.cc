@@ -2,6 +2,7 @@
 // relays, each on a thread of a bounded set with its own keep-alive clients to the lighthouse.
 #include "gateway/gateway.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -14,9 +15,13 @@
 #include "common/http/auth.h"
 #include "common/http/client.h"
 #include "common/http/codec.h"
+#include "common/http/head.h"
 #include "common/http/tokens.h"
 #include "common/log.h"
+#include "gateway/exchange.h"
 #include "gateway/relay_rules.h"
+
+#include <boost/asio/steady_timer.hpp>
 
 namespace lk::gateway {
 
@@ -42,6 +47,7 @@ struct Gateway::Impl : std::enable_shared_from_this<Gateway::Impl> {
   http::Tokens tokens;
   http::ClientOptions client_options;  // the CA and proxy; the token is each call's own
   std::unique_ptr<http::Server> server;
+  std::unique_ptr<http::Server> wan_server;  // --wan-listen: the other gateways only
 
   std::mutex mu;  // guards everything below
   std::condition_variable cv;
@@ -52,11 +58,27 @@ struct Gateway::Impl : std::enable_shared_from_this<Gateway::Impl> {
   std::set<http::Client*> clients;  // every relay thread's, to cancel them at Stop
   bool unreachable = false;         // the lighthouse's last relay failed in transport
 
+  // The outer exchange (exchange.h): its rounds, the gateways this one dials, what each of them
+  // answered as (its site), and the timer that fails rounds past their deadline.
+  std::unique_ptr<Exchange> exchange;
+  std::vector<std::string> wan_peers;           // URLs
+  std::map<std::string, std::string> peer_site;  // URL -> site (guarded by mu)
+  std::unique_ptr<boost::asio::steady_timer> sweep_timer;
+  std::atomic<uint64_t> wan_sent{0};      // partial sums sent to other gateways, bytes
+  std::atomic<uint64_t> wan_received{0};  // and received from them
+
   void Route(Request&& req, Responder respond);
+  void RouteWan(Request&& req, Responder respond);
+  // The exchange routes' common edge: the job's token, as the relays check it.
+  bool AuthorizeExchange(const Request& req, const Responder& respond);
+  void Dial(const RoundKey& key, const RoundSpec& spec, std::shared_ptr<const std::string> partial);
+  std::string TokenFor(const std::string& job) const;
+  void ArmSweep();
   bool Submit(Task task);
   void RelayLoop();
   void Relay(Clients& clients, const Request& req, Millis timeout, const Responder& respond);
-  http::Client* ClientFor(Clients& clients, const std::string& token);
+  http::Client* ClientFor(Clients& clients, const std::string& token,
+                          const std::string& url = "");
   void NoteReachable(bool ok, const Status& error);
 };
 
@@ -69,6 +91,17 @@ void Gateway::Impl::Route(Request&& req, Responder respond) {
                                       f));
     }
     return respond(http::TextReply(200, "text/plain", "ok\n"));
+  }
+  if (req.path == "/v1/exchange" || req.path == "/v1/site") {
+    const char* method = req.path == "/v1/site" ? "GET" : "POST";
+    if (req.method != method) {
+      return respond(http::ErrorReply(Refuse(Code::kInvalidArgument, Reason::kMethodNotAllowed,
+                                             "{} takes {}, not {}", req.path, method, req.method),
+                                      f));
+    }
+    if (!AuthorizeExchange(req, respond)) return;
+    if (req.path == "/v1/site") return respond(http::TextReply(200, "text/plain", options.site));
+    return exchange->Contribute(req, std::move(respond));
   }
   auto call = ClassifyCall(req, Millis(30'000));
   Status st = call.ok() ? AuthorizeCall(tokens, req, call->job) : call.status();
@@ -90,6 +123,137 @@ void Gateway::Impl::Route(Request&& req, Responder respond) {
                           "{} relays in flight (--relays-max); retry later", options.relays_max);
     respond(http::ErrorReply(busy, f));
   }
+}
+
+bool Gateway::Impl::AuthorizeExchange(const Request& req, const Responder& respond) {
+  auto it = req.query.find("job");
+  std::string job = it == req.query.end() ? "" : it->second;
+  Status st = http::ValidName("job", job);
+  if (st.ok()) st = AuthorizeCall(tokens, req, job);
+  if (st.ok()) return true;
+  LK_LOG_INFO("exchange_refused peer={} method={} path={} code={} reason={}", req.peer,
+              req.method, Q(req.path), ReasonName(st.reason()), Q(st.message()));
+  respond(http::ErrorReply(st.reason() == Reason::kUnspecified ? st.WithReason(Reason::kBadRequest)
+                                                               : st,
+                           http::ReplyFormat(req)));
+  return false;
+}
+
+// The other gateways' side: only the exchange between gateways, nothing of the relays.
+void Gateway::Impl::RouteWan(Request&& req, Responder respond) {
+  http::Format f = http::ReplyFormat(req);
+  if (req.path == "/healthz" && req.method == "GET") {
+    return respond(http::TextReply(200, "text/plain", "ok\n"));
+  }
+  if (req.path != "/v1/wan/exchange") {
+    return respond(http::ErrorReply(
+        Refuse(Code::kNotFound, Reason::kNoEndpoint, "no {} on the gateways' listener", req.path),
+        f));
+  }
+  if (req.method != "POST") {
+    return respond(http::ErrorReply(Refuse(Code::kInvalidArgument, Reason::kMethodNotAllowed,
+                                           "{} takes POST, not {}", req.path, req.method),
+                                    f));
+  }
+  if (!AuthorizeExchange(req, respond)) return;
+  exchange->FromPeer(req, [self = shared_from_this(), respond,
+                           size = req.body.size()](Response r) {
+    // Counted once taken: a refused request carried no partial.
+    if (r.status == 200 && r.body_tail) {
+      self->wan_received += size;
+      self->wan_sent += r.body_tail->size();
+    }
+    respond(std::move(r));
+  });
+}
+
+// The token this gateway holds for `job`: the job's own, else an all-jobs one; empty with
+// tokens off (the other gateway then needs none either).
+std::string Gateway::Impl::TokenFor(const std::string& job) const {
+  auto it = tokens.per_job.find(job);
+  if (it != tokens.per_job.end() && !it->second.empty()) return it->second.front();
+  return tokens.any_job.empty() ? "" : tokens.any_job.front();
+}
+
+// Swaps this site's partial with each dialed gateway: one request each, on a relay thread; the
+// answer carries the other site's partial (or NOT_IN_ROUND when it has no part in the round).
+void Gateway::Impl::Dial(const RoundKey& key, const RoundSpec& spec,
+                         std::shared_ptr<const std::string> partial) {
+  std::string sites;
+  for (const std::string& s : spec.sites) sites += (sites.empty() ? "" : ",") + s;
+  const std::string target = fmt::format(
+      "/v1/wan/exchange?job={}&slot={}&quorum={}&seq={}&chunk={}&chunks={}&world={}&sites={}&"
+      "timeout_ms={}&from={}",
+      http::PercentEncode(key.job), key.slot, key.quorum, key.seq, key.chunk, spec.chunks,
+      spec.world, http::PercentEncode(sites), spec.timeout.count(),
+      http::PercentEncode(options.site));
+  const std::string token = TokenFor(key.job);
+  for (const std::string& url : wan_peers) {
+    {
+      // A gateway known to be of a site outside the round is not asked.
+      std::lock_guard<std::mutex> lock(mu);
+      auto known = peer_site.find(url);
+      if (known != peer_site.end() &&
+          std::find(spec.sites.begin(), spec.sites.end(), known->second) == spec.sites.end()) {
+        continue;
+      }
+    }
+    bool taken = Submit([self = shared_from_this(), key, spec, partial, target, token,
+                         url](Clients& c) {
+      http::Client* client = self->ClientFor(c, token, url);
+      self->wan_sent += partial->size();
+      auto r = client->Do("POST", target, *partial, "application/octet-stream",
+                          spec.timeout + Millis(2'000));
+      if (r.ok() && r->status == 200) self->wan_received += r->body.size();
+      std::string site;
+      if (r.ok()) {
+        for (auto& [k, v] : r->headers) {
+          if (http::IEquals(k, "lk-site")) site = v;
+        }
+      }
+      if (!site.empty()) {
+        std::lock_guard<std::mutex> lock(self->mu);
+        self->peer_site[url] = site;
+      }
+      if (!r.ok() || r->status / 100 != 2) {
+        Status st = r.ok() ? http::StatusFromResponse(*r) : r.status();
+        std::string known;
+        {
+          std::lock_guard<std::mutex> lock(self->mu);
+          auto it = self->peer_site.find(url);
+          if (it != self->peer_site.end()) known = it->second;
+        }
+        // A gateway that cannot be reached and is not known to be in the round fails nothing:
+        // if it is in the round after all, the round fails at its deadline.
+        const bool in_round = !known.empty() && std::find(spec.sites.begin(), spec.sites.end(),
+                                                          known) != spec.sites.end();
+        if (st.reason() == Reason::kNotInRound) return;
+        if (!r.ok() && !in_round) return;
+        LK_LOG_INFO("wan_exchange_failed peer={} site={} code={} reason={}", url, known,
+                    ReasonName(st.reason()), Q(st.message()));
+        return self->exchange->OnPeerAnswer(
+            key, st.WithContext(fmt::format("gateway {} ({})", url, known)));
+      }
+      self->exchange->OnPeerAnswer(key, std::make_pair(site, std::move(r->body)));
+    });
+    if (!taken) {
+      exchange->OnPeerAnswer(key, Refuse(Code::kUnavailable, Reason::kWorkersBusy,
+                                         "no relay thread free to dial {} (--relays-max)", url));
+    }
+  }
+}
+
+void Gateway::Impl::ArmSweep() {
+  sweep_timer->expires_after(Millis(500));
+  sweep_timer->async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+    if (ec) return;
+    {
+      std::lock_guard<std::mutex> lock(self->mu);
+      if (self->stopping) return;
+    }
+    self->exchange->Sweep(std::chrono::steady_clock::now());
+    self->ArmSweep();
+  });
 }
 
 // A thread idle for the call, else a new one up to relays_max: a call never queues behind long
@@ -122,15 +286,24 @@ void Gateway::Impl::RelayLoop() {
     task(mine);
     lock.lock();
   }
-  for (auto& [token, c] : mine) clients.erase(c.get());
+  for (auto& [key, c] : mine) clients.erase(c.get());
 }
 
-http::Client* Gateway::Impl::ClientFor(Clients& mine, const std::string& token) {
-  auto it = mine.find(token);
+http::Client* Gateway::Impl::ClientFor(Clients& mine, const std::string& token,
+                                       const std::string& url) {
+  // The lighthouse's clients are keyed by token, another gateway's by its URL and the token.
+  const std::string key = url.empty() ? token : url + "\n" + token;
+  auto it = mine.find(key);
   if (it != mine.end()) return it->second.get();
   http::ClientOptions o = client_options;
   o.token = token;
-  auto c = http::Client::Create(options.lighthouse, o);
+  if (!url.empty()) {
+    o.headers.clear();  // the Lk-Gateway credential is for the lighthouse only
+    o.ca_file = options.wan_ca_file;
+    o.proxy = http::ProxyFromEnv(url);
+    if (!options.proxy.empty()) o.proxy = options.proxy;
+  }
+  auto c = http::Client::Create(url.empty() ? options.lighthouse : url, o);
   LK_CHECK(c.ok()) << c.status().ToString();  // the URL and CA were checked at Start
   http::Client* raw = c->get();
   {
@@ -138,7 +311,7 @@ http::Client* Gateway::Impl::ClientFor(Clients& mine, const std::string& token) 
     if (stopping) raw->Cancel();
     clients.insert(raw);
   }
-  mine.emplace(token, std::move(*c));
+  mine.emplace(key, std::move(*c));
   return raw;
 }
 
@@ -210,9 +383,44 @@ Status Gateway::Start() {
       s.options.proxy.empty() ? http::ProxyFromEnv(s.options.lighthouse) : s.options.proxy;
   // A bad URL or an unreadable CA file is an error now, not in a relay later.
   LK_RETURN_IF_ERROR(http::Client::Create(s.options.lighthouse, s.client_options).status());
+  for (size_t begin = 0; begin < s.options.wan_connect.size();) {
+    size_t end = s.options.wan_connect.find(',', begin);
+    if (end == std::string::npos) end = s.options.wan_connect.size();
+    std::string peer = s.options.wan_connect.substr(begin, end - begin);
+    begin = end + 1;
+    if (peer.empty()) continue;
+    if (peer.find("://") == std::string::npos) peer = "http://" + peer;
+    http::ClientOptions check;
+    check.ca_file = s.options.wan_ca_file;
+    LK_RETURN_IF_ERROR(http::Client::Create(peer, check).status().WithContext("--wan-connect"));
+    s.wan_peers.push_back(peer);
+  }
+  ExchangeOptions eo;
+  eo.site = s.options.site;
+  eo.bytes_max = s.options.exchange_bytes_max;
+  std::weak_ptr<Impl> weak = impl_;
+  s.exchange = std::make_unique<Exchange>(
+      eo, Exchange::Hooks{
+              [weak](std::function<void()> task) {
+                auto self = weak.lock();
+                return self && self->Submit([task = std::move(task)](Impl::Clients&) { task(); });
+              },
+              [weak](const RoundKey& key, const RoundSpec& spec,
+                     std::shared_ptr<const std::string> partial) {
+                if (auto self = weak.lock()) self->Dial(key, spec, std::move(partial));
+              }});
   http::ServerOptions so = s.options.http;
   s.server = std::make_unique<http::Server>(s.ioc, so, handler());
   LK_RETURN_IF_ERROR(s.server->Listen(s.options.listen));
+  if (!s.options.wan_listen.empty()) {
+    s.wan_server = std::make_unique<http::Server>(
+        s.ioc, so, [self = impl_](Request&& r, Responder w) {
+          self->RouteWan(std::move(r), std::move(w));
+        });
+    LK_RETURN_IF_ERROR(s.wan_server->Listen(s.options.wan_listen));
+  }
+  s.sweep_timer = std::make_unique<boost::asio::steady_timer>(s.ioc);
+  s.ArmSweep();
   if (!s.tokens.enabled) {
     LK_LOG_WARN("gateway_open reason=no_token_file detail={}",
                 Q("without --token-file, every call that reaches --listen is relayed"));
@@ -226,14 +434,34 @@ Status Gateway::Start() {
           ? std::to_string(s.tokens.per_job.size()) + (s.tokens.any_job.empty() ? "" : "+all")
           : "any",
       !s.client_options.headers.empty());
+  if (!s.options.wan_listen.empty() || !s.wan_peers.empty()) {
+    LK_LOG_INFO("gateway_wan site={} wan_listen={} wan_advertise={} wan_connect={}",
+                s.options.site, s.wan_server ? s.wan_server->LocalAddress() : "",
+                s.options.wan_advertise, s.options.wan_connect);
+  }
   return Status::Ok();
 }
 
 std::string Gateway::address() const { return impl_->server ? impl_->server->LocalAddress() : ""; }
 
+std::string Gateway::wan_address() const {
+  return impl_->wan_server ? impl_->wan_server->LocalAddress() : "";
+}
+
 void Gateway::Stop() {
   Impl& s = *impl_;
   if (s.server) s.server->Stop();
+  if (s.wan_server) s.wan_server->Stop();
+  if (s.sweep_timer) s.sweep_timer->cancel();
+  if (s.exchange) {
+    s.exchange->FailAll(Status(Code::kUnavailable, "gateway shutting down", Reason::kShuttingDown));
+    Exchange::Totals t = s.exchange->totals();
+    LK_LOG_INFO(
+        "gateway_exchange_totals site={} rounds={} rounds_failed={} member_bytes={} "
+        "wan_sent_bytes={} wan_received_bytes={}",
+        s.options.site, t.rounds_done, t.rounds_failed, t.member_bytes, s.wan_sent.load(),
+        s.wan_received.load());
+  }
   std::lock_guard<std::mutex> lock(s.mu);
   s.stopping = true;
   for (http::Client* c : s.clients) c->Cancel();

@@ -1,5 +1,6 @@
-// lk_gateway: one per site, the only process of the site with a leg outside it. This first step
-// carries the control plane: the site's agents (replica_agent --gateway) send every lighthouse
+// lk_gateway: one per site, the only process of the site with a leg outside it. It carries the
+// site's outer exchange (exchange.h: one partial sum per site crosses the WAN) and the control
+// plane: the site's agents (replica_agent --gateway) send every lighthouse
 // call to it, and it relays them to the lighthouse unchanged (bodies, status codes, long polls
 // and watches), only for the jobs whose token it holds. A request without a token, with a token
 // it does not know, or for a job its token does not cover is refused here with a reason code and
@@ -58,6 +59,21 @@ struct GatewayOptions {
   Millis upstream_timeout{4'000};
   Millis long_poll_max{300'000};
 
+  // The outer exchange across sites (gateway/exchange.h). `wan_listen`: where the other sites'
+  // gateways reach this one ("HOST:PORT"; empty: none reaches it, it only dials). `wan_connect`:
+  // the other gateways this one dials, comma-separated "HOST:PORT" or "https://HOST:PORT" (a
+  // site that cannot be dialed, behind NAT, dials; a site that cannot dial out is dialed). Each
+  // pair of sites needs one way: one side's wan_connect names the other's wan_listen.
+  // `wan_advertise`: the address other sites dial for wan_listen, for logs and the operators'
+  // configuration (an unspecified wan_listen host is never taken for it).
+  std::string wan_listen;
+  std::string wan_connect;
+  std::string wan_advertise;
+  // CA (PEM) the dialed gateways' certificates must chain to, for https:// in wan_connect.
+  std::string wan_ca_file;
+  // Bytes the exchange may hold at once (contributions and partials of all rounds).
+  uint64_t exchange_bytes_max = 4ull << 30;
+
   // kInvalidArgument naming the first flag out of range (a required one empty, an open listener
   // without tokens, a certificate without its key).
   Status Validate() const;
@@ -73,6 +89,8 @@ class Gateway {
   Status Start();
   // The bound listen address, "HOST:PORT".
   std::string address() const;
+  // The bound --wan-listen address, "HOST:PORT"; empty without one.
+  std::string wan_address() const;
   // Stops listening, ends the relays in flight (their callers get 503 SHUTTING_DOWN) and
   // refuses new ones; on the io thread.
   void Stop();

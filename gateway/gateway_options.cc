@@ -26,6 +26,24 @@ Status GatewayOptions::Validate() const {
         "relay open on purpose",
         listen);
   }
+  if (!wan_listen.empty() && token_file.empty() && !insecure_no_auth &&
+      !http::ListensOnLoopback(wan_listen)) {
+    return InvalidArgument(
+        "--wan-listen {} reaches beyond this host and there is no --token-file: any gateway "
+        "could join this site's rounds. Give --token-file, or pass --insecure-no-auth",
+        wan_listen);
+  }
+  if (!wan_advertise.empty() && wan_listen.empty()) {
+    return InvalidArgument("--wan-advertise {} needs --wan-listen (what it advertises)",
+                           wan_advertise);
+  }
+  if (!wan_advertise.empty() && http::ListensOnUnspecified(wan_advertise)) {
+    return InvalidArgument(
+        "--wan-advertise {} is every address of the host: give the address the other sites "
+        "dial",
+        wan_advertise);
+  }
+  if (exchange_bytes_max == 0) return InvalidArgument("--exchange-bytes-max must be positive");
   return Status::Ok();
 }
 

@@ -25,6 +25,7 @@ struct Config {
   uint32_t connections_max = o.http.connections_max;
   int64_t request_buffer_max = static_cast<int64_t>(o.http.request_buffer_bytes_max);
   uint32_t upstream_timeout_ms = static_cast<uint32_t>(o.upstream_timeout.count());
+  int64_t exchange_max = static_cast<int64_t>(o.exchange_bytes_max);
 };
 
 void AddFlags(Flags& flags, Config* c) {
@@ -71,6 +72,21 @@ void AddFlags(Flags& flags, Config* c) {
   flags.Add("request-buffer-bytes-max", &c->request_buffer_max,
             "bytes all connections' request buffers may hold together; a request that would "
             "grow them past it gets 503 BUFFER_BUDGET");
+  flags.Add("wan-listen", &o.wan_listen,
+            "HOST:PORT where the other sites' gateways reach this one for the outer exchange "
+            "(one partial sum per site crosses the WAN); empty: this gateway only dials");
+  flags.Add("wan-connect", &o.wan_connect,
+            "the other sites' gateways this one dials, comma-separated HOST:PORT (their "
+            "--wan-listen; https://HOST:PORT when they serve TLS): for a site that cannot be "
+            "dialed (NAT). Each pair of sites needs one side to dial the other");
+  flags.Add("wan-advertise", &o.wan_advertise,
+            "HOST:PORT the other sites dial for --wan-listen (logged; never an unspecified "
+            "address)");
+  flags.Add("wan-ca-file", &o.wan_ca_file,
+            "CA (PEM) that the dialed gateways' certificates must chain to");
+  flags.Add("exchange-bytes-max", &c->exchange_max,
+            "bytes the outer exchange may hold at once (contributions and partial sums); a "
+            "contribution beyond it is refused 503 BUFFER_BUDGET");
   flags.Add("log-level", &c->log_level, "debug, info, warn or error");
 }
 
@@ -92,6 +108,7 @@ Status Resolve(const Flags& flags, Config* c) {
   o.http.request_buffer_bytes_max =
       static_cast<uint64_t>(std::max<int64_t>(c->request_buffer_max, 0));
   o.upstream_timeout = Millis(c->upstream_timeout_ms);
+  o.exchange_bytes_max = static_cast<uint64_t>(std::max<int64_t>(c->exchange_max, 0));
   return o.Validate();
 }
 
@@ -125,7 +142,9 @@ int main(int argc, char** argv) {
   Flags flags("lk_gateway",
               "Lightkeeper's site gateway: the one host of a site with a leg outside it. The\n"
               "site's agents (replica_agent --gateway HOST:PORT) send their lighthouse calls here\n"
-              "and it relays them to --lighthouse, only for the jobs whose token it holds.");
+              "and it relays them to --lighthouse, only for the jobs whose token it holds; their\n"
+              "trainers' outer exchange is summed here and swapped with the other sites' gateways\n"
+              "(--wan-listen, --wan-connect), one partial sum per site.");
   AddFlags(flags, &c);
   if (auto code = flags.ParseCommandLine(argc, argv, [&] { return Resolve(flags, &c); })) {
     return *code;

@@ -69,6 +69,14 @@ void Agent::Impl::HandleHello(const http::Request& req, http::Responder respond)
   if (!st.ok()) return respond(http::ErrorReply(st, f));
   pb::TrainerHelloResponse out;
   out.set_incarnation(options.incarnation);
+  if (!options.gateway.empty()) {
+    // The trainers' cross-site exchange goes through the same gateway. The token goes only to
+    // a process of the agent's own uid (the socket is 0600 and its peers are checked).
+    out.set_gateway(lighthouse_url);
+    out.set_gateway_token(token);
+    out.set_job(options.job);
+    out.set_gateway_ca_file(options.ca_file);
+  }
   const TrainerState& t = core->state().trainers.at(in.group_rank());
   if (board && t.slot) {
     out.set_poll_board(board->path());

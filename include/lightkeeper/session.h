@@ -123,6 +123,16 @@ class Session {
   uint32_t group_rank() const { return group_rank_; }
   const std::string& socket_path() const { return socket_; }
   uint32_t group_size() const { return group_size_; }
+  // The site's lk_gateway when the agent reaches the lighthouse through one (empty otherwise):
+  // its URL, the job's token and name, and the CA of an https gateway. The DiLoCo library then
+  // runs its cross-group exchange through the gateway.
+  struct GatewayLink {
+    std::string url;
+    std::string token;
+    std::string job;
+    std::string ca_file;
+  };
+  const GatewayLink& gateway() const { return gateway_; }
 
  private:
   // What the notice thread shares with the Session.
@@ -152,6 +162,7 @@ class Session {
   // The step whose last poll ended at its timeout: the next poll of it says it resumes that one.
   std::optional<uint32_t> timed_out_step_;
   std::string incarnation_;              // the agent's group life at hello
+  GatewayLink gateway_;                  // from the hello
   std::optional<uint32_t> committed_;    // the last step this trainer committed
   std::optional<PollResult> last_heal_;  // see last_heal()
   std::shared_ptr<NoticeState> notice_;

@@ -86,8 +86,11 @@ enum class Reason : uint16_t {
   kGroupSizeMismatch = 44,     // the group's trainer count differs from the quorum's
   kGroupFinished = 45,         // another node of the group left it finished: this node finishes
   kLighthouseUnreachable = 46,  // lk_gateway could not reach the lighthouse for this call
+  kNotInRound = 47,            // a gateway asked for a round of the outer exchange it has no part in
+  kRoundMismatch = 48,         // a contribution disagrees with its round (members, sites, size)
+  kRoundFailed = 49,           // the round ended without a result (a member or gateway lost)
 };
-inline constexpr int kReasonCount = 47;
+inline constexpr int kReasonCount = 50;
 
 // "STALE_INCARNATION": the proto enum's name of the reason.
 LK_API std::string_view ReasonName(Reason reason);

@@ -1,0 +1,194 @@
+// The outer exchange through two sites' gateways on the real binaries (loopback, port 0): a
+// lighthouse, gateway A listening for the other gateways (--wan-listen), gateway B dialing it
+// (--wan-connect, as a site behind NAT would), two DiLoCo groups behind each (agents with
+// --gateway and nothing else). The groups train to the end with one global hash per step, their
+// cross-group collectives run through the gateways (comm_ready backend=gateway), and each site
+// puts one partial sum per round on the WAN: half the bytes its two members contributed. The
+// gateways' WAN listener refuses strangers with reason codes. Every wait is bounded.
+#include <doctest/doctest.h>
+#include <signal.h>
+
+#include <fstream>
+#include <set>
+
+#include "common/http/client.h"
+#include "tests/support/process.h"
+#include "tests/support/wait.h"
+
+namespace lk::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr const char* kToken = "tok-x-0123456789";
+constexpr const char* kOtherToken = "tok-other-0123456789";
+
+void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+std::string Field(const std::string& line, const std::string& key) {
+  auto pos = line.find(" " + key + "=");
+  if (pos == std::string::npos) return "";
+  pos += key.size() + 2;
+  return line.substr(pos, line.find(' ', pos) - pos);
+}
+
+struct Gateway {
+  std::unique_ptr<Process> process;
+  std::string address;
+  std::string wan;
+};
+
+Gateway StartGateway(const std::string& dir, const std::string& site, const std::string& lh,
+                     std::vector<std::string> extra) {
+  Gateway g;
+  std::vector<std::string> argv{BinDir() + "/lk_gateway", "--site",       site,
+                                "--lighthouse",           lh,           "--listen",
+                                "127.0.0.1:0",            "--token-file", dir + "/gw-tokens"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  g.process = std::make_unique<Process>(argv, dir + "/gateway-" + site + ".log");
+  std::string line = g.process->WaitForLog("gateway_listening", 20s);
+  REQUIRE_MESSAGE(!line.empty(), g.process->Log());
+  g.address = Field(line, "listen");
+  std::string wan = g.process->WaitForLog("gateway_wan", 5s);
+  REQUIRE_MESSAGE(!wan.empty(), g.process->Log());
+  g.wan = Field(wan, "wan_listen");
+  return g;
+}
+
+struct Group {
+  std::unique_ptr<Process> agent;
+  std::unique_ptr<Process> trainer;
+  std::string log;
+};
+
+std::map<uint32_t, std::string> Hashes(const std::string& log) {
+  std::map<uint32_t, std::string> out;
+  std::ifstream in(log);
+  std::string line;
+  while (std::getline(in, line)) {
+    out[static_cast<uint32_t>(std::stoul(JsonField(line, "step")))] =
+        JsonField(line, "param_hash");
+  }
+  return out;
+}
+
+TEST_CASE("two sites train one DiLoCo job through their gateways: one global hash per step, "
+          "one partial sum per site on the WAN, strangers refused at the WAN listener") {
+  const std::string dir = TempDir("gw-exchange");
+  const uint32_t steps = 4;
+  WriteFile(dir + "/lh-tokens", fmt::format("x {}\nother {}\n", kToken, kOtherToken));
+  WriteFile(dir + "/gw-tokens", fmt::format("x {}\n", kToken));
+  WriteFile(dir + "/agent-token", kToken);
+  Lighthouse lh = StartLighthouse(dir + "/lh",
+                                  {"--token-file", dir + "/lh-tokens", "--min-replicas", "4",
+                                   "--join-timeout-ms", "20000", "--heartbeat-timeout-ms", "5000"},
+                                  dir + "/lighthouse.log");
+  Gateway a = StartGateway(dir, "site-a", lh.url(), {"--wan-listen", "127.0.0.1:0"});
+  // Site B cannot be dialed: it dials A. Its own WAN listener is there for the refusals below.
+  Gateway b = StartGateway(dir, "site-b", lh.url(),
+                           {"--wan-connect", a.wan, "--wan-listen", "127.0.0.1:0"});
+
+  std::map<std::string, Group> groups;
+  for (auto [name, gw] : std::vector<std::pair<std::string, const Gateway*>>{
+           {"a0", &a}, {"a1", &a}, {"b0", &b}, {"b1", &b}}) {
+    Group& g = groups[name];
+    const std::string socket = fmt::format("{}/{}.sock", dir, name);
+    g.agent = std::make_unique<Process>(
+        std::vector<std::string>{BinDir() + "/replica_agent", "--gateway", gw->address,
+                                 "--token-file", dir + "/agent-token", "--job", "x",
+                                 "--group-id", name, "--socket", socket,
+                                 "--heartbeat-interval-ms", "200"},
+        fmt::format("{}/agent-{}.log", dir, name));
+    REQUIRE_FALSE(g.agent->WaitForLog("agent_listening", 20s).empty());
+    g.log = fmt::format("{}/trainer-{}.jsonl", dir, name);
+    g.trainer = std::make_unique<Process>(
+        std::vector<std::string>{
+            BinDir() + "/diloco_trainer", "--group-rank", "0", "--group-size", "1",
+            "--inner-steps", "4", "--outer-steps", std::to_string(steps), "--seed", "7", "--log",
+            g.log, "--model-width", "32", "--layers", "1", "--heads", "2", "--seq-len", "32",
+            "--batch", "4", "--corpus-bytes", "16384", "--op-timeout-ms", "30000"},
+        g.log + ".stderr",
+        std::map<std::string, std::string>{{"LK_AGENT_SOCKET", socket}, {"LK_GROUP_ID", name}});
+  }
+
+  // Strangers at the WAN listener, while the groups train: refused with reason codes, and the
+  // rounds go on (the run's end below).
+  {
+    auto anon = http::Client::Create("http://" + b.wan);
+    REQUIRE(anon.ok());
+    const std::string target =
+        "/v1/wan/exchange?job=x&slot=0&quorum=1&seq=0&chunk=0&chunks=1&world=2&sites=site-a,"
+        "site-b&timeout_ms=1000&from=site-a";
+    auto r = (*anon)->Do("POST", target, std::string(8, '\0'), "application/octet-stream");
+    REQUIRE(r.ok());
+    CHECK(r->status == 401);
+    CHECK(r->body.find("TOKEN_MISSING") != std::string::npos);
+    http::ClientOptions other;
+    other.token = kOtherToken;
+    auto wrong = http::Client::Create("http://" + b.wan, other);
+    REQUIRE(wrong.ok());
+    r = (*wrong)->Do("POST", target, std::string(8, '\0'), "application/octet-stream");
+    REQUIRE(r.ok());
+    CHECK(r->status == 401);
+    CHECK(r->body.find("TOKEN_INVALID") != std::string::npos);
+    http::ClientOptions right;
+    right.token = kToken;
+    auto ok = http::Client::Create("http://" + b.wan, right);
+    REQUIRE(ok.ok());
+    r = (*ok)->Do("POST", target, "garbage", "application/octet-stream");  // 7 bytes
+    REQUIRE(r.ok());
+    CHECK(r->status == 400);
+    CHECK(r->body.find("BAD_REQUEST") != std::string::npos);
+    r = (*ok)->Do("GET", "/status", "", "");
+    REQUIRE(r.ok());
+    CHECK(r->status == 404);
+    CHECK(r->body.find("NO_ENDPOINT") != std::string::npos);
+    // The relays are not on the WAN listener: nothing reaches the lighthouse from there.
+    r = (*ok)->Do("POST", "/v1/heartbeat", "{}", "application/json");
+    REQUIRE(r.ok());
+    CHECK(r->status == 404);
+    // And a trainer's exchange without the job's token is refused at --listen.
+    auto site_anon = http::Client::Create("http://" + a.address);
+    REQUIRE(site_anon.ok());
+    r = (*site_anon)->Do("GET", "/v1/site?job=x", "", "");
+    REQUIRE(r.ok());
+    CHECK(r->status == 401);
+  }
+
+  for (auto& [name, g] : groups) {
+    auto code = g.trainer->Wait(120s);
+    INFO("trainer " << name << ": " << g.trainer->Log());
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+    CHECK(g.trainer->Log().find("comm_ready backend=gateway") != std::string::npos);
+  }
+  std::map<uint32_t, std::set<std::string>> by_step;
+  for (auto& [name, g] : groups) {
+    auto h = Hashes(g.log);
+    CHECK(h.size() == steps);
+    for (auto& [step, hash] : h) by_step[step].insert(hash);
+  }
+  CHECK(by_step.size() == steps);
+  for (auto& [step, hashes] : by_step) {
+    INFO("step " << step);
+    CHECK(hashes.size() == 1);
+  }
+
+  // The WAN bytes: each site sent one partial per round, half of what its two members gave.
+  for (Gateway* g : {&a, &b}) {
+    g->process->Signal(SIGTERM);
+    REQUIRE(g->process->Wait(20s).has_value());
+    std::string totals = g->process->WaitForLog("gateway_exchange_totals", 1s);
+    INFO(totals);
+    REQUIRE_FALSE(totals.empty());
+    const uint64_t member = std::stoull(Field(totals, "member_bytes"));
+    const uint64_t sent = std::stoull(Field(totals, "wan_sent_bytes"));
+    CHECK(std::stoull(Field(totals, "rounds")) > 0);
+    CHECK(member > 0);
+    CHECK(sent * 2 == member);
+    CHECK(std::stoull(Field(totals, "wan_received_bytes")) == sent);
+  }
+}
+
+}  // namespace
+}  // namespace lk::test
