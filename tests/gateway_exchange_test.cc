@@ -2,9 +2,10 @@
 // lighthouse, gateway A listening for the other gateways (--wan-listen), gateway B dialing it
 // (--wan-connect, as a site behind NAT would), two DiLoCo groups behind each (agents with
 // --gateway and nothing else). The groups train to the end with one global hash per step, their
-// cross-group collectives run through the gateways (comm_ready backend=gateway), and each site
-// puts one partial sum per round on the WAN: half the bytes its two members contributed. The
-// gateways' WAN listener refuses strangers with reason codes. Every wait is bounded.
+// cross-group collectives run through the gateways (comm_ready backend=gateway), a trainer
+// killed mid-run and restarted joins again through both gateways, and each site puts one
+// partial sum per round on the WAN. The gateways' WAN listener refuses strangers with reason
+// codes. Every wait is bounded.
 #include <doctest/doctest.h>
 #include <signal.h>
 
@@ -59,6 +60,9 @@ struct Group {
   std::unique_ptr<Process> agent;
   std::unique_ptr<Process> trainer;
   std::string log;
+  std::vector<std::string> argv;
+  std::vector<std::string> agent_argv;
+  std::map<std::string, std::string> env;
 };
 
 std::map<uint32_t, std::string> Hashes(const std::string& log) {
@@ -75,12 +79,12 @@ std::map<uint32_t, std::string> Hashes(const std::string& log) {
 TEST_CASE("two sites train one DiLoCo job through their gateways: one global hash per step, "
           "one partial sum per site on the WAN, strangers refused at the WAN listener") {
   const std::string dir = TempDir("gw-exchange");
-  const uint32_t steps = 4;
+  const uint32_t steps = 12;
   WriteFile(dir + "/lh-tokens", fmt::format("x {}\nother {}\n", kToken, kOtherToken));
   WriteFile(dir + "/gw-tokens", fmt::format("x {}\n", kToken));
   WriteFile(dir + "/agent-token", kToken);
   Lighthouse lh = StartLighthouse(dir + "/lh",
-                                  {"--token-file", dir + "/lh-tokens", "--min-replicas", "4",
+                                  {"--token-file", dir + "/lh-tokens", "--min-replicas", "3",
                                    "--join-timeout-ms", "20000", "--heartbeat-timeout-ms", "5000"},
                                   dir + "/lighthouse.log");
   Gateway a = StartGateway(dir, "site-a", lh.url(), {"--wan-listen", "127.0.0.1:0"});
@@ -93,22 +97,19 @@ TEST_CASE("two sites train one DiLoCo job through their gateways: one global has
            {"a0", &a}, {"a1", &a}, {"b0", &b}, {"b1", &b}}) {
     Group& g = groups[name];
     const std::string socket = fmt::format("{}/{}.sock", dir, name);
-    g.agent = std::make_unique<Process>(
-        std::vector<std::string>{BinDir() + "/replica_agent", "--gateway", gw->address,
-                                 "--token-file", dir + "/agent-token", "--job", "x",
-                                 "--group-id", name, "--socket", socket,
-                                 "--heartbeat-interval-ms", "200"},
-        fmt::format("{}/agent-{}.log", dir, name));
+    g.agent_argv = {BinDir() + "/replica_agent", "--gateway", gw->address, "--token-file",
+                    dir + "/agent-token", "--job", "x", "--group-id", name, "--socket", socket,
+                    "--heartbeat-interval-ms", "200"};
+    g.agent = std::make_unique<Process>(g.agent_argv, fmt::format("{}/agent-{}.log", dir, name));
     REQUIRE_FALSE(g.agent->WaitForLog("agent_listening", 20s).empty());
     g.log = fmt::format("{}/trainer-{}.jsonl", dir, name);
-    g.trainer = std::make_unique<Process>(
-        std::vector<std::string>{
-            BinDir() + "/diloco_trainer", "--group-rank", "0", "--group-size", "1",
-            "--inner-steps", "4", "--outer-steps", std::to_string(steps), "--seed", "7", "--log",
-            g.log, "--model-width", "32", "--layers", "1", "--heads", "2", "--seq-len", "32",
-            "--batch", "4", "--corpus-bytes", "16384", "--op-timeout-ms", "30000"},
-        g.log + ".stderr",
-        std::map<std::string, std::string>{{"LK_AGENT_SOCKET", socket}, {"LK_GROUP_ID", name}});
+    g.argv = {BinDir() + "/diloco_trainer", "--group-rank", "0", "--group-size", "1",
+              "--inner-steps", "4", "--outer-steps", std::to_string(steps), "--seed", "7",
+              "--log", g.log, "--model-width", "32", "--layers", "1", "--heads", "2",
+              "--seq-len", "32", "--batch", "4", "--corpus-bytes", "16384", "--op-timeout-ms",
+              "30000", "--inner-step-min-ms", "50"};
+    g.env = {{"LK_AGENT_SOCKET", socket}, {"LK_GROUP_ID", name}};
+    g.trainer = std::make_unique<Process>(g.argv, g.log + ".stderr", g.env);
   }
 
   // Strangers at the WAN listener, while the groups train: refused with reason codes, and the
@@ -155,17 +156,36 @@ TEST_CASE("two sites train one DiLoCo job through their gateways: one global has
     CHECK(r->status == 401);
   }
 
+  // A trainer of site B killed mid-run: its agent reports it and leaves (exit 3, for the
+  // launcher to start the node again), the others' rounds of that quorum fail on both gateways,
+  // the lighthouse forms a quorum without it, and the restarted node joins again and takes the
+  // global state from the others through both gateways (the join's state sync is a collective
+  // too).
+  Group& victim = groups.at("b1");
+  REQUIRE(WaitUntil([&] { return Hashes(victim.log).size() >= 2; }, 60s, "b1 committing step 2"));
+  victim.trainer->Signal(SIGKILL);
+  REQUIRE(victim.trainer->Wait(10s).has_value());
+  auto agent_exit = victim.agent->Wait(10s);
+  REQUIRE(agent_exit.has_value());
+  CHECK(*agent_exit == 3);
+  victim.agent = std::make_unique<Process>(victim.agent_argv, victim.agent->log_path());
+  REQUIRE_FALSE(victim.agent->WaitForLog("agent_listening", 20s, 2).empty());
+  victim.trainer = std::make_unique<Process>(victim.argv, victim.log + ".stderr2", victim.env);
+
   for (auto& [name, g] : groups) {
     auto code = g.trainer->Wait(120s);
     INFO("trainer " << name << ": " << g.trainer->Log());
     REQUIRE(code.has_value());
     CHECK(*code == 0);
     CHECK(g.trainer->Log().find("comm_ready backend=gateway") != std::string::npos);
+    if (name == "b1") CHECK(g.trainer->Log().find("healed=true") != std::string::npos);
   }
   std::map<uint32_t, std::set<std::string>> by_step;
   for (auto& [name, g] : groups) {
     auto h = Hashes(g.log);
-    CHECK(h.size() == steps);
+    // The restarted trainer appends to the same log from the step it healed to.
+    if (name != "b1") CHECK(h.size() == steps);
+    CHECK(h.count(steps) == 1);
     for (auto& [step, hash] : h) by_step[step].insert(hash);
   }
   CHECK(by_step.size() == steps);
@@ -185,7 +205,11 @@ TEST_CASE("two sites train one DiLoCo job through their gateways: one global has
     const uint64_t sent = std::stoull(Field(totals, "wan_sent_bytes"));
     CHECK(std::stoull(Field(totals, "rounds")) > 0);
     CHECK(member > 0);
-    CHECK(sent * 2 == member);
+    // One partial per round, whatever the site's member count: less than its members gave
+    // (the ratio without failures is in bench/gateway.md; the rounds around the kill had one
+    // member of site B, or failed).
+    CHECK(sent > 0);
+    CHECK(sent < member);
     CHECK(std::stoull(Field(totals, "wan_received_bytes")) == sent);
   }
 }
