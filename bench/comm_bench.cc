@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <sstream>
@@ -70,17 +71,25 @@ struct Peers {
   static inline uint32_t segment_kib = 1024;
   static inline uint32_t inflight_kib = static_cast<uint32_t>(CommOptions().inflight_bytes / 1024);
 
-  Peers(testing::Lighthouse* lighthouse, const std::string& d, size_t n) : dir(d), lh(lighthouse) {
+  // More flags for member i (the gateway backend's).
+  std::function<std::vector<std::string>(size_t)> extra;
+
+  Peers(testing::Lighthouse* lighthouse, const std::string& d, size_t n,
+        std::function<std::vector<std::string>(size_t)> more = nullptr)
+      : dir(d), lh(lighthouse), extra(std::move(more)) {
     for (size_t i = 0; i < n; ++i) Spawn(i);
     for (auto& c : p) Expect(*c, "ok ready");
   }
   void Spawn(size_t i) {
-    auto child = std::make_unique<Child>(
-        InNetns(i, {testing::BinDir() + "/comm_test_peer", "--store", lh->url(), "--job", "bench",
-                    "--op-timeout-ms", "60000", "--segment-kib", std::to_string(segment_kib),
-                    "--inflight-kib", std::to_string(inflight_kib),
-                    "--bind", MemberIp(i)}),
-        fmt::format("{}/peer{}.log", dir, i));
+    std::vector<std::string> argv{testing::BinDir() + "/comm_test_peer", "--store", lh->url(),
+                                  "--job", "bench", "--op-timeout-ms", "60000", "--segment-kib",
+                                  std::to_string(segment_kib), "--inflight-kib",
+                                  std::to_string(inflight_kib), "--bind", MemberIp(i)};
+    if (extra) {
+      auto more = extra(i);
+      argv.insert(argv.end(), more.begin(), more.end());
+    }
+    auto child = std::make_unique<Child>(InNetns(i, argv), fmt::format("{}/peer{}.log", dir, i));
     if (i < p.size()) {
       p[i] = std::move(child);
     } else {
@@ -301,6 +310,96 @@ void BenchThroughput(testing::Lighthouse* lh, const std::string& dir, uint32_t m
   }
 }
 
+// The value of " KEY=" in the first line of `path` that has `needle`, waiting up to 20 s.
+std::string LogValue(const std::string& path, const std::string& needle, const std::string& key) {
+  for (int i = 0; i < 200; ++i) {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.find(needle) == std::string::npos) continue;
+      auto pos = line.find(" " + key + "=");
+      if (pos == std::string::npos) return "";
+      pos += key.size() + 2;
+      return line.substr(pos, line.find(' ', pos) - pos);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  Die("no " + needle + " in " + path);
+}
+
+// Two sites, each with a gateway, k members per site: the gateway backend's allreduce against
+// the Gloo ring of the same 2k members on the same loopback, and the bytes each puts between
+// the sites (measured at the gateways; the ring's from its schedule: 2(n-1)/n of the buffer on
+// every ring edge that joins members of different sites).
+void BenchGateway(testing::Lighthouse* lh, const std::string& dir, uint32_t mib) {
+  fmt::print("\n### Allreduce through two sites' gateways vs the direct Gloo ring (same members, "
+             "same loopback, same run)\n\n");
+  fmt::print(
+      "| members per site | MiB | ring ms | gateways ms | gateways / ring throughput | WAN MiB "
+      "per allreduce: gateways | ring, sites in rank blocks | ring, sites interleaved | "
+      "gateways / ring (blocks) | gateways / ring (interleaved) |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
+  const size_t count = static_cast<size_t>(mib) * 1024 * 1024 / 4;
+  const uint32_t rounds = 10;
+  for (size_t k : {1, 2, 4}) {
+    const size_t n = 2 * k;
+    auto time_rounds = [&](Peers& peers) {
+      for (auto& p : peers.p) p->Send(fmt::format("bench {} 2", count));
+      for (auto& p : peers.p) Peers::Expect(*p, "ok bench");  // warm-up
+      auto start = SteadyClock::now();
+      for (auto& p : peers.p) p->Send(fmt::format("bench {} {}", count, rounds));
+      for (auto& p : peers.p) Peers::Expect(*p, "ok bench");
+      return MsSince(start) / rounds;
+    };
+    double ring_ms;
+    {
+      Peers ring(lh, dir, n);
+      ring.Rebuild(Range(n), ring.NewQuorum());
+      ring_ms = time_rounds(ring);
+    }
+    const std::string a_log = fmt::format("{}/gw-a-{}.log", dir, k);
+    const std::string b_log = fmt::format("{}/gw-b-{}.log", dir, k);
+    auto a = std::make_unique<Child>(
+        std::vector<std::string>{testing::BinDir() + "/lk_gateway", "--site", "site-a",
+                                 "--lighthouse", lh->url(), "--listen", "127.0.0.1:0",
+                                 "--wan-listen", "127.0.0.1:0"},
+        a_log);
+    const std::string a_listen = LogValue(a_log, "gateway_listening", "listen");
+    const std::string a_wan = LogValue(a_log, "gateway_wan", "wan_listen");
+    auto b = std::make_unique<Child>(
+        std::vector<std::string>{testing::BinDir() + "/lk_gateway", "--site", "site-b",
+                                 "--lighthouse", lh->url(), "--listen", "127.0.0.1:0",
+                                 "--wan-connect", a_wan},
+        b_log);
+    const std::string b_listen = LogValue(b_log, "gateway_listening", "listen");
+    double gw_ms;
+    {
+      Peers gw(lh, dir, n, [&](size_t i) {
+        return std::vector<std::string>{"--backend", "gateway", "--gateway",
+                                        "http://" + (i < k ? a_listen : b_listen)};
+      });
+      gw.Rebuild(Range(n), gw.NewQuorum());  // verifies the sums through the gateways
+      gw_ms = time_rounds(gw);
+    }
+    ::kill(a->pid(), SIGTERM);
+    ::kill(b->pid(), SIGTERM);
+    const double sent = std::stod(LogValue(a_log, "gateway_exchange_totals", "wan_sent_bytes")) +
+                        std::stod(LogValue(b_log, "gateway_exchange_totals", "wan_sent_bytes"));
+    // Allreduces through the gateways: the rebuild's one of 1024 elements, two warm-ups and
+    // the timed rounds.
+    const double big = static_cast<double>(rounds + 2);
+    const double gw_wan = (sent - 2 * 1024 * 4) / big / (1 << 20);
+    const double per_edge = static_cast<double>(mib) * 2 * static_cast<double>(n - 1) /
+                            static_cast<double>(n);
+    const double ring_blocks = 2 * per_edge;                     // two edges cross
+    const double ring_mixed = static_cast<double>(n) * per_edge;  // every edge crosses
+    fmt::print("| {} | {} | {:.1f} | {:.1f} | {:.2f}x | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.2f} |\n",
+               k, mib, ring_ms, gw_ms, ring_ms / gw_ms, gw_wan, ring_blocks, ring_mixed,
+               gw_wan / ring_blocks, gw_wan / ring_mixed);
+    std::fflush(stdout);
+  }
+}
+
 int Main(int argc, char** argv) {
   uint32_t rounds = 10, mib = 64, iperf_seconds = 5;
   std::string only;
@@ -308,7 +407,7 @@ int Main(int argc, char** argv) {
   flags.Add("rounds", &rounds, "rounds per rebuild/kill figure");
   flags.Add("mib", &mib, "allreduce size for the throughput figure, MiB");
   flags.Add("iperf-seconds", &iperf_seconds, "iperf3 run length");
-  flags.Add("only", &only, "rebuild, kill or throughput (default: all)");
+  flags.Add("only", &only, "rebuild, kill, throughput or gateway (default: all)");
   flags.Add("segment-kib", &Peers::segment_kib, "Gloo ring segment size, KiB");
   flags.Add("inflight-kib", &Peers::inflight_kib, "Gloo reduce-scatter receives posted ahead, KiB");
   flags.Add("netns", &g_netns,
@@ -335,6 +434,7 @@ int Main(int argc, char** argv) {
   if (only.empty() || only == "rebuild") BenchRebuild(&*lh, dir, rounds);
   if (only.empty() || only == "kill") BenchKill(&*lh, dir, rounds);
   if (only.empty() || only == "throughput") BenchThroughput(&*lh, dir, mib, iperf_seconds);
+  if (g_netns.empty() && (only.empty() || only == "gateway")) BenchGateway(&*lh, dir, mib);
   return 0;
 }
 

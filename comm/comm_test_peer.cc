@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -272,7 +273,7 @@ int Main(int argc, char** argv) {
   uint32_t slot = 0, init_timeout_ms = 30'000, op_timeout_ms = 60'000;
   uint32_t device = 0, segment_kib = 1024;
   Flags flags("comm_test_peer", "One trainer slot's communicator driven by stdin commands.");
-  flags.Add("backend", &backend_name, "gloo or nccl");
+  flags.Add("backend", &backend_name, "gloo, nccl or gateway");
   flags.Add("store", &store_spec, "http://HOST:PORT (lighthouse KV) or file:DIR");
   flags.Add("job", &job, "job name for the lighthouse KV");
   flags.Add("slot", &slot, "cross-group slot");
@@ -285,6 +286,9 @@ int Main(int argc, char** argv) {
   flags.Add("full-mesh", &full_mesh, "connect every pair (the encoded allreduce of 4+ members)");
   uint32_t inflight_kib = static_cast<uint32_t>(CommOptions().inflight_bytes / 1024);
   flags.Add("inflight-kib", &inflight_kib, "Gloo reduce-scatter receives posted ahead, KiB");
+  std::string gateway, gateway_token_file;
+  flags.Add("gateway", &gateway, "the site's lk_gateway URL (backend gateway)");
+  flags.Add("gateway-token-file", &gateway_token_file, "the job's token for the gateway");
   if (Status st = flags.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "%s\n", st.ToString().c_str());
     return 2;
@@ -309,6 +313,12 @@ int Main(int argc, char** argv) {
   options.segment_bytes = size_t{segment_kib} * 1024;
   options.inflight_bytes = size_t{inflight_kib} * 1024;
   options.full_mesh = full_mesh;
+  options.gateway_url = gateway;
+  options.job = job;
+  if (!gateway_token_file.empty()) {
+    std::ifstream in(gateway_token_file);
+    std::getline(in, options.gateway_token);
+  }
   auto comm = CommManager::Create(backend, store->get(), options);
   if (!comm.ok()) {
     Answer(Err(comm.status()));

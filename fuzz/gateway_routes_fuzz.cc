@@ -19,7 +19,8 @@
 // token, and the lighthouse judges the token); "busy", one with a single relay thread, handed
 // the call twice at once (the second finds the thread taken: 503 WORKERS_BUSY, which never
 // reaches the lighthouse); "stopped", one that was stopped (every call it would relay is
-// answered 503 SHUTTING_DOWN, and nothing reaches the lighthouse).
+// answered 503 SHUTTING_DOWN, and nothing reaches the lighthouse); "wan", the default gateway's
+// --wan-listen routes (the other gateways' exchange: nothing there reaches the lighthouse).
 //
 // Invariants (besides route_fuzz.h's): a refusal carries its reason code; at most one request
 // reaches the lighthouse per call; a call without a token that relays (none, wrong, read-only,
@@ -28,8 +29,9 @@
 // a call that reaches it arrives unchanged (method, path, query, body, content type, the agent's
 // token) with the gateway's own Lk-Gateway and never the agent's, the lighthouse does not refuse
 // it for its token (the gateway read the same job), and its answer comes back unchanged; no
-// call but /healthz is answered 2xx without reaching the lighthouse; the lighthouse, which is up,
-// is never reported unreachable.
+// call but /healthz and the exchange's own routes (/v1/site, /v1/exchange, with a token of
+// their job) is answered 2xx without reaching the lighthouse, and those never reach it; the
+// lighthouse, which is up, is never reported unreachable.
 #include <sanitizer/lsan_interface.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -91,7 +93,10 @@ const fuzz::RouteTables& Tables() {
        "/v1/kv/j",
        "/v1/admin/",
        "/v1/heartbeat/",
-       "/v1/trainer/hello"},
+       "/v1/trainer/hello",
+       "/v1/exchange",
+       "/v1/site",
+       "/v1/wan/exchange"},
       {"", "Bearer secret-j", "Bearer prom", "Bearer all-jobs", "Bearer root-token", "Bearer wrong",
        "Bearer secret-k", "Bearer gw-cred"}};
   return t;
@@ -188,13 +193,14 @@ class GatewayFixture {
     std::filesystem::remove_all(dir_, ec);
   }
 
-  enum class Via { kDefault, kOpen, kBusy, kStopped };
+  enum class Via { kDefault, kOpen, kBusy, kStopped, kWan };
   boost::asio::io_context& ioc() { return gw_ioc_; }
   http::Handler handler(Via via) const {
     switch (via) {
       case Via::kOpen: return open_->handler();
       case Via::kBusy: return busy_->handler();
       case Via::kStopped: return stopped_->handler();
+      case Via::kWan: return gw_->wan_handler();
       case Via::kDefault: break;
     }
     return gw_->handler();
@@ -214,7 +220,8 @@ class GatewayFixture {
     http::ClientOptions o;
     o.token = std::string(http::BearerToken(req.authorization));
     const gateway::Gateway& g = via == Via::kOpen ? *open_ : via == Via::kBusy ? *busy_ : *gw_;
-    auto c = http::Client::Create("http://" + g.address(), o);
+    auto c = http::Client::Create(
+        "http://" + (via == Via::kWan ? gw_->wan_address() : g.address()), o);
     LK_CHECK(c.ok()) << c.status().ToString();
     std::string target = gateway::UpstreamTarget(req);
     auto done = std::async(std::launch::async, [&] {
@@ -279,6 +286,12 @@ class GatewayFixture {
     // The lighthouse answers at once; a relay that takes this long is a hang, not a slow WAN.
     o.long_poll_max = Millis(0);
     o.upstream_timeout = Millis(20'000);
+    // An exchange round waits for members and sites that never come here: it fails at once,
+    // at the next sweep, instead of at a member's deadline.
+    o.exchange_timeout_max = Millis(0);
+    o.exchange_sweep = Millis(5);
+    o.exchange_bytes_max = 1 << 20;
+    o.wan_listen = "127.0.0.1:0";
     auto g = std::make_unique<gateway::Gateway>(gw_ioc_, o);
     Status st = g->Start();
     LK_CHECK(st.ok()) << st.ToString();
@@ -341,6 +354,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     via = v->second == "open"      ? Via::kOpen
           : v->second == "busy"    ? Via::kBusy
           : v->second == "stopped" ? Via::kStopped
+          : v->second == "wan"     ? Via::kWan
                                    : Via::kDefault;
     req.query.erase(v);
   }
@@ -348,8 +362,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The stopped gateway listens nowhere: an oversized body goes to its handler like any call.
   const bool oversized = req.body.size() > kBodyBytesMax && via != Via::kStopped;
   const bool relaying = via == Via::kOpen || RelayingToken(req.authorization);
-  const bool must_refuse = !relaying || !RelayedRoute(req) || oversized;
-  const bool healthz = req.path == "/healthz" && req.method == "GET";
+  // The WAN listener relays nothing: it has the other gateways' exchange only.
+  const bool must_refuse =
+      !relaying || !RelayedRoute(req) || oversized || via == Via::kWan;
+  // The gateway's own routes (the outer exchange): answered by the gateway alone, 2xx only
+  // for a token of the call's job (an exchange of one member, or the site's name).
+  const bool own = via == Via::kWan ? req.path == "/v1/wan/exchange"
+                                    : req.path == "/v1/site" || req.path == "/v1/exchange";
+  const bool healthz = (req.path == "/healthz" && req.method == "GET") ||
+                       (own && relaying && via != Via::kStopped);
   ++f.inputs;
   f.oversized += oversized;
   std::string what = req.method + " " + req.path + " auth='" + req.authorization + "' via=" +

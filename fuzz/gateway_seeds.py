@@ -58,6 +58,26 @@ def main():
             if data[1] & PATH_BITS == HEARTBEAT and data[2:4] == b"\n\n":
                 # A forged Lk-Gateway on a heartbeat, as an agent might send it.
                 seeds.append(data[:2] + b"\ngateway=gw-cred%20site-b\n" + data[4:])
+    # The outer exchange's own routes (paths 24 /v1/exchange, 25 /v1/site): a round of one
+    # member (answered at once), one of two sites (failed at the fixture's deadline), another
+    # job's token, a body of no whole float, and the site's name.
+    exchange = b"job=j&slot=0&quorum=1&seq=0&chunk=0&chunks=1&rank=0&timeout_ms=1000&"
+    one_float = b"\x00\x00\x80?"
+    post, get, untyped = 1, 0, 2 << 6
+    seeds.append(bytes([post | (TOKEN_J << 3) | untyped, 24]) + b"\n" + exchange +
+                 b"world=1&sites=site-a\n" + one_float)
+    seeds.append(bytes([post | (TOKEN_J << 3) | untyped, 24]) + b"\n" + exchange +
+                 b"world=2&sites=site-a,site-b\n" + one_float * 3)
+    seeds.append(bytes([post | (TOKEN_K << 3) | untyped, 24]) + b"\n" + exchange +
+                 b"world=1&sites=site-a\n" + one_float)
+    seeds.append(bytes([post | (TOKEN_J << 3) | untyped, 24]) + b"\n" + exchange +
+                 b"world=1&sites=site-b\nabc")
+    seeds.append(bytes([get | (TOKEN_J << 3), 25]) + b"\njob=j\n")
+    seeds.append(bytes([post | (TOKEN_J << 3) | untyped, 26]) + b"\n" + exchange +
+                 b"world=2&sites=site-a,site-b&from=site-b&via=wan\n" + one_float)
+    seeds.append(bytes([get, 11]) + b"\nvia=wan\n")
+    seeds.append(bytes([post | (TOKEN_K << 3) | untyped, 26]) + b"\n" + exchange +
+                 b"world=2&sites=site-a,site-b&from=site-b&via=wan\n" + one_float)
     # A JSON heartbeat over the gateway's body limit (the target's 2048 bytes).
     seeds.append(bytes([(TOKEN_J << 3) | 1, 0]) + b"\n\n{\"job\":\"j\"" + b" " * 2100 + b"}")
     shutil.rmtree(DST, ignore_errors=True)

@@ -135,6 +135,10 @@ uint64_t Exchange::bytes_held() const {
 
 Exchange::Round* Exchange::FindOrCreateLocked(const RoundKey& key, const RoundSpec& spec,
                                               Status* refusal, std::vector<Reply>* out) {
+  if (stopped_) {
+    *refusal = Status(Code::kUnavailable, "gateway shutting down", Reason::kShuttingDown);
+    return nullptr;
+  }
   auto slot = std::make_pair(key.job, key.slot);
   auto nit = newest_.find(slot);
   if (nit != newest_.end() && key.quorum < nit->second) {
@@ -453,6 +457,7 @@ void Exchange::FailAll(const Status& why) {
   std::vector<Reply> out;
   {
     std::lock_guard lock(mu_);
+    stopped_ = true;
     std::vector<RoundKey> all;
     for (auto& [k, r] : rounds_) all.push_back(k);
     for (const RoundKey& k : all) FailLocked(k, why, &out);

@@ -104,7 +104,7 @@ class Exchange {
   void OnPeerAnswer(const RoundKey& key, Result<std::pair<std::string, std::string>> answer);
   // Fails the rounds past their deadline; the gateway calls it about once a second.
   void Sweep(TimePoint now);
-  // Fails every round (the gateway stops).
+  // Fails every round, and every later contribution (the gateway stops).
   void FailAll(const Status& why);
 
   // For /status-like views and tests.
@@ -138,6 +138,7 @@ class Exchange {
   // The newest quorum seen per (job, slot): older rounds are superseded.
   std::map<std::pair<std::string, uint32_t>, uint32_t> newest_;
   uint64_t bytes_ = 0;
+  bool stopped_ = false;  // FailAll was called: no round starts any more
   Totals totals_;
 };
 

@@ -100,6 +100,13 @@ void Gateway::Impl::Route(Request&& req, Responder respond) {
                                       f));
     }
     if (!AuthorizeExchange(req, respond)) return;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stopping) {
+        return respond(http::ErrorReply(
+            Status(Code::kUnavailable, "gateway shutting down", Reason::kShuttingDown), f));
+      }
+    }
     if (req.path == "/v1/site") return respond(http::TextReply(200, "text/plain", options.site));
     return exchange->Contribute(req, std::move(respond));
   }
@@ -244,7 +251,7 @@ void Gateway::Impl::Dial(const RoundKey& key, const RoundSpec& spec,
 }
 
 void Gateway::Impl::ArmSweep() {
-  sweep_timer->expires_after(Millis(500));
+  sweep_timer->expires_after(options.exchange_sweep);
   sweep_timer->async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
     if (ec) return;
     {
@@ -398,6 +405,7 @@ Status Gateway::Start() {
   ExchangeOptions eo;
   eo.site = s.options.site;
   eo.bytes_max = s.options.exchange_bytes_max;
+  eo.timeout_max = s.options.exchange_timeout_max;
   std::weak_ptr<Impl> weak = impl_;
   s.exchange = std::make_unique<Exchange>(
       eo, Exchange::Hooks{
@@ -413,10 +421,7 @@ Status Gateway::Start() {
   s.server = std::make_unique<http::Server>(s.ioc, so, handler());
   LK_RETURN_IF_ERROR(s.server->Listen(s.options.listen));
   if (!s.options.wan_listen.empty()) {
-    s.wan_server = std::make_unique<http::Server>(
-        s.ioc, so, [self = impl_](Request&& r, Responder w) {
-          self->RouteWan(std::move(r), std::move(w));
-        });
+    s.wan_server = std::make_unique<http::Server>(s.ioc, so, wan_handler());
     LK_RETURN_IF_ERROR(s.wan_server->Listen(s.options.wan_listen));
   }
   s.sweep_timer = std::make_unique<boost::asio::steady_timer>(s.ioc);
@@ -479,6 +484,10 @@ void Gateway::Join() {
     batch.swap(s.threads);
   }
   for (auto& t : batch) t.join();
+}
+
+http::Handler Gateway::wan_handler() const {
+  return [self = impl_](Request&& r, Responder w) { self->RouteWan(std::move(r), std::move(w)); };
 }
 
 http::Handler Gateway::handler() const {

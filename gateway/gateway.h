@@ -73,6 +73,10 @@ struct GatewayOptions {
   std::string wan_ca_file;
   // Bytes the exchange may hold at once (contributions and partials of all rounds).
   uint64_t exchange_bytes_max = 4ull << 30;
+  // The longest a round may wait for its members and the other sites (a member's timeout_ms is
+  // capped at it), and how often rounds past their deadline are failed.
+  Millis exchange_timeout_max{600'000};
+  Millis exchange_sweep{500};
 
   // kInvalidArgument naming the first flag out of range (a required one empty, an open listener
   // without tokens, a certificate without its key).
@@ -98,6 +102,8 @@ class Gateway {
   void Join();
   // The route table as a handler, for handing a request over without a socket (tests).
   http::Handler handler() const;
+  // The same for the --wan-listen route table (the other gateways' side).
+  http::Handler wan_handler() const;
 
   struct Impl;
 

@@ -3,6 +3,8 @@
 // flight (503 SHUTTING_DOWN) and exit 0. Every flag is also an LK_* environment variable.
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <malloc.h>
+
 #include <csignal>
 #include <cstdio>
 
@@ -114,6 +116,11 @@ Status Resolve(const Flags& flags, Config* c) {
 
 int Run(const Config& c) {
   std::signal(SIGPIPE, SIG_IGN);
+  // The exchange takes and frees chunk-sized buffers (megabytes) many times a second. glibc
+  // would serve each from a fresh mmap, or trim the heap after it, and every byte written
+  // would fault its page in again: kept in the heap instead, they are reused warm.
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
   boost::asio::io_context ioc(1);
   Gateway gateway(ioc, c.o);
   if (Status st = gateway.Start(); !st.ok()) {
