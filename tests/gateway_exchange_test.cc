@@ -40,17 +40,24 @@ struct Gateway {
 };
 
 Gateway StartGateway(const std::string& dir, const std::string& site, const std::string& lh,
-                     std::vector<std::string> extra) {
+                     std::vector<std::string> extra, const std::string& listen = "127.0.0.1:0") {
   Gateway g;
   std::vector<std::string> argv{BinDir() + "/lk_gateway", "--site",       site,
                                 "--lighthouse",           lh,           "--listen",
-                                "127.0.0.1:0",            "--token-file", dir + "/gw-tokens"};
+                                listen,                   "--token-file", dir + "/gw-tokens"};
   argv.insert(argv.end(), extra.begin(), extra.end());
-  g.process = std::make_unique<Process>(argv, dir + "/gateway-" + site + ".log");
-  std::string line = g.process->WaitForLog("gateway_listening", 20s);
+  const std::string log = dir + "/gateway-" + site + ".log";
+  const size_t before = [&] {
+    std::ifstream in(log);
+    size_t n = 0;
+    for (std::string l; std::getline(in, l);) n += l.find("gateway_wan") != std::string::npos;
+    return n;
+  }();
+  g.process = std::make_unique<Process>(argv, log);
+  std::string line = g.process->WaitForLog("gateway_listening", 20s, before + 1);
   REQUIRE_MESSAGE(!line.empty(), g.process->Log());
   g.address = Field(line, "listen");
-  std::string wan = g.process->WaitForLog("gateway_wan", 5s);
+  std::string wan = g.process->WaitForLog("gateway_wan", 5s, before + 1);
   REQUIRE_MESSAGE(!wan.empty(), g.process->Log());
   g.wan = Field(wan, "wan_listen");
   return g;
@@ -72,6 +79,18 @@ std::map<uint32_t, std::string> Hashes(const std::string& log) {
   while (std::getline(in, line)) {
     out[static_cast<uint32_t>(std::stoul(JsonField(line, "step")))] =
         JsonField(line, "param_hash");
+  }
+  return out;
+}
+
+// The world size of each committed step of a trainer's log.
+std::map<uint32_t, uint32_t> Worlds(const std::string& log) {
+  std::map<uint32_t, uint32_t> out;
+  std::ifstream in(log);
+  std::string line;
+  while (std::getline(in, line)) {
+    out[static_cast<uint32_t>(std::stoul(JsonField(line, "step")))] =
+        static_cast<uint32_t>(std::stoul(JsonField(line, "replica_world_size")));
   }
   return out;
 }
@@ -212,6 +231,82 @@ TEST_CASE("two sites train one DiLoCo job through their gateways: one global has
     CHECK(sent < member);
     CHECK(std::stoull(Field(totals, "wan_received_bytes")) == sent);
   }
+}
+
+TEST_CASE("a site's gateway killed mid-run: the other site trains on alone, and the site's "
+          "group comes back through the restarted gateway, heals, and both end together") {
+  const std::string dir = TempDir("gw-kill");
+  const uint32_t steps = 30;
+  WriteFile(dir + "/lh-tokens", fmt::format("x {}\n", kToken));
+  WriteFile(dir + "/gw-tokens", fmt::format("x {}\n", kToken));
+  WriteFile(dir + "/agent-token", kToken);
+  Lighthouse lh = StartLighthouse(dir + "/lh",
+                                  {"--token-file", dir + "/lh-tokens", "--min-replicas", "1",
+                                   "--join-timeout-ms", "3000", "--heartbeat-timeout-ms", "2000"},
+                                  dir + "/lighthouse.log");
+  Gateway a = StartGateway(dir, "site-a", lh.url(), {"--wan-listen", "127.0.0.1:0"});
+  Gateway b = StartGateway(dir, "site-b", lh.url(), {"--wan-connect", a.wan});
+  std::map<std::string, Group> groups;
+  auto start_node = [&](const std::string& name, const Gateway& gw) {
+    Group& g = groups[name];
+    const std::string socket = fmt::format("{}/{}.sock", dir, name);
+    g.agent_argv = {BinDir() + "/replica_agent", "--gateway", gw.address, "--token-file",
+                    dir + "/agent-token", "--job", "x", "--group-id", name, "--socket", socket,
+                    "--heartbeat-interval-ms", "200", "--backoff-max-ms", "300"};
+    g.agent = std::make_unique<Process>(g.agent_argv, fmt::format("{}/agent-{}.log", dir, name));
+    REQUIRE_FALSE(g.agent->WaitForLog("agent_listening", 20s).empty());
+    g.log = fmt::format("{}/trainer-{}.jsonl", dir, name);
+    g.argv = {BinDir() + "/diloco_trainer", "--group-rank", "0", "--group-size", "1",
+              "--inner-steps", "4", "--outer-steps", std::to_string(steps), "--seed", "7",
+              "--log", g.log, "--model-width", "32", "--layers", "1", "--heads", "2",
+              "--seq-len", "32", "--batch", "4", "--corpus-bytes", "16384", "--op-timeout-ms",
+              "10000", "--inner-step-min-ms", "50"};
+    g.env = {{"LK_AGENT_SOCKET", socket}, {"LK_GROUP_ID", name}};
+    g.trainer = std::make_unique<Process>(g.argv, g.log + ".stderr", g.env);
+  };
+  start_node("a0", a);
+  start_node("b0", b);
+  REQUIRE(WaitUntil([&] { return Hashes(groups.at("b0").log).size() >= 2; }, 60s,
+                    "b0 committing step 2"));
+  const std::string b_listen = b.address;
+  b.process->Signal(SIGKILL);
+  REQUIRE(b.process->Wait(10s).has_value());
+  // Site A goes on alone once the lighthouse has lost site B's group (its heartbeats stop
+  // with the gateway), its collective through gateway A aborted by the new quorum.
+  REQUIRE(WaitUntil(
+      [&] {
+        for (auto& [step, world] : Worlds(groups.at("a0").log)) {
+          if (step > 2 && world == 1) return true;
+        }
+        return false;
+      },
+      60s, "a0 committing a step alone"));
+  // Gateway B back on the same port: site B's agent, which kept its group alive and its reports
+  // in its outbox meanwhile (lighthouse_unreachable continuing), reaches the lighthouse again,
+  // and its trainer joins the next quorum and heals from site A through both gateways.
+  CHECK_FALSE(groups.at("b0").agent->WaitForLog("lighthouse_unreachable", 10s).empty());
+  b = StartGateway(dir, "site-b", lh.url(), {"--wan-connect", a.wan}, b_listen);
+
+  for (auto& [name, g] : groups) {
+    auto code = g.trainer->Wait(120s);
+    INFO("trainer " << name << ": " << g.trainer->Log());
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+    auto agent = g.agent->Wait(20s);
+    REQUIRE(agent.has_value());
+    CHECK(*agent == 0);
+  }
+  auto ha = Hashes(groups.at("a0").log), hb = Hashes(groups.at("b0").log);
+  CHECK(ha.size() == steps);
+  CHECK(hb.count(steps) == 1);
+  size_t both_after = 0;
+  for (auto& [step, hash] : hb) {
+    INFO("step " << step);
+    CHECK(ha.at(step) == hash);
+    both_after += step > 2;
+  }
+  CHECK(both_after > 0);  // site B's group committed with site A after its return
+  CHECK(groups.at("b0").trainer->Log().find("healed=true") != std::string::npos);
 }
 
 }  // namespace
