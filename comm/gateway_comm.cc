@@ -46,10 +46,13 @@ class GatewayCommManager final : public CommManager, private CommLifecycle {
   }
 
   Status Reconfigure(uint32_t quorum_id, uint32_t replica_rank, uint32_t world_size) override;
-  Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op) override;
+  Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    return Exchange(data, count, dtype, op, "none");
+  }
   // Each member's contribution is what its encoding decodes to (`sent`, its error feedback, as
   // with the other backends); the sums travel in float32, so the result is exact and
-  // result_feedback stays as it is. The WAN leg is not compressed yet.
+  // result_feedback stays as it is. The gateways swap their partial sums encoded by the codec
+  // (each adds every partial as decoded, its own too), so the WAN leg is compressed.
   Status AllReduceEncoded(std::span<float> data, const ChunkCodec& codec, ReduceOp op,
                           std::span<float> sent, std::span<float> result_feedback) override;
   void Abort(const std::string& reason) override { AbortAll(reason); }
@@ -70,9 +73,12 @@ class GatewayCommManager final : public CommManager, private CommLifecycle {
     return fmt::format(" gateway={} seq={}", options_.gateway_url, seq_);
   }
   Result<std::string> OwnSite(TimePoint deadline);
+  // The collective; `codec` names the encoding of the partial sums between the gateways.
+  Status Exchange(void* data, size_t count, DType dtype, ReduceOp op, std::string_view codec);
   // One chunk's round trip: sends `in` (float32) and writes the total into `out`.
   Status Chunk(http::Client& client, uint64_t seq, size_t chunk, size_t chunks,
-               const float* in, float* out, size_t count, TimePoint deadline);
+               const float* in, float* out, size_t count, TimePoint deadline,
+               std::string_view codec);
 
   RendezvousStore* store_;
   const CommOptions options_;
@@ -174,16 +180,17 @@ Status GatewayCommManager::Reconfigure(uint32_t quorum_id, uint32_t replica_rank
 }
 
 Status GatewayCommManager::Chunk(http::Client& client, uint64_t seq, size_t chunk, size_t chunks,
-                                 const float* in, float* out, size_t count, TimePoint deadline) {
+                                 const float* in, float* out, size_t count, TimePoint deadline,
+                                 std::string_view codec) {
   std::string target;
   {
     std::lock_guard lock(mu_);
     target = fmt::format(
         "/v1/exchange?job={}&slot={}&quorum={}&seq={}&chunk={}&chunks={}&rank={}&world={}&"
-        "sites={}&timeout_ms={}",
+        "sites={}&timeout_ms={}&codec={}",
         http::PercentEncode(options_.job), options_.slot, quorum_id_.load(), seq, chunk, chunks,
         rank_, world_, http::PercentEncode(sites_),
-        std::max<int64_t>(1, ToMillis(deadline - std::chrono::steady_clock::now())));
+        std::max<int64_t>(1, ToMillis(deadline - std::chrono::steady_clock::now())), codec);
   }
   std::string body(reinterpret_cast<const char*>(in), count * sizeof(float));
   auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
@@ -207,7 +214,8 @@ Status GatewayCommManager::Chunk(http::Client& client, uint64_t seq, size_t chun
   return Status::Ok();
 }
 
-Status GatewayCommManager::AllReduce(void* data, size_t count, DType dtype, ReduceOp op) {
+Status GatewayCommManager::Exchange(void* data, size_t count, DType dtype, ReduceOp op,
+                                    std::string_view codec) {
   uint64_t seq;
   uint32_t world;
   {
@@ -248,7 +256,7 @@ Status GatewayCommManager::AllReduce(void* data, size_t count, DType dtype, Redu
       }
       const size_t begin = c * kChunkElems;
       const size_t n = std::min(kChunkElems, count - begin);
-      Status st = Chunk(*client, seq, c, chunks, acc + begin, acc + begin, n, deadline);
+      Status st = Chunk(*client, seq, c, chunks, acc + begin, acc + begin, n, deadline, codec);
       if (!st.ok()) {
         std::lock_guard lock(first_mu);
         if (first.ok()) first = st;
@@ -289,7 +297,7 @@ Status GatewayCommManager::AllReduceEncoded(std::span<float> data, const ChunkCo
     begin += n;
   }
   if (!sent.empty()) std::copy(data.begin(), data.end(), sent.begin());
-  return AllReduce(data.data(), data.size(), DType::kFloat32, op);
+  return Exchange(data.data(), data.size(), DType::kFloat32, op, codec.name());
 }
 
 }  // namespace

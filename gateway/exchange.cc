@@ -6,6 +6,7 @@
 
 #include <fmt/ranges.h>
 
+#include "comm/compress.h"
 #include "comm/reduce.h"
 #include "common/http/codec.h"
 #include "common/http/tokens.h"
@@ -21,6 +22,24 @@ constexpr uint32_t kChunksMax = 1u << 24;
 
 Status Mismatch(std::string message) {
   return Status(Code::kConflict, std::move(message), Reason::kRoundMismatch);
+}
+
+// Bytes of a round's partial on the WAN.
+size_t WireBytes(const RoundSpec& spec) {
+  comm::Codec codec = comm::Codec::kNone;
+  comm::ParseCodec(spec.codec, &codec);
+  return comm::EncodedBytes(codec, spec.count);
+}
+
+// A partial as it came over the WAN (checked to be WireBytes long), as float32.
+std::string Decoded(const RoundSpec& spec, const std::string& wire) {
+  comm::Codec codec = comm::Codec::kNone;
+  comm::ParseCodec(spec.codec, &codec);
+  if (codec == comm::Codec::kNone) return wire;
+  std::string floats(spec.count * sizeof(float), '\0');
+  comm::Decode(codec, {reinterpret_cast<const uint8_t*>(wire.data()), wire.size()},
+               {reinterpret_cast<float*>(floats.data()), spec.count});
+  return floats;
 }
 
 // Every refusal of a request that does not parse says BAD_REQUEST, whichever parser found it.
@@ -79,10 +98,33 @@ Result<ParsedContribution> ParseContribution(const http::Request& req, bool from
   if (p.spec.sites.size() != p.spec.world) {
     return Refuse(Code::kInvalidArgument, Reason::kBadRequest, "sites names {} members, world is {}", p.spec.sites.size(), p.spec.world);
   }
-  if (req.body.size() % sizeof(float) != 0 || req.body.empty()) {
-    return Refuse(Code::kInvalidArgument, Reason::kBadRequest, "the body ({} bytes) is no whole number of float32 elements", req.body.size());
+  if (auto it = req.query.find("codec"); it != req.query.end() && !it->second.empty()) {
+    comm::Codec codec;
+    if (!comm::ParseCodec(it->second, &codec)) {
+      return Refuse(Code::kInvalidArgument, Reason::kBadRequest,
+                    "codec {:?} is not none, bf16, int8 or int4", it->second);
+    }
+    p.spec.codec = it->second;
   }
-  p.spec.count = req.body.size() / sizeof(float);
+  if (from_gateway) {
+    // A partial on the WAN is `count` elements in the codec's encoding.
+    LK_ASSIGN_OR_RETURN(uint32_t count, http::ParseU32(req.query, "count", 0));
+    comm::Codec codec;
+    comm::ParseCodec(p.spec.codec, &codec);
+    if (count == 0 || req.body.size() != comm::EncodedBytes(codec, count)) {
+      return Refuse(Code::kInvalidArgument, Reason::kBadRequest,
+                    "the body ({} bytes) is not {} elements encoded {}", req.body.size(), count,
+                    p.spec.codec);
+    }
+    p.spec.count = count;
+  } else {
+    if (req.body.size() % sizeof(float) != 0 || req.body.empty()) {
+      return Refuse(Code::kInvalidArgument, Reason::kBadRequest,
+                    "the body ({} bytes) is no whole number of float32 elements",
+                    req.body.size());
+    }
+    p.spec.count = req.body.size() / sizeof(float);
+  }
   if (from_gateway) {
     p.from = field("from");
     if (Status st = http::ValidName("from", p.from); !st.ok()) {
@@ -106,8 +148,9 @@ struct Exchange::Round {
   std::map<uint32_t, std::string> local;  // rank -> elements
   std::vector<http::Responder> members;   // the trainers waiting for the total
   bool summing = false;
-  std::shared_ptr<const std::string> partial;  // this site's, once summed
-  std::map<std::string, std::string> remote;   // site -> its partial
+  std::shared_ptr<const std::string> partial;  // this site's, once summed (float32)
+  std::shared_ptr<const std::string> wire;     // the same as the codec encodes it
+  std::map<std::string, std::string> remote;   // site -> its partial, decoded (float32)
   std::vector<http::Responder> peers;          // gateways waiting for this site's partial
   bool totalling = false;
   uint64_t bytes = 0;
@@ -164,7 +207,7 @@ Exchange::Round* Exchange::FindOrCreateLocked(const RoundKey& key, const RoundSp
   if (it != rounds_.end()) {
     const RoundSpec& have = it->second->spec;
     if (have.world != spec.world || have.sites != spec.sites || have.count != spec.count ||
-        have.chunks != spec.chunks) {
+        have.chunks != spec.chunks || have.codec != spec.codec) {
       *refusal = Mismatch(fmt::format(
           "round (quorum {} collective {} chunk {}) has world {}, {} elements, sites {}; this "
           "contribution says world {}, {} elements",
@@ -266,12 +309,13 @@ void Exchange::FromPeer(const http::Request& req, http::Responder respond) {
       out.push_back([respond, refusal, f] { respond(http::ErrorReply(refusal, f)); });
     } else {
       if (!r->remote.count(p.from)) {
-        r->remote.emplace(p.from, req.body);
-        r->bytes += req.body.size();
-        bytes_ += req.body.size();
+        std::string floats = Decoded(r->spec, req.body);
+        r->bytes += floats.size();
+        bytes_ += floats.size();
+        r->remote.emplace(p.from, std::move(floats));
       }
-      if (r->partial) {
-        out.push_back([respond, bytes = r->partial, site = options_.site] {
+      if (r->wire) {
+        out.push_back([respond, bytes = r->wire, site = options_.site] {
           respond(Answer(bytes, site));
         });
       } else {
@@ -302,15 +346,17 @@ void Exchange::OnPeerAnswer(const RoundKey& key,
                                         "member in the round",
                                         site)),
                    &out);
-      } else if (bytes.size() != r.spec.count * sizeof(float)) {
+      } else if (bytes.size() != WireBytes(r.spec)) {
         FailLocked(key,
-                   Mismatch(fmt::format("site {} answered {} bytes for a chunk of {} elements",
-                                        site, bytes.size(), r.spec.count)),
+                   Mismatch(fmt::format("site {} answered {} bytes for a chunk of {} elements "
+                                        "encoded {}",
+                                        site, bytes.size(), r.spec.count, r.spec.codec)),
                    &out);
       } else if (!r.remote.count(site)) {
-        r.bytes += bytes.size();
-        bytes_ += bytes.size();
-        r.remote.emplace(site, std::move(bytes));
+        std::string floats = Decoded(r.spec, bytes);
+        r.bytes += floats.size();
+        bytes_ += floats.size();
+        r.remote.emplace(site, std::move(floats));
         AdvanceLocked(key, &out);
       }
     }
@@ -351,6 +397,19 @@ void Exchange::SumPartial(const RoundKey& key, const std::shared_ptr<Round>& rou
     comm::AddInto(reinterpret_cast<float*>(sum->data()),
                   reinterpret_cast<const float*>(parts[i]->data()), count);
   }
+  // What goes on the WAN is the codec's encoding; this site adds its own partial as the others
+  // decode it, so that every gateway adds the same operands.
+  std::shared_ptr<const std::string> wire = sum;
+  comm::Codec codec = comm::Codec::kNone;
+  comm::ParseCodec(round->spec.codec, &codec);
+  if (codec != comm::Codec::kNone) {
+    auto encoded = std::make_shared<std::string>(comm::EncodedBytes(codec, count), '\0');
+    comm::Encode(codec, {reinterpret_cast<const float*>(sum->data()), count},
+                 {reinterpret_cast<uint8_t*>(encoded->data()), encoded->size()});
+    comm::Decode(codec, {reinterpret_cast<const uint8_t*>(encoded->data()), encoded->size()},
+                 {reinterpret_cast<float*>(sum->data()), count});
+    wire = encoded;
+  }
   std::vector<Reply> out;
   std::shared_ptr<const std::string> partial = sum;
   {
@@ -359,6 +418,7 @@ void Exchange::SumPartial(const RoundKey& key, const std::shared_ptr<Round>& rou
     if (it == rounds_.end() || it->second != round) return;  // failed meanwhile
     Round& r = *round;
     r.partial = partial;
+    r.wire = wire;
     for (auto& [rank, bytes] : r.local) {
       r.bytes -= bytes.size();
       bytes_ -= bytes.size();
@@ -367,13 +427,13 @@ void Exchange::SumPartial(const RoundKey& key, const std::shared_ptr<Round>& rou
     r.bytes += partial->size();
     bytes_ += partial->size();
     for (auto& peer : r.peers) {
-      out.push_back([peer = std::move(peer), partial, site = options_.site] {
-        peer(Answer(partial, site));
+      out.push_back([peer = std::move(peer), wire, site = options_.site] {
+        peer(Answer(wire, site));
       });
     }
     r.peers.clear();
     if (!r.remote_expected.empty()) {
-      out.push_back([this, key, spec = r.spec, partial] { hooks_.dial(key, spec, partial); });
+      out.push_back([this, key, spec = r.spec, wire] { hooks_.dial(key, spec, wire); });
     }
     AdvanceLocked(key, &out);
   }

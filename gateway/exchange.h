@@ -5,10 +5,13 @@
 //   POST /v1/exchange?job=J&slot=S&quorum=Q&seq=K&chunk=C&chunks=N&rank=R&world=W&sites=A,B,..
 //        &timeout_ms=T        (on --listen, from a trainer; bearer: J's token)
 //     body: member R's elements of chunk C of collective K; answer: the sum over all W members.
+//   (both may add &codec=none|bf16|int8|int4, the encoding of the partial sums on the WAN)
 //   POST /v1/wan/exchange?job=..&slot=..&quorum=..&seq=..&chunk=..&chunks=..&world=..&sites=..
-//        &timeout_ms=..&from=SITE   (on --wan-listen, from another gateway; bearer: J's token)
-//     body: the partial sum of SITE's members; answer: this site's partial sum (header Lk-Site),
-//     or 404 NOT_IN_ROUND when no member of the round is at this site.
+//        &timeout_ms=..&codec=..&count=N&from=SITE   (on --wan-listen, from another gateway;
+//        bearer: J's token)
+//     body: the partial sum of SITE's members, N elements encoded by the codec; answer: this
+//     site's partial sum, encoded the same way (header Lk-Site), or 404 NOT_IN_ROUND when no
+//     member of the round is at this site.
 //   GET /v1/site?job=J   (on --listen; bearer: J's token): this gateway's site name.
 // `sites` lists each member's site in rank order, the same for every member (they learn it at
 // the rendezvous); a round is one (job, slot, quorum, seq, chunk).
@@ -59,6 +62,10 @@ struct RoundSpec {
   std::vector<std::string> sites;  // per rank
   size_t count = 0;                // elements of this chunk
   Millis timeout{0};
+  // The encoding of the partial sums on the WAN ("none", "bf16", "int8", "int4": the job's
+  // --outer-compress). Each gateway adds the partials as every gateway decodes them, its own
+  // too, so the total is the same everywhere.
+  std::string codec = "none";
 };
 
 // A trainer's or a gateway's request, parsed: kInvalidArgument (BAD_REQUEST) naming the field.

@@ -190,10 +190,10 @@ void Gateway::Impl::Dial(const RoundKey& key, const RoundSpec& spec,
   for (const std::string& s : spec.sites) sites += (sites.empty() ? "" : ",") + s;
   const std::string target = fmt::format(
       "/v1/wan/exchange?job={}&slot={}&quorum={}&seq={}&chunk={}&chunks={}&world={}&sites={}&"
-      "timeout_ms={}&from={}",
+      "timeout_ms={}&codec={}&count={}&from={}",
       http::PercentEncode(key.job), key.slot, key.quorum, key.seq, key.chunk, spec.chunks,
-      spec.world, http::PercentEncode(sites), spec.timeout.count(),
-      http::PercentEncode(options.site));
+      spec.world, http::PercentEncode(sites), std::max<int64_t>(1, spec.timeout.count()),
+      spec.codec, spec.count, http::PercentEncode(options.site));
   const std::string token = TokenFor(key.job);
   for (const std::string& url : wan_peers) {
     {

@@ -5,9 +5,10 @@
 # bridge; site A's nodes (10.77.2.2) reach only gateway A's inner leg (10.77.2.1), site B's
 # (10.77.4.2) only gateway B's (10.77.4.1); the gateways do not forward. Gateway A listens for
 # the other gateways (--wan-listen); gateway B only dials out (--wan-connect), as a site behind
-# NAT. Two DiLoCo groups per site (agents with --gateway, tokens on everywhere) train to the end:
-# their outer exchange crosses the sites through the two gateways only, every group commits the
-# same global hash at every step, and the lighthouse shows every step committed and all four
+# NAT. Two DiLoCo groups per site (agents with --gateway, tokens on everywhere, int8 outer
+# compression) train to the end: their outer exchange crosses the sites through the two gateways
+# only, with the partial sums int8 on the WAN, every group commits the same global hash at every
+# step, and the lighthouse shows every step committed and all four
 # groups finished behind their sites. It first checks that neither site reaches the lighthouse or
 # the other site, so nothing can have gone around the gateways. Without root or ip netns it
 # prints LK_TEST_SKIPPED and passes.
@@ -104,7 +105,8 @@ for g in a0 a1 b0 b1; do
   in_ns "$ns" env LK_AGENT_SOCKET="$out/$g.sock" LK_GROUP_ID="$g" "$build/bin/diloco_trainer" \
     --group-rank 0 --group-size 1 --inner-steps 4 --outer-steps $steps --seed 7 \
     --log "$out/trainer-$g.jsonl" --model-width 32 --layers 1 --heads 2 --seq-len 32 --batch 4 \
-    --corpus-bytes 16384 --op-timeout-ms 30000 > "$out/trainer-$g.stderr" 2>&1 &
+    --corpus-bytes 16384 --op-timeout-ms 30000 --outer-compress int8 \
+    > "$out/trainer-$g.stderr" 2>&1 &
   trainer[$g]=$!
 done
 for g in a0 a1 b0 b1; do
@@ -141,5 +143,19 @@ sys.exit(0 if ok else 1)' "$steps"
 }
 wait_for 300 finished || fail "the lighthouse's status is not the finished run: $(status)"
 grep -q "exchange_refused\|relay_refused" "$out"/gateway-*.log && fail "a gateway refused a call of the job"
+# The WAN carried int8 partials: about a quarter of the float32 bytes of one partial per round.
+pkill -TERM -f "lk_gateway --site site-b" || true
+wait_for 100 grep -q gateway_exchange_totals "$out/gateway-b.log" || fail "gateway B did not stop"
+/usr/bin/python3 - "$out/gateway-b.log" <<'EOF' || fail "the WAN bytes are not int8's"
+import re, sys
+line = [l for l in open(sys.argv[1]) if "gateway_exchange_totals" in l][-1]
+f = dict(re.findall(r" (\w+)=(\d+)", line))
+member, sent = int(f["member_bytes"]), int(f["wan_sent_bytes"])
+print(line.strip())
+# Two members per site: float32 partials would be member / 2. The outer steps' partials are
+# int8 (about a quarter); the join's state sync (weights and momentum, once) stays float32 and
+# is most of the bytes of so short a run, so the whole is below half, not a quarter.
+sys.exit(0 if 0 < sent < member / 2 * 0.5 else 1)
+EOF
 echo "PASS: two sites with no route between them trained $steps DiLoCo steps through their gateways"
 rm -rf "$out"
