@@ -19,6 +19,12 @@ namespace {
 // More members than any job has groups: a bound on the sites list a request may make us parse.
 constexpr uint32_t kWorldMax = 4096;
 constexpr uint32_t kChunksMax = 1u << 24;
+// What a round costs beside its bytes (its map node, its sites, its waiters), charged to the
+// byte bound, so that many tiny rounds cannot take memory the bound does not see.
+constexpr uint64_t kRoundOverheadBytes = 4096;
+// (job, slot) pairs whose newest quorum is remembered; past it those without a round are
+// forgotten (a superseded quorum then fails at its deadline instead of at once).
+constexpr size_t kNewestMax = 1 << 16;
 
 Status Mismatch(std::string message) {
   return Status(Code::kConflict, std::move(message), Reason::kRoundMismatch);
@@ -182,6 +188,11 @@ Exchange::Round* Exchange::FindOrCreateLocked(const RoundKey& key, const RoundSp
     *refusal = Status(Code::kUnavailable, "gateway shutting down", Reason::kShuttingDown);
     return nullptr;
   }
+  if (newest_.size() > kNewestMax) {
+    std::set<std::pair<std::string, uint32_t>> live;
+    for (auto& [k, r] : rounds_) live.emplace(k.job, k.slot);
+    std::erase_if(newest_, [&](const auto& e) { return !live.count(e.first); });
+  }
   auto slot = std::make_pair(key.job, key.slot);
   auto nit = newest_.find(slot);
   if (nit != newest_.end() && key.quorum < nit->second) {
@@ -218,8 +229,16 @@ Exchange::Round* Exchange::FindOrCreateLocked(const RoundKey& key, const RoundSp
     }
     return it->second.get();
   }
+  if (bytes_ + kRoundOverheadBytes > options_.bytes_max) {
+    *refusal = Refuse(Code::kUnavailable, Reason::kBufferBudget,
+                      "the exchange holds {} bytes already (its bound is {})", bytes_,
+                      options_.bytes_max);
+    return nullptr;
+  }
   auto round = std::make_shared<Round>();
   round->spec = spec;
+  round->bytes = kRoundOverheadBytes;
+  bytes_ += kRoundOverheadBytes;
   round->deadline = std::chrono::steady_clock::now() + spec.timeout;
   for (const std::string& s : spec.sites) {
     if (s == options_.site) {

@@ -365,7 +365,7 @@ TEST_CASE("exchange: a dial that fails, a deadline and a newer quorum each fail 
 TEST_CASE("exchange: contributions beyond the byte bound are refused BUFFER_BUDGET") {
   ExchangeOptions o;
   o.site = "a";
-  o.bytes_max = 16;
+  o.bytes_max = 4096 + 16;  // one round's overhead and 16 bytes
   Exchange ex(o, Exchange::Hooks{[](std::function<void()>) { return true; },
                                  [](const RoundKey&, const RoundSpec&,
                                     std::shared_ptr<const std::string>) {}});
@@ -376,6 +376,18 @@ TEST_CASE("exchange: contributions beyond the byte bound are refused BUFFER_BUDG
   REQUIRE(b.response.has_value());
   CHECK(b.response->status == 503);
   CHECK(b.response->body.find("BUFFER_BUDGET") != std::string::npos);
+  // Many tiny rounds: each is charged its overhead, so the bound holds their count too.
+  o.bytes_max = 3 * 4096 + 100;
+  Exchange tiny(o, Exchange::Hooks{[](std::function<void()>) { return true; },
+                                   [](const RoundKey&, const RoundSpec&,
+                                      std::shared_ptr<const std::string>) {}});
+  std::vector<Waiter> waiters(4);
+  for (uint32_t seq = 0; seq < 4; ++seq) {
+    tiny.Contribute(Contribution({"a", "b"}, 0, {1.0f}, 1, seq), waiters[seq].responder());
+  }
+  CHECK(tiny.rounds() == 3);
+  REQUIRE(waiters[3].response.has_value());
+  CHECK(waiters[3].response->status == 503);
 }
 
 }  // namespace
