@@ -121,8 +121,10 @@ Status Diloco::Impl::Init() {
   co.full_mesh = o_.outer_compress != OuterCompress::kNone;
   // The fragment-wise exchange averages with groups of any trainer count, so this group may
   // share quorums with groups of other sizes (the lighthouse's size rule is for trainers that
-  // only know an exchange over equal layouts).
-  session_->SetMixedGroupSizes(true);
+  // only know an exchange over equal layouts). Behind a site gateway it runs over Gloo between
+  // trainers, which the sites cannot reach: there the group keeps to quorums of its own size,
+  // and a group of another size is refused GROUP_SIZE_MISMATCH instead of timing out.
+  session_->SetMixedGroupSizes(session_->gateway().url.empty());
   kv_ = std::make_unique<client::SessionKvStore>(session_->socket_path());
   slot_store_ = std::make_unique<PrefixedStore>(kv_.get(), "diloco/");
   // Behind a site gateway the cross-group exchange goes through it: the other sites' trainers
