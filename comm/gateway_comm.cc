@@ -192,14 +192,14 @@ Status GatewayCommManager::Chunk(http::Client& client, uint64_t seq, size_t chun
         rank_, world_, http::PercentEncode(sites_),
         std::max<int64_t>(1, ToMillis(deadline - std::chrono::steady_clock::now())), codec);
   }
-  std::string body(reinterpret_cast<const char*>(in), count * sizeof(float));
+  const std::string_view body(reinterpret_cast<const char*>(in), count * sizeof(float));
   auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
   if (left <= Millis(0)) {
     return Error(Code::kDeadlineExceeded, "collective {} past op_timeout", seq);
   }
   // A little beyond the gateway's own deadline, so that its ROUND_FAILED answer (which says
   // why) comes back before this side gives up on its own.
-  auto r = client.Do("POST", target, std::move(body), "application/octet-stream",
+  auto r = client.Do("POST", target, body, "application/octet-stream",
                      left + Millis(2'000));
   if (!r.ok()) return r.status().WithContext("gateway " + options_.gateway_url);
   if (r->status / 100 != 2) {

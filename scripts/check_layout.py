@@ -17,7 +17,9 @@ STACK = ["common", "checkpoint", "slurm", "comm", "client", "diloco", "capi"]
 BESIDE = {
     "lighthouse": ["common", "checkpoint", "slurm"],
     "replica_agent": ["common", "checkpoint", "slurm"],
-    "gateway": ["common"],
+    # The gateway sums and encodes the outer exchange with comm/'s pure codec (compress.h,
+    # reduce.h); it links lk_comm_codec only, never Gloo or the trainer's communicator.
+    "gateway": ["common", "comm"],
     "lkctl": ["common", "checkpoint", "slurm"],
     "python": STACK,
     "examples": STACK + ["examples"],

@@ -83,7 +83,7 @@ class ClientImpl final : public Client {
     return Status::Ok();
   }
 
-  Result<Response> Do(std::string_view method, std::string_view target, std::string body,
+  Result<Response> Do(std::string_view method, std::string_view target, std::string_view body,
                       std::string_view content_type, Millis timeout,
                       std::string_view extra_name, std::string_view extra_value) override {
     auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -290,10 +290,11 @@ class ClientImpl final : public Client {
     return Status::Ok();
   }
 
-  Status SendRequest(std::string_view method, std::string_view target, std::string& body,
+  Status SendRequest(std::string_view method, std::string_view target, std::string_view body,
                      std::string_view content_type, std::string_view extra_name,
                      std::string_view extra_value, std::chrono::steady_clock::time_point deadline) {
-    bhttp::request<bhttp::string_body> req;
+    // The body goes out from the caller's memory (a span), not from a copy of it.
+    bhttp::request<bhttp::span_body<const char>> req;
     req.method_string(beast::string_view(method.data(), method.size()));
     req.target(beast::string_view(target.data(), target.size()));
     req.version(11);
@@ -310,7 +311,7 @@ class ClientImpl final : public Client {
       req.set(beast::string_view(extra_name.data(), extra_name.size()),
               beast::string_view(extra_value.data(), extra_value.size()));
     }
-    req.body() = body;
+    req.body() = bhttp::span_body<const char>::value_type(body.data(), body.size());
     req.prepare_payload();
     auto& low = beast::get_lowest_layer(*stream_);
     low.expires_at(deadline);
@@ -342,7 +343,7 @@ class ClientImpl final : public Client {
     return r;
   }
 
-  Result<Response> RoundTrip(std::string_view method, std::string_view target, std::string& body,
+  Result<Response> RoundTrip(std::string_view method, std::string_view target, std::string_view body,
                              std::string_view content_type, std::string_view extra_name,
                              std::string_view extra_value,
                              std::chrono::steady_clock::time_point deadline) {

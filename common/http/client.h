@@ -54,8 +54,10 @@ class Client {
 
   // Sends one request and waits for the whole answer, at most `timeout` in all (connect included).
   // A non-2xx answer is still a Response; only transport failures are errors.
+  // `body` is read while the call runs (and sent again as it is if the request is retried on a
+  // fresh connection): it is never copied, so a large body costs no copy here.
   virtual Result<Response> Do(std::string_view method, std::string_view target,
-                              std::string body = "", std::string_view content_type = "",
+                              std::string_view body = {}, std::string_view content_type = "",
                               Millis timeout = Millis(10'000),
                               std::string_view extra_header_name = "",
                               std::string_view extra_header_value = "") = 0;
