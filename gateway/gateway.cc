@@ -34,6 +34,10 @@ using http::Response;
 constexpr std::string_view kPassedHeaders[] = {"retry-after", "content-range", "accept-ranges",
                                                "www-authenticate"};
 
+// How long a dialed gateway that refused a job's round (or could not be reached) while not
+// known to be of the round is left out of that job's rounds.
+constexpr Millis kPeerBackoff{10'000};
+
 struct Gateway::Impl : std::enable_shared_from_this<Gateway::Impl> {
   // A relay thread's clients to the lighthouse, one per token it forwarded (each sends its own
   // Authorization), kept alive between calls.
@@ -63,6 +67,9 @@ struct Gateway::Impl : std::enable_shared_from_this<Gateway::Impl> {
   std::unique_ptr<Exchange> exchange;
   std::vector<std::string> wan_peers;           // URLs
   std::map<std::string, std::string> peer_site;  // URL -> site (guarded by mu)
+  // (URL, job) -> until when that gateway is not dialed for that job: it refused or could not
+  // be reached while not known to be of the round (guarded by mu).
+  std::map<std::pair<std::string, std::string>, TimePoint> peer_backoff;
   std::unique_ptr<boost::asio::steady_timer> sweep_timer;
   std::atomic<uint64_t> wan_sent{0};      // partial sums sent to other gateways, bytes
   std::atomic<uint64_t> wan_received{0};  // and received from them
@@ -197,11 +204,16 @@ void Gateway::Impl::Dial(const RoundKey& key, const RoundSpec& spec,
   const std::string token = TokenFor(key.job);
   for (const std::string& url : wan_peers) {
     {
-      // A gateway known to be of a site outside the round is not asked.
+      // A gateway known to be of a site outside the round is not asked, nor one that refused
+      // this job lately.
       std::lock_guard<std::mutex> lock(mu);
       auto known = peer_site.find(url);
       if (known != peer_site.end() &&
           std::find(spec.sites.begin(), spec.sites.end(), known->second) == spec.sites.end()) {
+        continue;
+      }
+      auto backoff = peer_backoff.find({url, key.job});
+      if (backoff != peer_backoff.end() && std::chrono::steady_clock::now() < backoff->second) {
         continue;
       }
     }
@@ -230,12 +242,29 @@ void Gateway::Impl::Dial(const RoundKey& key, const RoundSpec& spec,
           auto it = self->peer_site.find(url);
           if (it != self->peer_site.end()) known = it->second;
         }
-        // A gateway that cannot be reached and is not known to be in the round fails nothing:
-        // if it is in the round after all, the round fails at its deadline.
+        // A gateway not known to be in the round fails nothing, whatever it answered: it may
+        // be down, or serve other jobs only (401 for this job's token). If it is in the round
+        // after all, the round fails at its deadline.
         const bool in_round = !known.empty() && std::find(spec.sites.begin(), spec.sites.end(),
                                                           known) != spec.sites.end();
         if (st.reason() == Reason::kNotInRound) return;
-        if (!r.ok() && !in_round) return;
+        if (!in_round) {
+          // Not asked again for this job for a while: a partial sent to a gateway that
+          // refuses it is WAN bandwidth lost.
+          bool first = false;
+          {
+            std::lock_guard<std::mutex> lock(self->mu);
+            auto& until = self->peer_backoff[{url, key.job}];
+            first = until < std::chrono::steady_clock::now();
+            until = std::chrono::steady_clock::now() + kPeerBackoff;
+          }
+          if (first) {
+            LK_LOG_INFO("wan_peer_skipped peer={} job={} for_ms={} code={} reason={}", url,
+                        key.job, kPeerBackoff.count(), ReasonName(st.reason()),
+                        Q(st.message()));
+          }
+          return;
+        }
         LK_LOG_INFO("wan_exchange_failed peer={} site={} code={} reason={}", url, known,
                     ReasonName(st.reason()), Q(st.message()));
         return self->exchange->OnPeerAnswer(

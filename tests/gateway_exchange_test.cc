@@ -2,7 +2,8 @@
 // lighthouse, gateway A listening for the other gateways (--wan-listen), gateway B dialing it
 // (--wan-connect, as a site behind NAT would), two DiLoCo groups behind each (agents with
 // --gateway and nothing else). The groups train to the end with one global hash per step, their
-// cross-group collectives run through the gateways (comm_ready backend=gateway), a trainer
+// cross-group collectives run through the gateways (comm_ready backend=gateway), a third
+// site's gateway that B dials but that serves another job does not fail their rounds, a trainer
 // killed mid-run and restarted joins again through both gateways, and each site puts one
 // partial sum per round on the WAN. The gateways' WAN listener refuses strangers with reason
 // codes. Every wait is bounded.
@@ -107,9 +108,15 @@ TEST_CASE("two sites train one DiLoCo job through their gateways: one global has
                                    "--join-timeout-ms", "20000", "--heartbeat-timeout-ms", "5000"},
                                   dir + "/lighthouse.log");
   Gateway a = StartGateway(dir, "site-a", lh.url(), {"--wan-listen", "127.0.0.1:0"});
-  // Site B cannot be dialed: it dials A. Its own WAN listener is there for the refusals below.
+  // A third site's gateway that relays another job only: B dials it too, and its refusals of
+  // this job's rounds (401) must not fail them.
+  WriteFile(dir + "/gw-tokens-c", fmt::format("other {}\n", kOtherToken));
+  Gateway c = StartGateway(dir, "site-c", lh.url(),
+                           {"--wan-listen", "127.0.0.1:0", "--token-file", dir + "/gw-tokens-c"});
+  // Site B cannot be dialed: it dials A (and C). Its own WAN listener is there for the refusals
+  // below.
   Gateway b = StartGateway(dir, "site-b", lh.url(),
-                           {"--wan-connect", a.wan, "--wan-listen", "127.0.0.1:0"});
+                           {"--wan-connect", a.wan + "," + c.wan, "--wan-listen", "127.0.0.1:0"});
 
   std::map<std::string, Group> groups;
   for (auto [name, gw] : std::vector<std::pair<std::string, const Gateway*>>{
@@ -225,11 +232,13 @@ TEST_CASE("two sites train one DiLoCo job through their gateways: one global has
     CHECK(std::stoull(Field(totals, "rounds")) > 0);
     CHECK(member > 0);
     // One partial per round, whatever the site's member count: less than its members gave
-    // (the ratio without failures is in bench/gateway.md; the rounds around the kill had one
+    // (the ratio without failures is in BENCHMARKS.md; the rounds around the kill had one
     // member of site B, or failed).
     CHECK(sent > 0);
     CHECK(sent < member);
-    CHECK(std::stoull(Field(totals, "wan_received_bytes")) == sent);
+    // B's first dials of C (which refuses this job) carried partials C never answered; then
+    // B leaves C out of this job's rounds.
+    CHECK(std::stoull(Field(totals, "wan_received_bytes")) <= sent);
   }
 }
 
