@@ -31,19 +31,13 @@ Status Mismatch(std::string message) {
 }
 
 // Bytes of a round's partial on the WAN.
-size_t WireBytes(const RoundSpec& spec) {
-  comm::Codec codec = comm::Codec::kNone;
-  comm::ParseCodec(spec.codec, &codec);
-  return comm::EncodedBytes(codec, spec.count);
-}
+size_t WireBytes(const RoundSpec& spec) { return comm::EncodedBytes(spec.codec, spec.count); }
 
 // A partial as it came over the WAN (checked to be WireBytes long), as float32.
 std::string Decoded(const RoundSpec& spec, const std::string& wire) {
-  comm::Codec codec = comm::Codec::kNone;
-  comm::ParseCodec(spec.codec, &codec);
-  if (codec == comm::Codec::kNone) return wire;
+  if (spec.codec == comm::Codec::kNone) return wire;
   std::string floats(spec.count * sizeof(float), '\0');
-  comm::Decode(codec, {reinterpret_cast<const uint8_t*>(wire.data()), wire.size()},
+  comm::Decode(spec.codec, {reinterpret_cast<const uint8_t*>(wire.data()), wire.size()},
                {reinterpret_cast<float*>(floats.data()), spec.count});
   return floats;
 }
@@ -105,22 +99,18 @@ Result<ParsedContribution> ParseContribution(const http::Request& req, bool from
     return Refuse(Code::kInvalidArgument, Reason::kBadRequest, "sites names {} members, world is {}", p.spec.sites.size(), p.spec.world);
   }
   if (auto it = req.query.find("codec"); it != req.query.end() && !it->second.empty()) {
-    comm::Codec codec;
-    if (!comm::ParseCodec(it->second, &codec)) {
+    if (!comm::ParseCodec(it->second, &p.spec.codec)) {
       return Refuse(Code::kInvalidArgument, Reason::kBadRequest,
                     "codec {:?} is not none, bf16, int8 or int4", it->second);
     }
-    p.spec.codec = it->second;
   }
   if (from_gateway) {
     // A partial on the WAN is `count` elements in the codec's encoding.
     LK_ASSIGN_OR_RETURN(uint32_t count, http::ParseU32(req.query, "count", 0));
-    comm::Codec codec;
-    comm::ParseCodec(p.spec.codec, &codec);
-    if (count == 0 || req.body.size() != comm::EncodedBytes(codec, count)) {
+    if (count == 0 || req.body.size() != comm::EncodedBytes(p.spec.codec, count)) {
       return Refuse(Code::kInvalidArgument, Reason::kBadRequest,
                     "the body ({} bytes) is not {} elements encoded {}", req.body.size(), count,
-                    p.spec.codec);
+                    comm::CodecName(p.spec.codec));
     }
     p.spec.count = count;
   } else {
@@ -369,7 +359,8 @@ void Exchange::OnPeerAnswer(const RoundKey& key,
         FailLocked(key,
                    Mismatch(fmt::format("site {} answered {} bytes for a chunk of {} elements "
                                         "encoded {}",
-                                        site, bytes.size(), r.spec.count, r.spec.codec)),
+                                        site, bytes.size(), r.spec.count,
+                                        comm::CodecName(r.spec.codec))),
                    &out);
       } else if (!r.remote.count(site)) {
         std::string floats = Decoded(r.spec, bytes);
@@ -419,8 +410,7 @@ void Exchange::SumPartial(const RoundKey& key, const std::shared_ptr<Round>& rou
   // What goes on the WAN is the codec's encoding; this site adds its own partial as the others
   // decode it, so that every gateway adds the same operands.
   std::shared_ptr<const std::string> wire = sum;
-  comm::Codec codec = comm::Codec::kNone;
-  comm::ParseCodec(round->spec.codec, &codec);
+  const comm::Codec codec = round->spec.codec;
   if (codec != comm::Codec::kNone) {
     auto encoded = std::make_shared<std::string>(comm::EncodedBytes(codec, count), '\0');
     comm::Encode(codec, {reinterpret_cast<const float*>(sum->data()), count},

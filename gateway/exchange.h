@@ -42,6 +42,7 @@
 #include <tuple>
 #include <vector>
 
+#include "comm/compress.h"
 #include "common/http/http.h"
 
 namespace lk::gateway {
@@ -65,7 +66,7 @@ struct RoundSpec {
   // The encoding of the partial sums on the WAN ("none", "bf16", "int8", "int4": the job's
   // --outer-compress). Each gateway adds the partials as every gateway decodes them, its own
   // too, so the total is the same everywhere.
-  std::string codec = "none";
+  comm::Codec codec = comm::Codec::kNone;
 };
 
 // A trainer's or a gateway's request, parsed: kInvalidArgument (BAD_REQUEST) naming the field.

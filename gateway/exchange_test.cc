@@ -98,7 +98,7 @@ struct World {
                  {"world", std::to_string(spec.world)},
                  {"sites", SitesParam(spec.sites)},
                  {"timeout_ms", "60000"},
-                 {"codec", spec.codec},
+                 {"codec", std::string(comm::CodecName(spec.codec))},
                  {"count", std::to_string(spec.count)},
                  {"from", from}};
       r.body = *partial;

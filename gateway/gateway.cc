@@ -200,7 +200,7 @@ void Gateway::Impl::Dial(const RoundKey& key, const RoundSpec& spec,
       "timeout_ms={}&codec={}&count={}&from={}",
       http::PercentEncode(key.job), key.slot, key.quorum, key.seq, key.chunk, spec.chunks,
       spec.world, http::PercentEncode(sites), std::max<int64_t>(1, spec.timeout.count()),
-      spec.codec, spec.count, http::PercentEncode(options.site));
+      comm::CodecName(spec.codec), spec.count, http::PercentEncode(options.site));
   const std::string token = TokenFor(key.job);
   for (const std::string& url : wan_peers) {
     {
