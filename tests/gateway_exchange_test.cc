@@ -73,27 +73,41 @@ struct Group {
   std::map<std::string, std::string> env;
 };
 
-std::map<uint32_t, std::string> Hashes(const std::string& log) {
+// A field of each committed step of a trainer's log, by step.
+std::map<uint32_t, std::string> ByStep(const std::string& log, const std::string& key) {
   std::map<uint32_t, std::string> out;
   std::ifstream in(log);
   std::string line;
   while (std::getline(in, line)) {
-    out[static_cast<uint32_t>(std::stoul(JsonField(line, "step")))] =
-        JsonField(line, "param_hash");
+    out[static_cast<uint32_t>(std::stoul(JsonField(line, "step")))] = JsonField(line, key);
   }
   return out;
 }
 
-// The world size of each committed step of a trainer's log.
-std::map<uint32_t, uint32_t> Worlds(const std::string& log) {
-  std::map<uint32_t, uint32_t> out;
-  std::ifstream in(log);
-  std::string line;
-  while (std::getline(in, line)) {
-    out[static_cast<uint32_t>(std::stoul(JsonField(line, "step")))] =
-        static_cast<uint32_t>(std::stoul(JsonField(line, "replica_world_size")));
-  }
-  return out;
+std::map<uint32_t, std::string> Hashes(const std::string& log) {
+  return ByStep(log, "param_hash");
+}
+
+// One node of a site: an agent behind `gateway` and a trainer of a group of one, its flags
+// kept so that the test can start either again.
+void StartNode(Group& g, const std::string& dir, const std::string& name,
+               const std::string& gateway, uint32_t steps, uint32_t op_timeout_ms,
+               const std::vector<std::string>& agent_extra = {}) {
+  const std::string socket = fmt::format("{}/{}.sock", dir, name);
+  g.agent_argv = {BinDir() + "/replica_agent", "--gateway", gateway, "--token-file",
+                  dir + "/agent-token", "--job", "x", "--group-id", name, "--socket", socket,
+                  "--heartbeat-interval-ms", "200"};
+  g.agent_argv.insert(g.agent_argv.end(), agent_extra.begin(), agent_extra.end());
+  g.agent = std::make_unique<Process>(g.agent_argv, fmt::format("{}/agent-{}.log", dir, name));
+  REQUIRE_FALSE(g.agent->WaitForLog("agent_listening", 20s).empty());
+  g.log = fmt::format("{}/trainer-{}.jsonl", dir, name);
+  g.argv = {BinDir() + "/diloco_trainer", "--group-rank", "0", "--group-size", "1",
+            "--inner-steps", "4", "--outer-steps", std::to_string(steps), "--seed", "7",
+            "--log", g.log, "--model-width", "32", "--layers", "1", "--heads", "2",
+            "--seq-len", "32", "--batch", "4", "--corpus-bytes", "16384", "--op-timeout-ms",
+            std::to_string(op_timeout_ms), "--inner-step-min-ms", "50"};
+  g.env = {{"LK_AGENT_SOCKET", socket}, {"LK_GROUP_ID", name}};
+  g.trainer = std::make_unique<Process>(g.argv, g.log + ".stderr", g.env);
 }
 
 TEST_CASE("two sites train one DiLoCo job through their gateways: one global hash per step, "
@@ -121,21 +135,7 @@ TEST_CASE("two sites train one DiLoCo job through their gateways: one global has
   std::map<std::string, Group> groups;
   for (auto [name, gw] : std::vector<std::pair<std::string, const Gateway*>>{
            {"a0", &a}, {"a1", &a}, {"b0", &b}, {"b1", &b}}) {
-    Group& g = groups[name];
-    const std::string socket = fmt::format("{}/{}.sock", dir, name);
-    g.agent_argv = {BinDir() + "/replica_agent", "--gateway", gw->address, "--token-file",
-                    dir + "/agent-token", "--job", "x", "--group-id", name, "--socket", socket,
-                    "--heartbeat-interval-ms", "200"};
-    g.agent = std::make_unique<Process>(g.agent_argv, fmt::format("{}/agent-{}.log", dir, name));
-    REQUIRE_FALSE(g.agent->WaitForLog("agent_listening", 20s).empty());
-    g.log = fmt::format("{}/trainer-{}.jsonl", dir, name);
-    g.argv = {BinDir() + "/diloco_trainer", "--group-rank", "0", "--group-size", "1",
-              "--inner-steps", "4", "--outer-steps", std::to_string(steps), "--seed", "7",
-              "--log", g.log, "--model-width", "32", "--layers", "1", "--heads", "2",
-              "--seq-len", "32", "--batch", "4", "--corpus-bytes", "16384", "--op-timeout-ms",
-              "30000", "--inner-step-min-ms", "50"};
-    g.env = {{"LK_AGENT_SOCKET", socket}, {"LK_GROUP_ID", name}};
-    g.trainer = std::make_unique<Process>(g.argv, g.log + ".stderr", g.env);
+    StartNode(groups[name], dir, name, gw->address, steps, 30000);
   }
 
   // Strangers at the WAN listener, while the groups train: refused with reason codes, and the
@@ -256,25 +256,8 @@ TEST_CASE("a site's gateway killed mid-run: the other site trains on alone, and 
   Gateway a = StartGateway(dir, "site-a", lh.url(), {"--wan-listen", "127.0.0.1:0"});
   Gateway b = StartGateway(dir, "site-b", lh.url(), {"--wan-connect", a.wan});
   std::map<std::string, Group> groups;
-  auto start_node = [&](const std::string& name, const Gateway& gw) {
-    Group& g = groups[name];
-    const std::string socket = fmt::format("{}/{}.sock", dir, name);
-    g.agent_argv = {BinDir() + "/replica_agent", "--gateway", gw.address, "--token-file",
-                    dir + "/agent-token", "--job", "x", "--group-id", name, "--socket", socket,
-                    "--heartbeat-interval-ms", "200", "--backoff-max-ms", "300"};
-    g.agent = std::make_unique<Process>(g.agent_argv, fmt::format("{}/agent-{}.log", dir, name));
-    REQUIRE_FALSE(g.agent->WaitForLog("agent_listening", 20s).empty());
-    g.log = fmt::format("{}/trainer-{}.jsonl", dir, name);
-    g.argv = {BinDir() + "/diloco_trainer", "--group-rank", "0", "--group-size", "1",
-              "--inner-steps", "4", "--outer-steps", std::to_string(steps), "--seed", "7",
-              "--log", g.log, "--model-width", "32", "--layers", "1", "--heads", "2",
-              "--seq-len", "32", "--batch", "4", "--corpus-bytes", "16384", "--op-timeout-ms",
-              "10000", "--inner-step-min-ms", "50"};
-    g.env = {{"LK_AGENT_SOCKET", socket}, {"LK_GROUP_ID", name}};
-    g.trainer = std::make_unique<Process>(g.argv, g.log + ".stderr", g.env);
-  };
-  start_node("a0", a);
-  start_node("b0", b);
+  StartNode(groups["a0"], dir, "a0", a.address, steps, 10000, {"--backoff-max-ms", "300"});
+  StartNode(groups["b0"], dir, "b0", b.address, steps, 10000, {"--backoff-max-ms", "300"});
   REQUIRE(WaitUntil([&] { return Hashes(groups.at("b0").log).size() >= 2; }, 60s,
                     "b0 committing step 2"));
   const std::string b_listen = b.address;
@@ -284,8 +267,8 @@ TEST_CASE("a site's gateway killed mid-run: the other site trains on alone, and 
   // with the gateway), its collective through gateway A aborted by the new quorum.
   REQUIRE(WaitUntil(
       [&] {
-        for (auto& [step, world] : Worlds(groups.at("a0").log)) {
-          if (step > 2 && world == 1) return true;
+        for (auto& [step, world] : ByStep(groups.at("a0").log, "replica_world_size")) {
+          if (step > 2 && world == "1") return true;
         }
         return false;
       },
